@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite from a clean clone: makes .venv, installs everything, runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test,spark]'
+# Spark needs a Java runtime; install one if the machine has none (Debian/Ubuntu).
+if ! command -v java >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  else
+    echo "Java 17 is required for the Spark tests" >&2; exit 1
+  fi
+fi
+.venv/bin/ruff check semantics gateway spark
+.venv/bin/mypy semantics gateway spark
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,0 +1,1 @@
+"""PySpark connector and analyses for the gateway's audit log."""
