@@ -1,0 +1,125 @@
+"""Queue and consume arguments: ``x-cmq-*`` and RabbitMQ's ``x-*`` (SPEC M7, M15).
+
+The x-cmq-* arguments become CMQ queue attributes; RabbitMQ arguments keep their RabbitMQ
+meaning where CMQ has none. Values are checked for type here; ranges are checked by
+semantics.queue_attrs (L6-L8, Q8), which raises LimitError naming the rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from semantics.errors import PRECONDITION_FAILED, CMQError
+
+__all__ = ["QueueArgs", "parse_queue_args", "rewind_to", "equivalent_args"]
+
+# x-cmq-* argument -> semantics.queue_attrs.QueueAttributes field (SPEC M7).
+CMQ_ATTRS = {
+    "x-cmq-visibility-timeout": "visibility_timeout",
+    "x-cmq-msg-retention-seconds": "msg_retention_seconds",
+    "x-cmq-max-msg-size": "max_msg_size",
+    "x-cmq-max-msg-heap-num": "max_msg_heap_num",
+    "x-cmq-rewind-seconds": "rewind_seconds",
+    "x-cmq-polling-wait-seconds": "polling_wait_seconds",
+    "x-cmq-max-receive-count": "max_receive_count",
+    "x-cmq-max-time-to-live": "max_time_to_live",
+    "x-cmq-delay-seconds": "delay_seconds",
+}
+
+
+@dataclass
+class QueueArgs:
+    """What a queue.declare's arguments ask for: ``attrs`` are keyword arguments for
+    semantics.queue_attrs.QueueAttributes; the rest is kept by the broker."""
+
+    attrs: dict[str, Any] = field(default_factory=dict)
+    dead_letter_exchange: str | None = None            # x-dead-letter-exchange (M13)
+    dead_letter_routing_key: str | None = None
+    delivery_limit: int | None = None                  # x-delivery-limit without a CMQ DLQ
+    expires_ms: int | None = None                      # x-expires
+
+
+def _int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CMQError("M7", f"invalid arg '{name}' for queue: {value!r} is not a number",
+                       reply_code=PRECONDITION_FAILED, value=value)
+    return int(value)
+
+
+def _str(name: str, value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode()
+    if not isinstance(value, str):
+        raise CMQError("M7", f"invalid arg '{name}' for queue: {value!r} is not a string",
+                       reply_code=PRECONDITION_FAILED, value=value)
+    return value
+
+
+def parse_queue_args(arguments: Mapping[str, Any] | None) -> QueueArgs:
+    out = QueueArgs()
+    args = arguments or {}
+    for name, value in args.items():
+        if name in CMQ_ATTRS:
+            out.attrs[CMQ_ATTRS[name]] = _int(name, value)
+        elif name == "x-cmq-dead-letter-queue":
+            out.attrs["dead_letter_queue"] = _str(name, value)
+        elif name == "x-dead-letter-exchange":
+            out.dead_letter_exchange = _str(name, value)
+        elif name == "x-dead-letter-routing-key":
+            out.dead_letter_routing_key = _str(name, value)
+        elif name == "x-max-length":
+            out.attrs["max_length"] = _int(name, value)
+        elif name == "x-overflow":
+            out.attrs["overflow"] = _str(name, value)
+        elif name == "x-message-ttl":
+            out.attrs["message_ttl_ms"] = _int(name, value)
+        elif name == "x-expires":
+            out.expires_ms = _int(name, value)
+            if out.expires_ms <= 0:
+                raise CMQError("M7", f"invalid arg 'x-expires' for queue: {value!r} must be positive",
+                               value=value)
+    if "x-delivery-limit" in args:
+        # RabbitMQ quorum queues count deliveries; CMQ counts receives: the same (M7, Q8).
+        # With a CMQ dead-letter queue it is CMQ's maxReceiveCount; otherwise the broker
+        # enforces it (dead-lettering through x-dead-letter-exchange, or dropping).
+        limit = _int("x-delivery-limit", args["x-delivery-limit"])
+        if "dead_letter_queue" in out.attrs:
+            out.attrs["max_receive_count"] = limit
+        else:
+            out.delivery_limit = limit
+    return out
+
+
+def rewind_to(arguments: Mapping[str, Any] | None) -> float | None:
+    """M15: ``x-stream-offset`` (a timestamp: AMQP timestamp, datetime or Unix seconds) or
+    ``x-cmq-rewind-to`` (Unix seconds). Stream offsets that are not times (``first``,
+    ``last``, ``next``, numeric offsets in a stream) have no CMQ meaning: refused."""
+    if not arguments:
+        return None
+    if "x-cmq-rewind-to" in arguments:
+        return float(_int("x-cmq-rewind-to", arguments["x-cmq-rewind-to"]))
+    if "x-stream-offset" in arguments:
+        value = arguments["x-stream-offset"]
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise CMQError("M15", f"x-stream-offset {value!r} is not a timestamp; only a rewind to a "
+                       "time is supported", value=value)
+    return None
+
+
+def equivalent_args(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
+                    ignore: tuple[str, ...] = ()) -> str | None:
+    """The first argument that differs between two declares, or None (for the 406
+    'inequivalent arg' RabbitMQ sends on a redeclare)."""
+    a = a or {}
+    b = b or {}
+    for key in sorted(set(a) | set(b)):
+        if key in ignore:
+            continue
+        if a.get(key) != b.get(key):
+            return key
+    return None

@@ -1,0 +1,34 @@
+"""The message as the broker carries it: body and raw property bytes, never copied."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Message"]
+
+
+class Message:
+    """One published message. ``properties`` is the protocol core's ``Properties`` (raw
+    content-header bytes plus lazily decoded fields); the body is the bytes object the core
+    handed over, shared by every queue the message is routed to (no copies on the hot path)."""
+
+    __slots__ = ("body", "properties", "exchange", "routing_key", "persistent", "published_at",
+                 "tags")
+
+    def __init__(self, body: bytes, properties: Any, exchange: str, routing_key: str,
+                 published_at: float, tags: tuple[str, ...] = ()) -> None:
+        self.body = body
+        self.properties = properties
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.persistent = getattr(properties, "delivery_mode", None) == 2
+        self.published_at = published_at
+        self.tags = tags
+
+    @property
+    def headers(self) -> dict[str, Any] | None:
+        return getattr(self.properties, "headers", None)
+
+    @property
+    def size(self) -> int:
+        return len(self.body)
