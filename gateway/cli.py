@@ -1,0 +1,100 @@
+"""The ``cmq-gateway`` command: ``serve`` runs the gateway; ``perf`` (gateway.perf) loads it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from gateway.config import DEFAULT_PORT, ConfigError, default_data_dir, load_config
+
+__all__ = ["build_parser", "main"]
+
+_SERVE_EPILOG = f"""\
+Data directory: without --data-dir (or data_dir in the config file) the gateway keeps its
+store in {default_data_dir()} (XDG_DATA_HOME/cmq-gateway). A per-user directory is the
+default rather than ./data because durable queues and persistent messages must be found
+again whatever directory the gateway is started from; pass --data-dir ./data to keep them
+beside a project instead.
+
+Stop with SIGTERM or Ctrl-C: the gateway stops accepting, closes every connection with
+320 CONNECTION_FORCED, flushes the store and exits; confirmed messages are never lost.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cmq-gateway",
+        description="A RabbitMQ-compatible AMQP 0-9-1 gateway with Tencent Cloud CMQ semantics.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve = sub.add_parser(
+        "serve", help="run the AMQP gateway", epilog=_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Serve AMQP 0-9-1 clients (pika, aio-pika, kombu/Celery, ...) with CMQ semantics.",
+    )
+    serve.add_argument("--host", default=None,
+                       help="address to listen on (default: every IPv4 and IPv6 address, "
+                            "0.0.0.0 and ::, or the config file's listeners)")
+    serve.add_argument("--port", type=int, default=None,
+                       help=f"TCP port to listen on (default: {DEFAULT_PORT}, or the config file's "
+                            "listeners; 0 picks a free port and prints it)")
+    serve.add_argument("--data-dir", default=None, metavar="DIR",
+                       help="where durable exchanges, queues, bindings and persistent messages "
+                            f"are stored (default: {default_data_dir()}; see below)")
+    serve.add_argument("--config", default=None, metavar="FILE",
+                       help="YAML (or JSON) configuration: listeners, data_dir, users, vhosts, "
+                            "permissions (a RabbitMQ definitions export works), strict_names, "
+                            "limits, audit; command-line options override it")
+    serve.add_argument("--audit-dir", default=None, metavar="DIR",
+                       help="directory of the JSON-lines audit log (default: the config's audit.dir, "
+                            "else DATA_DIR/audit)")
+    _register_perf(sub)
+    return parser
+
+
+def _register_perf(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    try:
+        from gateway.perf.cli import register  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # the perf tool is optional and may not be installed
+        return
+    register(sub)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    handler = getattr(args, "func", None)
+    if handler is None:
+        parser.error(f"unknown command {args.command}")
+    return int(handler(args) or 0)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.server import ListenError, run
+
+    try:
+        config = load_config(args.config).with_listen(args.host, args.port)
+    except ConfigError as e:
+        print(f"cmq-gateway: {e}", file=sys.stderr)
+        return 2
+    if args.data_dir is not None:
+        config.data_dir = args.data_dir
+    elif config.data_dir is None:
+        config.data_dir = default_data_dir()
+    if args.audit_dir is not None:
+        config.audit = dataclasses.replace(config.audit, dir=args.audit_dir)
+    try:
+        run(config)
+    except ListenError as e:
+        # A taken port is an operator's mistake, not a crash: one line, exit 1.
+        print(f"cmq-gateway: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
