@@ -1,0 +1,237 @@
+"""The on-disk format of the store: batches of records in journal segments, and snapshots.
+
+Theory of operation
+-------------------
+A journal segment (``journal-<n>.log``) is a sequence of *batches*. One ``Store.sync()``
+writes exactly one batch with one ``write`` and one ``fsync`` (group commit)::
+
+    batch   = BATCH_HEADER record*
+    BATCH_HEADER = magic "CQJB" | body_len u64 | count u32 | first_lsn u64 | crc32 u32
+    record  = crc32 u32 | type u8 | key_len u16 | value_len u32 | lsn u64 | key | value
+
+The batch header CRC covers the 24 bytes before it; a record CRC covers everything after its
+own CRC field (header rest, key, value), so one ``zlib.crc32`` call checks a record. Records
+of one batch carry consecutive LSNs starting at ``first_lsn``.
+
+Why batches and not just records (ZODB frames transactions the same way): a batch is written
+only after the previous batch's ``fsync`` returned, because ``sync()`` calls are serialized.
+So if any valid batch header lies *after* a damaged spot, the damaged bytes had been fsynced
+and confirmed: that is corruption of durable data, not a torn write. A damaged last batch
+with nothing valid after it is a torn write of a batch that was never confirmed. A power
+loss may persist pages of the unsynced last batch out of order; only batch headers prove
+order, so record-level holes inside the last batch are still classified as torn.
+
+A snapshot (``snapshot-<n>.snap``) holds the live map as of the end of segment ``n - 1``::
+
+    SNAPSHOT_HEADER = magic "CQS1" | lsn u64 | count u64 | crc32 u32
+    followed by ``count`` PUT records (each with its own CRC), then end of file.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# What the parsers read: a file read into bytes or mapped. Slicing either gives bytes, so the
+# values handed out never point into a mapping that is later closed.
+Buffer = bytes | mmap.mmap
+
+__all__ = [
+    "BATCH_HEADER",
+    "Buffer",
+    "BATCH_MAGIC",
+    "BadBatch",
+    "DELETE",
+    "MAX_KEY_BYTES",
+    "MAX_VALUE_BYTES",
+    "PUT",
+    "RECORD_HEADER",
+    "SNAPSHOT_HEADER",
+    "SNAPSHOT_MAGIC",
+    "Batch",
+    "encode_batch_header",
+    "encode_record",
+    "encode_snapshot_header",
+    "find_next_batch",
+    "iter_snapshot_chunks",
+    "parse_batch",
+    "parse_snapshot_header",
+    "parse_snapshot_records",
+]
+
+BATCH_MAGIC = b"CQJB"
+SNAPSHOT_MAGIC = b"CQS1"
+PUT = 0x50  # 'P'
+DELETE = 0x44  # 'D'
+
+BATCH_HEADER = struct.Struct("<4sQIQI")
+RECORD_HEADER = struct.Struct("<IBHIQ")
+SNAPSHOT_HEADER = struct.Struct("<4sQQI")
+
+MAX_KEY_BYTES = 0xFFFF
+MAX_VALUE_BYTES = 0xFFFFFFFF
+
+_REC_PREFIX = struct.Struct("<BHIQ")  # the part of RECORD_HEADER after the CRC
+_crc32 = zlib.crc32
+
+
+def encode_record(kind: int, lsn: int, key: bytes, value: bytes) -> bytes:
+    """The record header; the caller appends ``key`` and ``value`` (no copy of the value)."""
+    prefix = _REC_PREFIX.pack(kind, len(key), len(value), lsn)
+    crc = _crc32(value, _crc32(key, _crc32(prefix)))
+    return crc.to_bytes(4, "little") + prefix
+
+
+def encode_batch_header(body_len: int, count: int, first_lsn: int) -> bytes:
+    head = BATCH_HEADER.pack(BATCH_MAGIC, body_len, count, first_lsn, 0)[:-4]
+    return head + _crc32(head).to_bytes(4, "little")
+
+
+def encode_snapshot_header(lsn: int, count: int) -> bytes:
+    head = SNAPSHOT_HEADER.pack(SNAPSHOT_MAGIC, lsn, count, 0)[:-4]
+    return head + _crc32(head).to_bytes(4, "little")
+
+
+@dataclass(slots=True)
+class Batch:
+    """One verified batch: its byte range and its operations, in LSN order."""
+
+    start: int
+    end: int
+    first_lsn: int
+    # (kind, key, value); value is b"" for a delete.
+    ops: list[tuple[int, str, bytes]]
+
+
+class BadBatch(Exception):
+    """The batch at ``offset`` failed a check; ``reason`` says which."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(f"offset {offset}: {reason}")
+        self.offset = offset
+        self.reason = reason
+
+
+def _batch_header_ok(data: Buffer, pos: int) -> tuple[int, int, int] | None:
+    if len(data) - pos < BATCH_HEADER.size:
+        return None
+    magic, body_len, count, first_lsn, crc = BATCH_HEADER.unpack_from(data, pos)
+    if magic != BATCH_MAGIC or _crc32(memoryview(data)[pos:pos + BATCH_HEADER.size - 4]) != crc:
+        return None
+    return body_len, count, first_lsn
+
+
+def parse_batch(data: Buffer, pos: int) -> Batch:
+    """Verify and decode the batch at ``pos`` or raise :class:`BadBatch`.
+
+    Nothing of a batch is returned unless every record in it checks out, so a caller applies
+    whole batches only (one batch = one sync = one unit of durability).
+    """
+    size = len(data)
+    header = _batch_header_ok(data, pos)
+    if header is None:
+        reason = "short batch header" if size - pos < BATCH_HEADER.size else "bad batch header"
+        raise BadBatch(pos, reason)
+    body_len, count, first_lsn = header
+    end = pos + BATCH_HEADER.size + body_len
+    if end > size:
+        raise BadBatch(pos, f"batch of {body_len} bytes runs past end of file ({size})")
+    view = memoryview(data)
+    unpack = RECORD_HEADER.unpack_from
+    hsize = RECORD_HEADER.size
+    ops: list[tuple[int, str, bytes]] = []
+    append = ops.append
+    r = pos + BATCH_HEADER.size
+    lsn = first_lsn
+    for _ in range(count):
+        if end - r < hsize:
+            raise BadBatch(pos, f"record at {r} runs past its batch")
+        crc, kind, klen, vlen, rec_lsn = unpack(data, r)
+        k0 = r + hsize
+        v0 = k0 + klen
+        nxt = v0 + vlen
+        if nxt > end:
+            raise BadBatch(pos, f"record at {r} runs past its batch")
+        if _crc32(view[r + 4:nxt]) != crc:
+            raise BadBatch(pos, f"record at {r}: CRC mismatch")
+        if rec_lsn != lsn or kind not in (PUT, DELETE):
+            raise BadBatch(pos, f"record at {r}: lsn {rec_lsn} / type {kind} out of sequence")
+        append((kind, str(view[k0:v0], "utf-8"), data[v0:nxt] if kind == PUT else b""))
+        lsn += 1
+        r = nxt
+    if r != end:
+        raise BadBatch(pos, f"batch holds {end - r} bytes after its {count} records")
+    return Batch(pos, end, first_lsn, ops)
+
+
+def find_next_batch(data: Buffer, pos: int) -> int:
+    """The offset of the next valid batch header after ``pos``, or -1.
+
+    Used only after damage, to tell a torn tail (nothing valid follows) from corruption of
+    durable data (a later, confirmed batch follows).
+    """
+    at = data.find(BATCH_MAGIC, pos + 1)
+    while at != -1:
+        if _batch_header_ok(data, at) is not None:
+            return at
+        at = data.find(BATCH_MAGIC, at + 1)
+    return -1
+
+
+def parse_snapshot_header(data: Buffer) -> tuple[int, int]:
+    """``(lsn, count)`` of a snapshot, or :class:`BadBatch` at offset 0."""
+    if len(data) < SNAPSHOT_HEADER.size:
+        raise BadBatch(0, "short snapshot header")
+    magic, lsn, count, crc = SNAPSHOT_HEADER.unpack_from(data, 0)
+    if magic != SNAPSHOT_MAGIC or _crc32(memoryview(data)[:SNAPSHOT_HEADER.size - 4]) != crc:
+        raise BadBatch(0, "bad snapshot header")
+    return lsn, count
+
+
+def parse_snapshot_records(
+    data: Buffer, count: int, into: dict[str, bytes]
+) -> tuple[int, BadBatch | None]:
+    """Load up to ``count`` records into ``into``; returns (records read, damage or None)."""
+    size = len(data)
+    view = memoryview(data)
+    unpack = RECORD_HEADER.unpack_from
+    hsize = RECORD_HEADER.size
+    r = SNAPSHOT_HEADER.size
+    for n in range(count):
+        if size - r < hsize:
+            return n, BadBatch(r, "snapshot record header runs past end of file")
+        crc, kind, klen, vlen, _lsn = unpack(data, r)
+        k0 = r + hsize
+        v0 = k0 + klen
+        nxt = v0 + vlen
+        if nxt > size or kind != PUT or _crc32(view[r + 4:nxt]) != crc:
+            return n, BadBatch(r, "bad snapshot record")
+        into[str(view[k0:v0], "utf-8")] = data[v0:nxt]
+        r = nxt
+    if r != size:
+        return count, BadBatch(r, f"{size - r} unexpected bytes after the last snapshot record")
+    return count, None
+
+
+def iter_snapshot_chunks(
+    lsn: int, items: Iterable[tuple[str, bytes]], count: int, chunk_bytes: int = 1 << 20
+) -> Iterable[bytes]:
+    """The snapshot file's bytes in chunks of about ``chunk_bytes`` (one join per chunk)."""
+    pieces: list[bytes] = [encode_snapshot_header(lsn, count)]
+    size = 0
+    for key, value in items:
+        kb = key.encode()
+        pieces.append(encode_record(PUT, lsn, kb, value))
+        pieces.append(kb)
+        pieces.append(value)
+        size += len(kb) + len(value) + RECORD_HEADER.size
+        if size >= chunk_bytes:
+            yield b"".join(pieces)
+            pieces.clear()
+            size = 0
+    if pieces:
+        yield b"".join(pieces)
+

@@ -1,0 +1,215 @@
+"""Rebuilding the live map from a store directory: newest snapshot, then the segments after it.
+
+Policy on damage (the user must never lose a confirmed message):
+
+* A damaged *last* batch of the *last* segment, with no valid batch after it, is a torn write
+  of a batch that was never confirmed (its fsync had not returned). Its bytes are copied aside
+  to ``journal-N.log.torn-<time>`` and the segment is truncated at the end of the last whole
+  batch. The store opens normally; ``recovery.torn_bytes`` says how much was set aside.
+* Damage with a valid batch after it (or in a segment that is not the last, or in a snapshot,
+  or a gap in the LSN sequence) hits data that had been fsynced and confirmed. Dropping the
+  later records would lose confirmed messages; dropping only the damaged ones would silently
+  resurrect or lose single keys. So by default opening fails with :class:`StoreCorruptError`
+  naming the file, offset and reason, and nothing is changed on disk. ``salvage=True`` keeps
+  every batch that verifies, copies each damaged range aside (``.corrupt-<time>``), lists it
+  in ``recovery.damaged`` and makes the store write a fresh snapshot at once, so the damage
+  is reported once and not replayed again. Damaged data is never returned.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from dataclasses import dataclass, field
+
+from .errors import StoreCorruptError
+from .files import fsync_dir, list_numbered, segment_name, set_aside, snapshot_name
+from .format import (
+    PUT,
+    BadBatch,
+    Buffer,
+    find_next_batch,
+    parse_batch,
+    parse_snapshot_header,
+    parse_snapshot_records,
+)
+
+__all__ = ["Recovered", "RecoveryReport", "recover"]
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What opening the store found (``store.recovery``)."""
+
+    records: int = 0  # journal records replayed plus snapshot records loaded
+    torn_bytes: int = 0  # bytes of a torn tail set aside (and of damage, with salvage)
+    aside_path: str | None = None  # the last file damaged bytes were copied to
+    seconds: float = 0.0
+    snapshot_records: int = 0
+    segments: int = 0
+    damaged: list[str] = field(default_factory=list)  # one line per damaged range (salvage)
+    aside_paths: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Recovered:
+    data: dict[str, bytes]
+    last_lsn: int
+    segment: int  # number of the segment to append to
+    segment_bytes: int  # its size
+    journal_bytes: int  # bytes in all segments since the snapshot
+    snapshot_bytes: int
+    needs_snapshot: bool  # salvage found damage: write a fresh snapshot now
+    report: RecoveryReport
+
+
+def _map(path: str) -> Buffer:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return b""
+        # The mapping outlives the file object; it is unmapped when the last slice view goes.
+        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+
+
+def _note_aside(report: RecoveryReport, aside: str, nbytes: int) -> None:
+    report.torn_bytes += nbytes
+    report.aside_path = aside
+    report.aside_paths.append(aside)
+
+
+def _load_snapshot(path: str, salvage: bool, data: dict[str, bytes], report: RecoveryReport) -> tuple[int, bool]:
+    """Load a snapshot into ``data``; returns (its lsn, whether salvage dropped something)."""
+    buf = _map(path)
+    try:
+        lsn, count = parse_snapshot_header(buf)
+        read, damage = parse_snapshot_records(buf, count, data)
+    except BadBatch as exc:
+        read, damage, lsn = 0, exc, -1
+    report.snapshot_records = read
+    report.records += read
+    if damage is None:
+        return lsn, False
+    text = f"{path}: damaged snapshot at offset {damage.offset} ({damage.reason})"
+    if not salvage or lsn < 0:
+        # Without a readable header we do not even know which LSN the snapshot covers.
+        raise StoreCorruptError(text + ("; open with salvage=True to keep the records that verify" if lsn >= 0 else ""))
+    aside = set_aside(path, buf[damage.offset:], "corrupt")
+    _note_aside(report, aside, len(buf) - damage.offset)
+    report.damaged.append(text)
+    return lsn, True
+
+
+def _replay_segment(
+    path: str, last: bool, expected: int, resync: bool, salvage: bool, data: dict[str, bytes],
+    report: RecoveryReport, do_fsync: bool,
+) -> tuple[int, int, bool]:
+    """Apply the batches of one segment.
+
+    Returns (last lsn, segment size after, resync). ``resync`` is true while salvage is
+    skipping damage: the next batch that verifies is accepted whatever LSN it starts at.
+    """
+    buf = _map(path)
+    size = len(buf)
+    pos = 0
+    while pos < size:
+        try:
+            batch = parse_batch(buf, pos)
+            first = batch.first_lsn
+            if first != expected + 1 and not (resync and first > expected):
+                raise BadBatch(pos, f"batch starts at lsn {first}, expected {expected + 1}")
+        except BadBatch as exc:
+            nxt = find_next_batch(buf, pos)
+            if nxt == -1 and last and not resync:
+                # Torn write of an unconfirmed batch: set it aside and cut it off.
+                aside = set_aside(path, buf[pos:], "torn")
+                _note_aside(report, aside, size - pos)
+                with open(path, "r+b") as f:
+                    f.truncate(pos)
+                    if do_fsync:
+                        os.fsync(f.fileno())
+                return expected, pos, False
+            stop = size if nxt == -1 else nxt
+            text = f"{path}: damaged durable data at offset {pos}..{stop} ({exc.reason})"
+            if not salvage:
+                raise StoreCorruptError(
+                    text + "; later confirmed batches follow it, so it is not a torn write. "
+                    "Nothing was changed on disk; open with salvage=True to keep every record "
+                    "that verifies and copy the damaged bytes aside")
+            aside = set_aside(path, buf[pos:stop], "corrupt")
+            _note_aside(report, aside, stop - pos)
+            report.damaged.append(text)
+            resync = True
+            pos = stop
+            continue
+        for kind, key, value in batch.ops:
+            if kind == PUT:
+                data[key] = value
+            else:
+                data.pop(key, None)
+        report.records += len(batch.ops)
+        expected = first + len(batch.ops) - 1
+        resync = False
+        pos = batch.end
+    return expected, size, resync
+
+
+def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> Recovered:
+    started = time.perf_counter()
+    report = RecoveryReport()
+    segments, snapshots, temps = list_numbered(directory)
+    changed = False
+    for name in temps:  # a snapshot being written when the process died: never renamed, so unused
+        os.unlink(os.path.join(directory, name))
+        changed = True
+
+    data: dict[str, bytes] = {}
+    needs_snapshot = False
+    snapshot_bytes = 0
+    last_lsn = 0
+    if snapshots:
+        first = snapshots[-1]
+        path = os.path.join(directory, snapshot_name(first))
+        last_lsn, needs_snapshot = _load_snapshot(path, salvage, data, report)
+        snapshot_bytes = os.path.getsize(path)
+        # Older snapshots and segments before the newest snapshot are what a compaction had
+        # not yet removed when it was interrupted; the snapshot replaces them.
+        for n in snapshots[:-1]:
+            os.unlink(os.path.join(directory, snapshot_name(n)))
+            changed = True
+        for n in [s for s in segments if s < first]:
+            os.unlink(os.path.join(directory, segment_name(n)))
+            changed = True
+        segments = [s for s in segments if s >= first]
+    else:
+        first = segments[0] if segments else 1
+        if first != 1:
+            raise StoreCorruptError(
+                f"{directory}: no snapshot and the journal starts at segment {first}: "
+                "earlier segments are missing")
+    if segments and segments != list(range(first, first + len(segments))):
+        missing = sorted(set(range(first, segments[-1] + 1)) - set(segments))
+        raise StoreCorruptError(f"{directory}: journal segments {missing} are missing")
+
+    journal_bytes = 0
+    segment_bytes = 0
+    resync = needs_snapshot
+    for i, n in enumerate(segments):
+        last_lsn, segment_bytes, resync = _replay_segment(
+            os.path.join(directory, segment_name(n)), i == len(segments) - 1, last_lsn, resync,
+            salvage, data, report, do_fsync)
+        journal_bytes += segment_bytes
+    needs_snapshot = needs_snapshot or bool(report.damaged)
+    report.segments = len(segments)
+
+    segment = segments[-1] if segments else first
+    if not segments:
+        # A fresh store, or the segment after a snapshot was lost: start appending to it.
+        with open(os.path.join(directory, segment_name(segment)), "xb"):
+            pass
+        changed = True
+    if changed and do_fsync:
+        fsync_dir(directory)
+    report.seconds = time.perf_counter() - started
+    return Recovered(data, last_lsn, segment, segment_bytes, journal_bytes, snapshot_bytes, needs_snapshot, report)

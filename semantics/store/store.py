@@ -1,0 +1,343 @@
+"""The durable key -> bytes store: an in-memory map backed by a journal and snapshots.
+
+Threads (group commit)
+----------------------
+``put``/``delete`` run on the event loop thread: under ``_lock`` they assign an LSN, change
+the map and append the encoded record to the pending batch (a list of header, key and value
+pieces: the value is referenced, not copied). ``sync()`` runs on a worker thread: under
+``_sync_lock`` (so two syncs never interleave their writes) it swaps the pending batch out
+under ``_lock``, joins it once, writes it with one ``write`` and fsyncs once, outside
+``_lock``; the event loop keeps appending meanwhile. A sync that waited for another finds
+its records already written and returns at once.
+
+Compaction
+----------
+``maybe_compact()`` is meant to be called from the same worker thread after ``sync()``. It
+holds ``_sync_lock`` only to flush the pending batch, copy the map and switch appends to a
+new segment ``n+1``; the snapshot (``snapshot-<n+1>.snap``: the state at the end of segment
+``n``) is written to a temp file, fsynced, renamed and the directory fsynced *without*
+holding ``_sync_lock``, so other syncs keep committing meanwhile. Only then are the older
+segments and snapshot removed. A crash at any step leaves either the old snapshot and all
+segments after it, or the new snapshot (plus stale files that recovery removes).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from .errors import StoreClosedError, StoreFailedError
+from .files import DirLock, fsync_dir, list_numbered, segment_name, snapshot_name
+from .format import (
+    DELETE,
+    MAX_KEY_BYTES,
+    PUT,
+    RECORD_HEADER,
+    encode_batch_header,
+    encode_record,
+    iter_snapshot_chunks,
+)
+from .recovery import RecoveryReport, recover
+
+__all__ = ["Store"]
+
+# Compact when the journal (segments + snapshot) is above both of these.
+COMPACT_RATIO = 2.0
+COMPACT_MIN_BYTES = 32 << 20
+
+_OVERHEAD = RECORD_HEADER.size
+
+
+class Store:
+    """See the module docstring; open with :meth:`Store.open`."""
+
+    def __init__(self, directory: str | None, *, fsync: bool = True, salvage: bool = False,
+                 compact_min_bytes: int = COMPACT_MIN_BYTES, compact_ratio: float = COMPACT_RATIO) -> None:
+        self._dir = directory
+        self._fsync = fsync
+        self._compact_min_bytes = compact_min_bytes
+        self._compact_ratio = compact_ratio
+        self._lock = threading.Lock()  # the map, the LSN and the pending batch
+        self._sync_lock = threading.Lock()  # the segment file: one writer at a time
+        self._compact_lock = threading.Lock()  # one compaction at a time
+        # pending[0] is a placeholder for the batch header, filled in by sync().
+        self._pending: list[bytes] = [b""]
+        self._pending_bytes = 0
+        self._pending_first = 1
+        self._durable = 0
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._file: BinaryIO | None = None
+        self._dirlock: DirLock | None = None
+        self._journal_bytes = 0  # segment bytes since the snapshot (written, not pending)
+        self._snapshot_bytes = 0
+        self.recovery = RecoveryReport()
+        self._live_bytes = 0  # estimate of the snapshot size, for compaction_due
+        if directory is None:
+            self._map: dict[str, bytes] = {}
+            self._lsn = 0
+            self._segment = 0
+            return
+        os.makedirs(directory, exist_ok=True)
+        self._dirlock = DirLock(directory)
+        try:
+            found = recover(directory, salvage=salvage, do_fsync=fsync)
+        except BaseException:
+            self._dirlock.release()
+            raise
+        self._map = found.data
+        self._lsn = self._durable = found.last_lsn
+        self._pending_first = self._lsn + 1
+        self._segment = found.segment
+        self._journal_bytes = found.journal_bytes
+        self._snapshot_bytes = found.snapshot_bytes
+        self.recovery = found.report
+        self._file = open(os.path.join(directory, segment_name(self._segment)), "ab", buffering=0)  # noqa: SIM115 - lives as long as the store
+        self._live_bytes = sum(len(k) + len(v) + _OVERHEAD for k, v in self._map.items())
+        if found.needs_snapshot:
+            # Salvage dropped damaged bytes: a fresh snapshot makes the next open clean.
+            self.maybe_compact(force=True)
+
+    @classmethod
+    def open(cls, path: str | None, *, fsync: bool = True, salvage: bool = False,
+             compact_min_bytes: int = COMPACT_MIN_BYTES, compact_ratio: float = COMPACT_RATIO) -> Store:
+        """Open (creating or recovering) the store in directory ``path``; ``None``: in memory.
+
+        ``fsync=False`` skips every fsync (tests, benchmarks): sync() then only reaches the OS.
+        ``salvage=True`` opens despite corruption of durable data (see recovery.py).
+        """
+        return cls(path, fsync=fsync, salvage=salvage, compact_min_bytes=compact_min_bytes,
+                   compact_ratio=compact_ratio)
+
+    # -- the event loop side ---------------------------------------------------------------
+
+    def put(self, key: str, value: bytes) -> int:
+        """Set ``key``; returns its LSN. Visible to ``get`` at once, durable after ``sync()``."""
+        kb = key.encode()
+        if len(kb) > MAX_KEY_BYTES:
+            raise ValueError(f"store key of {len(kb)} bytes is above {MAX_KEY_BYTES}")
+        if type(value) is not bytes:
+            value = bytes(value)  # a caller's bytearray/memoryview may change under us
+        with self._lock:
+            self._check()
+            self._lsn = lsn = self._lsn + 1
+            old = self._map.get(key)
+            self._map[key] = value
+            size = len(kb) + len(value) + _OVERHEAD
+            self._live_bytes += size - (0 if old is None else len(key) + len(old) + _OVERHEAD)
+            if self._file is not None:
+                pending = self._pending
+                pending.append(encode_record(PUT, lsn, kb, value))
+                pending.append(kb)
+                pending.append(value)
+                self._pending_bytes += size
+        return lsn
+
+    def delete(self, key: str) -> int:
+        """Remove ``key`` (absent is fine); returns the LSN of the delete."""
+        kb = key.encode()
+        with self._lock:
+            self._check()
+            self._lsn = lsn = self._lsn + 1
+            old = self._map.pop(key, None)
+            if old is not None:
+                self._live_bytes -= len(key) + len(old) + _OVERHEAD
+            if self._file is not None:
+                self._pending.append(encode_record(DELETE, lsn, kb, b""))
+                self._pending.append(kb)
+                self._pending_bytes += len(kb) + _OVERHEAD
+        return lsn
+
+    def get(self, key: str) -> bytes | None:
+        return self._map.get(key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._map
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        """Pairs whose key starts with ``prefix``, in no particular order.
+
+        A copy is taken under the lock, so the caller may put/delete while iterating. It
+        scans every key: meant for start-up and management, not for the hot path.
+        """
+        with self._lock:
+            if prefix:
+                found = [(k, v) for k, v in self._map.items() if k.startswith(prefix)]
+            else:
+                found = list(self._map.items())
+        return iter(found)
+
+    @property
+    def durable_lsn(self) -> int:
+        """Every put/delete with an LSN up to this one is on disk (fsynced)."""
+        return self._durable
+
+    @property
+    def last_lsn(self) -> int:
+        """The LSN of the latest put/delete, durable or not."""
+        return self._lsn
+
+    @property
+    def compaction_due(self) -> bool:
+        """True when the journal is large enough, relative to the live data, to compact."""
+        total = self._journal_bytes + self._pending_bytes + self._snapshot_bytes
+        return (self._file is not None and total > self._compact_min_bytes
+                and total > self._compact_ratio * self._live_bytes)
+
+    # -- the worker thread side ------------------------------------------------------------
+
+    def sync(self) -> int:
+        """Write and fsync everything appended so far; returns the durable LSN. Blocking."""
+        with self._sync_lock:
+            return self._sync_locked()
+
+    def _sync_locked(self) -> int:
+        with self._lock:
+            self._check()
+            if self._file is None:  # in memory: everything applied is as durable as it gets
+                self._durable = self._lsn
+                return self._durable
+            batch = self._take_batch()
+        return self._write_batch(batch)
+
+    def _take_batch(self) -> tuple[list[bytes], int, int, int]:
+        """Swap the pending batch out (caller holds ``_lock``): (pieces, body bytes, first, last)."""
+        pending, self._pending = self._pending, [b""]
+        body_len, self._pending_bytes = self._pending_bytes, 0
+        first, last = self._pending_first, self._lsn
+        self._pending_first = last + 1
+        return pending, body_len, first, last
+
+    def _write_batch(self, batch: tuple[list[bytes], int, int, int]) -> int:
+        """Write one batch with one write and one fsync (caller holds ``_sync_lock``)."""
+        pending, body_len, first, last = batch
+        if last < first:
+            return self._durable
+        assert self._file is not None
+        pending[0] = encode_batch_header(body_len, last - first + 1, first)
+        data = b"".join(pending)
+        del pending, batch
+        try:
+            self._write_all(data)
+            if self._fsync:
+                os.fsync(self._file.fileno())
+        except BaseException as exc:
+            self._failed = exc
+            raise StoreFailedError(f"store write failed: {exc!r}; restart to recover") from exc
+        self._journal_bytes += len(data)
+        self._durable = last
+        return last
+
+    def _write_all(self, data: bytes) -> None:
+        assert self._file is not None
+        view = memoryview(data)
+        while view:
+            n = self._file.write(view)
+            if not n:
+                raise OSError("short write")
+            view = view[n:]
+
+    def maybe_compact(self, *, force: bool = False) -> bool:
+        """Write a snapshot and drop old segments if the journal has grown enough (see
+        ``compaction_due``); returns whether it compacted. Call it from the worker thread."""
+        if self._file is None or not (force or self.compaction_due):
+            return False
+        if not self._compact_lock.acquire(blocking=False):
+            return False
+        try:
+            self._compact()
+        finally:
+            self._compact_lock.release()
+        return True
+
+    def _compact(self) -> None:
+        directory = self._dir
+        assert directory is not None and self._file is not None
+        with self._sync_lock:
+            # The snapshot must hold exactly the state at the end of the segment we close, so
+            # copy the map in the same critical section that swaps the pending batch out.
+            with self._lock:
+                self._check()
+                state = dict(self._map)
+                lsn = self._lsn
+                batch = self._take_batch()
+            self._write_batch(batch)
+            old = self._segment
+            new = old + 1
+            self._file.close()
+            self._file = open(os.path.join(directory, segment_name(new)), "xb", buffering=0)  # noqa: SIM115 - closed at rotation or close()
+            if self._fsync:
+                fsync_dir(directory)
+            self._segment = new
+            old_journal, self._journal_bytes = self._journal_bytes, 0
+        # From here on syncs append to segment `new` while the snapshot is written.
+        try:
+            final = os.path.join(directory, snapshot_name(new))
+            tmp = final + ".tmp"
+            size = 0
+            with open(tmp, "wb") as f:
+                for chunk in iter_snapshot_chunks(lsn, state.items(), len(state)):
+                    f.write(chunk)
+                    size += len(chunk)
+                f.flush()
+                if self._fsync:
+                    os.fsync(f.fileno())
+            del state
+            os.replace(tmp, final)
+            if self._fsync:
+                fsync_dir(directory)
+            self._snapshot_bytes = size
+            segments, snapshots, _ = list_numbered(directory)
+            for n in segments:
+                if n < new:
+                    os.unlink(os.path.join(directory, segment_name(n)))
+            for n in snapshots:
+                if n < new:
+                    os.unlink(os.path.join(directory, snapshot_name(n)))
+            if self._fsync:
+                fsync_dir(directory)
+        except OSError:
+            # The old snapshot and segments are still complete; count them so we try again.
+            self._journal_bytes += old_journal
+            raise
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreClosedError("store is closed")
+        if self._failed is not None:
+            raise StoreFailedError(f"store failed earlier: {self._failed!r}; restart to recover")
+
+    def close(self) -> None:
+        """Sync what is pending, then release the files. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._failed is None:
+                self.sync()
+        finally:
+            with self._sync_lock, self._lock:
+                self._closed = True
+                if self._file is not None:
+                    self._file.close()
+                    self._file = None
+                if self._dirlock is not None:
+                    self._dirlock.release()
+                    self._dirlock = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = self._dir or "memory"
+        return f"<Store {where} keys={len(self._map)} lsn={self._lsn} durable={self._durable}>"
+
