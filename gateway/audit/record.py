@@ -1,0 +1,99 @@
+"""One audit record as one JSON line (A2), schema version 1.
+
+The writer thread, not ``emit()``, calls ``format_line``: the event loop only appends a tuple.
+Field types are normalised here so that readers can rely on one JSON type per field (the Spark
+connector parses with an explicit schema; a field of the wrong JSON type would cost it a slow
+line-by-line fallback).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "EVENTS",
+    "FIELD_TYPES",
+    "SCHEMA_VERSION",
+    "format_line",
+    "format_ts",
+]
+
+SCHEMA_VERSION = 1
+
+# The event names of the audit contract (docs/ARCHITECTURE.md), plus ``audit_dropped``, which
+# the writer itself emits when it had to shed records (never silent).
+EVENTS = frozenset(
+    {
+        "connection_open", "connection_close", "auth_failure",
+        "exchange_declare", "exchange_delete", "queue_declare", "queue_delete", "queue_purge",
+        "bind", "unbind", "publish", "route", "discard", "enqueue", "deliver", "ack", "nack",
+        "requeue", "visibility_expire", "stale_ack", "retry", "rewind", "dead_letter",
+        "audit_dropped",
+    }
+)
+
+# JSON type of each optional field; ``ts``/``next_at`` are UTC ISO-8601 strings with
+# microseconds and ``Z``.  Anything else an emitter passes is written as given and ignored by
+# the typed reader (forward compatible).
+FIELD_TYPES: Mapping[str, str] = {
+    "topic": "string", "queue": "string", "subscription": "string", "msg_id": "string",
+    "tags": "array<string>", "routing_key": "string", "size": "long", "attempt": "int",
+    "reason": "string", "user": "string", "peer": "string", "latency_ms": "double",
+    "next_at": "timestamp", "policy": "string", "conn": "string", "dropped": "long",
+}
+
+_STR_FIELDS = frozenset(k for k, t in FIELD_TYPES.items() if t == "string")
+_INT_FIELDS = frozenset(k for k, t in FIELD_TYPES.items() if t in ("int", "long"))
+
+# Formatting a datetime costs microseconds; records arrive many per second, so the
+# "YYYY-MM-DDTHH:MM:SS" prefix is cached per whole second.  One tuple, swapped atomically, so
+# that two writer threads never pair a second with another second's prefix.
+_cache: tuple[int, str] = (-1, "")
+
+
+def format_ts(t: float) -> str:
+    """Unix seconds → ``2024-05-01T10:00:00.123456Z``."""
+    global _cache
+    sec = int(t)
+    us = int(round((t - sec) * 1_000_000))
+    if us >= 1_000_000:  # rounding carried into the next second
+        sec += 1
+        us -= 1_000_000
+    cached_sec, prefix = _cache
+    if sec != cached_sec:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+        _cache = (sec, prefix)
+    return f"{prefix}.{us:06d}Z"
+
+
+def _normalise(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if key in _STR_FIELDS:
+        return value if isinstance(value, str) else str(value)
+    if key in _INT_FIELDS:
+        return value if type(value) is int else int(value)
+    if key == "latency_ms":
+        return float(value)
+    if key == "tags":
+        return [t if isinstance(t, str) else str(t) for t in value]
+    if key == "next_at" and isinstance(value, int | float):
+        return format_ts(float(value))
+    return value
+
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str).encode
+
+
+def format_line(ts: str, event: str, vhost: str, fields: Mapping[str, Any]) -> str:
+    """One record, newline-terminated; ``ts`` comes from ``format_ts`` (the writer also derives
+    the file's dt/hour folder from it, so folder and record always agree).  ``v``/``ts``/
+    ``event``/``vhost`` come first and cannot be overridden by a field of the same name."""
+    rec: dict[str, Any] = {"v": SCHEMA_VERSION, "ts": ts, "event": event, "vhost": vhost}
+    for k, v in fields.items():
+        if k not in rec and v is not None:
+            rec[k] = _normalise(k, v)
+    return _dumps(rec) + "\n"

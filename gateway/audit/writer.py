@@ -1,0 +1,300 @@
+"""The audit log writer (A1–A3): ``emit()`` on the event loop, JSON and disk on one thread.
+
+Theory of operation
+-------------------
+``emit()`` appends one tuple ``(time, event, vhost, fields)`` to a ``deque`` (thread-safe, no
+lock) and returns: it never formats, never touches a file and never waits.  One writer thread
+wakes every ``flush_interval`` (or early when the queue passes ``wake_at``), pops what is
+queued, formats it (``record.format_line``) and writes it with one ``write()`` per file, then
+flushes so that a tailing reader sees whole lines.
+
+Files: the first record opens ``dt=…/hour=…/.audit-<start>-<seq>.jsonl.open``; the file is
+closed (fsync, then renamed to ``audit-<start>-<seq>.jsonl``) when the next record would take
+it past ``rotate_bytes``, when it has been open ``rotate_seconds``, when a record belongs to
+another UTC hour (the folder is the hour, so every record in a folder is of that hour and
+pruning by folder is exact), and at ``close()``.  A closed file is never opened again.  A crash
+leaves one ``.open`` file whose last line may be torn; the next ``AuditLog`` on the directory
+renames it closed as it is (readers skip a torn last line).
+
+Bounded memory: past ``max_pending`` queued records ``emit()`` drops the record, counts it in
+``dropped`` (for metrics) and the writer then writes an ``audit_dropped`` record carrying the
+count, and logs a warning: records may be shed under overload, never silently.
+
+Retention: every ``retention_check_seconds`` the writer deletes closed files whose mtime is
+older than ``retention_hours`` and removes folders left empty.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import IO, Any
+
+from gateway.audit import layout
+from gateway.audit.record import format_line, format_ts
+
+__all__ = ["AuditLog", "NullAudit"]
+
+log = logging.getLogger(__name__)
+
+_Item = tuple[float, str, str, dict[str, Any]]
+
+
+class NullAudit:
+    """An audit log that keeps nothing (audit disabled, and most unit tests)."""
+
+    __slots__ = ()
+    dropped = 0
+    written = 0
+
+    def emit(self, event: str, vhost: str, **fields: Any) -> None:
+        return None
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return True
+
+    def close(self) -> None:
+        return None
+
+
+class AuditLog:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        rotate_bytes: int = 64 * 1024 * 1024,
+        rotate_seconds: float = 3600.0,
+        retention_hours: float = 168.0,
+        events: Iterable[str] | None = None,
+        max_pending: int = 200_000,
+        flush_interval: float = 0.1,
+        retention_check_seconds: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if rotate_bytes < 1:
+            raise ValueError("rotate_bytes must be positive")
+        self.directory = os.path.abspath(directory)
+        self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self.retention_hours = retention_hours
+        self.events: frozenset[str] | None = None if events is None else frozenset(events)
+        self.max_pending = max_pending
+        self._flush_interval = flush_interval
+        self._retention_every = retention_check_seconds
+        self._clock = clock
+
+        # Exposed for metrics.
+        self.dropped = 0  # records shed by emit() (queue full) or lost to a write error
+        self.written = 0  # records written
+        self.files_closed = 0
+        self.files_deleted = 0
+
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._wake_at = max(1, max_pending // 8)
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        self._cycles = 0
+        self._stopping = False
+        self._closed = False
+        self._drop_lock = threading.Lock()
+        self._dropped_reported = 0
+
+        self._file: IO[bytes] | None = None
+        self._file_key = ""  # closed path of the open file
+        self._file_folder = ""
+        self._file_size = 0
+        self._file_opened_at = 0.0
+        self._seq = 0
+        self._last_retention = float("-inf")
+
+        os.makedirs(self.directory, exist_ok=True)
+        self._recover()
+        self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
+        self._thread.start()
+
+    # ---- event loop side -------------------------------------------------------------------
+
+    def emit(self, event: str, vhost: str, **fields: Any) -> None:
+        """Queue one record; never blocks, never raises for a full queue (A1)."""
+        if self.events is not None and event not in self.events:
+            return
+        q = self._queue
+        n = len(q)
+        if n >= self.max_pending or self._closed:
+            with self._drop_lock:  # rare path; keeps the count exact if several threads emit
+                self.dropped += 1
+            return
+        q.append((self._clock(), event, vhost, fields))
+        if n == self._wake_at:
+            self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything emitted before this call is written (tests, shutdown)."""
+        with self._cond:
+            target = self._cycles + 2  # a whole cycle that started after this call
+            self._wake.set()
+            return self._cond.wait_for(
+                lambda: self._cycles >= target or not self._thread.is_alive(), timeout
+            )
+
+    def close(self) -> None:
+        """Write everything queued, close (rename) the open file and stop the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- writer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._flush_interval)
+            self._wake.clear()
+            stopping = self._stopping
+            try:
+                self._drain()
+                if self._file is not None and self._clock() - self._file_opened_at >= self.rotate_seconds:
+                    self._close_file()
+                if time.time() - self._last_retention >= self._retention_every:
+                    self._last_retention = time.time()
+                    self._apply_retention()
+            except Exception:  # the writer must outlive any one bad batch
+                log.exception("audit writer cycle failed")
+            with self._cond:
+                self._cycles += 1
+                self._cond.notify_all()
+            if stopping and not self._queue:
+                break
+        try:
+            self._close_file()
+        finally:
+            with self._cond:
+                self._cycles += 1
+                self._cond.notify_all()
+
+    def _drain(self) -> None:
+        q = self._queue
+        popleft = q.popleft
+        items: list[_Item] = [popleft() for _ in range(len(q))]
+        shed = self.dropped - self._dropped_reported
+        if shed > 0:
+            # Stamped now, so after everything queued: time order (and the hour folder) holds.
+            self._dropped_reported += shed
+            log.warning("audit log overloaded: %d records dropped", shed)
+            items.append((self._clock(), "audit_dropped", "", {"dropped": shed}))
+        buf: list[bytes] = []
+        buf_bytes = 0
+        for t, event, vhost, fields in items:
+            ts = format_ts(t)
+            line = format_line(ts, event, vhost, fields).encode()
+            folder = layout.folder_for(ts)
+            if self._file is None or folder != self._file_folder or (
+                self._file_size + buf_bytes + len(line) > self.rotate_bytes
+                and self._file_size + buf_bytes > 0
+            ):
+                self._write(buf)
+                buf, buf_bytes = [], 0
+                self._close_file()
+                self._open_file(ts, folder)
+            buf.append(line)
+            buf_bytes += len(line)
+            # Bound the bytes held in memory when the writer has fallen far behind.
+            if buf_bytes >= 4 * 1024 * 1024:
+                self._write(buf)
+                buf, buf_bytes = [], 0
+        self._write(buf)
+
+    def _write(self, lines: list[bytes]) -> None:
+        if not lines or self._file is None:
+            return
+        data = b"".join(lines)
+        try:
+            self._file.write(data)
+            self._file.flush()  # whole lines visible to tailing readers
+        except OSError:
+            log.exception("audit write failed; %d records lost", len(lines))
+            with self._drop_lock:
+                self.dropped += len(lines)
+            self._close_file()
+            return
+        self._file_size += len(data)
+        self.written += len(lines)
+
+    def _open_file(self, ts: str, folder: str) -> None:
+        folder_path = os.path.join(self.directory, folder)
+        os.makedirs(folder_path, exist_ok=True)
+        while True:
+            name = layout.closed_name(ts, self._seq)
+            self._seq += 1
+            closed = os.path.join(folder_path, name)
+            if not os.path.exists(closed) and not os.path.exists(layout.open_path(closed)):
+                break
+        # "x": never append to (rewrite) a file that already exists.
+        self._file = open(layout.open_path(closed), "xb")  # noqa: SIM115 (lives across cycles)
+        self._file_key = closed
+        self._file_folder = folder
+        self._file_size = 0
+        self._file_opened_at = self._clock()
+
+    def _close_file(self) -> None:
+        f = self._file
+        if f is None:
+            return
+        self._file = None
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            f.close()
+            os.rename(layout.open_path(self._file_key), self._file_key)
+            self.files_closed += 1
+
+    def _apply_retention(self) -> None:
+        cutoff = time.time() - self.retention_hours * 3600.0
+        for af in layout.list_files(self.directory):
+            try:
+                if os.stat(af.path).st_mtime < cutoff:
+                    os.unlink(af.path)
+                    self.files_deleted += 1
+            except FileNotFoundError:
+                continue
+        self._remove_empty_folders()
+
+    def _remove_empty_folders(self) -> None:
+        for dt_entry in os.scandir(self.directory):
+            if not dt_entry.is_dir() or not dt_entry.name.startswith("dt="):
+                continue
+            for hour_entry in os.scandir(dt_entry.path):
+                if hour_entry.is_dir():  # the open file's folder is never empty
+                    try:
+                        os.rmdir(hour_entry.path)
+                    except OSError:  # not empty
+                        pass
+            try:
+                os.rmdir(dt_entry.path)
+            except OSError:
+                pass
+
+    def _recover(self) -> None:
+        """Close what a crashed writer left open, torn last line and all (A3)."""
+        for af in layout.list_files(self.directory, include_open=True):
+            if af.is_open:
+                closed = os.path.join(self.directory, af.key)
+                log.warning("audit: closing %s left open by a crash", af.key)
+                os.rename(af.path, closed)
