@@ -1,0 +1,754 @@
+"""One CMQ queue as pure state (SPEC Q1-Q8, L6-L8; RabbitMQ TTL and max-length, M7/M13).
+
+Theory of operation
+-------------------
+A message is in exactly one state (``MessageState``)::
+
+    send ──> ACTIVE <──────────── visibility timeout (Q1) / release (M13)
+      │        │ receive (Q1)          ▲
+      │        └──────> INACTIVE ──────┘
+      │                   │ delete with the latest handle (Q3)
+      │                   ▼
+      │               DELETED (rewindable, Q6) ──> rewind() makes it ACTIVE again
+      │
+      └─ delay > 0 ─> DELAYED (in flight, Q4) ──> ACTIVE when the delay ends
+           └─ over 20,000 in flight (L8) ─> PARKED ──> DELAYED/ACTIVE when the count drops
+
+and REMOVED once it left the queue (deleted without rewind, expired, dead-lettered, dropped,
+purged). Time never runs by itself: every operation takes ``now`` and first applies every
+timed change due by then, so the model is right whenever the gateway calls ``tick``; the
+gateway calls ``tick(now)`` at ``next_wakeup()`` to learn about the changes (events).
+
+Data structures (all operations O(1) amortized, O(log n) where a heap is involved):
+
+* ``_active``: a deque of ACTIVE messages in order of their position ``pos``; ``_returned``:
+  a heap of ``(pos, message)`` for messages that came back (visibility timeout, release) so
+  that they are received again at their original position, as RabbitMQ requeues. A receive
+  takes the lower position of the two heads.
+* ``_timers``: one heap of ``(when, tiebreak, kind, message, token)`` for visibility ends,
+  delay ends and each message's deadline (retention, dead-letter time to live, TTL).
+* Entries whose message moved on are not searched for: they are skipped when they surface
+  (lazy deletion), and the structure is rebuilt once stale entries outnumber live ones, so
+  memory stays proportional to the messages held.
+* ``_messages``: msg_id -> message for everything retained or rewindable.
+
+Events (visibility expiry, expiry, dead-letter moves, max-length drops, ...) are appended to
+an outbox, returned by ``tick`` and ``drain_events``; the gateway audits them and moves
+dead-lettered messages to the named queue.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import NamedTuple
+
+from semantics import limits
+from semantics.errors import CMQError, LimitError
+from semantics.message_ids import new_msg_id
+from semantics.queue_attrs import OVERFLOW_DROP_HEAD, QueueAttributes
+
+__all__ = [
+    "CmqQueue",
+    "DeadLettered",
+    "DelayEnded",
+    "Expired",
+    "MaxLengthDropped",
+    "MaxLengthRejected",
+    "MessageState",
+    "QueueEvent",
+    "QueueMessage",
+    "Receipt",
+    "RewindableRemoved",
+    "VisibilityExpired",
+]
+
+
+class MessageState(IntEnum):
+    DELAYED = 0  # Q4: invisible until its delay ends; holds one of the 20,000 in-flight slots
+    PARKED = 1  # L8: delayed past the in-flight cap; invisible until the count drops
+    ACTIVE = 2  # Q1: may be received
+    INACTIVE = 3  # Q1: received, invisible until the visibility timeout
+    DELETED = 4  # Q6: deleted but kept as rewindable until its retention ends
+    REMOVED = 5  # gone from the queue
+
+
+# Module-level aliases: identity tests against globals are the cheapest on the hot path.
+DELAYED = MessageState.DELAYED
+PARKED = MessageState.PARKED
+ACTIVE = MessageState.ACTIVE
+INACTIVE = MessageState.INACTIVE
+DELETED = MessageState.DELETED
+REMOVED = MessageState.REMOVED
+
+# Timer kinds.
+_VISIBLE = 0
+_DELAY_END = 1
+_DEADLINE = 2
+
+_MIN_COMPACT = 1024
+
+
+class QueueMessage:
+    """One message of a queue, with the receive metadata of Q7.
+
+    ``payload`` is opaque: the gateway keeps the body and the AMQP properties there.
+    Fields other than the documented ones are the queue's bookkeeping.
+    """
+
+    __slots__ = ("msg_id", "payload", "size", "enqueue_time", "first_receive_time", "next_visible_time",
+                 "receive_count", "state", "expires_at", "handle", "pos", "seq", "deadline")
+
+    def __init__(self, msg_id: str, payload: object, size: int, enqueue_time: float, seq: int,
+                 expires_at: float | None) -> None:
+        self.msg_id = msg_id
+        self.payload = payload
+        self.size = size
+        self.enqueue_time = enqueue_time
+        self.first_receive_time: float | None = None
+        self.next_visible_time = enqueue_time
+        self.receive_count = 0
+        self.state = ACTIVE
+        self.expires_at = expires_at  # RabbitMQ TTL (per message or per queue), absolute
+        self.handle = 0  # the latest receipt handle; 0 once no handle may act on it
+        self.pos = 0  # order among ACTIVE messages
+        self.seq = seq  # production order, for rewind (Q6)
+        self.deadline = 0.0  # the time of its live _DEADLINE timer
+
+    def __repr__(self) -> str:
+        return (f"QueueMessage({self.msg_id!r}, state={self.state.name}, size={self.size}, "
+                f"receive_count={self.receive_count})")
+
+
+class Receipt(NamedTuple):
+    """What a receive returns (Q3): the message and this receive's handle."""
+
+    message: QueueMessage
+    handle: int
+
+
+_new_receipt = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEvent:
+    """A timed or secondary change of the queue, for the audit log (A1)."""
+
+    message: QueueMessage
+
+
+@dataclass(frozen=True, slots=True)
+class VisibilityExpired(QueueEvent):
+    """Q1: not deleted within the visibility timeout; Active again (unless moved on)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DelayEnded(QueueEvent):
+    """Q4: the delay ended; the message is Active (unless moved on)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Expired(QueueEvent):
+    """Removed: ``reason`` is ``retention`` (Q1, msgRetentionSeconds) or ``ttl`` (RabbitMQ)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettered(QueueEvent):
+    """Q8: removed here; the gateway must enqueue it on ``to_queue``.
+
+    ``reason`` is ``max_receive_count`` or ``max_time_to_live``.
+    """
+
+    to_queue: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MaxLengthDropped(QueueEvent):
+    """x-max-length with overflow drop-head: the head was removed (the gateway may dead-letter it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RewindableRemoved(QueueEvent):
+    """Q6: a rewindable message left for good: ``retention`` ended or ``rewind_off``."""
+
+    reason: str
+
+
+class MaxLengthRejected(CMQError):
+    """x-max-length with overflow reject-publish: the message was refused, nothing changed.
+
+    Not a channel error in RabbitMQ: the gateway answers basic.nack to a confirming publisher
+    (and dead-letters it for reject-publish-dlx).
+    """
+
+
+class CmqQueue:
+    """A CMQ queue (SPEC "Queue model"); see the module docstring."""
+
+    def __init__(self, name: str, attributes: QueueAttributes | None = None) -> None:
+        self.name = name
+        self._messages: dict[str, QueueMessage] = {}
+        self._active: deque[QueueMessage] = deque()
+        self._returned: list[tuple[int, QueueMessage]] = []
+        self._active_stale = 0
+        self._parked: deque[QueueMessage] = deque()
+        self._timers: list[tuple[float, int, int, QueueMessage, int]] = []
+        self._timer_limit = _MIN_COMPACT
+        self._tiebreak = itertools.count()
+        self._handles = itertools.count(1)
+        self._events: list[QueueEvent] = []
+        self._next_pos = 0
+        self._next_seq = 0
+        self._n_active = 0
+        self._n_inactive = 0
+        self._n_delayed = 0
+        self._n_parked = 0
+        self._n_rewindable = 0
+        self._rewound_to = float("-inf")
+        self.max_inflight = limits.MAX_INFLIGHT_DELAYED  # L8; a test may lower it
+        self._apply(attributes or QueueAttributes())
+
+    # ------------------------------------------------------------------ attributes
+
+    def _apply(self, a: QueueAttributes) -> None:
+        # Cached as plain fields: the hot path reads them on every call.
+        self.attributes = a
+        self._vt = float(a.visibility_timeout)
+        self._retention = float(a.msg_retention_seconds)
+        self._max_size = a.max_msg_size
+        self._heap_num = a.max_msg_heap_num
+        self._default_delay = float(a.delay_seconds)
+        self._ttl = a.message_ttl
+        self._max_length = a.max_length
+        self._drop_head = a.overflow == OVERFLOW_DROP_HEAD
+        self._dlq = a.dead_letter_queue
+        self._max_receive = a.max_receive_count
+        self._dlq_ttl = None if a.max_time_to_live is None else float(a.max_time_to_live)
+        self._rewind = float(a.rewind_seconds)
+
+    def set_attributes(self, attributes: QueueAttributes, now: float) -> None:
+        """CMQ SetQueueAttributes. New limits apply to new messages; new deadlines to all."""
+        self._advance(now)
+        old = self.attributes
+        self._apply(attributes)
+        if (old.msg_retention_seconds, old.max_time_to_live) != (
+                attributes.msg_retention_seconds, attributes.max_time_to_live):
+            for msg in self._messages.values():
+                self._push_deadline(msg)
+        if attributes.rewind_seconds == 0 and self._n_rewindable:
+            self._drop_rewindable()
+        self._advance(now)
+
+    def set_rewind_seconds(self, seconds: float, now: float) -> None:
+        """Q6: change the rewind range; 0 turns rewind off and drops the rewindable messages."""
+        self.set_attributes(self.attributes.replace(rewind_seconds=seconds), now)
+
+    # ------------------------------------------------------------------ counts
+
+    @property
+    def active(self) -> int:
+        return self._n_active
+
+    @property
+    def inactive(self) -> int:
+        return self._n_inactive
+
+    @property
+    def delayed(self) -> int:
+        """Messages in flight (Q4), parked ones included."""
+        return self._n_delayed + self._n_parked
+
+    @property
+    def parked(self) -> int:
+        """Delayed messages over the 20,000 in-flight cap (L8)."""
+        return self._n_parked
+
+    @property
+    def rewindable(self) -> int:
+        return self._n_rewindable
+
+    @property
+    def retained(self) -> int:
+        """Undeleted messages: what maxMsgHeapNum caps (L8)."""
+        return len(self._messages) - self._n_rewindable
+
+    def __len__(self) -> int:
+        return len(self._messages) - self._n_rewindable
+
+    def get(self, msg_id: str) -> QueueMessage | None:
+        """The retained or rewindable message with this ID."""
+        return self._messages.get(msg_id)
+
+    def messages(self) -> Iterator[QueueMessage]:
+        """Retained and rewindable messages, roughly in send order (management API, store)."""
+        return iter(list(self._messages.values()))
+
+    # ------------------------------------------------------------------ send
+
+    def send(self, payload: object, size: int, now: float, *, delay: float | None = None,
+             msg_id: str | None = None, expires_at: float | None = None) -> QueueMessage:
+        """CMQ SendMessage. Refusals raise and change nothing (L6, L8, Q4, max-length)."""
+        if size > self._max_size:
+            raise LimitError("L6", f"message of {size:,} bytes is larger than queue '{self.name}' "
+                             f"max_msg_size {self._max_size:,} bytes", value=size, limit=self._max_size)
+        timers = self._timers
+        if timers and timers[0][0] <= now:
+            self._advance(now)
+        if len(self._messages) - self._n_rewindable >= self._heap_num:
+            raise LimitError("L8", f"queue '{self.name}' already retains {self._heap_num:,} messages "
+                             f"(max_msg_heap_num)", value=self._heap_num + 1, limit=self._heap_num)
+        if delay is None:
+            delay = self._default_delay
+        elif not 0 <= delay <= limits.DELAY_SECONDS_MAX:
+            raise LimitError("L8", f"delay_seconds={delay!r} is out of range 0-{limits.DELAY_SECONDS_MAX:,} s "
+                             "(Q4)", value=delay, limit=(0, limits.DELAY_SECONDS_MAX))
+        if self._ttl is not None:
+            # x-message-ttl counts from when the message is in the queue, after any delay.
+            ttl_end = now + delay + self._ttl
+            if expires_at is None or ttl_end < expires_at:
+                expires_at = ttl_end
+        if (not delay and self._max_length is not None and not self._drop_head
+                and self._n_active >= self._max_length):
+            raise MaxLengthRejected("M7", f"queue '{self.name}' is full (x-max-length {self._max_length}, "
+                                    "x-overflow reject-publish)", value=self._max_length)
+        if msg_id is None:
+            msg_id = new_msg_id()
+        elif msg_id in self._messages:
+            raise CMQError("Q3", f"message ID {msg_id!r} is already in queue '{self.name}'", value=msg_id)
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        msg = QueueMessage(msg_id, payload, size, now, seq, expires_at)
+        self._messages[msg_id] = msg
+        self._push_deadline(msg)
+        if delay > 0:
+            msg.next_visible_time = now + delay
+            if self._n_delayed >= self.max_inflight or self._n_parked:
+                # L8: accepted, but invisible until the in-flight count drops (FIFO).
+                msg.state = PARKED
+                self._n_parked += 1
+                self._parked.append(msg)
+            else:
+                msg.state = DELAYED
+                self._n_delayed += 1
+                self._push_timer(msg.next_visible_time, _DELAY_END, msg, 0)
+        else:
+            msg.pos = self._next_pos
+            self._next_pos += 1
+            self._active.append(msg)
+            self._n_active += 1
+            if self._max_length is not None and self._n_active > self._max_length:
+                self._drop_over_max_length()
+        return msg
+
+    def restore(self, payload: object, size: int, now: float, *, msg_id: str, enqueue_time: float,
+                receive_count: int = 0, first_receive_time: float | None = None,
+                visible_at: float | None = None, expires_at: float | None = None) -> QueueMessage:
+        """Recovery from the store: keeps ID, enqueue time and receive count; no limit checks.
+
+        Restore in enqueue order (it sets the receive order). An unacked message comes back
+        Active (M13); one whose delay has not ended comes back DELAYED until ``visible_at``.
+        """
+        if msg_id in self._messages:
+            raise CMQError("Q3", f"message ID {msg_id!r} is already in queue '{self.name}'", value=msg_id)
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        msg = QueueMessage(msg_id, payload, size, enqueue_time, seq, expires_at)
+        msg.receive_count = receive_count
+        msg.first_receive_time = first_receive_time
+        self._messages[msg_id] = msg
+        self._push_deadline(msg)
+        if visible_at is not None and visible_at > now:
+            msg.state = DELAYED
+            msg.next_visible_time = visible_at
+            self._n_delayed += 1
+            self._push_timer(visible_at, _DELAY_END, msg, 0)
+        else:
+            msg.state = REMOVED  # not yet counted anywhere; _make_active counts it
+            msg.next_visible_time = now
+            self._make_active(msg, now, False)
+        self._advance(now)
+        return msg
+
+    # ------------------------------------------------------------------ receive / delete
+
+    def receive(self, now: float, visibility: float | None = None) -> Receipt | None:
+        """CMQ ReceiveMessage (Q1, Q2, Q3, Q7): the next Active message, Inactive now.
+
+        ``visibility`` overrides the queue's visibility timeout for this receive.
+        """
+        timers = self._timers
+        if timers and timers[0][0] <= now:
+            self._advance(now)
+        msg = self._pop_active()
+        if msg is None:
+            return None
+        msg.state = INACTIVE
+        msg.receive_count += 1
+        if msg.first_receive_time is None:
+            msg.first_receive_time = now
+        visible = now + (self._vt if visibility is None else visibility)
+        msg.next_visible_time = visible
+        handle = next(self._handles)
+        msg.handle = handle
+        self._n_active -= 1
+        self._n_inactive += 1
+        heapq.heappush(timers, (visible, next(self._tiebreak), _VISIBLE, msg, handle))
+        if len(timers) > self._timer_limit:
+            self._compact_timers()
+        return _new_receipt(Receipt, (msg, handle))  # type: ignore[no-any-return]
+
+    def receive_and_delete(self, now: float) -> QueueMessage | None:
+        """A receive immediately followed by its delete (AMQP no-ack consumers, basic.get no-ack)."""
+        timers = self._timers
+        if timers and timers[0][0] <= now:
+            self._advance(now)
+        msg = self._pop_active()
+        if msg is None:
+            return None
+        msg.receive_count += 1
+        if msg.first_receive_time is None:
+            msg.first_receive_time = now
+        self._n_active -= 1
+        self._finish_delete(msg)
+        return msg
+
+    def delete(self, receipt: Receipt, now: float) -> bool:
+        """CMQ DeleteMessage (Q3, M12). False, and nothing deleted, for a stale handle."""
+        msg, handle = receipt
+        timers = self._timers
+        if timers and timers[0][0] <= now:
+            self._advance(now)
+        # Q3 / M12: only the latest handle acts. After the visibility timeout it still acts if
+        # nobody received the message again (M12: "and it was received elsewhere").
+        if msg.handle != handle:
+            return False
+        state = msg.state
+        if state is INACTIVE:
+            self._n_inactive -= 1
+        elif state is ACTIVE:
+            self._n_active -= 1
+            self._active_stale += 1
+        else:
+            return False
+        self._finish_delete(msg)
+        return True
+
+    def _finish_delete(self, msg: QueueMessage) -> None:
+        msg.handle = 0
+        if self._rewind > 0:
+            msg.state = DELETED  # Q6: kept until its retention ends
+            self._n_rewindable += 1
+        else:
+            msg.state = REMOVED
+            del self._messages[msg.msg_id]
+
+    def release(self, receipt: Receipt, now: float) -> bool:
+        """basic.nack/reject with requeue (M13): Active again at once, at its original position.
+
+        False when the handle is stale or the message is already Active.
+        """
+        msg, handle = receipt
+        timers = self._timers
+        if timers and timers[0][0] <= now:
+            self._advance(now)
+        if msg.handle != handle or msg.state is not INACTIVE:
+            return False
+        self._n_inactive -= 1
+        msg.handle = 0  # the delivery is over: its handle deletes nothing any more
+        msg.next_visible_time = now
+        self._make_active(msg, now, True)
+        return True
+
+    def drop(self, receipt: Receipt, now: float) -> QueueMessage | None:
+        """basic.nack/reject without requeue (M13): deleted and returned (the gateway may
+        dead-letter it); None for a stale handle."""
+        msg = receipt.message
+        return msg if self.delete(receipt, now) else None
+
+    # ------------------------------------------------------------------ Active order
+
+    def _pop_active(self) -> QueueMessage | None:
+        active = self._active
+        returned = self._returned
+        while True:
+            if returned:
+                if active and active[0].pos < returned[0][0]:
+                    msg = active.popleft()
+                else:
+                    msg = heapq.heappop(returned)[1]
+            elif active:
+                msg = active.popleft()
+            else:
+                return None
+            if msg.state is ACTIVE:
+                return msg
+            self._active_stale -= 1
+
+    def _make_active(self, msg: QueueMessage, now: float, back: bool) -> None:
+        """Active again (``back``: at its original position) unless a rule moves it on."""
+        if msg.expires_at is not None and msg.expires_at <= now:
+            self._remove(msg, Expired(msg, "ttl"))
+            return
+        if self._dlq is not None:
+            reason = None
+            if self._max_receive is not None and msg.receive_count >= self._max_receive:
+                reason = "max_receive_count"  # Q8: instead of being received again
+            elif self._dlq_ttl is not None and msg.enqueue_time + self._dlq_ttl <= now:
+                reason = "max_time_to_live"
+            if reason is not None:
+                self._remove(msg, DeadLettered(msg, self._dlq, reason))
+                return
+        msg.state = ACTIVE
+        self._n_active += 1
+        if back:
+            heapq.heappush(self._returned, (msg.pos, msg))
+        else:
+            msg.pos = self._next_pos
+            self._next_pos += 1
+            self._active.append(msg)
+            if self._max_length is not None and self._n_active > self._max_length:
+                self._drop_over_max_length()
+        if self._active_stale > _MIN_COMPACT and self._active_stale * 2 > len(self._active) + len(self._returned):
+            self._compact_active()
+
+    def _drop_over_max_length(self) -> None:
+        # x-max-length counts ready messages only, as RabbitMQ does.
+        assert self._max_length is not None
+        while self._n_active > self._max_length:
+            head = self._pop_active()
+            if head is None:
+                break
+            self._n_active -= 1
+            head.state = REMOVED
+            head.handle = 0
+            del self._messages[head.msg_id]
+            self._events.append(MaxLengthDropped(head))
+
+    def _compact_active(self) -> None:
+        self._active = deque(m for m in self._active if m.state is ACTIVE)
+        self._returned = [(p, m) for p, m in self._returned if m.state is ACTIVE and m.pos == p]
+        heapq.heapify(self._returned)
+        self._active_stale = 0
+
+    def _rebuild_active(self) -> None:
+        """All ACTIVE messages in production order (after a rewind, Q6)."""
+        ordered = sorted((m for m in self._messages.values() if m.state is ACTIVE),
+                         key=lambda m: (m.enqueue_time, m.seq))
+        for msg in ordered:
+            msg.pos = self._next_pos
+            self._next_pos += 1
+        self._active = deque(ordered)
+        self._returned = []
+        self._active_stale = 0
+
+    # ------------------------------------------------------------------ removal
+
+    def _remove(self, msg: QueueMessage, event: QueueEvent | None) -> None:
+        state = msg.state
+        if state is ACTIVE:
+            self._n_active -= 1
+            self._active_stale += 1
+        elif state is INACTIVE:
+            self._n_inactive -= 1
+        elif state is DELAYED:
+            self._n_delayed -= 1
+        elif state is PARKED:
+            self._n_parked -= 1
+        elif state is DELETED:
+            self._n_rewindable -= 1
+        if self._messages.get(msg.msg_id) is msg:
+            del self._messages[msg.msg_id]
+        msg.state = REMOVED
+        msg.handle = 0
+        if event is not None:
+            self._events.append(event)
+
+    def _drop_rewindable(self) -> None:
+        for msg in [m for m in self._messages.values() if m.state is DELETED]:
+            self._remove(msg, RewindableRemoved(msg, "rewind_off"))
+
+    def purge(self, now: float) -> list[QueueMessage]:
+        """AMQP queue.purge: removes the messages not being processed (Active, delayed), as
+        RabbitMQ keeps unacked ones; returns them (the store deletes their records)."""
+        self._advance(now)
+        gone = [m for m in self._messages.values() if m.state in (ACTIVE, DELAYED, PARKED)]
+        for msg in gone:
+            self._remove(msg, None)
+        self._active.clear()
+        self._returned.clear()
+        self._parked.clear()
+        self._active_stale = 0
+        return gone
+
+    # ------------------------------------------------------------------ time
+
+    def _push_timer(self, when: float, kind: int, msg: QueueMessage, token: int) -> None:
+        timers = self._timers
+        heapq.heappush(timers, (when, next(self._tiebreak), kind, msg, token))
+        if len(timers) > self._timer_limit:
+            self._compact_timers()
+
+    def _deadline_of(self, msg: QueueMessage) -> float:
+        """The next time a rule may remove ``msg``: retention (Q1), dead-letter TTL (Q8), TTL."""
+        deadline = msg.enqueue_time + self._retention
+        if msg.state is not DELETED:
+            if self._dlq_ttl is not None:
+                deadline = min(deadline, msg.enqueue_time + self._dlq_ttl)
+            if msg.expires_at is not None:
+                deadline = min(deadline, msg.expires_at)
+        return deadline
+
+    def _push_deadline(self, msg: QueueMessage) -> None:
+        msg.deadline = when = self._deadline_of(msg)
+        self._push_timer(when, _DEADLINE, msg, 0)
+
+    @staticmethod
+    def _timer_live(entry: tuple[float, int, int, QueueMessage, int]) -> bool:
+        when, _, kind, msg, token = entry
+        if kind == _VISIBLE:
+            return msg.state is INACTIVE and msg.handle == token
+        if kind == _DELAY_END:
+            return msg.state is DELAYED and msg.next_visible_time == when
+        return msg.state is not REMOVED and msg.deadline == when
+
+    def _compact_timers(self) -> None:
+        live = [e for e in self._timers if self._timer_live(e)]
+        heapq.heapify(live)
+        self._timers = live
+        self._timer_limit = max(_MIN_COMPACT, 2 * len(live))
+
+    def _advance(self, now: float) -> None:
+        """Apply every timed change due at or before ``now``, in time order."""
+        timers = self._timers
+        events = self._events
+        while timers and timers[0][0] <= now:
+            when, _, kind, msg, token = heapq.heappop(timers)
+            state = msg.state
+            if kind == _VISIBLE:
+                if state is INACTIVE and msg.handle == token:
+                    # Q1: not deleted in time: Active again, at its original position.
+                    self._n_inactive -= 1
+                    events.append(VisibilityExpired(msg))
+                    self._make_active(msg, now, True)
+            elif kind == _DELAY_END:
+                if state is DELAYED and msg.next_visible_time == when:
+                    self._n_delayed -= 1
+                    events.append(DelayEnded(msg))
+                    self._make_active(msg, now, False)
+                    self._admit_parked(now)
+            elif state is not REMOVED and msg.deadline == when:
+                self._on_deadline(msg, now)
+
+    def _on_deadline(self, msg: QueueMessage, now: float) -> None:
+        state = msg.state
+        if now >= msg.enqueue_time + self._retention:
+            # Q1: expired whether received or not; Q6: a rewindable one ends here too.
+            was_delayed = state is DELAYED
+            if state is DELETED:
+                self._remove(msg, RewindableRemoved(msg, "retention"))
+            else:
+                self._remove(msg, Expired(msg, "retention"))
+            if was_delayed:
+                self._admit_parked(now)
+            return
+        if state is not INACTIVE and state is not DELETED:
+            # A message being processed is judged when it comes back (_make_active), as
+            # RabbitMQ does for TTL; a waiting one moves now.
+            if self._dlq is not None and self._dlq_ttl is not None and msg.enqueue_time + self._dlq_ttl <= now:
+                self._remove(msg, DeadLettered(msg, self._dlq, "max_time_to_live"))
+                if state is DELAYED:
+                    self._admit_parked(now)
+                return
+            if msg.expires_at is not None and msg.expires_at <= now:
+                self._remove(msg, Expired(msg, "ttl"))
+                if state is DELAYED:
+                    self._admit_parked(now)
+                return
+        # Not removable yet (being processed, or rewindable): wait for the retention end.
+        msg.deadline = when = msg.enqueue_time + self._retention
+        self._push_timer(when, _DEADLINE, msg, 0)
+
+    def _admit_parked(self, now: float) -> None:
+        """L8: parked messages take the in-flight slots that freed up, oldest first."""
+        parked = self._parked
+        while parked and self._n_delayed < self.max_inflight:
+            msg = parked.popleft()
+            if msg.state is not PARKED:
+                continue
+            self._n_parked -= 1
+            if msg.next_visible_time <= now:
+                self._events.append(DelayEnded(msg))
+                self._make_active(msg, now, False)
+            else:
+                msg.state = DELAYED
+                self._n_delayed += 1
+                self._push_timer(msg.next_visible_time, _DELAY_END, msg, 0)
+
+    def tick(self, now: float) -> list[QueueEvent]:
+        """Apply what is due by ``now``; return every event since the last call."""
+        self._advance(now)
+        return self.drain_events()
+
+    def drain_events(self) -> list[QueueEvent]:
+        """The events of the outbox (also those caused by send/receive/release), emptied."""
+        events = self._events
+        if not events:
+            return []
+        self._events = []
+        return events
+
+    @property
+    def events_pending(self) -> int:
+        return len(self._events)
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time a timed change is due, for the gateway's scheduler."""
+        timers = self._timers
+        while timers and not self._timer_live(timers[0]):
+            heapq.heappop(timers)
+        return timers[0][0] if timers else None
+
+    # ------------------------------------------------------------------ rewind (Q6)
+
+    def rewind(self, to_time: float, now: float) -> int:
+        """Q6: from now on, receive every message produced at or after ``to_time``, in
+        production order. Returns how many deleted messages became Active again."""
+        if self._rewind <= 0:
+            raise CMQError("Q6", f"queue '{self.name}' has rewind off (rewind_seconds=0)", value=to_time)
+        oldest = now - self._rewind
+        if to_time < oldest:
+            raise CMQError("Q6", f"cannot rewind queue '{self.name}' to {to_time!r}: older than now - "
+                           f"rewind_seconds ({oldest!r})", value=to_time)
+        if to_time < self._rewound_to:
+            raise CMQError("Q6", f"cannot rewind queue '{self.name}' back to {to_time!r}: rewind moves "
+                           f"forward only (last rewind to {self._rewound_to!r})", value=to_time)
+        self._advance(now)
+        self._rewound_to = to_time
+        count = 0
+        for msg in self._messages.values():
+            if msg.state is DELETED and msg.enqueue_time >= to_time:
+                msg.state = ACTIVE
+                msg.next_visible_time = now
+                self._n_rewindable -= 1
+                self._n_active += 1
+                count += 1
+                # A rewound message was consumed once: only its retention can remove it while
+                # it waits (its TTL and dead-letter time to live would move it at once).
+                retention_end = msg.enqueue_time + self._retention
+                if msg.deadline != retention_end:
+                    msg.deadline = retention_end
+                    self._push_timer(retention_end, _DEADLINE, msg, 0)
+        self._rebuild_active()
+        return count
+
+    def __repr__(self) -> str:
+        return (f"CmqQueue({self.name!r}, active={self._n_active}, inactive={self._n_inactive}, "
+                f"delayed={self.delayed}, rewindable={self._n_rewindable})")
+
