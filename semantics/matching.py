@@ -1,0 +1,219 @@
+"""Which subscriptions take a message: tag filtering (T1) and routing-key filtering (T4).
+
+Both matchers cost what the message asks, not what the topic holds: a lookup per message
+tag, or a walk of a word trie per routing key, instead of one test per subscription.
+
+Tags (T1, L3). A subscription with no tags takes every message, tagged or not; a tagged
+subscription takes a message that carries at least one of its tags (N:M), never an untagged
+one. The gateway maps the AMQP binding key ``""`` of a direct exchange to "no tag" (M2); a
+subscription whose filters include ``""`` therefore takes everything, as the union of its
+bindings would in RabbitMQ.
+
+Routing keys (T4, L4). Keys are words separated by ``.``; ``""`` has no words. In a binding
+key ``*`` is exactly one non-empty word and ``#`` zero or more words. The trie is the one
+RabbitMQ's topic exchange keeps (``rabbit_db_topic_exchange``): one edge per binding word,
+and at match time each node follows the routing word's edge, the ``*`` edge and, for ``#``,
+every suffix of the remaining words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import Generic, TypeVar
+
+from semantics.errors import LimitError
+from semantics.limits import MAX_BINDING_KEYS, MAX_KEY_BYTES, MAX_KEY_DOTS, MAX_TAG_CHARS, MAX_TAGS
+
+__all__ = [
+    "KeyTrie",
+    "TagIndex",
+    "split_key",
+    "validate_binding_keys",
+    "validate_key",
+    "validate_tags",
+]
+
+S = TypeVar("S", bound=Hashable)
+
+
+def validate_tags(tags: Iterable[str], *, what: str = "message") -> tuple[str, ...]:
+    """L3: at most 5 distinct tags of at most 16 characters each; order kept, repeats dropped."""
+    out = tuple(dict.fromkeys(tags))
+    if len(out) > MAX_TAGS:
+        raise LimitError("L3", f"{what} has {len(out)} filter tags, more than {MAX_TAGS}",
+                         value=len(out), limit=MAX_TAGS)
+    for tag in out:
+        if len(tag) > MAX_TAG_CHARS:
+            raise LimitError("L3", f"{what} filter tag {tag!r} is {len(tag)} characters, more than "
+                             f"{MAX_TAG_CHARS}", value=tag, limit=MAX_TAG_CHARS)
+    return out
+
+
+def validate_key(key: str, *, what: str = "routing key") -> str:
+    """L4: a routing or binding key is at most 64 bytes and at most 15 dots (16 words)."""
+    size = len(key.encode("utf-8"))
+    if size > MAX_KEY_BYTES:
+        raise LimitError("L4", f"{what} {key!r} is {size} bytes, more than {MAX_KEY_BYTES}",
+                         value=key, limit=MAX_KEY_BYTES)
+    dots = key.count(".")
+    if dots > MAX_KEY_DOTS:
+        raise LimitError("L4", f"{what} {key!r} has {dots} dots, more than {MAX_KEY_DOTS}",
+                         value=key, limit=MAX_KEY_DOTS)
+    return key
+
+
+def validate_binding_keys(keys: Iterable[str]) -> tuple[str, ...]:
+    """L4: a subscription has at most 5 distinct binding keys, each a valid key."""
+    out = tuple(dict.fromkeys(keys))
+    if len(out) > MAX_BINDING_KEYS:
+        raise LimitError("L4", f"subscription has {len(out)} binding keys, more than {MAX_BINDING_KEYS}",
+                         value=len(out), limit=MAX_BINDING_KEYS)
+    for key in out:
+        validate_key(key, what="binding key")
+    return out
+
+
+def split_key(key: str) -> list[str]:
+    """The words of a key; ``""`` has none (as in RabbitMQ), ``"a..b"`` has an empty middle word."""
+    return key.split(".") if key else []
+
+
+class TagIndex(Generic[S]):
+    """T1: tag -> subscriptions, plus the subscriptions that take every message."""
+
+    __slots__ = ("_all", "_by_tag", "_tags")
+
+    def __init__(self) -> None:
+        self._all: dict[S, None] = {}          # untagged subscriptions, in insertion order
+        self._by_tag: dict[str, dict[S, None]] = {}
+        self._tags: dict[S, tuple[str, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._tags)
+
+    def __contains__(self, sub: object) -> bool:
+        return sub in self._tags
+
+    def add(self, sub: S, tags: Iterable[str]) -> None:
+        """Index ``sub`` under ``tags`` (replacing what it had). No tags, or ``""``: takes all."""
+        self.remove(sub)
+        tags = tuple(dict.fromkeys(tags))
+        self._tags[sub] = tags
+        if not tags or "" in tags:
+            self._all[sub] = None
+            return
+        for tag in tags:
+            self._by_tag.setdefault(tag, {})[sub] = None
+
+    def remove(self, sub: S) -> None:
+        tags = self._tags.pop(sub, None)
+        if tags is None:
+            return
+        self._all.pop(sub, None)
+        for tag in tags:
+            holders = self._by_tag.get(tag)
+            if holders is not None:
+                holders.pop(sub, None)
+                if not holders:
+                    del self._by_tag[tag]
+
+    def tags_of(self, sub: S) -> tuple[str, ...]:
+        return self._tags[sub]
+
+    def match(self, tags: Iterable[str]) -> tuple[S, ...]:
+        """Every subscription that takes a message with ``tags``: untagged ones first."""
+        found = dict(self._all)
+        by_tag = self._by_tag
+        for tag in tags:
+            holders = by_tag.get(tag)
+            if holders:
+                found.update(holders)
+        return tuple(found)
+
+
+class _Node(Generic[S]):
+    __slots__ = ("edges", "subs")
+
+    def __init__(self) -> None:
+        self.edges: dict[str, _Node[S]] = {}
+        self.subs: dict[S, int] = {}  # subscription -> how many of its keys end here
+
+
+class KeyTrie(Generic[S]):
+    """T4: binding keys with ``*`` and ``#`` in a word trie, as RabbitMQ's topic exchange."""
+
+    __slots__ = ("_keys", "_root")
+
+    def __init__(self) -> None:
+        self._root: _Node[S] = _Node()
+        self._keys: dict[S, tuple[str, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, sub: object) -> bool:
+        return sub in self._keys
+
+    def keys_of(self, sub: S) -> tuple[str, ...]:
+        return self._keys[sub]
+
+    def add(self, sub: S, keys: Iterable[str]) -> None:
+        """Index ``sub`` under its binding ``keys`` (replacing what it had)."""
+        self.remove(sub)
+        keys = tuple(dict.fromkeys(keys))
+        self._keys[sub] = keys
+        for key in keys:
+            node = self._root
+            for word in split_key(key):
+                node = node.edges.setdefault(word, _Node())
+            node.subs[sub] = node.subs.get(sub, 0) + 1
+
+    def remove(self, sub: S) -> None:
+        keys = self._keys.pop(sub, None)
+        for key in keys or ():
+            path = [self._root]
+            words = split_key(key)
+            for word in words:
+                path.append(path[-1].edges[word])
+            end = path[-1]
+            if end.subs[sub] > 1:
+                end.subs[sub] -= 1
+            else:
+                del end.subs[sub]
+            # Prune the branch that no longer leads to any binding.
+            for depth in range(len(words), 0, -1):
+                node = path[depth]
+                if node.subs or node.edges:
+                    break
+                del path[depth - 1].edges[words[depth - 1]]
+
+    def match(self, routing_key: str) -> tuple[S, ...]:
+        """Every subscription with a binding key that takes ``routing_key``."""
+        words = split_key(routing_key)
+        n = len(words)
+        found: dict[S, int] = {}
+        seen: set[tuple[int, int]] = set()  # (node id, position): "#.#" reaches a node twice
+        stack: list[tuple[_Node[S], int]] = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            mark = (id(node), i)
+            if mark in seen:
+                continue
+            seen.add(mark)
+            edges = node.edges
+            if i == n:
+                found.update(node.subs)
+            else:
+                word = words[i]
+                child = edges.get(word)
+                if child is not None:
+                    stack.append((child, i + 1))
+                if word:  # "*" is one non-empty word
+                    child = edges.get("*")
+                    if child is not None:
+                        stack.append((child, i + 1))
+            hash_child = edges.get("#")
+            if hash_child is not None:
+                # "#" eats zero or more words: continue after it at every later position.
+                stack.extend((hash_child, j) for j in range(i, n + 1))
+        return tuple(found)
