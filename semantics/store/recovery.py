@@ -101,6 +101,10 @@ def _load_snapshot(path: str, salvage: bool, data: dict[str, bytes], report: Rec
     return lsn, True
 
 
+class _OutOfSequence(BadBatch):
+    pass
+
+
 def _replay_segment(
     path: str, last: bool, expected: int, resync: bool, salvage: bool, data: dict[str, bytes],
     report: RecoveryReport, do_fsync: bool,
@@ -118,10 +122,11 @@ def _replay_segment(
             batch = parse_batch(buf, pos)
             first = batch.first_lsn
             if first != expected + 1 and not (resync and first > expected):
-                raise BadBatch(pos, f"batch starts at lsn {first}, expected {expected + 1}")
+                raise _OutOfSequence(pos, f"batch starts at lsn {first}, expected {expected + 1}")
         except BadBatch as exc:
             nxt = find_next_batch(buf, pos)
-            if nxt == -1 and last and not resync:
+            # A batch that verifies but is out of sequence was not torn: batches are lost.
+            if nxt == -1 and last and not resync and not isinstance(exc, _OutOfSequence):
                 # Torn write of an unconfirmed batch: set it aside and cut it off.
                 aside = set_aside(path, buf[pos:], "torn")
                 _note_aside(report, aside, size - pos)
@@ -134,7 +139,7 @@ def _replay_segment(
             text = f"{path}: damaged durable data at offset {pos}..{stop} ({exc.reason})"
             if not salvage:
                 raise StoreCorruptError(
-                    text + "; later confirmed batches follow it, so it is not a torn write. "
+                    text + "; it is not a torn write of the last, unconfirmed batch. "
                     "Nothing was changed on disk; open with salvage=True to keep every record "
                     "that verifies and copy the damaged bytes aside")
             aside = set_aside(path, buf[pos:stop], "corrupt")
