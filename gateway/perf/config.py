@@ -1,0 +1,46 @@
+"""The settings of one load run (what the `perf run` options fill in)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["RunConfig"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    uri: str = "amqp://guest:guest@127.0.0.1:5672/"
+    producers: int = 1
+    consumers: int = 1
+    size: int = 16
+    persistent: bool = False
+    durable: bool | None = None  # None: durable queues exactly when messages are persistent
+    confirm: int = 0  # publisher-confirm window (unconfirmed messages in flight); 0 = off
+    rate: float = 0.0  # cap per producer, msg/s; 0 = as fast as possible
+    duration: float = 10.0
+    pattern: str = "queue"
+    queues: int = 1
+    tag_fanout: int = 5  # direct/tags/topic: deliveries per message
+    prefetch: int = 1000
+    multi_ack: int = 1  # ack every N deliveries with multiple=true; 0 = no-ack consume
+    producer_processes: int = 0  # 0: one per producer, at most the CPU count
+    consumer_processes: int = 0
+    drain_timeout: float = 10.0
+    json: bool = False
+    progress: bool = True
+
+    @property
+    def durable_queues(self) -> bool:
+        return self.persistent if self.durable is None else self.durable
+
+    def public(self) -> dict[str, Any]:
+        """The settings for the JSON result, password removed from the URI."""
+        from gateway.perf.client import parse_uri
+
+        d = asdict(self)
+        a = parse_uri(self.uri)
+        d["uri"] = f"amqp://{a.user}@{a.host}:{a.port}/{a.vhost if a.vhost != '/' else ''}"
+        d["durable"] = self.durable_queues
+        del d["json"], d["progress"]
+        return d
