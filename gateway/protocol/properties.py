@@ -1,0 +1,259 @@
+"""Basic content properties, kept as the raw bytes the publisher sent.
+
+A delivery must carry every property exactly as published (SPEC M11), including header
+value types that a decode/re-encode round trip through pamqp would change. So
+:class:`Properties` holds the raw property bytes of the content header (flag word(s) and
+property list), finds each field's span once, decodes a field only when it is read, and
+:meth:`Properties.encode_with` builds a delivery's properties by splicing: original spans are
+copied as they are, only the added ``message_id`` and header entries are encoded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from gateway.protocol.fieldtable import decode_table, encode_table_body, table_entries
+
+__all__ = ["FIELDS", "Properties"]
+
+_SHORTSTR, _TABLE, _OCTET, _TIMESTAMP = range(4)
+
+# The 14 basic properties in wire order; flag bit 15 is the first (AMQP 0-9-1 4.2.6.1).
+FIELDS: tuple[tuple[str, int], ...] = (
+    ("content_type", _SHORTSTR),
+    ("content_encoding", _SHORTSTR),
+    ("headers", _TABLE),
+    ("delivery_mode", _OCTET),
+    ("priority", _OCTET),
+    ("correlation_id", _SHORTSTR),
+    ("reply_to", _SHORTSTR),
+    ("expiration", _SHORTSTR),
+    ("message_id", _SHORTSTR),
+    ("timestamp", _TIMESTAMP),
+    ("type", _SHORTSTR),
+    ("user_id", _SHORTSTR),
+    ("app_id", _SHORTSTR),
+    ("cluster_id", _SHORTSTR),
+)
+_INDEX = {name: i for i, (name, _) in enumerate(FIELDS)}
+_HEADERS = _INDEX["headers"]
+_MESSAGE_ID = _INDEX["message_id"]
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_EMPTY = b"\x00\x00"
+
+
+def _scan(raw: bytes) -> tuple[int, list[tuple[int, int] | None]]:
+    """-> (flags, span of each field or None). Raises ValueError on a malformed list."""
+    if len(raw) < 2:
+        raise ValueError("content header flags are truncated")
+    (flags,) = _U16.unpack_from(raw, 0)
+    pos = 2
+    extra = flags & 1
+    while extra:  # continuation flag words: no basic property lives there
+        if pos + 2 > len(raw):
+            raise ValueError("content header flags are truncated")
+        (word,) = _U16.unpack_from(raw, pos)
+        pos += 2
+        if word & 0xFFFE:
+            raise ValueError("unknown property flag set")
+        extra = word & 1
+    if flags & 0x0002:  # bit 1 holds no property in basic
+        raise ValueError("unknown property flag set")
+    spans: list[tuple[int, int] | None] = [None] * 14
+    n = len(raw)
+    for i, (_, kind) in enumerate(FIELDS):
+        if not flags & (0x8000 >> i):
+            continue
+        if kind == _SHORTSTR:
+            if pos >= n:
+                raise ValueError("property list is truncated")
+            end = pos + 1 + raw[pos]
+        elif kind == _TABLE:
+            if pos + 4 > n:
+                raise ValueError("property list is truncated")
+            end = pos + 4 + _U32.unpack_from(raw, pos)[0]
+        elif kind == _OCTET:
+            end = pos + 1
+        else:
+            end = pos + 8
+        if end > n:
+            raise ValueError("property list is truncated")
+        spans[i] = (pos, end)
+        pos = end
+    if pos != n:
+        raise ValueError("trailing bytes after the property list")
+    return flags, spans
+
+
+def _shortstr(value: str | bytes) -> bytes:
+    data = value.encode("utf-8") if isinstance(value, str) else value
+    if len(data) > 255:
+        raise ValueError("short string over 255 bytes")
+    return bytes((len(data),)) + data
+
+
+def _encode_field(kind: int, value: Any) -> bytes:
+    if kind == _SHORTSTR:
+        return _shortstr(value)
+    if kind == _OCTET:
+        return bytes((value,))
+    if kind == _TIMESTAMP:
+        ts = int(value.timestamp()) if isinstance(value, datetime.datetime) else int(value)
+        return _U64.pack(ts)
+    body = encode_table_body(value)
+    return _U32.pack(len(body)) + body
+
+
+class Properties:
+    """The raw property bytes of one content header, with lazily decoded fields.
+
+    Read fields as attributes (``props.delivery_mode``, ``props.headers``...): None when
+    absent. Short strings decode to ``str`` (``bytes`` if they are not UTF-8), the timestamp to
+    an ``int`` of Unix seconds, headers to a ``dict`` (see ``fieldtable.decode_value``).
+    """
+
+    __slots__ = ("raw", "_spans", "_flags", "_cache")
+
+    def __init__(self, raw: bytes = _EMPTY) -> None:
+        """Raises ValueError when ``raw`` is not a well-formed basic property list."""
+        self.raw = raw
+        self._flags, self._spans = _scan(raw)
+        self._cache: dict[int, Any] = {}
+
+    @classmethod
+    def build(cls, **values: Any) -> Properties:
+        """Properties from Python values (for messages the broker makes itself, e.g. x-death).
+
+        Header values follow ``fieldtable.encode_value``: wrap one in ``Typed`` to choose its
+        AMQP type. ``message_type`` is accepted for ``type`` (pamqp's name).
+        """
+        if "message_type" in values:
+            values["type"] = values.pop("message_type")
+        unknown = set(values) - set(_INDEX)
+        if unknown:
+            raise TypeError(f"unknown properties: {sorted(unknown)}")
+        flags = 0
+        parts = []
+        for i, (name, kind) in enumerate(FIELDS):
+            value = values.get(name)
+            if value is None:
+                continue
+            flags |= 0x8000 >> i
+            parts.append(_encode_field(kind, value))
+        return cls(_U16.pack(flags) + b"".join(parts))
+
+    def _get(self, i: int) -> Any:
+        try:
+            return self._cache[i]
+        except KeyError:
+            pass
+        span = self._spans[i]
+        value: Any
+        if span is None:
+            value = None
+        else:
+            start, end = span
+            kind = FIELDS[i][1]
+            raw = self.raw
+            if kind == _SHORTSTR:
+                data = raw[start + 1:end]
+                try:
+                    value = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    value = data
+            elif kind == _OCTET:
+                value = raw[start]
+            elif kind == _TIMESTAMP:
+                value = _U64.unpack_from(raw, start)[0]
+            else:
+                value = decode_table(raw, start)[0]
+        self._cache[i] = value
+        return value
+
+    content_type = property(lambda self: self._get(0))
+    content_encoding = property(lambda self: self._get(1))
+    headers = property(lambda self: self._get(2))
+    delivery_mode = property(lambda self: self._get(3))
+    priority = property(lambda self: self._get(4))
+    correlation_id = property(lambda self: self._get(5))
+    reply_to = property(lambda self: self._get(6))
+    expiration = property(lambda self: self._get(7))
+    message_id = property(lambda self: self._get(8))
+    timestamp = property(lambda self: self._get(9))
+    type = property(lambda self: self._get(10))
+    message_type = type
+    user_id = property(lambda self: self._get(11))
+    app_id = property(lambda self: self._get(12))
+    cluster_id = property(lambda self: self._get(13))
+
+    @property
+    def persistent(self) -> bool:
+        """delivery_mode 2: the message must survive a restart in a durable queue."""
+        return self._get(3) == 2
+
+    def has(self, name: str) -> bool:
+        """Whether the publisher set the property ``name``."""
+        return self._spans[_INDEX[name]] is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every set property, decoded."""
+        return {name: self._get(i) for i, (name, _) in enumerate(FIELDS) if self._spans[i] is not None}
+
+    def encode_with(self, message_id: str | None = None,
+                    extra_headers: Mapping[str, Any] | None = None) -> bytes:
+        """Property bytes for a delivery (SPEC M11), every original field kept byte for byte.
+
+        ``message_id`` is set only when the publisher did not set one (M11: the publisher's
+        wins). ``extra_headers`` entries are added to the headers table, replacing an entry
+        of the same key; the other entries keep their original bytes and types.
+        """
+        set_id = message_id is not None and self._spans[_MESSAGE_ID] is None
+        if not set_id and not extra_headers:
+            return self.raw
+        raw = self.raw
+        spans = self._spans
+        flags = self._flags
+        parts: list[bytes] = []
+        for i in range(14):
+            span = spans[i]
+            if i == _HEADERS and extra_headers:
+                flags |= 0x8000 >> i
+                added = encode_table_body(extra_headers)
+                if span is None:
+                    kept = b""
+                else:
+                    start, end = span
+                    drop = {k.encode("utf-8") for k in extra_headers}
+                    entries = table_entries(raw, start + 4, end)
+                    if any(key in drop for key, _, _ in entries):
+                        kept = b"".join(raw[s:e] for key, s, e in entries if key not in drop)
+                    else:
+                        kept = raw[start + 4:end]
+                parts.append(_U32.pack(len(kept) + len(added)))
+                parts.append(kept)
+                parts.append(added)
+            elif i == _MESSAGE_ID and set_id:
+                flags |= 0x8000 >> i
+                parts.append(_shortstr(message_id))  # type: ignore[arg-type]
+            elif span is not None:
+                parts.append(raw[span[0]:span[1]])
+        # The flag word(s) of the original are rewritten with the added bits only.
+        first = _U16.pack(flags)
+        head_end = 2
+        while raw[head_end - 1] & 1:
+            head_end += 2
+        return first + raw[2:head_end] + b"".join(parts)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Properties) and other.raw == self.raw
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+    def __repr__(self) -> str:
+        return f"Properties({self.as_dict()!r})"
