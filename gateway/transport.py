@@ -1,0 +1,276 @@
+"""One AMQP connection on a socket: a thin asyncio.Protocol around the sans-IO core.
+
+Theory of operation. ``data_received`` feeds the bytes to ``ServerConnection``, drains every
+event it yields and writes what the core queued in one ``transport.write`` for the whole
+batch, never one per frame. Connection-level events (handshake, login, vhost, close,
+heartbeat timeout, protocol errors) are handled here; channel events go to the broker's
+``Session``. When the broker writes on its own (a delivery caused by another connection, a
+confirm after fsync, a timer) it calls ``request_flush``, which schedules a single write with
+``call_soon`` however many times it is called in one loop iteration.
+
+Back-pressure runs both ways: the socket's ``pause_writing``/``resume_writing`` stop and
+restart deliveries to this connection (a slow consumer), and while the gateway is above its
+memory or store high-water mark (W5) a connection that publishes is sent
+``connection.blocked`` and no longer read from, until ``connection.unblocked``.
+
+Heartbeats and close timeouts are driven by one periodic ``tick`` from the server for every
+connection, not a timer per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+from gateway.auth import AuthError, UserDB
+from gateway.protocol import events as ev
+from gateway.protocol.connection import ServerConnection
+
+if TYPE_CHECKING:
+    from gateway.broker import Session
+
+__all__ = ["AMQPConnection", "is_loopback"]
+
+log = logging.getLogger("cmq_gateway.transport")
+
+# A peer that neither answers our connection.close nor hangs up is cut after this long.
+CLOSE_TIMEOUT = 3.0
+# A client that has not finished the handshake by then is cut (RabbitMQ's handshake_timeout).
+HANDSHAKE_TIMEOUT = 10.0
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        addr = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return bool(addr.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+class AMQPConnection(asyncio.Protocol):
+    """The transport for one client. ``gateway`` is the server's shared state (see server.py)."""
+
+    def __init__(self, gateway: Any) -> None:
+        self.gw = gateway
+        limits = gateway.config.limits
+        self.conn = ServerConnection(server_properties=gateway.server_properties,
+                                     frame_max=limits.frame_max, channel_max=limits.channel_max,
+                                     heartbeat=limits.heartbeat)
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self.peer = "?"
+        self.from_loopback = False
+        self.user: str | None = None
+        self.vhost: str | None = None
+        self.client_properties: dict[str, Any] = {}
+        self.opened_at = time.monotonic()
+        self.closing_since: float | None = None  # when we sent connection.close
+        self.publisher = False  # has published: subject to W5 blocking
+        self.blocked = False  # connection.blocked was sent / reading paused
+        self._reading_paused = False
+        self._flush_scheduled = False
+        self._lost = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport; they have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+        peername = transport.get_extra_info("peername")
+        if peername:
+            host, port = peername[0], peername[1]
+            self.peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            self.from_loopback = is_loopback(host)
+        self.gw.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.conn.receive_data(data)
+            while not self._lost:
+                event = self.conn.next_event()
+                if event is None:
+                    break
+                self._dispatch(event)
+        except Exception:  # a bug below us must not take the event loop down with it
+            log.exception("internal error on connection %s", self.peer)
+            self._force_close(541, "INTERNAL_ERROR - internal error")
+        self._flush()
+        if self.publisher and self.gw.blocked and not self.blocked:
+            self._block()
+
+    def eof_received(self) -> bool | None:
+        return None  # let asyncio close the transport; connection_lost cleans up
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        self.gw.connections.discard(self)
+        if self.session is not None:
+            try:
+                self.session.on_connection_lost()
+            except Exception:
+                log.exception("session cleanup failed for %s", self.peer)
+            self.session = None
+        if self.user is not None:
+            self.gw.audit.emit("connection_close", self.vhost or "/", user=self.user, peer=self.peer,
+                               reason="closed" if exc is None else str(exc))
+
+    def pause_writing(self) -> None:
+        if self.session is not None:
+            self.session.pause_delivery()
+
+    def resume_writing(self) -> None:
+        if self.session is not None:
+            self.session.resume_delivery()
+
+    # -- writes -----------------------------------------------------------------------------
+
+    def request_flush(self) -> None:
+        """Given to the Session: one write at the end of this loop iteration."""
+        if not self._flush_scheduled and not self._lost:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._lost or self.transport is None:
+            return
+        out = self.conn.data_to_send()
+        if out:
+            self.transport.write(out)
+        if self.conn.closed:
+            self._hang_up()
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _dispatch(self, event: object) -> None:
+        if isinstance(event, ev.ChannelOpen | ev.ChannelClose | ev.ChannelCloseOk | ev.ChannelFlow
+                      | ev.Method | ev.Content):
+            if self.session is None:  # the core lets no channel frame through before open
+                return
+            if isinstance(event, ev.Content):
+                self.publisher = True
+            self.session.on_event(event)
+        elif isinstance(event, ev.ProtocolHeaderOK):
+            pass  # the core has queued connection.start
+        elif isinstance(event, ev.StartOk):
+            self._on_start_ok(event)
+        elif isinstance(event, ev.TuneOk):
+            pass  # the core applies the negotiated values
+        elif isinstance(event, ev.ConnectionOpen):
+            self._on_open(event)
+        elif isinstance(event, ev.ProtocolError):
+            # The core has queued connection.close; tick cuts the peer if close-ok never comes.
+            log.info("protocol error from %s: %s %s", self.peer, event.reply_code, event.reply_text)
+            if self.closing_since is None:
+                self.closing_since = time.monotonic()
+        elif isinstance(event, ev.HeartbeatTimeout):
+            log.info("heartbeat timeout from %s", self.peer)
+        # ConnectionClose, ConnectionCloseOk, BadProtocolHeader (W6) and HeartbeatTimeout
+        # leave the core CLOSED: _flush() writes what it queued and hangs up.
+
+    def _on_start_ok(self, event: Any) -> None:
+        self.client_properties = dict(event.client_properties or {})
+        users: UserDB = self.gw.config.users
+        try:
+            user = users.authenticate(event.mechanism, event.response, from_loopback=self.from_loopback)
+        except AuthError as e:
+            self.gw.audit.emit("auth_failure", "/", peer=self.peer, reason=str(e),
+                               user=_attempted_user(event))
+            # W2: authentication_failure_close — a 403 connection.close, not a silent hang-up.
+            self._force_close(403, f"ACCESS_REFUSED - {e}")
+            return
+        self.user = user.name
+        self.conn.send_tune()
+
+    def _on_open(self, event: Any) -> None:
+        vhost = event.vhost or "/"
+        assert self.user is not None
+        if self.gw.config.users.vhost_permission(self.user, vhost) is None:
+            self.gw.audit.emit("auth_failure", vhost, peer=self.peer, user=self.user,
+                               reason="vhost access refused")
+            self._force_close(530, f"NOT_ALLOWED - access to vhost '{vhost}' refused for user '{self.user}'")
+            return
+        self.vhost = vhost
+        from gateway.broker import Session
+
+        self.session = Session(self.gw.broker, self.conn, vhost, self.user, self.peer, self.request_flush)
+        self.conn.send_open_ok()
+        self.gw.audit.emit("connection_open", vhost, user=self.user, peer=self.peer,
+                           conn=str(self.client_properties.get("connection_name", "")) or None)
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def _force_close(self, reply_code: int, reply_text: str) -> None:
+        """Send connection.close and wait (bounded by tick) for close-ok."""
+        if self.closing_since is not None:
+            return
+        self.closing_since = time.monotonic()
+        try:
+            self.conn.close(reply_code, reply_text)
+        except Exception:
+            log.exception("could not queue connection.close for %s", self.peer)
+            self._abort()
+
+    def close_for_shutdown(self) -> None:
+        """Graceful shutdown: 320 CONNECTION_FORCED, as RabbitMQ does on stop."""
+        self._force_close(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
+        self._flush()
+
+    def _hang_up(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # close() writes what is buffered first
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- periodic ---------------------------------------------------------------------------
+
+    def tick(self, now_monotonic: float) -> None:
+        """Called about once a second by the server for every connection."""
+        if self._lost:
+            return
+        if self.closing_since is not None and now_monotonic - self.closing_since > CLOSE_TIMEOUT:
+            self._abort()
+            return
+        if self.user is None and self.session is None and now_monotonic - self.opened_at > HANDSHAKE_TIMEOUT:
+            self._abort()
+            return
+        for event in self.conn.tick(now_monotonic):
+            self._dispatch(event)
+        self._flush()
+
+    def set_blocked(self, blocked: bool) -> None:
+        """W5: the gateway crossed its high-water mark (True) or dropped below it (False)."""
+        if blocked and self.publisher and not self.blocked:
+            self._block()
+        elif not blocked and self.blocked:
+            self.blocked = False
+            self.conn.send_unblocked()
+            if self._reading_paused and self.transport is not None:
+                self._reading_paused = False
+                self.transport.resume_reading()
+            self._flush()
+
+    def _block(self) -> None:
+        self.blocked = True
+        self.conn.send_blocked(self.gw.block_reason)
+        if self.transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()
+        self._flush()
+
+
+def _attempted_user(event: Any) -> str | None:
+    from gateway.auth import parse_response
+
+    try:
+        return parse_response(event.mechanism, event.response)[0]
+    except AuthError:
+        return None
