@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gateway.broker import persistence as P
+from gateway.broker.consumers import Unacked
+from gateway.broker.message import Message
+from gateway.broker.queue import BrokerQueue
+from gateway.broker.scheduler import Scheduler
+from gateway.broker.vhost import VHost
+from semantics import queue as Q
+from semantics import topic as T
 from semantics.clock import Clock, SystemClock
+from semantics.queue_attrs import QueueAttributes
+from semantics.store import Store
 
-__all__ = ["Broker", "BrokerConfig"]
+if TYPE_CHECKING:
+    from gateway.broker.channel import Channel
+    from gateway.broker.exchange import Exchange
+    from gateway.broker.session import Session
+
+__all__ = ["Broker", "BrokerConfig", "NullAudit"]
 
 
 @dataclass
@@ -20,6 +38,13 @@ class BrokerConfig:
     fsync: bool = True
 
 
+class NullAudit:
+    """Used until an audit writer is given: emits nothing."""
+
+    def emit(self, event: str, vhost: str, **fields: Any) -> None:
+        return None
+
+
 class Broker:
     """All vhosts of one gateway process.
 
@@ -28,25 +53,340 @@ class Broker:
     messages in durable queues are journaled in the store and recovered on open.
     """
 
-    def __init__(self, data_dir: str | None, *, clock: Clock, audit: Any, config: Any) -> None:
+    def __init__(self, data_dir: str | None, *, clock: Clock, audit: Any, config: Any,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.data_dir = data_dir
         self.clock = clock
-        self.audit = audit
-        self.config = config
+        self.audit = audit if audit is not None else NullAudit()
+        self.config = config if config is not None else BrokerConfig()
+        self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True))
+        self.vhosts: dict[str, VHost] = {}
+        for name in getattr(self.config, "vhosts", None) or ["/"]:
+            self.vhost(name)
+        self.sessions: set[Session] = set()
+        self.confirm_waiters: set[Channel] = set()
+        self.scheduler = Scheduler(clock, loop, on_ran=self._flush_sessions)
+        self._loop = loop
+        self._dirty = asyncio.Event() if loop is not None else None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="store-sync")
+        self._flusher: asyncio.Task[None] | None = None
+        self._closed = False
 
     @classmethod
     async def open(cls, data_dir: str | None, *, clock: Clock | None = None, audit: Any = None,
                    config: Any = None) -> Broker:
         """Open the store under ``data_dir``, recover durable state and start the flusher."""
-        return cls(data_dir, clock=clock or SystemClock(), audit=audit, config=config)
+        loop = asyncio.get_running_loop()
+        broker = cls(data_dir, clock=clock or SystemClock(), audit=audit, config=config, loop=loop)
+        broker._recover()
+        broker._flusher = loop.create_task(broker._flush_loop())
+        return broker
 
-    def advance_time(self, seconds: float) -> None:
-        """Tests: move a ManualClock forward and run everything that fell due."""
-        raise NotImplementedError
+    # -- basics ------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self.clock.now()
+
+    def vhost(self, name: str) -> VHost:
+        vh = self.vhosts.get(name)
+        if vh is None:
+            vh = self.vhosts[name] = VHost(self, name)
+        return vh
+
+    def new_cmq_queue(self, name: str, attrs: QueueAttributes) -> Q.CmqQueue:
+        return Q.CmqQueue(name, attrs)
+
+    # -- the store and group commit (M14) ----------------------------------------------------
+
+    def persist(self, key: str, value: bytes) -> int:
+        lsn = self.store.put(key, value)
+        if self._dirty is not None:
+            self._dirty.set()
+        return lsn
+
+    def unpersist(self, key: str, missing_ok: bool = False) -> None:
+        if key in self.store:
+            self.store.delete(key)
+            if self._dirty is not None:
+                self._dirty.set()
+
+    @property
+    def durable_lsn(self) -> int:
+        return self.store.durable_lsn
+
+    def wait_durable(self, ch: Channel) -> None:
+        self.confirm_waiters.add(ch)
+
+    def sync_now(self) -> int:
+        """Sync on the calling thread and send the confirms it releases (tests, close)."""
+        durable = self.store.sync()
+        self._on_durable(durable)
+        return durable
+
+    async def _flush_loop(self) -> None:
+        # One executor thread syncs whatever piled up while the last sync ran: group commit.
+        assert self._dirty is not None and self._loop is not None
+        while not self._closed:
+            await self._dirty.wait()
+            self._dirty.clear()
+            durable = await self._loop.run_in_executor(self._executor, self.store.sync)
+            self._on_durable(durable)
+
+    def _on_durable(self, durable: int) -> None:
+        for ch in list(self.confirm_waiters):
+            if not ch.on_durable(durable):
+                self.confirm_waiters.discard(ch)
+
+    # -- time --------------------------------------------------------------------------------
 
     def run_due(self) -> None:
         """Run every queue tick and topic retry whose deadline has passed."""
-        raise NotImplementedError
+        self.scheduler.run_due(self.clock.now())
+        self._flush_sessions()
+
+    def advance_time(self, seconds: float) -> None:
+        """Tests: move a ManualClock forward and run everything that fell due."""
+        self.clock.advance(seconds)  # type: ignore[attr-defined]
+        self.run_due()
+
+    def _flush_sessions(self) -> None:
+        for s in list(self.sessions):
+            s.request_flush()
+
+    def reschedule_exchange(self, vh: VHost, ex: Exchange) -> None:
+        if ex.on_tick is None:
+            ex.on_tick = lambda e, now: self._topic_tick(vh, e, now)
+        self.scheduler.reschedule(ex)
+
+    def _topic_tick(self, vh: VHost, ex: Exchange, now: float) -> None:
+        assert ex.topic is not None
+        events = ex.topic.expire(now)
+
+        def attempt(sub: Any, tmsg: Any) -> bool:
+            from gateway.broker.vhost import PublishOutcome
+            msg = tmsg.payload
+            return vh._attempt(sub.endpoint, msg, msg.headers, now, PublishOutcome(), {ex.name}, ex.name)
+
+        events.extend(ex.topic.deliver_due(now, attempt))
+        self.topic_events(vh, ex, events)
+
+    def topic_events(self, vh: VHost, ex: Exchange, events: Any) -> None:
+        """A1: the topic's retries, give-ups and expiries in the audit log (D3-D6)."""
+        emit = self.audit.emit
+        for e in events:
+            if isinstance(e, T.RetryScheduled):
+                emit("retry", vh.name, topic=ex.name, msg_id=e.msg_id, subscription=e.subscription,
+                     attempt=e.attempt, next_at=e.next_at, policy=e.policy)
+            elif isinstance(e, T.GaveUp):
+                emit("discard", vh.name, topic=ex.name, msg_id=e.msg_id, subscription=e.subscription,
+                     attempt=e.attempts, policy=e.policy, reason="retries_exhausted")
+            elif isinstance(e, T.Discarded) and e.reason == "expired":
+                emit("discard", vh.name, topic=ex.name, msg_id=e.msg_id, subscription=e.subscription,
+                     reason="expired")
+
+    # -- queues ------------------------------------------------------------------------------
+
+    def after_queue_change(self, vh: VHost, q: BrokerQueue, dispatch: bool = True) -> None:
+        if q.on_tick is None:
+            q.on_tick = lambda qq, now: self._queue_tick(vh, qq, now)
+        if q.cmq.events_pending:
+            self._queue_events(vh, q, q.cmq.drain_events())
+        self.scheduler.reschedule(q)
+        if dispatch and q.consumers:
+            self.dispatch(q)
+
+    def _queue_tick(self, vh: VHost, q: BrokerQueue, now: float) -> None:
+        self._queue_events(vh, q, q.cmq.tick(now))
+        if q.consumers:
+            self.dispatch(q)
+
+    def _queue_events(self, vh: VHost, q: BrokerQueue, events: list[Q.QueueEvent]) -> None:
+        emit = self.audit.emit
+        for e in events:
+            m = e.message
+            if isinstance(e, Q.VisibilityExpired):
+                emit("visibility_expire", vh.name, queue=q.name, msg_id=m.msg_id, attempt=m.receive_count)
+            elif isinstance(e, Q.DeadLettered):
+                self._unpersist_msg(q, m)
+                emit("dead_letter", vh.name, queue=q.name, msg_id=m.msg_id, reason=e.reason,
+                     subscription=e.to_queue)
+                target = vh.queues.get(e.to_queue)
+                if target is not None:
+                    msg: Message = m.payload  # type: ignore[assignment]
+                    with contextlib.suppress(Exception):
+                        vh.publish("", target.name, msg.properties, msg.body)
+            elif isinstance(e, Q.Expired | Q.MaxLengthDropped):
+                self._unpersist_msg(q, m)
+                reason = "max_length" if isinstance(e, Q.MaxLengthDropped) else "expired"
+                emit("discard", vh.name, queue=q.name, msg_id=m.msg_id, reason=reason)
+                self._dead_letter_exchange(vh, q, m)
+            elif isinstance(e, Q.RewindableRemoved):
+                self._unpersist_msg(q, m)
+
+    def _unpersist_msg(self, q: BrokerQueue, m: Q.QueueMessage) -> None:
+        msg = m.payload
+        if q.durable and isinstance(msg, Message) and msg.persistent:
+            self.unpersist(P.message_key(q.vhost, q.name, m.msg_id), missing_ok=True)
+
+    def _dead_letter_exchange(self, vh: VHost, q: BrokerQueue, m: Q.QueueMessage) -> bool:
+        """M13: x-dead-letter-exchange takes rejected, expired and dropped messages."""
+        dlx = q.qargs.dead_letter_exchange
+        if dlx is None:
+            return False
+        msg: Message = m.payload  # type: ignore[assignment]
+        key = q.qargs.dead_letter_routing_key or msg.routing_key
+        self.audit.emit("dead_letter", vh.name, queue=q.name, msg_id=m.msg_id, topic=dlx, routing_key=key)
+        with contextlib.suppress(Exception):  # a missing DLX drops the message, as RabbitMQ
+            vh.publish(dlx, key, msg.properties, msg.body)
+        return True
+
+    def forget_queue(self, vh: VHost, q: BrokerQueue) -> None:
+        self.scheduler.forget(q)
+        if q.durable:
+            self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
+            prefix = f"m/{vh.name}/{q.name}/"
+            for key in [k for k, _ in self.store.items(prefix)]:
+                self.unpersist(key)
+
+    # -- delivery (M11-M13) ------------------------------------------------------------------
+
+    def dispatch(self, q: BrokerQueue) -> None:
+        """Round-robin Active messages to consumers with credit (M11, W4)."""
+        if not q.consumers or q.deleted:
+            return
+        now = self.clock.now()
+        touched: set[Session] = set()
+        limit = q.qargs.delivery_limit
+        while True:
+            consumer = q.next_consumer()
+            if consumer is None:
+                break
+            receipt = q.receive(now)
+            if receipt is None:
+                break
+            if limit is not None and receipt.message.receive_count > limit:
+                # x-delivery-limit without a CMQ dead-letter queue: dead-letter or drop.
+                q.cmq.delete(receipt, now)
+                self._unpersist_msg(q, receipt.message)
+                if not self._dead_letter_exchange(self.vhosts[q.vhost], q, receipt.message):
+                    self.audit.emit("discard", q.vhost, queue=q.name, msg_id=receipt.message.msg_id,
+                                    reason="rejected")
+                continue
+            consumer.channel.deliver(consumer, q, receipt)
+            touched.add(consumer.channel.session)
+        vh = self.vhosts[q.vhost]
+        if q.cmq.events_pending:
+            self._queue_events(vh, q, q.cmq.drain_events())
+        self.scheduler.reschedule(q)
+        for s in touched:
+            s.request_flush()
+
+    def dispatch_channel(self, ch: Channel) -> None:
+        for q in {c.queue for c in ch.consumers.values()}:
+            self.dispatch(q)
+
+    def get(self, ch: Channel, q: BrokerQueue, no_ack: bool) -> None:
+        from pamqp import commands as C
+        now = self.clock.now()
+        receipt = q.receive(now)
+        if receipt is None:
+            ch.session.conn.send_method(ch.number, C.Basic.GetEmpty())
+        else:
+            ch.deliver(None, q, receipt, get_count=q.message_count)
+            if no_ack:
+                ch.unacked.pop(ch.next_tag - 1)
+                self.settle_deleted(q, receipt)
+        self.after_queue_change(self.vhosts[q.vhost], q, dispatch=False)
+
+    def settle_deleted(self, q: BrokerQueue, receipt: Q.Receipt) -> None:
+        """A no-ack delivery: deleted at once."""
+        if q.cmq.delete(receipt, self.clock.now()):
+            self._unpersist_msg(q, receipt.message)
+
+    def ack(self, session: Session, u: Unacked) -> None:
+        """M12: CMQ DeleteMessage with this delivery's receipt handle; stale: nothing (Q3)."""
+        q = u.queue
+        if q.deleted:
+            return
+        if q.cmq.delete(u.handle, self.clock.now()):
+            self._unpersist_msg(q, u.handle.message)
+            session.emit("ack", queue=q.name, msg_id=u.msg_id)
+        else:
+            session.emit("stale_ack", queue=q.name, msg_id=u.msg_id)
+        self.after_queue_change(self.vhosts[q.vhost], q)
+
+    def reject(self, session: Session, u: Unacked, requeue: bool) -> None:
+        """M13: requeue: Active at once; otherwise deleted or dead-lettered."""
+        q = u.queue
+        if q.deleted:
+            return
+        now = self.clock.now()
+        vh = self.vhosts[q.vhost]
+        if requeue:
+            if q.cmq.release(u.handle, now):
+                session.emit("requeue", queue=q.name, msg_id=u.msg_id)
+        else:
+            m = q.cmq.drop(u.handle, now)
+            if m is not None:
+                self._unpersist_msg(q, m)
+                session.emit("nack", queue=q.name, msg_id=u.msg_id, reason="rejected")
+                self._dead_letter_exchange(vh, q, m)
+        self.after_queue_change(vh, q)
+
+    def consumer_gone(self, q: BrokerQueue) -> None:
+        self.vhosts[q.vhost].consumer_gone(q)
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Durable exchanges, queues, bindings and persistent messages come back (restart)."""
+        from gateway.protocol.properties import Properties
+
+        store = self.store
+        for _, raw in store.items("x/"):
+            r = P.decode_json(raw)
+            vh = self.vhost(r["vhost"])
+            if r["name"] not in vh.exchanges:
+                vh.exchanges[r["name"]] = _exchange(vh.name, r)
+        for _, raw in store.items("q/"):
+            r = P.decode_json(raw)
+            vh = self.vhost(r["vhost"])
+            vh.declare_queue(None, r["name"], passive=False, durable=True, exclusive=False,
+                             auto_delete=r["auto_delete"], arguments=r["arguments"])
+        for _, raw in store.items("b/"):
+            r = P.decode_json(raw)
+            vh = self.vhost(r["vhost"])
+            with contextlib.suppress(Exception):
+                vh.bind(None, r["source"], (r["kind"], r["dest"]), r["key"], r["arguments"])
+        now = self.clock.now()
+        records = [P.decode_message(raw) for _, raw in store.items("m/")]
+        records.sort(key=lambda r: r["enqueue_time"])
+        for r in records:
+            vh = self.vhost(r["vhost"])
+            q = vh.queues.get(r["queue"])
+            if q is None:
+                continue
+            msg = Message(r["body"], Properties(r["properties"]), r["exchange"], r["routing_key"],
+                          r["enqueue_time"])
+            q.cmq.restore(msg, len(msg.body), now, msg_id=r["msg_id"], enqueue_time=r["enqueue_time"])
+            self.after_queue_change(vh, q, dispatch=False)
 
     async def close(self) -> None:
         """Flush the store, stop the timers and the flusher."""
+        if self._closed:
+            return
+        self._closed = True
+        self.scheduler.close()
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._flusher
+        self.sync_now()
+        self.store.close()
+        self._executor.shutdown(wait=True)
+
+
+def _exchange(vhost: str, r: dict[str, Any]) -> Exchange:
+    from gateway.broker.exchange import Exchange
+    return Exchange(vhost, r["name"], r["type"], durable=True, auto_delete=r["auto_delete"],
+                    internal=r["internal"], arguments=r["arguments"])

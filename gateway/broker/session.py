@@ -1,9 +1,18 @@
-"""One AMQP connection's view of the broker: its channels, consumers, confirms and tx."""
+"""One AMQP connection's view of the broker: its channels and the methods they carry."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as C
+
+from gateway.broker.arguments import rewind_to
+from gateway.broker.channel import Channel
+from gateway.broker.consumers import Consumer
+from gateway.broker.errors import NO_ROUTE, ConnectionFault, access_refused, precondition
+from gateway.broker.vhost import new_name
+from semantics.errors import REPLY_NAMES, CMQError
 
 if TYPE_CHECKING:
     from gateway.broker.broker import Broker
@@ -24,20 +33,301 @@ class Session:
                  request_flush: Callable[[], None]) -> None:
         self.broker = broker
         self.conn = conn
-        self.vhost = vhost
+        self.vhost_name = vhost
+        self.vhost = broker.vhost(vhost)
         self.user = user
         self.peer = peer
         self.request_flush = request_flush
+        self.channels: dict[int, Channel] = {}
+        self.paused = False
+        self.closed = False
+        broker.sessions.add(self)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        self.broker.audit.emit(event, self.vhost_name, **fields)
+
+    def supports(self, capability: str) -> bool:
+        props = getattr(self.conn, "client_properties", None) or {}
+        caps = props.get("capabilities") if isinstance(props, dict) else None
+        # Without the client's properties, assume what every current client advertises.
+        return True if not isinstance(caps, dict) else bool(caps.get(capability))
+
+    # -- events ------------------------------------------------------------------------------
 
     def on_event(self, event: object) -> None:
         """ChannelOpen / ChannelClose / ChannelCloseOk / ChannelFlow / Method / Content."""
-        raise NotImplementedError
+        kind = type(event).__name__
+        number: int = event.channel  # type: ignore[attr-defined]
+        if kind == "ChannelOpen":
+            self.channels[number] = Channel(self, number)
+            return
+        if kind in ("ChannelClose", "ChannelCloseOk"):
+            ch = self.channels.pop(number, None)
+            if ch is not None:
+                ch.close()
+            return
+        ch = self.channels.get(number)
+        if ch is None or ch.closing:
+            return  # the core drops frames for a channel we are closing
+        method: Any = getattr(event, "method", None)
+        try:
+            if kind == "ChannelFlow":
+                ch.flow_active = bool(event.active)  # type: ignore[attr-defined]
+                if ch.flow_active:
+                    self.broker.dispatch_channel(ch)
+            elif kind == "Content":
+                self._publish(ch, event.method, event.properties, event.body)  # type: ignore[attr-defined]
+            elif kind == "Method":
+                handler = _HANDLERS.get(method.name)
+                if handler is None:
+                    raise ConnectionFault("M16", f"method {method.name} is not implemented", reply_code=540)
+                handler(self, ch, method)
+        except ConnectionFault as e:
+            cls, mid = _ids(method)
+            self.conn.close(e.reply_code, e.reply_text, cls, mid)
+        except CMQError as e:
+            self.channel_error(ch, e, method)
+
+    def channel_error(self, ch: Channel, e: CMQError, method: Any = None) -> None:
+        """M16: close the channel with the code RabbitMQ would use and a text naming the rule."""
+        cls, mid = _ids(method)
+        text = e.reply_text if e.reply_code in REPLY_NAMES else str(e)
+        ch.close()
+        ch.closing = True
+        self.conn.close_channel(ch.number, e.reply_code, text, cls, mid)
 
     def pause_delivery(self) -> None:
         """Transport write buffer above high water: stop pushing deliveries (slow consumer)."""
+        self.paused = True
 
     def resume_delivery(self) -> None:
         """Write buffer drained below low water: deliver again."""
+        self.paused = False
+        for ch in list(self.channels.values()):
+            self.broker.dispatch_channel(ch)
 
     def on_connection_lost(self) -> None:
         """Unacked deliveries become Active again (M13); exclusive queues are dropped."""
+        if self.closed:
+            return
+        self.closed = True
+        for ch in list(self.channels.values()):
+            ch.closing = True
+            ch.close()
+        self.channels.clear()
+        self.vhost.drop_exclusive(self)
+        self.broker.sessions.discard(self)
+
+    # -- publish (M9, M10, M14) --------------------------------------------------------------
+
+    def _publish(self, ch: Channel, method: Any, properties: Any, body: bytes) -> None:
+        if ch.tx:
+            ch.tx_publishes.append((method, properties, body))
+            return
+        self.publish_now(ch, method, properties, body)
+
+    def publish_now(self, ch: Channel, method: Any, properties: Any, body: bytes) -> None:
+        seq = 0
+        if ch.confirm:
+            ch.publish_seq += 1
+            seq = ch.publish_seq
+        try:
+            out = self.vhost.publish(method.exchange, method.routing_key, properties, body,
+                                     immediate=method.immediate, user=self.user)
+        except CMQError:
+            raise
+        except Exception:  # the store refused it (M14: basic.nack)
+            if seq:
+                ch.confirm_publish(seq, 0, nack=True)
+                return
+            raise
+        if not out.routed and method.mandatory:
+            self.conn.send_content(ch.number, C.Basic.Return(
+                reply_code=NO_ROUTE, reply_text="NO_ROUTE", exchange=method.exchange,
+                routing_key=method.routing_key), properties, body)
+        if seq:
+            ch.confirm_publish(seq, out.lsn, nack=out.rejected)
+
+    # -- exchange / queue methods ------------------------------------------------------------
+
+    def _exchange_declare(self, ch: Channel, m: Any) -> None:
+        self.vhost.declare_exchange(m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
+                                    auto_delete=m.auto_delete, internal=m.internal,
+                                    arguments=m.arguments, user=self.user)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Exchange.DeclareOk())
+
+    def _exchange_delete(self, ch: Channel, m: Any) -> None:
+        self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused, user=self.user)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Exchange.DeleteOk())
+
+    def _exchange_bind(self, ch: Channel, m: Any) -> None:
+        self.vhost.bind(self, m.source, ("x", m.destination), m.routing_key, m.arguments, self.user)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Exchange.BindOk())
+
+    def _exchange_unbind(self, ch: Channel, m: Any) -> None:
+        self.vhost.unbind(self, m.source, ("x", m.destination), m.routing_key, self.user)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Exchange.UnbindOk())
+
+    def _queue_declare(self, ch: Channel, m: Any) -> None:
+        q = self.vhost.declare_queue(self, m.queue, passive=m.passive, durable=m.durable,
+                                     exclusive=m.exclusive, auto_delete=m.auto_delete,
+                                     arguments=m.arguments, user=self.user)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Queue.DeclareOk(
+                queue=q.name, message_count=q.message_count, consumer_count=len(q.consumers)))
+
+    def _queue_delete(self, ch: Channel, m: Any) -> None:
+        count = self.vhost.delete_queue(self, m.queue, if_unused=m.if_unused, if_empty=m.if_empty,
+                                        user=self.user)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Queue.DeleteOk(message_count=count))
+
+    def _queue_purge(self, ch: Channel, m: Any) -> None:
+        count = self.vhost.purge_queue(self, m.queue, self.user)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Queue.PurgeOk(message_count=count))
+
+    def _queue_bind(self, ch: Channel, m: Any) -> None:
+        self.vhost.bind(self, m.exchange, ("q", m.queue), m.routing_key, m.arguments, self.user)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Queue.BindOk())
+
+    def _queue_unbind(self, ch: Channel, m: Any) -> None:
+        self.vhost.unbind(self, m.exchange, ("q", m.queue), m.routing_key, self.user)
+        self.conn.send_method(ch.number, C.Queue.UnbindOk())
+
+    # -- basic -------------------------------------------------------------------------------
+
+    def _basic_qos(self, ch: Channel, m: Any) -> None:
+        # W4, as RabbitMQ: global=false limits each consumer created afterwards,
+        # global=true the channel as a whole.
+        if m.global_:
+            ch.channel_prefetch = m.prefetch_count
+        else:
+            ch.consumer_prefetch = m.prefetch_count
+            for c in ch.consumers.values():
+                c.prefetch = m.prefetch_count
+        self.conn.send_method(ch.number, C.Basic.QosOk())
+        self.broker.dispatch_channel(ch)
+
+    def _basic_consume(self, ch: Channel, m: Any) -> None:
+        q = self.vhost.queue(m.queue, self)
+        tag = m.consumer_tag or new_name("amq.ctag-")
+        if tag in ch.consumers:
+            raise ConnectionFault("M16", f"attempt to reuse consumer tag '{tag}'", reply_code=530)
+        if any(c.exclusive for c in q.consumers) or (m.exclusive and q.consumers):
+            raise access_refused(f"queue '{q.name}' in vhost '{self.vhost_name}' in exclusive use")
+        target = rewind_to(m.arguments)
+        if target is not None:
+            # M15 / Q6: rewind before the consumer starts receiving.
+            count = q.cmq.rewind(target, self.broker.now())
+            self.emit("rewind", queue=q.name, next_at=target, size=count, user=self.user)
+            self.broker.after_queue_change(self.vhost, q, dispatch=False)
+        consumer = Consumer(tag, ch, q, no_ack=m.no_ack, exclusive=m.exclusive,
+                            prefetch=ch.consumer_prefetch, arguments=m.arguments)
+        ch.consumers[tag] = consumer
+        q.add_consumer(consumer)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Basic.ConsumeOk(consumer_tag=tag))
+        self.broker.dispatch(q)
+
+    def _basic_cancel(self, ch: Channel, m: Any) -> None:
+        ch.cancel(m.consumer_tag)
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Basic.CancelOk(consumer_tag=m.consumer_tag))
+
+    def _basic_get(self, ch: Channel, m: Any) -> None:
+        q = self.vhost.queue(m.queue, self)
+        self.broker.get(ch, q, m.no_ack)
+
+    def _basic_nack(self, ch: Channel, m: Any) -> None:
+        ch.reject(m.delivery_tag, m.multiple, m.requeue)
+
+    def _basic_reject(self, ch: Channel, m: Any) -> None:
+        ch.reject(m.delivery_tag, False, m.requeue)
+
+    def _basic_recover(self, ch: Channel, m: Any) -> None:
+        ch.requeue_all()
+        if m.name == "Basic.Recover":
+            self.conn.send_method(ch.number, C.Basic.RecoverOk())
+
+    # -- confirms and tx ---------------------------------------------------------------------
+
+    def _confirm_select(self, ch: Channel, m: Any) -> None:
+        if ch.tx:
+            raise precondition("cannot switch from tx to confirm mode", rule="M14")
+        ch.confirm = True
+        if not m.nowait:
+            self.conn.send_method(ch.number, C.Confirm.SelectOk())
+
+    def _tx_select(self, ch: Channel, m: Any) -> None:
+        if ch.confirm:
+            raise precondition("cannot switch from confirm to tx mode", rule="M14")
+        ch.tx = True
+        self.conn.send_method(ch.number, C.Tx.SelectOk())
+
+    def _tx_commit(self, ch: Channel, m: Any) -> None:
+        if not ch.tx:
+            raise precondition("channel is not transactional", rule="M16")
+        publishes, ch.tx_publishes = ch.tx_publishes, []
+        for method, properties, body in publishes:
+            self.publish_now(ch, method, properties, body)
+        acks, ch.tx_acks = ch.tx_acks, []
+        for u in acks:
+            self.broker.ack(self, u)
+        self.conn.send_method(ch.number, C.Tx.CommitOk())
+
+    def _tx_rollback(self, ch: Channel, m: Any) -> None:
+        if not ch.tx:
+            raise precondition("channel is not transactional", rule="M16")
+        ch.tx_publishes = []
+        # Acks taken in the transaction go back to unacked (RabbitMQ keeps them pending).
+        for u in ch.tx_acks:
+            tag = ch.next_tag
+            ch.next_tag += 1
+            ch.unacked[tag] = u
+        ch.tx_acks = []
+        self.conn.send_method(ch.number, C.Tx.RollbackOk())
+
+
+def _tx_ack(self: Session, ch: Channel, m: Any) -> None:
+    if ch.tx:
+        for u in ch.take(m.delivery_tag, m.multiple):
+            ch.tx_acks.append(u)
+        return
+    ch.ack(m.delivery_tag, m.multiple)
+
+
+def _ids(method: Any) -> tuple[int, int]:
+    index = getattr(method, "index", 0) or 0
+    return index >> 16, index & 0xFFFF
+
+
+_HANDLERS: dict[str, Callable[[Session, Channel, Any], None]] = {
+    "Exchange.Declare": Session._exchange_declare,
+    "Exchange.Delete": Session._exchange_delete,
+    "Exchange.Bind": Session._exchange_bind,
+    "Exchange.Unbind": Session._exchange_unbind,
+    "Queue.Declare": Session._queue_declare,
+    "Queue.Delete": Session._queue_delete,
+    "Queue.Purge": Session._queue_purge,
+    "Queue.Bind": Session._queue_bind,
+    "Queue.Unbind": Session._queue_unbind,
+    "Basic.Qos": Session._basic_qos,
+    "Basic.Consume": Session._basic_consume,
+    "Basic.Cancel": Session._basic_cancel,
+    "Basic.Get": Session._basic_get,
+    "Basic.Ack": _tx_ack,
+    "Basic.Nack": Session._basic_nack,
+    "Basic.Reject": Session._basic_reject,
+    "Basic.Recover": Session._basic_recover,
+    "Basic.RecoverAsync": Session._basic_recover,
+    "Confirm.Select": Session._confirm_select,
+    "Tx.Select": Session._tx_select,
+    "Tx.Commit": Session._tx_commit,
+    "Tx.Rollback": Session._tx_rollback,
+}

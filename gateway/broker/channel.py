@@ -1,0 +1,176 @@
+"""One AMQP channel: consumers, unacked deliveries, qos, confirms and tx (M11-M14, W4)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as C
+
+from gateway.broker import persistence as P
+from gateway.broker.consumers import Consumer, Unacked
+from gateway.broker.errors import precondition
+from gateway.broker.message import Message
+from semantics.queue import Receipt
+
+if TYPE_CHECKING:
+    from gateway.broker.queue import BrokerQueue
+    from gateway.broker.session import Session
+
+__all__ = ["Channel"]
+
+
+class Channel:
+    def __init__(self, session: Session, number: int) -> None:
+        self.session = session
+        self.number = number
+        self.next_tag = 1
+        self.unacked: dict[int, Unacked] = {}   # delivery tag -> delivery, in tag order
+        self.consumers: dict[str, Consumer] = {}
+        self.consumer_prefetch = 0   # basic.qos global=false: for consumers created after it
+        self.channel_prefetch = 0    # basic.qos global=true: the whole channel (W4)
+        self.flow_active = True
+        self.closing = False
+        self.confirm = False
+        self.publish_seq = 0
+        self.pending_confirms: deque[tuple[int, int]] = deque()  # (seq, lsn) in seq order (M14)
+        self.tx = False
+        self.tx_publishes: list[Any] = []
+        self.tx_acks: list[Any] = []
+
+    # -- credit (W4) -------------------------------------------------------------------------
+
+    def can_deliver(self) -> bool:
+        if not self.flow_active or self.closing or self.session.paused:
+            return False
+        return not self.channel_prefetch or len(self.unacked) < self.channel_prefetch
+
+    # -- delivery (M11) ----------------------------------------------------------------------
+
+    def deliver(self, consumer: Consumer | None, q: BrokerQueue, receipt: Receipt,
+                get_count: int | None = None) -> None:
+        """Send one received message as basic.deliver (consumer) or basic.get-ok (get)."""
+        qmsg = receipt.message
+        msg: Message = qmsg.payload  # type: ignore[assignment]
+        tag = self.next_tag
+        self.next_tag = tag + 1
+        msg_id = qmsg.msg_id
+        rc = qmsg.receive_count
+        # M11: message_id = the CMQ ID unless the publisher set one; x-cmq-* headers.
+        props = msg.properties.encode_with(message_id=msg_id, extra_headers={
+            "x-cmq-msg-id": msg_id, "x-cmq-enqueue-time": int(qmsg.enqueue_time),
+            "x-cmq-receive-count": rc})
+        redelivered = rc > 1
+        conn = self.session.conn
+        if consumer is not None:
+            conn.send_deliver(self.number, consumer.tag, tag, redelivered, msg.exchange,
+                              msg.routing_key, props, msg.body)
+        else:
+            conn.send_content(self.number, C.Basic.GetOk(
+                delivery_tag=tag, redelivered=redelivered, exchange=msg.exchange,
+                routing_key=msg.routing_key, message_count=get_count or 0),
+                type(msg.properties)(props), msg.body)
+        no_ack = consumer.no_ack if consumer is not None else get_count is None
+        self.session.emit("deliver", queue=q.name, msg_id=msg_id, attempt=rc, size=len(msg.body))
+        if no_ack:
+            self.session.broker.settle_deleted(q, receipt)
+            return
+        self.unacked[tag] = Unacked(q, receipt, msg_id, consumer)
+        if consumer is not None:
+            consumer.unacked += 1
+
+    # -- settlement (M12, M13) ---------------------------------------------------------------
+
+    def take(self, tag: int, multiple: bool) -> list[Unacked]:
+        if multiple:
+            tags = list(self.unacked) if tag == 0 else [t for t in self.unacked if t <= tag]
+        else:
+            if tag not in self.unacked:
+                raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
+            tags = [tag]
+        out = []
+        for t in tags:
+            u = self.unacked.pop(t)
+            if u.consumer is not None:
+                u.consumer.unacked -= 1
+            out.append(u)
+        return out
+
+    def ack(self, tag: int, multiple: bool) -> None:
+        broker = self.session.broker
+        for u in self.take(tag, multiple):
+            broker.ack(self.session, u)
+
+    def reject(self, tag: int, multiple: bool, requeue: bool) -> None:
+        broker = self.session.broker
+        for u in self.take(tag, multiple):
+            broker.reject(self.session, u, requeue)
+
+    def requeue_all(self) -> None:
+        """M13: channel closed / basic.recover: every unacked delivery is Active again."""
+        broker = self.session.broker
+        pending, self.unacked = self.unacked, {}
+        for u in pending.values():
+            if u.consumer is not None:
+                u.consumer.unacked -= 1
+            broker.reject(self.session, u, True)
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def cancel(self, tag: str) -> Consumer | None:
+        consumer = self.consumers.pop(tag, None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)
+            self.session.broker.consumer_gone(consumer.queue)
+        return consumer
+
+    def server_cancel(self, consumer: Consumer) -> None:
+        """The queue went away: basic.cancel to a client that can take it (consumer_cancel_notify)."""
+        if self.consumers.pop(consumer.tag, None) is None:
+            return
+        if self.session.supports("consumer_cancel_notify") and not self.closing:
+            self.session.conn.send_method(self.number, C.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
+            self.session.request_flush()
+
+    def close(self) -> None:
+        """Forget the channel: consumers cancelled, unacked messages Active again (M13)."""
+        for tag in list(self.consumers):
+            self.cancel(tag)
+        self.requeue_all()
+        self.pending_confirms.clear()
+        self.session.broker.confirm_waiters.discard(self)
+
+    # -- confirms (M14) ----------------------------------------------------------------------
+
+    def confirm_publish(self, seq: int, lsn: int, nack: bool = False) -> None:
+        broker = self.session.broker
+        conn = self.session.conn
+        if nack:
+            conn.send_method(self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
+            return
+        if lsn > broker.durable_lsn:
+            self.pending_confirms.append((seq, lsn))
+            broker.wait_durable(self)
+        elif self.pending_confirms:
+            self.pending_confirms.append((seq, 0))  # keeps order; goes out with the batch
+        else:
+            conn.send_method(self.number, C.Basic.Ack(delivery_tag=seq, multiple=False))
+
+    def on_durable(self, durable: int) -> bool:
+        """The store is durable up to ``durable``: ack the confirms waiting for it, coalesced
+        into one basic.ack multiple=true. Returns True while some still wait."""
+        pending = self.pending_confirms
+        last = 0
+        count = 0
+        while pending and pending[0][1] <= durable:
+            last = pending.popleft()[0]
+            count += 1
+        if count and not self.closing:
+            self.session.conn.send_method(self.number, C.Basic.Ack(delivery_tag=last, multiple=count > 1))
+            self.session.request_flush()
+        return bool(pending)
+
+
+def message_key_of(u: Unacked) -> str:
+    q = u.queue
+    return P.message_key(q.vhost, q.name, u.msg_id)

@@ -1,0 +1,50 @@
+"""Consumers and unacked deliveries (SPEC M11-M13, W4)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.broker.channel import Channel
+    from gateway.broker.queue import BrokerQueue
+
+__all__ = ["Consumer", "Unacked"]
+
+
+class Consumer:
+    """One basic.consume. ``prefetch`` is the per-consumer limit (basic.qos global=false at
+    the time of the consume, as RabbitMQ applies it); 0 means unlimited."""
+
+    __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked", "arguments")
+
+    def __init__(self, tag: str, channel: Channel, queue: BrokerQueue, *, no_ack: bool,
+                 exclusive: bool, prefetch: int, arguments: dict[str, Any] | None = None) -> None:
+        self.tag = tag
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch
+        self.unacked = 0
+        self.arguments = arguments or {}
+
+    def has_credit(self) -> bool:
+        # W4: per consumer (global=false) and per channel (global=true), both may apply.
+        if self.no_ack:
+            return self.channel.can_deliver()
+        if self.prefetch and self.unacked >= self.prefetch:
+            return False
+        return self.channel.can_deliver()
+
+
+class Unacked:
+    """A delivery waiting for basic.ack/nack/reject: the receipt handle is the CMQ one of
+    this receive (Q3: only the latest handle deletes)."""
+
+    __slots__ = ("queue", "handle", "msg_id", "consumer")
+
+    def __init__(self, queue: BrokerQueue, handle: Any, msg_id: str, consumer: Consumer | None) -> None:
+        self.queue = queue
+        self.handle = handle
+        self.msg_id = msg_id
+        self.consumer = consumer

@@ -1,0 +1,184 @@
+"""Exchanges as CMQ topics (SPEC M2-M6, M8).
+
+Each (exchange, destination) pair is one subscription (M8) whose endpoint is that queue (or,
+for exchange-to-exchange bindings, that exchange); each further binding key of the pair adds
+a tag (direct, M2) or a binding key (topic, M3) to the same subscription, at most 5 (L3/L4).
+An exchange holds at most 500 subscriptions (L5).
+
+* ``direct``: tag filtering (T1). The routing key is the message's tag, ``x-cmq-tags`` adds
+  more; the binding key ``""`` means "no tags" and takes everything (differs from RabbitMQ).
+* ``topic``: routing-key filtering with ``*`` / ``#`` (T4).
+* ``fanout``: subscriptions without a filter.
+* ``headers``: RabbitMQ's x-match rules, a gateway extension (M5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.broker.errors import precondition
+from gateway.broker.headers_match import headers_match, valid_x_match
+from semantics.errors import LimitError
+from semantics.limits import MAX_SUBSCRIPTIONS, TOPIC_MAX_MSG_SIZE_DEFAULT
+from semantics.matching import validate_tags
+from semantics.names import cmq_name
+from semantics.retry import DEFAULT_STRATEGY, NotifyStrategy
+from semantics.topic import FilterType, Topic
+
+__all__ = ["Binding", "Dest", "Exchange", "EXCHANGE_TYPES", "X_MAX_MESSAGE_SIZE", "message_tags", "sub_name"]
+
+# Exchange argument that is ours: the topic's MaximumMessageSize (L6).
+X_MAX_MESSAGE_SIZE = "x-cmq-max-message-size"
+
+EXCHANGE_TYPES = ("direct", "topic", "fanout", "headers")
+
+# A destination: ("q", queue name) or ("x", exchange name).
+Dest = tuple[str, str]
+
+
+@dataclass
+class Binding:
+    """One subscription: the (exchange, destination) pair and its binding keys (M8)."""
+
+    source: str
+    dest: Dest
+    keys: list[str] = field(default_factory=list)
+    # Binding arguments per key (headers exchanges match on them; x-cmq-notify-strategy).
+    arguments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notify_strategy: str = "EXPONENTIAL_DECAY_RETRY"
+
+    @property
+    def name(self) -> str:
+        """The subscription's name as the audit log shows it."""
+        return f"{self.source}->{self.dest[0]}:{self.dest[1]}"
+
+
+def message_tags(routing_key: str, headers: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """M2: the routing key is the message's tag; ``x-cmq-tags`` adds more (validated, L3)."""
+    tags: list[str] = [routing_key] if routing_key else []
+    extra = headers.get("x-cmq-tags") if headers else None
+    if extra:
+        if isinstance(extra, str | bytes):
+            extra = [extra]
+        for t in extra:
+            tags.append(t.decode() if isinstance(t, bytes) else str(t))
+    return validate_tags(tags) if tags else ()
+
+
+class Exchange:
+    """One AMQP exchange in one vhost, served as a CMQ topic (headers: matched here, M5)."""
+
+    __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "bindings",
+                 "topic", "vhost", "on_tick")
+
+    def __init__(self, vhost: str, name: str, type: str, *, durable: bool = False,
+                 auto_delete: bool = False, internal: bool = False,
+                 arguments: dict[str, Any] | None = None) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.type = type
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments = dict(arguments or {})
+        self.bindings: dict[Dest, Binding] = {}
+        self.topic: Topic | None = None
+        self.on_tick: Any = None  # set by the broker: runs the topic's retries and expiry
+        if type != "headers":
+            # T5: tag filtering for direct and fanout (fanout subscriptions have no tags),
+            # routing-key filtering for topic. The CMQ topic name is the L2 mapping of ours.
+            size = self.arguments.get(X_MAX_MESSAGE_SIZE, TOPIC_MAX_MSG_SIZE_DEFAULT)
+            self.topic = Topic(cmq_name(name or "amq.default", "topic"),
+                               FilterType.ROUTING_KEY if type == "topic" else FilterType.TAG,
+                               max_message_size=size)
+
+    def next_wakeup(self) -> float | None:
+        return self.topic.next_wakeup() if self.topic is not None else None
+
+    def run_due(self, now: float) -> None:
+        if self.on_tick is not None:
+            self.on_tick(self, now)
+
+    @property
+    def max_message_size(self) -> int:
+        return self.topic.max_message_size if self.topic is not None else TOPIC_MAX_MSG_SIZE_DEFAULT
+
+    @property
+    def alternate(self) -> str | None:
+        ae = self.arguments.get("alternate-exchange")
+        return ae.decode() if isinstance(ae, bytes) else ae
+
+    # -- bindings (M8) ---------------------------------------------------------------------
+
+    def bind(self, dest: Dest, key: str, arguments: Mapping[str, Any] | None) -> tuple[Binding, bool]:
+        """Add ``key`` to the pair's subscription, creating it. Returns (binding, changed).
+        The topic checks every limit (L3/L4/L5) before it changes anything."""
+        args = dict(arguments or {})
+        binding = self.bindings.get(dest)
+        if binding is not None and key in binding.keys:
+            if self.type == "headers":
+                binding.arguments[key] = args
+            return binding, False
+        if self.type == "headers":
+            if not valid_x_match(args):
+                raise precondition(f"invalid x-match field value {args.get('x-match')!r}; expected "
+                                   "all, any, all-with-x, or any-with-x", rule="M5")
+            if binding is None and len(self.bindings) >= MAX_SUBSCRIPTIONS:
+                raise LimitError("L5", f"topic '{self.name}' already has {MAX_SUBSCRIPTIONS} subscriptions",
+                                 value=len(self.bindings) + 1, limit=MAX_SUBSCRIPTIONS)
+        strategy = args.get("x-cmq-notify-strategy")
+        if isinstance(strategy, bytes):
+            strategy = strategy.decode()
+        if strategy is not None and strategy not in ("BACKOFF_RETRY", "EXPONENTIAL_DECAY_RETRY"):
+            raise precondition(f"x-cmq-notify-strategy {strategy!r} is not BACKOFF_RETRY or "
+                               "EXPONENTIAL_DECAY_RETRY", rule="M8", value=strategy)
+        name = sub_name(dest)
+        filters = [] if self.type == "fanout" else [key]  # M4: fanout subscriptions have no filter
+        if self.topic is not None:
+            if binding is None:
+                self.topic.subscribe(name, dest, filters,
+                                     NotifyStrategy(strategy) if strategy else DEFAULT_STRATEGY)
+            elif filters:
+                self.topic.add_filter(name, key)
+            if strategy is not None:
+                self.topic.subscription(name).strategy = NotifyStrategy(strategy)
+        if binding is None:
+            binding = Binding(self.name, dest)
+            self.bindings[dest] = binding
+        binding.keys.append(key)
+        binding.arguments[key] = args
+        if strategy is not None:
+            binding.notify_strategy = strategy
+        return binding, True
+
+    def unbind(self, dest: Dest, key: str) -> bool:
+        binding = self.bindings.get(dest)
+        if binding is None or key not in binding.keys:
+            return False
+        binding.keys.remove(key)
+        binding.arguments.pop(key, None)
+        if not binding.keys:
+            self.unbind_dest(dest)
+        elif self.topic is not None and self.type != "fanout":
+            self.topic.remove_filter(sub_name(dest), key)
+        return True
+
+    def unbind_dest(self, dest: Dest) -> Binding | None:
+        binding = self.bindings.pop(dest, None)
+        if binding is not None and self.topic is not None:
+            self.topic.unsubscribe(sub_name(dest))
+        return binding
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def headers_route(self, headers: Mapping[str, Any] | None) -> tuple[Dest, ...]:
+        """M5: the destinations whose binding arguments match the headers (x-match)."""
+        return tuple(b.dest for b in self.bindings.values()
+                     if any(headers_match(a, headers) for a in b.arguments.values()))
+
+
+def sub_name(dest: Dest) -> str:
+    """The subscription name of a (exchange, destination) pair, unique within the exchange."""
+    return f"{dest[0]}:{dest[1]}"

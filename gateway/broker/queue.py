@@ -1,0 +1,99 @@
+"""AMQP queues served by CMQ queues (SPEC M7, M11-M13, M15, Q1-Q8).
+
+A :class:`BrokerQueue` owns one ``semantics.queue.CmqQueue`` and the consumers attached to
+it. Every call into the CMQ model goes through the few methods marked "CMQ model" below, so
+the rest of the broker never depends on its exact shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gateway.broker.arguments import QueueArgs
+from gateway.broker.consumers import Consumer
+from gateway.broker.message import Message
+from semantics.queue import CmqQueue, QueueMessage, Receipt
+from semantics.queue_attrs import QueueAttributes
+
+if TYPE_CHECKING:
+    from gateway.broker.session import Session
+
+__all__ = ["BrokerQueue"]
+
+
+class BrokerQueue:
+    """One AMQP queue in one vhost."""
+
+    def __init__(self, vhost: str, name: str, *, durable: bool, exclusive_owner: Session | None,
+                 auto_delete: bool, arguments: dict[str, Any], qargs: QueueArgs,
+                 attrs: QueueAttributes, cmq: CmqQueue) -> None:
+        self.vhost = vhost
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments = arguments
+        self.qargs = qargs
+        self.attrs = attrs
+        self.cmq = cmq
+        self.consumers: list[Consumer] = []
+        self._rr = 0              # round-robin position among consumers (M11)
+        self.had_consumer = False  # auto-delete only once a consumer came and went
+        self.deleted = False
+        self.last_used = 0.0       # x-expires
+        # Set by the broker: what the scheduler runs when the queue's next deadline comes.
+        self.on_tick: Callable[[BrokerQueue, float], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"BrokerQueue({self.vhost!r}, {self.name!r})"
+
+    # -- CMQ model ---------------------------------------------------------------------------
+
+    def send(self, msg: Message, now: float, delay: float | None = None) -> QueueMessage:
+        """CMQ SendMessage; raises LimitError (L6 too large, L8 full) or MaxLengthRejected."""
+        return self.cmq.send(msg, len(msg.body), now, delay=delay)
+
+    def receive(self, now: float) -> Receipt | None:
+        """CMQ ReceiveMessage: an Active message turns Inactive (Q1), or None."""
+        return self.cmq.receive(now)
+
+    @property
+    def message_count(self) -> int:
+        """Ready messages, as queue.declare-ok and basic.get-ok count them."""
+        return self.cmq.active
+
+    def next_wakeup(self) -> float | None:
+        return self.cmq.next_wakeup()
+
+    def run_due(self, now: float) -> None:
+        if self.on_tick is not None:
+            self.on_tick(self, now)
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.had_consumer = True
+
+    def remove_consumer(self, consumer: Consumer) -> None:
+        try:
+            i = self.consumers.index(consumer)
+        except ValueError:
+            return
+        del self.consumers[i]
+        if i < self._rr:
+            self._rr -= 1
+
+    def next_consumer(self) -> Consumer | None:
+        """The next consumer with credit, round-robin (M11, W4)."""
+        consumers = self.consumers
+        n = len(consumers)
+        for _ in range(n):
+            if self._rr >= n:
+                self._rr = 0
+            c = consumers[self._rr]
+            self._rr += 1
+            if c.has_credit():
+                return c
+        return None

@@ -1,0 +1,449 @@
+"""One virtual host: its exchanges, queues and bindings, and the routing between them (M1).
+
+Declarations follow RabbitMQ (passive 404, redeclare 406 "inequivalent arg", exclusive 405,
+default exchange 403); routing follows CMQ (M2-M10).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import TYPE_CHECKING, Any
+
+from gateway.broker import persistence as P
+from gateway.broker.arguments import equivalent_args, parse_queue_args
+from gateway.broker.errors import (
+    NOT_IMPLEMENTED,
+    ConnectionFault,
+    access_refused,
+    inequivalent,
+    not_found,
+    precondition,
+    resource_locked,
+)
+from gateway.broker.exchange import EXCHANGE_TYPES, Dest, Exchange, message_tags
+from gateway.broker.message import Message
+from gateway.broker.queue import BrokerQueue
+from semantics.errors import CMQError, LimitError
+from semantics.message_ids import new_msg_id
+from semantics.queue import MaxLengthRejected
+from semantics.queue_attrs import QueueAttributes
+from semantics.topic import TopicMessage
+
+if TYPE_CHECKING:
+    from gateway.broker.broker import Broker
+    from gateway.broker.session import Session
+
+__all__ = ["VHost", "PublishOutcome", "new_name"]
+
+STANDARD_EXCHANGES = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.topic", "topic"),
+                      ("amq.headers", "headers"), ("amq.match", "headers"))
+
+
+def new_name(prefix: str) -> str:
+    """RabbitMQ-style server names: ``amq.gen-`` / ``amq.ctag-`` + 22 url-safe characters."""
+    return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+
+
+class PublishOutcome:
+    """What a publish did: whether anything took it, and the store LSN it must wait for."""
+
+    __slots__ = ("routed", "lsn", "rejected")
+
+    def __init__(self) -> None:
+        self.routed = False
+        self.lsn = 0
+        self.rejected = False  # x-overflow reject-publish refused it (basic.nack under confirms)
+
+
+class VHost:
+    def __init__(self, broker: Broker, name: str) -> None:
+        self.broker = broker
+        self.name = name
+        self.exchanges: dict[str, Exchange] = {}
+        self.queues: dict[str, BrokerQueue] = {}
+        for xname, xtype in STANDARD_EXCHANGES:
+            self.exchanges[xname] = Exchange(name, xname, xtype, durable=True)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        self.broker.audit.emit(event, self.name, **fields)
+
+    def exchange(self, name: str) -> Exchange:
+        ex = self.exchanges.get(name)
+        if ex is None:
+            raise not_found("exchange", name, self.name)
+        return ex
+
+    def queue(self, name: str, session: Session | None = None) -> BrokerQueue:
+        q = self.queues.get(name)
+        if q is None:
+            raise not_found("queue", name, self.name)
+        if session is not None and q.exclusive_owner is not None and q.exclusive_owner is not session:
+            raise resource_locked(name, self.name)
+        return q
+
+    # -- exchanges (M2-M6) -------------------------------------------------------------------
+
+    def declare_exchange(self, name: str, type: str, *, passive: bool, durable: bool,
+                         auto_delete: bool, internal: bool, arguments: dict[str, Any] | None,
+                         user: str | None = None) -> Exchange:
+        if name == "" or (name.startswith("amq.") and not passive):
+            if passive and name == "":
+                raise access_refused("operation not permitted on the default exchange", "M6")
+            existing = self.exchanges.get(name)
+            if name.startswith("amq.") and existing is not None and existing.type == type:
+                return existing  # RabbitMQ lets clients redeclare amq.* equivalently
+            raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.'"
+                                 if name else "operation not permitted on the default exchange", "M6")
+        if passive:
+            return self.exchange(name)
+        if type not in EXCHANGE_TYPES:
+            # RabbitMQ closes the connection: 503 COMMAND_INVALID "unknown exchange type".
+            raise ConnectionFault("M16", f"unknown exchange type '{type}'", reply_code=503, value=type)
+        args = dict(arguments or {})
+        existing = self.exchanges.get(name)
+        if existing is not None:
+            for arg, got, cur in (("type", type, existing.type), ("durable", durable, existing.durable),
+                                  ("auto_delete", auto_delete, existing.auto_delete),
+                                  ("internal", internal, existing.internal)):
+                if got != cur:
+                    raise inequivalent(arg, "exchange", name, self.name, got, cur)
+            diff = equivalent_args(args, existing.arguments)
+            if diff is not None:
+                raise inequivalent(diff, "exchange", name, self.name, args.get(diff),
+                                   existing.arguments.get(diff))
+            return existing
+        ex = Exchange(self.name, name, type, durable=durable, auto_delete=auto_delete,
+                      internal=internal, arguments=args)
+        self.exchanges[name] = ex
+        if durable:
+            self.broker.persist(P.exchange_key(self.name, name), P.encode_json(
+                {"vhost": self.name, "name": name, "type": type, "auto_delete": auto_delete,
+                 "internal": internal, "arguments": args}))
+        self._emit("exchange_declare", topic=name, user=user, policy=type)
+        return ex
+
+    def delete_exchange(self, name: str, *, if_unused: bool, user: str | None = None) -> None:
+        if name == "" or name.startswith("amq."):
+            raise access_refused("operation not permitted on the default exchange" if not name
+                                 else f"exchange '{name}' in vhost '{self.name}' is a standard exchange"
+                                 " and cannot be deleted", "M6")
+        ex = self.exchanges.get(name)
+        if ex is None:
+            return  # RabbitMQ 3.x: deleting a missing exchange is ok
+        if if_unused and ex.bindings:
+            raise precondition(f"exchange '{name}' in vhost '{self.name}' in use")
+        for dest in list(ex.bindings):
+            self._drop_binding(ex, dest)
+        for other in self.exchanges.values():
+            if ("x", name) in other.bindings:
+                self._drop_binding(other, ("x", name))
+        del self.exchanges[name]
+        if ex.durable:
+            self.broker.unpersist(P.exchange_key(self.name, name))
+        self._emit("exchange_delete", topic=name, user=user)
+
+    # -- queues (M7) -------------------------------------------------------------------------
+
+    def declare_queue(self, session: Session | None, name: str, *, passive: bool, durable: bool,
+                      exclusive: bool, auto_delete: bool, arguments: dict[str, Any] | None,
+                      user: str | None = None) -> BrokerQueue:
+        if passive:
+            if not name:
+                raise not_found("queue", name, self.name)
+            return self.queue(name, session)
+        if name.startswith("amq.") and name not in self.queues:
+            raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        if not name:
+            name = new_name("amq.gen-")
+        args = dict(arguments or {})
+        existing = self.queues.get(name)
+        if existing is not None:
+            self.queue(name, session)  # 405 when another connection owns it
+            for arg, got, cur in (("durable", durable, existing.durable),
+                                  ("exclusive", exclusive, existing.exclusive_owner is not None),
+                                  ("auto_delete", auto_delete, existing.auto_delete)):
+                if got != cur:
+                    raise inequivalent(arg, "queue", name, self.name, got, cur)
+            diff = equivalent_args(args, existing.arguments)
+            if diff is not None:
+                raise inequivalent(diff, "queue", name, self.name, args.get(diff),
+                                   existing.arguments.get(diff))
+            return existing
+        qargs = parse_queue_args(args)
+        attrs = QueueAttributes(**qargs.attrs)
+        q = self._make_queue(name, durable=durable, owner=session if exclusive else None,
+                             auto_delete=auto_delete, arguments=args, qargs=qargs, attrs=attrs)
+        if durable and not exclusive:
+            self.broker.persist(P.queue_key(self.name, name), P.encode_json(
+                {"vhost": self.name, "name": name, "auto_delete": auto_delete, "arguments": args}))
+        self._emit("queue_declare", queue=name, user=user)
+        return q
+
+    def _make_queue(self, name: str, *, durable: bool, owner: Session | None, auto_delete: bool,
+                    arguments: dict[str, Any], qargs: Any, attrs: QueueAttributes) -> BrokerQueue:
+        cmq = self.broker.new_cmq_queue(name, attrs)
+        q = BrokerQueue(self.name, name, durable=durable, exclusive_owner=owner,
+                        auto_delete=auto_delete, arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
+        q.last_used = self.broker.now()
+        self.queues[name] = q
+        self.broker.after_queue_change(self, q)
+        return q
+
+    def delete_queue(self, session: Session | None, name: str, *, if_unused: bool, if_empty: bool,
+                     user: str | None = None, reason: str = "deleted") -> int:
+        q = self.queues.get(name)
+        if q is None:
+            return 0  # RabbitMQ 3.x: deleting a missing queue answers delete-ok 0
+        if session is not None:
+            self.queue(name, session)
+        if if_unused and q.consumers:
+            raise precondition(f"queue '{name}' in vhost '{self.name}' in use")
+        count = q.message_count
+        if if_empty and count:
+            raise precondition(f"queue '{name}' in vhost '{self.name}' is not empty")
+        self._remove_queue(q, user=user, reason=reason)
+        return count
+
+    def _remove_queue(self, q: BrokerQueue, *, user: str | None, reason: str) -> None:
+        q.deleted = True
+        del self.queues[q.name]
+        for ex in list(self.exchanges.values()):
+            if ("q", q.name) in ex.bindings:
+                self._drop_binding(ex, ("q", q.name))
+        for consumer in list(q.consumers):
+            consumer.channel.server_cancel(consumer)
+        q.consumers.clear()
+        self.broker.forget_queue(self, q)
+        self._emit("queue_delete", queue=q.name, user=user, reason=reason)
+
+    def purge_queue(self, session: Session | None, name: str, user: str | None = None) -> int:
+        q = self.queue(name, session)
+        ids = [m.msg_id for m in q.cmq.purge(self.broker.now())]
+        if q.durable:
+            for msg_id in ids:
+                self.broker.unpersist(P.message_key(self.name, q.name, msg_id), missing_ok=True)
+        self._emit("queue_purge", queue=name, user=user, size=len(ids))
+        return len(ids)
+
+    # -- bindings (M8) -----------------------------------------------------------------------
+
+    def bind(self, session: Session | None, source: str, dest: Dest, key: str,
+             arguments: dict[str, Any] | None, user: str | None = None) -> None:
+        if source == "" or (dest[0] == "x" and dest[1] == ""):
+            raise access_refused("operation not permitted on the default exchange", "M6")
+        ex = self.exchange(source)
+        if dest[0] == "q":
+            q = self.queue(dest[1], session)
+            durable = ex.durable and q.durable
+        else:
+            durable = ex.durable and self.exchange(dest[1]).durable
+        binding, changed = ex.bind(dest, key, arguments)
+        if not changed:
+            return
+        if durable:
+            self.broker.persist(P.binding_key(self.name, source, dest[0], dest[1], key), P.encode_json(
+                {"vhost": self.name, "source": source, "kind": dest[0], "dest": dest[1], "key": key,
+                 "arguments": dict(arguments or {})}))
+        self._emit("bind", topic=source, queue=dest[1], subscription=binding.name,
+                   routing_key=key, tags=list(binding.keys), user=user, policy=binding.notify_strategy)
+
+    def unbind(self, session: Session | None, source: str, dest: Dest, key: str,
+               user: str | None = None) -> None:
+        if source == "" or (dest[0] == "x" and dest[1] == ""):
+            raise access_refused("operation not permitted on the default exchange", "M6")
+        ex = self.exchange(source)
+        if dest[0] == "q":
+            self.queue(dest[1], session)
+        else:
+            self.exchange(dest[1])
+        binding = ex.bindings.get(dest)
+        if binding is None or not ex.unbind(dest, key):
+            return  # RabbitMQ 3.x: unbinding a missing binding is ok
+        self.broker.unpersist(P.binding_key(self.name, source, dest[0], dest[1], key), missing_ok=True)
+        self._emit("unbind", topic=source, queue=dest[1], subscription=binding.name, routing_key=key,
+                   user=user)
+        self._maybe_auto_delete_exchange(ex)
+
+    def _drop_binding(self, ex: Exchange, dest: Dest) -> None:
+        binding = ex.unbind_dest(dest)
+        if binding is None:
+            return
+        for key in binding.keys:
+            self.broker.unpersist(P.binding_key(self.name, ex.name, dest[0], dest[1], key), missing_ok=True)
+        self._maybe_auto_delete_exchange(ex)
+
+    def _maybe_auto_delete_exchange(self, ex: Exchange) -> None:
+        if ex.auto_delete and not ex.bindings and ex.name in self.exchanges:
+            self.delete_exchange(ex.name, if_unused=False, user=None)
+
+    # -- publish (M9, M10) -------------------------------------------------------------------
+
+    def publish(self, exchange: str, routing_key: str, properties: Any, body: bytes,
+                *, immediate: bool = False, user: str | None = None) -> PublishOutcome:
+        if immediate:
+            # RabbitMQ 3.x dropped immediate: connection error 540.
+            raise ConnectionFault("M16", "immediate=true", reply_code=NOT_IMPLEMENTED)
+        now = self.broker.now()
+        headers = properties.headers
+        out = PublishOutcome()
+        if exchange == "":
+            self._send_direct(routing_key, properties, body, headers, now, out, user)
+            return out
+        ex = self.exchange(exchange)
+        if ex.internal:
+            raise access_refused(f"cannot publish to internal exchange '{exchange}' in vhost '{self.name}'")
+        if headers and ("x-delay" in headers or "x-cmq-delay-seconds" in headers):
+            raise precondition(f"message delay is a queue feature; it is not available through "
+                               f"topic '{exchange}' (CMQ rule Q4)", rule="Q4")
+        max_size = ex.max_message_size
+        if len(body) > max_size:
+            self._emit("discard", topic=exchange, routing_key=routing_key, size=len(body), reason="too_large")
+            raise LimitError("L6", f"message of {len(body)} bytes is larger than topic '{exchange}' "
+                             f"MaximumMessageSize {max_size}", value=len(body), limit=max_size)
+        tags = message_tags(routing_key, headers) if ex.type == "direct" else ()
+        msg = Message(body, properties, exchange, routing_key, now, tags)
+        self._check_sizes(ex, msg, headers)
+        self._emit("publish", topic=exchange, routing_key=routing_key, tags=list(tags) or None,
+                   size=len(body), user=user)
+        self._route(ex, msg, headers, now, out, {exchange})
+        if not out.routed:
+            self._emit("discard", topic=exchange, routing_key=routing_key, size=len(body), reason="no_match")
+        return out
+
+    def _dests(self, ex: Exchange, msg: Message, headers: Any) -> tuple[Dest, ...]:
+        if ex.topic is None:
+            return ex.headers_route(headers)
+        return tuple(s.endpoint for s in ex.topic.match(msg.tags, msg.routing_key))  # type: ignore[misc]
+
+    def _check_sizes(self, ex: Exchange, msg: Message, headers: Any) -> None:
+        """L6: refuse before anything is enqueued when a queue it reaches would refuse it."""
+        size = len(msg.body)
+        for kind, name in self._dests(ex, msg, headers):
+            if kind == "q":
+                q = self.queues.get(name)
+                if q is not None and size > q.attrs.max_msg_size:
+                    raise LimitError("L6", f"message of {size} bytes is larger than queue '{q.name}' "
+                                     f"MaxMsgSize {q.attrs.max_msg_size}", value=size,
+                                     limit=q.attrs.max_msg_size)
+
+    def _route(self, ex: Exchange, msg: Message, headers: Any, now: float, out: PublishOutcome,
+               seen: set[str]) -> None:
+        """Route through ``ex`` (its topic, M9) and onward through exchange bindings, each once."""
+        def attempt(sub: Any, tmsg: Any) -> bool:
+            return self._attempt(sub.endpoint, msg, headers, now, out, seen, ex.name)
+
+        if ex.topic is None:
+            dests = ex.headers_route(headers)
+            for dest in dests:
+                self._attempt(dest, msg, headers, now, out, seen, ex.name)
+            matched = len(dests)
+        else:
+            tmsg = TopicMessage(new_msg_id(), now, msg.tags, msg.routing_key, msg, len(msg.body))
+            result = ex.topic.publish(tmsg, now, attempt)
+            matched = len(result.matched)
+            if matched:
+                self._emit("route", topic=ex.name, msg_id=tmsg.msg_id, routing_key=msg.routing_key,
+                           subscription=[s.name for s in result.matched])
+            if result.retained:
+                out.routed = True  # D2: kept by the topic until its subscriptions settle
+                self.broker.topic_events(self, ex, result.events)
+                self.broker.reschedule_exchange(self, ex)
+        if not matched and ex.alternate and ex.alternate not in seen:
+            alt = self.exchanges.get(ex.alternate)
+            if alt is not None:
+                seen.add(alt.name)
+                self._route(alt, msg, headers, now, out, seen)
+
+    def _attempt(self, dest: Dest, msg: Message, headers: Any, now: float, out: PublishOutcome,
+                 seen: set[str], via: str) -> bool:
+        """One delivery of a topic to a subscription's endpoint (D7)."""
+        kind, name = dest
+        if kind == "q":
+            q = self.queues.get(name)
+            if q is None:
+                return False  # D7: the endpoint queue does not exist
+            try:
+                self._enqueue(q, msg, now, None, out, via)
+            except CMQError as e:
+                self._emit("discard", topic=via, queue=name, size=len(msg.body), reason="max_length"
+                           if isinstance(e, MaxLengthRejected) else "rejected", policy=e.rule)
+                return False  # D7: the queue did not accept: the retry policy takes over
+            return True
+        if name not in seen:
+            sub = self.exchanges.get(name)
+            if sub is None:
+                return False
+            seen.add(name)
+            self._route(sub, msg, headers, now, out, seen)
+        return True
+
+    def _send_direct(self, routing_key: str, properties: Any, body: bytes, headers: Any, now: float,
+                     out: PublishOutcome, user: str | None) -> None:
+        """M10: CMQ SendMessage straight to the queue named by the routing key."""
+        q = self.queues.get(routing_key)
+        if q is None:
+            self._emit("discard", queue=routing_key, routing_key=routing_key, size=len(body),
+                       reason="no_match")
+            return
+        delay = _delay_of(headers)
+        msg = Message(body, properties, "", routing_key, now)
+        self._emit("publish", queue=q.name, routing_key=routing_key, size=len(body), user=user)
+        try:
+            self._enqueue(q, msg, now, delay, out, None)
+        except MaxLengthRejected:
+            # x-overflow reject-publish: RabbitMQ nacks a confirming publisher, no channel error.
+            self._emit("discard", queue=q.name, size=len(body), reason="max_length")
+            out.rejected = True
+            out.routed = True
+            return
+        except LimitError as e:
+            if e.rule == "L6":
+                self._emit("discard", queue=q.name, size=len(body), reason="too_large")
+            raise
+
+    def _enqueue(self, q: BrokerQueue, msg: Message, now: float, delay: float | None,
+                 out: PublishOutcome, via: str | None) -> None:
+        qmsg = q.send(msg, now, delay)
+        out.routed = True
+        msg_id = qmsg.msg_id
+        self._emit("enqueue", queue=q.name, msg_id=msg_id, size=len(msg.body), topic=via)
+        if q.durable and msg.persistent:
+            lsn = self.broker.persist(P.message_key(self.name, q.name, msg_id), P.encode_message(
+                self.name, q.name, msg_id, now, msg.exchange, msg.routing_key,
+                msg.properties.raw, msg.body))
+            if lsn > out.lsn:
+                out.lsn = lsn
+        self.broker.after_queue_change(self, q)
+
+    # -- deletions caused by sessions --------------------------------------------------------
+
+    def drop_exclusive(self, session: Session) -> None:
+        for q in [q for q in self.queues.values() if q.exclusive_owner is session]:
+            self._remove_queue(q, user=None, reason="owner_closed")
+
+    def consumer_gone(self, q: BrokerQueue) -> None:
+        if q.auto_delete and q.had_consumer and not q.consumers and not q.deleted:
+            self._remove_queue(q, user=None, reason="auto_delete")
+
+
+def _delay_of(headers: Any) -> float | None:
+    """M10/Q4: ``x-delay`` in ms (the delayed-message plugin's header) or x-cmq-delay-seconds."""
+    if not headers:
+        return None
+    if "x-cmq-delay-seconds" in headers:
+        value = headers["x-cmq-delay-seconds"]
+        scale = 1.0
+    elif "x-delay" in headers:
+        value = headers["x-delay"]
+        scale = 0.001
+    else:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CMQError("Q4", f"message delay {value!r} is not a number", value=value)
+    seconds = max(0.0, value * scale)
+    from semantics.queue_attrs import check_delay
+    check_delay(seconds)
+    return seconds
