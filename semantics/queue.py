@@ -460,7 +460,7 @@ class CmqQueue:
             self._advance(now)
         if msg.handle != handle or msg.state is not INACTIVE:
             return False
-        self._n_inactive -= 1
+        self._uncount(msg)
         msg.handle = 0  # the delivery is over: its handle deletes nothing any more
         msg.next_visible_time = now
         self._make_active(msg, now, True)
@@ -492,7 +492,9 @@ class CmqQueue:
             self._active_stale -= 1
 
     def _make_active(self, msg: QueueMessage, now: float, back: bool) -> None:
-        """Active again (``back``: at its original position) unless a rule moves it on."""
+        """Active again (``back``: at its original position) unless a rule moves it on.
+
+        ``msg`` is counted in no state (see ``_uncount``)."""
         if msg.expires_at is not None and msg.expires_at <= now:
             self._remove(msg, Expired(msg, "ttl"))
             return
@@ -550,11 +552,12 @@ class CmqQueue:
 
     # ------------------------------------------------------------------ removal
 
-    def _remove(self, msg: QueueMessage, event: QueueEvent | None) -> None:
+    def _uncount(self, msg: QueueMessage) -> None:
+        """Take ``msg`` out of the count of its state (it is about to change state)."""
         state = msg.state
         if state is ACTIVE:
             self._n_active -= 1
-            self._active_stale += 1
+            self._active_stale += 1  # its entry in _active/_returned is now stale
         elif state is INACTIVE:
             self._n_inactive -= 1
         elif state is DELAYED:
@@ -563,6 +566,10 @@ class CmqQueue:
             self._n_parked -= 1
         elif state is DELETED:
             self._n_rewindable -= 1
+        msg.state = REMOVED  # counted nowhere until the caller gives it its new state
+
+    def _remove(self, msg: QueueMessage, event: QueueEvent | None) -> None:
+        self._uncount(msg)
         if self._messages.get(msg.msg_id) is msg:
             del self._messages[msg.msg_id]
         msg.state = REMOVED
@@ -634,12 +641,12 @@ class CmqQueue:
             if kind == _VISIBLE:
                 if state is INACTIVE and msg.handle == token:
                     # Q1: not deleted in time: Active again, at its original position.
-                    self._n_inactive -= 1
+                    self._uncount(msg)
                     events.append(VisibilityExpired(msg))
                     self._make_active(msg, now, True)
             elif kind == _DELAY_END:
                 if state is DELAYED and msg.next_visible_time == when:
-                    self._n_delayed -= 1
+                    self._uncount(msg)
                     events.append(DelayEnded(msg))
                     self._make_active(msg, now, False)
                     self._admit_parked(now)
@@ -682,7 +689,7 @@ class CmqQueue:
             msg = parked.popleft()
             if msg.state is not PARKED:
                 continue
-            self._n_parked -= 1
+            self._uncount(msg)
             if msg.next_visible_time <= now:
                 self._events.append(DelayEnded(msg))
                 self._make_active(msg, now, False)
