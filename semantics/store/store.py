@@ -183,6 +183,11 @@ class Store:
         return self._lsn
 
     @property
+    def pending_bytes(self) -> int:
+        """Journal bytes appended but not yet synced: one input to the W5 high-water mark."""
+        return self._pending_bytes
+
+    @property
     def compaction_due(self) -> bool:
         """True when the journal is large enough, relative to the live data, to compact."""
         total = self._journal_bytes + self._pending_bytes + self._snapshot_bytes
@@ -322,7 +327,8 @@ class Store:
             if self._failed is None:
                 self.sync()
         finally:
-            with self._sync_lock, self._lock:
+            # Wait for a compaction in progress: its snapshot must not race a new owner.
+            with self._compact_lock, self._sync_lock, self._lock:
                 self._closed = True
                 if self._file is not None:
                     self._file.close()

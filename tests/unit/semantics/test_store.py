@@ -107,7 +107,9 @@ def test_one_batch_per_sync_on_disk(tmp_path) -> None:
     with Store.open(d, fsync=False) as s:
         s.put("ab", b"xyz")
         s.delete("ab")
+        assert s.pending_bytes == (RECORD_HEADER.size + 2 + 3) + (RECORD_HEADER.size + 2)
         s.sync()
+        assert s.pending_bytes == 0
         size = os.path.getsize(os.path.join(d, "journal-00000001.log"))
     # One batch header and two records: the exact framing the format promises.
     assert size == BATCH_HEADER.size + (RECORD_HEADER.size + 2 + 3) + (RECORD_HEADER.size + 2)
