@@ -37,7 +37,7 @@ def _pamqp_props(values: dict) -> C.Basic.Properties:
     return C.Basic.Properties(**values)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(channels, names, tags, st.booleans(), exchanges, names, property_sets, bodies, frame_maxes)
 def test_encode_deliver_matches_pamqp(channel, consumer_tag, delivery_tag, redelivered, exchange,
                                       routing_key, props, body, frame_max) -> None:
@@ -52,7 +52,7 @@ def test_encode_deliver_matches_pamqp(channel, consumer_tag, delivery_tag, redel
     assert bytes(out) == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(channels, tags, st.booleans(), exchanges, names, st.integers(0, 2**32 - 1), property_sets, bodies,
        frame_maxes)
 def test_encode_get_ok_matches_pamqp(channel, delivery_tag, redelivered, exchange, routing_key, count,
@@ -67,7 +67,7 @@ def test_encode_get_ok_matches_pamqp(channel, delivery_tag, redelivered, exchang
     assert bytes(out) == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(channels, tags, st.booleans())
 def test_ack_encode_and_decode_match_pamqp(channel, delivery_tag, multiple) -> None:
     expected = frame.marshal(C.Basic.Ack(delivery_tag=delivery_tag, multiple=multiple), channel)
@@ -78,7 +78,7 @@ def test_ack_encode_and_decode_match_pamqp(channel, delivery_tag, multiple) -> N
     assert (ack.delivery_tag, ack.multiple) == (delivery_tag, multiple)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.just(0), exchanges, names, st.booleans(), st.booleans(), st.binary(max_size=8))
 def test_publish_decode_matches_pamqp(ticket, exchange, routing_key, mandatory, immediate, trailing) -> None:
     """Whole input, and with unrelated bytes after the frame (they are never read)."""
@@ -91,7 +91,7 @@ def test_publish_decode_matches_pamqp(ticket, exchange, routing_key, mandatory, 
     assert dict(ours) == dict(ref)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(property_sets, st.integers(0, 2**40))
 def test_content_header_encode_and_decode_match_pamqp(props, body_size) -> None:
     from pamqp import header

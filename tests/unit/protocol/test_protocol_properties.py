@@ -51,7 +51,7 @@ def _raw_with_headers(table_body: bytes, **others: object) -> bytes:
     return flags.to_bytes(2, "big") + len(table_body).to_bytes(4, "big") + table_body + base[2:]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(_props(pamqp_header_values))
 def test_fields_decode_as_pamqp_does(values: dict) -> None:
     pvalues = dict(values)
@@ -72,7 +72,7 @@ def test_fields_decode_as_pamqp_does(values: dict) -> None:
     assert props.headers == values.get("headers")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(all_props)
 def test_build_then_read_back(values: dict) -> None:
     props = Properties.build(**values)
