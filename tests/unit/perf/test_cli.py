@@ -28,7 +28,40 @@ def test_defaults_are_scenario_1() -> None:
 
 def test_every_run_option() -> None:
     args = build_parser().parse_args(
-        ["run", "--uri", "amqp://u:p@127.0.0.1:5673/v", "--producers", "3", "--consumers", "2", "--size", "1024", "--persistent", "--confirm", "256", "--rate", "500", "--duration", "1.5", "--pattern", "topic", "--queues", "20", "--tag-fanout", "4", "--prefetch", "50", "--multi-ack", "10", "--producer-processes", "1", "--consumer-processes", "2", "--json", "--quiet"]
+        [
+            "run",
+            "--uri",
+            "amqp://u:p@127.0.0.1:5673/v",
+            "--producers",
+            "3",
+            "--consumers",
+            "2",
+            "--size",
+            "1024",
+            "--persistent",
+            "--confirm",
+            "256",
+            "--rate",
+            "500",
+            "--duration",
+            "1.5",
+            "--pattern",
+            "topic",
+            "--queues",
+            "20",
+            "--tag-fanout",
+            "4",
+            "--prefetch",
+            "50",
+            "--multi-ack",
+            "10",
+            "--producer-processes",
+            "1",
+            "--consumer-processes",
+            "2",
+            "--json",
+            "--quiet",
+        ]
     )
     cfg = config_from_args(args)
     assert cfg == RunConfig(
@@ -84,7 +117,25 @@ def test_bad_values_are_refused(argv: list[str], capsys: pytest.CaptureFixture[s
 
 def test_compare_options() -> None:
     args = build_parser().parse_args(
-        ["compare", "--uri-b", "amqp://guest:guest@127.0.0.1:5673/", "--scenarios", "1,4,7", "--repeat", "2", "--markdown", "out.md", "--tags-b", "--backlog", "1000", "--broker-pid-b", "42", "--rabbitmqctl-a", "--restart-b", "true"]
+        [
+            "compare",
+            "--uri-b",
+            "amqp://guest:guest@127.0.0.1:5673/",
+            "--scenarios",
+            "1,4,7",
+            "--repeat",
+            "2",
+            "--markdown",
+            "out.md",
+            "--tags-b",
+            "--backlog",
+            "1000",
+            "--broker-pid-b",
+            "42",
+            "--rabbitmqctl-a",
+            "--restart-b",
+            "true",
+        ]
     )
     assert (args.mode, args.scenarios, args.repeat, args.markdown) == ("compare", [1, 4, 7], 2, "out.md")
     assert (args.tags_b, args.backlog, args.broker_pid_b, args.rabbitmqctl_a, args.restart_b) == (
