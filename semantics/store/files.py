@@ -58,7 +58,7 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def set_aside(path: str, data: bytes, label: str) -> str:
+def set_aside(path: str, data: bytes, label: str, *, do_fsync: bool = True) -> str:
     """Copy damaged bytes next to ``path`` for an operator to inspect; returns the new path.
 
     The name carries the wall-clock time so that repeated damage never overwrites evidence.
@@ -72,9 +72,11 @@ def set_aside(path: str, data: bytes, label: str) -> str:
         aside = f"{base}.{n}"
     with open(aside, "xb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_dir(os.path.dirname(path) or ".")
+        if do_fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    if do_fsync:
+        fsync_dir(os.path.dirname(path) or ".")
     return aside
 
 

@@ -79,7 +79,8 @@ def _note_aside(report: RecoveryReport, aside: str, nbytes: int) -> None:
     report.aside_paths.append(aside)
 
 
-def _load_snapshot(path: str, salvage: bool, data: dict[str, bytes], report: RecoveryReport) -> tuple[int, bool]:
+def _load_snapshot(path: str, salvage: bool, data: dict[str, bytes], report: RecoveryReport,
+                   do_fsync: bool) -> tuple[int, bool]:
     """Load a snapshot into ``data``; returns (its lsn, whether salvage dropped something)."""
     buf = _map(path)
     try:
@@ -95,7 +96,7 @@ def _load_snapshot(path: str, salvage: bool, data: dict[str, bytes], report: Rec
     if not salvage or lsn < 0:
         # Without a readable header we do not even know which LSN the snapshot covers.
         raise StoreCorruptError(text + ("; open with salvage=True to keep the records that verify" if lsn >= 0 else ""))
-    aside = set_aside(path, buf[damage.offset:], "corrupt")
+    aside = set_aside(path, buf[damage.offset:], "corrupt", do_fsync=do_fsync)
     _note_aside(report, aside, len(buf) - damage.offset)
     report.damaged.append(text)
     return lsn, True
@@ -128,7 +129,7 @@ def _replay_segment(
             # A batch that verifies but is out of sequence was not torn: batches are lost.
             if nxt == -1 and last and not resync and not isinstance(exc, _OutOfSequence):
                 # Torn write of an unconfirmed batch: set it aside and cut it off.
-                aside = set_aside(path, buf[pos:], "torn")
+                aside = set_aside(path, buf[pos:], "torn", do_fsync=do_fsync)
                 _note_aside(report, aside, size - pos)
                 with open(path, "r+b") as f:
                     f.truncate(pos)
@@ -142,7 +143,7 @@ def _replay_segment(
                     text + "; it is not a torn write of the last, unconfirmed batch. "
                     "Nothing was changed on disk; open with salvage=True to keep every record "
                     "that verifies and copy the damaged bytes aside")
-            aside = set_aside(path, buf[pos:stop], "corrupt")
+            aside = set_aside(path, buf[pos:stop], "corrupt", do_fsync=do_fsync)
             _note_aside(report, aside, stop - pos)
             report.damaged.append(text)
             resync = True
@@ -176,7 +177,7 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
     if snapshots:
         first = snapshots[-1]
         path = os.path.join(directory, snapshot_name(first))
-        last_lsn, needs_snapshot = _load_snapshot(path, salvage, data, report)
+        last_lsn, needs_snapshot = _load_snapshot(path, salvage, data, report, do_fsync)
         snapshot_bytes = os.path.getsize(path)
         # Older snapshots and segments before the newest snapshot are what a compaction had
         # not yet removed when it was interrupted; the snapshot replaces them.
