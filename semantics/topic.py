@@ -551,10 +551,8 @@ class Topic:
 
     # -- retries and expiry ----------------------------------------------------------------
 
-    def due(self, now: float) -> list[tuple[Subscription, TopicMessage, int]]:
-        """Attempts due at ``now``, oldest first, as (subscription, message, attempt number).
-        Each is in flight until the caller ``report``s its outcome. Blocked ones are held."""
-        out: list[tuple[Subscription, TopicMessage, int]] = []
+    def _due(self, now: float) -> list[_Entry]:
+        out: list[_Entry] = []
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, tick, entry = heapq.heappop(timers)
@@ -566,15 +564,29 @@ class Topic:
                 continue
             entry.in_flight = True
             entry.attempts += 1
-            out.append((sub, entry.rec.msg, entry.attempts))
+            out.append(entry)
         return out
+
+    def due(self, now: float) -> list[tuple[Subscription, TopicMessage, int]]:
+        """Attempts due at ``now``, oldest first, as (subscription, message, attempt number).
+        Each is in flight until the caller ``report``s its outcome. Blocked ones are held."""
+        return [(e.sub, e.rec.msg, e.attempts) for e in self._due(now)]
 
     def deliver_due(self, now: float, attempt: Attempt) -> list[Event]:
         """``due`` + ``report`` in a loop with the publish-style ``attempt`` callback, until
-        nothing more is due at ``now`` (a success may release the next message at once)."""
+        nothing more is due at ``now`` (a success may release the next message at once).
+        Unlike a caller of ``due``, it sees each outcome before the next attempt, so an
+        attempt whose subscription became blocked within the batch is held back (D6)."""
         events: list[Event] = []
-        while batch := self.due(now):
-            for sub, msg, _ in batch:
+        while batch := self._due(now):
+            for entry in batch:
+                sub = entry.sub
+                if sub._blocker is not None and sub._blocker is not entry:
+                    entry.in_flight = False      # not attempted after all: wait behind it
+                    entry.attempts -= 1
+                    sub._parked.append(entry)
+                    continue
+                msg = entry.rec.msg
                 outcome = attempt(sub, msg)
                 if outcome is not None:
                     events.extend(self.report(msg.msg_id, sub.name, outcome, now))

@@ -194,7 +194,7 @@ def _key(words: list[str]) -> str:
     return ".".join(words)
 
 
-@settings(max_examples=300)
+@settings(max_examples=150)
 @given(st.lists(st.lists(st.lists(WORDS, max_size=5).map(_key), min_size=1, max_size=5), max_size=8),
        st.lists(st.lists(KEY_WORDS, max_size=6).map(_key), min_size=1, max_size=6))
 def test_T4_trie_equals_regex_reference(subs: list[list[str]], routing_keys: list[str]) -> None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Iterable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from semantics.clock import ManualClock
 from semantics.errors import CMQError, LimitError
@@ -410,3 +413,66 @@ def test_D9_waiting_and_retained_counts() -> None:
     assert topic.unsubscribe("a") == [Deleted(f"msg-{i:04x}") for i in range(4)]
     assert topic.retained_count == 0
     assert topic.next_wakeup() is None
+
+
+# -- invariants under random outcomes -----------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_D2_D4_D6_every_taker_ends_in_exactly_one_outcome(data: st.DataObject) -> None:
+    """Random publishes, outcomes (ok, failed, pending), reports and clock steps. Always: a
+    retained message has a subscription still waiting for it (D2); a blocked subscription is
+    only handed its blocker (D6); nothing is delivered twice. At the end each (message,
+    taker) pair has exactly one outcome: delivered, given up or expired (D4)."""
+    clock = ManualClock(T0)
+    topic = Topic("prop", rng=random.Random(data.draw(st.integers(0, 9))))
+    for i, strategy in enumerate(data.draw(st.lists(st.sampled_from([BACKOFF, EXP]), min_size=1, max_size=3))):
+        topic.subscribe(f"s{i}", None, data.draw(st.lists(st.sampled_from("ab"), max_size=2)), strategy)
+    pending: list[tuple[str, str]] = []
+    outcomes: dict[tuple[str, str], list[str]] = {}
+    taken: set[tuple[str, str]] = set()
+
+    def attempt_random(sub: Subscription, m: TopicMessage) -> bool | None:
+        blocker = topic.blocker(sub.name)
+        assert blocker is None or blocker == m.msg_id
+        answer = data.draw(st.sampled_from([True, False, None]))
+        if answer is None:
+            pending.append((m.msg_id, sub.name))
+        return answer
+
+    def record(events: Iterable[object]) -> None:
+        for e in events:
+            if isinstance(e, Routed):
+                taken.update((e.msg_id, s) for s in e.subscriptions)
+            elif isinstance(e, (Delivered, GaveUp)):
+                outcomes.setdefault((e.msg_id, e.subscription), []).append(type(e).__name__)
+            elif isinstance(e, Discarded) and e.subscription is not None:
+                outcomes.setdefault((e.msg_id, e.subscription), []).append("expired")
+
+    for step in range(data.draw(st.integers(1, 40))):
+        op = data.draw(st.sampled_from(["publish", "publish", "report", "tick"]))
+        if op == "publish":
+            tags = tuple(data.draw(st.lists(st.sampled_from("abc"), max_size=2, unique=True)))
+            record(topic.publish(TopicMessage(f"m{step}", clock.now(), tags), clock.now(), attempt_random).events)
+        elif op == "report" and pending:
+            msg_id, sub_name = pending.pop(data.draw(st.integers(0, len(pending) - 1)))
+            record(topic.report(msg_id, sub_name, data.draw(st.booleans()), clock.now()))
+        else:
+            clock.advance(data.draw(st.sampled_from([0.5, 5, 30, 600, 40_000])))
+            record(topic.expire(clock.now()))
+            record(topic.deliver_due(clock.now(), attempt_random))
+        open_ids = {m for s in topic.subscriptions for m in s._open}
+        assert topic.retained_count == len(open_ids)
+        assert sum(topic.waiting(s.name) for s in topic.subscriptions) == sum(len(s._open) for s in topic.subscriptions)
+        assert all(len(v) == 1 for v in outcomes.values())
+    # Settle: everything still in flight fails, then a day and more passes.
+    for msg_id, sub_name in pending:
+        record(topic.report(msg_id, sub_name, False, clock.now()))
+    clock.advance(86_400)
+    record(topic.expire(clock.now()))
+    record(topic.deliver_due(clock.now(), lambda s, m: False))
+    assert topic.retained_count == 0
+    assert topic.next_wakeup() is None
+    assert set(outcomes) == taken
+    assert all(len(v) == 1 for v in outcomes.values())
