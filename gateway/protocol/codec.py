@@ -108,10 +108,10 @@ def decode_publish(buf: bytes | bytearray, start: int, end: int) -> commands.Bas
     # ticket (short), exchange (shortstr), routing-key (shortstr), mandatory+immediate bits
     pos = start + 2
     n = buf[pos]
-    exchange = bytes(buf[pos + 1:pos + 1 + n]).decode("utf-8")
+    exchange = str(buf[pos + 1:pos + 1 + n], "utf-8")
     pos += 1 + n
     n = buf[pos]
-    routing_key = bytes(buf[pos + 1:pos + 1 + n]).decode("utf-8")
+    routing_key = str(buf[pos + 1:pos + 1 + n], "utf-8")
     pos += 1 + n
     if pos + 1 != end:
         raise ValueError("basic.publish arguments have the wrong length")
@@ -140,14 +140,17 @@ def decode_method(buf: bytes | bytearray, start: int, end: int) -> Any:
             return decode_ack(buf, start + 4, end)
     except IndexError as exc:
         raise ValueError(str(exc)) from exc
-    method = commands.INDEX_MAPPING[index]()
+    cls = commands.INDEX_MAPPING.get(index)
+    if cls is None:
+        raise KeyError(index)
+    method = cls()
     try:
         # pamqp neither reports how much it read nor notices a short string cut short:
         # measure the arguments first, as RabbitMQ's exact binary match does.
         if _arguments_end(method, buf, start + 4, end) != end:
             raise ValueError("trailing bytes after the method arguments")
         method.unmarshal(bytes(buf[start + 4:end]))
-    except (struct.error, IndexError, TypeError) as exc:
+    except (struct.error, IndexError, TypeError, KeyError) as exc:
         raise ValueError(str(exc)) from exc
     return method
 

@@ -31,6 +31,7 @@ CHANNEL_ERROR; negotiated values out of range and too many channels are 530 NOT_
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,6 +83,7 @@ _PUBLISH = C.Basic.Publish.index
 _SERVER_CONTENT = frozenset((C.Basic.Deliver.index, C.Basic.GetOk.index, C.Basic.Return.index))
 # Replies the core sends by itself; a second one from the broker is dropped.
 _AUTO_REPLIES = frozenset((C.Channel.OpenOk.index, C.Channel.CloseOk.index, C.Channel.FlowOk.index))
+_U32 = struct.Struct(">I")
 _COMPACT_AT = 1 << 16  # compact the input buffer once this much of it has been consumed
 
 
@@ -134,7 +136,7 @@ class ServerConnection:
         self.client_properties: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
         self.vhost: str | None = None
-        self._in = bytearray()
+        self._in: bytes | bytearray = b""
         self._pos = 0
         self._out = bytearray()
         self._channels: dict[int, Channel] = {}
@@ -167,13 +169,27 @@ class ServerConnection:
             return
         self._received += len(data)
         buf = self._in
-        if self._pos == len(buf):
-            buf.clear()
+        if self._pos >= len(buf):
+            # The usual case, whole frames per read: keep the bytes object itself as the
+            # buffer, so a body is cut from it with a single copy.
+            self._in = data if type(data) is bytes else bytes(data)
+            self._pos = 0
+            return
+        if type(buf) is bytes:
+            buf = self._in = bytearray(memoryview(buf)[self._pos:])
             self._pos = 0
         elif self._pos >= _COMPACT_AT:
             del buf[:self._pos]
             self._pos = 0
         buf += data
+
+    def _payload(self, start: int, end: int) -> bytes:
+        """One copy of buffer[start:end] as bytes (slicing a bytearray would copy twice)."""
+        buf = self._in
+        if type(buf) is bytes:
+            return buf[start:end]
+        with memoryview(buf) as view:
+            return bytes(view[start:end])
 
     def next_event(self) -> Event | None:
         """The next event, or None: more bytes are needed, or the transport must answer
@@ -253,7 +269,7 @@ class ServerConnection:
             if chan.state is ChannelState.CLOSING:
                 return None
             if ftype == codec.FRAME_BODY:
-                return chan.on_body(bytes(self._in[start:end]))
+                return chan.on_body(self._payload(start, end))
             try:
                 class_id, weight, body_size, props = codec.decode_content_header(self._in, start, end)
             except ValueError:
@@ -270,7 +286,7 @@ class ServerConnection:
     def _on_frame_closing(self, ftype: int, channel: int, start: int, end: int) -> Event | None:
         if ftype != codec.FRAME_METHOD or channel != 0 or end - start < 4:
             return None
-        index = int.from_bytes(self._in[start:start + 4], "big")
+        index = _U32.unpack_from(self._in, start)[0]
         if index == C.Connection.CloseOk.index:
             self.state = ConnState.CLOSED
             return ConnectionCloseOk()
@@ -286,15 +302,15 @@ class ServerConnection:
         except KeyError:
             # RabbitMQ's reader exits on an unknown method ID and drops the socket without
             # a close; we close properly and name the IDs instead.
-            index = int.from_bytes(self._in[start:start + 4], "big")
+            index = _U32.unpack_from(self._in, start)[0]
             raise RemoteProtocolError(NOT_IMPLEMENTED, f"unknown method class {index >> 16} method "
                                       f"{index & 0xFFFF}", class_id=index >> 16, method_id=index & 0xFFFF,
                                       channel=channel) from None
         except ValueError:
             if end - start < 4:
                 raise self._frame_error(codec.FRAME_METHOD, channel, start, end, "unknown_frame") from None
-            index = int.from_bytes(self._in[start:start + 4], "big")
-            raise RemoteProtocolError(FRAME_ERROR, f"cannot decode {bytes(self._in[start + 4:end])[:64]!r}",
+            index = _U32.unpack_from(self._in, start)[0]
+            raise RemoteProtocolError(FRAME_ERROR, f"cannot decode {self._payload(start + 4, end)[:64]!r}",
                                       class_id=index >> 16, method_id=index & 0xFFFF, channel=channel) from None
 
     def _on_connection_method(self, method: Any) -> Event | None:
@@ -346,7 +362,7 @@ class ServerConnection:
             # Only close / close-ok count on a channel we are closing; the rest is dropped.
             if end - start < 4:
                 return None
-            index = int.from_bytes(self._in[start:start + 4], "big")
+            index = _U32.unpack_from(self._in, start)[0]
             if index == _CHANNEL_CLOSE:
                 self._queue_method(channel, C.Channel.CloseOk())
             elif index == _CHANNEL_CLOSE_OK:
@@ -391,11 +407,11 @@ class ServerConnection:
     # ------------------------------------------------------------------ errors
 
     def _frame_error(self, ftype: int, channel: int, start: int, end: int, what: str) -> RemoteProtocolError:
-        return RemoteProtocolError(FRAME_ERROR, f"type {ftype}, {_snippet(bytes(self._in[start:end]))}: {what}",
+        return RemoteProtocolError(FRAME_ERROR, f"type {ftype}, {_snippet(self._payload(start, end))}: {what}",
                                    channel=channel)
 
     def _unexpected_frame(self, ftype: int, channel: int, start: int, end: int) -> RemoteProtocolError:
-        return RemoteProtocolError(UNEXPECTED_FRAME, f"type {ftype}, {_snippet(bytes(self._in[start:end]))}",
+        return RemoteProtocolError(UNEXPECTED_FRAME, f"type {ftype}, {_snippet(self._payload(start, end))}",
                                    channel=channel)
 
     def _fail(self, exc: RemoteProtocolError) -> ProtocolError:
@@ -411,7 +427,7 @@ class ServerConnection:
         (rabbit_reader's fatal_frame_error)."""
         event = self._fail(RemoteProtocolError(FRAME_ERROR, detail, channel=channel))
         self.state = ConnState.CLOSED
-        self._in.clear()
+        self._in = b""
         self._pos = 0
         return event
 

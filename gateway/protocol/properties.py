@@ -39,6 +39,7 @@ FIELDS: tuple[tuple[str, int], ...] = (
     ("cluster_id", _SHORTSTR),
 )
 _INDEX = {name: i for i, (name, _) in enumerate(FIELDS)}
+_KINDS = tuple(kind for _, kind in FIELDS)
 _HEADERS = _INDEX["headers"]
 _MESSAGE_ID = _INDEX["message_id"]
 _U16 = struct.Struct(">H")
@@ -66,25 +67,29 @@ def _scan(raw: bytes) -> tuple[int, list[tuple[int, int] | None]]:
         raise ValueError("unknown property flag set")
     spans: list[tuple[int, int] | None] = [None] * 14
     n = len(raw)
-    for i, (_, kind) in enumerate(FIELDS):
-        if not flags & (0x8000 >> i):
-            continue
-        if kind == _SHORTSTR:
-            if pos >= n:
+    bits = flags & 0xFFFC
+    i = 0
+    while bits:  # only as many steps as the highest set property: most messages set few
+        if bits & 0x8000:
+            kind = _KINDS[i]
+            if kind == _SHORTSTR:
+                if pos >= n:
+                    raise ValueError("property list is truncated")
+                end = pos + 1 + raw[pos]
+            elif kind == _TABLE:
+                if pos + 4 > n:
+                    raise ValueError("property list is truncated")
+                end = pos + 4 + _U32.unpack_from(raw, pos)[0]
+            elif kind == _OCTET:
+                end = pos + 1
+            else:
+                end = pos + 8
+            if end > n:
                 raise ValueError("property list is truncated")
-            end = pos + 1 + raw[pos]
-        elif kind == _TABLE:
-            if pos + 4 > n:
-                raise ValueError("property list is truncated")
-            end = pos + 4 + _U32.unpack_from(raw, pos)[0]
-        elif kind == _OCTET:
-            end = pos + 1
-        else:
-            end = pos + 8
-        if end > n:
-            raise ValueError("property list is truncated")
-        spans[i] = (pos, end)
-        pos = end
+            spans[i] = (pos, end)
+            pos = end
+        bits = (bits << 1) & 0xFFFF
+        i += 1
     if pos != n:
         raise ValueError("trailing bytes after the property list")
     return flags, spans
@@ -228,12 +233,13 @@ class Properties:
                     kept = b""
                 else:
                     start, end = span
+                    kept = raw[start + 4:end]
                     drop = {k.encode("utf-8") for k in extra_headers}
-                    entries = table_entries(raw, start + 4, end)
-                    if any(key in drop for key, _, _ in entries):
+                    # Walk the entries only when a key's bytes occur at all (a C substring
+                    # search): a first delivery has none of the x-cmq-* headers yet.
+                    if any(key in kept for key in drop):
+                        entries = table_entries(raw, start + 4, end)
                         kept = b"".join(raw[s:e] for key, s, e in entries if key not in drop)
-                    else:
-                        kept = raw[start + 4:end]
                 parts.append(_U32.pack(len(kept) + len(added)))
                 parts.append(kept)
                 parts.append(added)

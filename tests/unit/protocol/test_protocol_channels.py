@@ -317,3 +317,43 @@ def test_oversized_message_closes_the_channel_406_and_drops_the_body() -> None:
     ((ch, close),) = pipe.read()
     assert (ch, close.reply_code, close.class_id, close.method_id) == (1, 406, 60, 40)
     assert close.reply_text == "PRECONDITION_FAILED - message size 11 is larger than configured max size 10"
+
+
+def test_local_protocol_errors_are_raised_to_our_own_code() -> None:
+    """Our own misuse (not the peer's) raises LocalProtocolError and changes nothing."""
+    from gateway.protocol import LocalProtocolError
+    pipe = _open()
+    with pytest.raises(LocalProtocolError):
+        pipe.server.send_tune()
+    with pytest.raises(LocalProtocolError):
+        pipe.server.send_content(0, C.Basic.Deliver(), None, b"x")
+    with pytest.raises(LocalProtocolError):
+        pipe.server.send_method(0, C.Basic.Qos())
+    assert pipe.read() == []
+    assert pipe.server.is_open(1)
+
+
+def test_sends_to_a_channel_the_client_closed_are_dropped() -> None:
+    """The broker may race with the client's channel.close: such sends are dropped."""
+    pipe = _open()
+    pipe.send(1, C.Channel.Close(reply_code=200, reply_text="", class_id=0, method_id=0))
+    pipe.read()
+    pipe.server.send_deliver(1, "ctag", 1, False, "", "q", b"\x00\x00", b"body")
+    pipe.server.send_ack(1, 1)
+    pipe.server.send_method(1, C.Basic.CancelOk(consumer_tag="ctag"))
+    assert pipe.read() == []
+
+
+def test_send_content_and_deliver_reach_a_pamqp_client() -> None:
+    pipe = _open(frame_max=4096)
+    props = Properties.build(content_type="text/plain", headers={"x-cmq-receive-count": 2})
+    pipe.server.send_deliver(1, "ctag", 9, True, "ex", "rk", props.raw, b"b" * 5000)
+    pipe.server.send_content(1, C.Basic.Return(reply_code=312, reply_text="NO_ROUTE", exchange="ex",
+                                               routing_key="rk"), props, b"r")
+    frames = pipe.read()
+    assert [type(f).__name__ for _, f in frames] == ["Deliver", "ContentHeader", "ContentBody", "ContentBody",
+                                                     "Return", "ContentHeader", "ContentBody"]
+    deliver, head = frames[0][1], frames[1][1]
+    assert (deliver.consumer_tag, deliver.delivery_tag, deliver.redelivered) == ("ctag", 9, True)
+    assert head.body_size == 5000 and head.properties.headers == {"x-cmq-receive-count": 2}
+    assert frames[2][1].value + frames[3][1].value == b"b" * 5000
