@@ -35,7 +35,10 @@ subscription unblocks.
   keep flowing. The second failure of a message ("if it fails again") makes it the blocker;
   other messages wait until it has succeeded, used up its 176 retries (86,015 s) or expired.
   On unblock the waiting messages are released together (each at its own retry time, new
-  ones at once); the next one to fail twice blocks again.
+  ones at once); the next one to fail twice blocks again. ``due`` hands out a batch before
+  any outcome is known, so a caller that runs a batch concurrently may see several fail
+  before the block takes hold (the seed's "concurrently, sequence not guaranteed");
+  ``deliver_due`` sees each outcome first and holds back the rest of a blocked batch.
 
 Republish (D8) follows: a healthy subscription is attempted at once and so receives only the
 new messages, while a blocked one keeps the old and the new.
@@ -97,10 +100,13 @@ class DeliveryStatus(enum.StrEnum):
     EXPIRED = "expired"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TopicMessage:
-    """A published message. Frozen: tags are bound to the ID at publish and never change (T3).
-    ``size`` is the body size in bytes (L6); ``payload`` is the gateway's, opaque here."""
+    """A published message; ``size`` is the body size in bytes (L6), ``payload`` the gateway's.
+
+    T3: the tags (a tuple) are bound to the message ID at publish: the subscriptions that take
+    the message are decided then and every retry goes to those, whatever changes later. Not
+    frozen on purpose: a frozen dataclass costs about 2 us more to build, once per publish."""
 
     msg_id: str
     published_at: float
