@@ -175,7 +175,7 @@ class ServerConnection:
             self._in = data if type(data) is bytes else bytes(data)
             self._pos = 0
             return
-        if type(buf) is bytes:
+        if isinstance(buf, bytes):
             buf = self._in = bytearray(memoryview(buf)[self._pos:])
             self._pos = 0
         elif self._pos >= _COMPACT_AT:
@@ -186,7 +186,7 @@ class ServerConnection:
     def _payload(self, start: int, end: int) -> bytes:
         """One copy of buffer[start:end] as bytes (slicing a bytearray would copy twice)."""
         buf = self._in
-        if type(buf) is bytes:
+        if isinstance(buf, bytes):
             return buf[start:end]
         with memoryview(buf) as view:
             return bytes(view[start:end])
