@@ -357,3 +357,14 @@ def test_send_content_and_deliver_reach_a_pamqp_client() -> None:
     assert (deliver.consumer_tag, deliver.delivery_tag, deliver.redelivered) == ("ctag", 9, True)
     assert head.body_size == 5000 and head.properties.headers == {"x-cmq-receive-count": 2}
     assert frames[2][1].value + frames[3][1].value == b"b" * 5000
+
+
+def test_a_long_stream_in_odd_chunks_compacts_and_loses_nothing() -> None:
+    """Frames straddling reads for well over the compaction threshold (64 KiB)."""
+    pipe = _open(frame_max=4096)
+    data = b"".join(PUBLISH + content_frames(1, bytes([i]) * 1000 + str(i).encode(), frame_max=4096)
+                    for i in range(200))
+    events = []
+    for pos in range(0, len(data), 777):
+        events += pipe.feed(data[pos:pos + 777])
+    assert [e.body for e in events] == [bytes([i]) * 1000 + str(i).encode() for i in range(200)]
