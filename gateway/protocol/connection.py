@@ -99,6 +99,13 @@ class ConnState(enum.Enum):
     CLOSED = "closed"
 
 
+# The handshake as a transition table: (state, method received on channel 0) -> next state.
+# connection.close is accepted in every state; anything else is "unexpected method" (504).
+_HANDSHAKE = {
+    (ConnState.EXPECT_START_OK, C.Connection.StartOk.index): ConnState.AUTHENTICATING,
+    (ConnState.EXPECT_TUNE_OK, C.Connection.TuneOk.index): ConnState.EXPECT_OPEN,
+    (ConnState.EXPECT_OPEN, C.Connection.Open.index): ConnState.OPENING,
+}
 _WAITING = frozenset((ConnState.AUTHENTICATING, ConnState.OPENING, ConnState.CLOSED))
 _STATE_NAMES = {  # as rabbit_reader names them in "unexpected method in connection state X"
     ConnState.EXPECT_START_OK: "starting",
@@ -320,31 +327,32 @@ class ServerConnection:
             self._queue_method(0, C.Connection.CloseOk())
             self.state = ConnState.CLOSED
             return ConnectionClose(method.reply_code, method.reply_text, method.class_id, method.method_id)
-        if state is ConnState.EXPECT_START_OK and index == C.Connection.StartOk.index:
+        next_state = _HANDSHAKE.get((state, index))
+        if next_state is None:
+            class_id, method_id = codec.method_ids(method)
+            raise RemoteProtocolError(CHANNEL_ERROR, f"unexpected method in connection state "
+                                      f"{_STATE_NAMES.get(state, state.value)}", class_id=class_id,
+                                      method_id=method_id)
+        if next_state is ConnState.AUTHENTICATING:
             self.client_properties = method.client_properties or {}
             caps = self.client_properties.get("capabilities")
             self.capabilities = caps if isinstance(caps, dict) else {}
-            self.state = ConnState.AUTHENTICATING
+            self.state = next_state
             response = method.response
             if isinstance(response, str):
                 response = response.encode("utf-8", "surrogateescape")
             return StartOk(method.mechanism, response, method.locale, self.client_properties)
-        if state is ConnState.EXPECT_TUNE_OK and index == C.Connection.TuneOk.index:
+        if next_state is ConnState.EXPECT_OPEN:
             self._check_negotiated("frame_max", codec.FRAME_MIN_SIZE, method.frame_max, self.server_frame_max)
             self._check_negotiated("channel_max", 1, method.channel_max, self.server_channel_max)
             self.frame_max = method.frame_max
             self.channel_max = method.channel_max
             self.heartbeat = method.heartbeat
-            self.state = ConnState.EXPECT_OPEN
+            self.state = next_state
             return TuneOk(method.channel_max, method.frame_max, method.heartbeat)
-        if state is ConnState.EXPECT_OPEN and index == C.Connection.Open.index:
-            self.vhost = method.virtual_host
-            self.state = ConnState.OPENING
-            return ConnectionOpen(method.virtual_host)
-        class_id, method_id = codec.method_ids(method)
-        raise RemoteProtocolError(CHANNEL_ERROR, f"unexpected method in connection state "
-                                  f"{_STATE_NAMES.get(state, state.value)}", class_id=class_id,
-                                  method_id=method_id)
+        self.vhost = method.virtual_host
+        self.state = next_state
+        return ConnectionOpen(method.virtual_host)
 
     @staticmethod
     def _check_negotiated(field: str, minimum: int, client: int, server: int) -> None:

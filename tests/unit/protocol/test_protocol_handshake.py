@@ -180,3 +180,15 @@ def test_server_close_ignores_everything_until_close_ok() -> None:
     events = pipe.send(1, C.Basic.Qos(prefetch_count=1)) + pipe.send(0, C.Connection.CloseOk())
     assert events == [ConnectionCloseOk()]
     assert pipe.server.closed
+
+
+def test_handshake_method_out_of_order_is_504_unexpected_method() -> None:
+    """rabbit_reader: "unexpected method in connection state starting" (channel_error)."""
+    pipe = Pipe()
+    pipe.feed(PROTOCOL_HEADER)
+    pipe.read()
+    events = pipe.send(0, C.Connection.Open(virtual_host="/"))
+    assert events == [ProtocolError(504, "CHANNEL_ERROR - unexpected method in connection state starting",
+                                    0, 10, 40)]
+    ((_, close),) = pipe.read()
+    assert (close.reply_code, close.class_id, close.method_id) == (504, 10, 40)
