@@ -169,6 +169,12 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         "--restart-a", default=None, metavar="CMD", help="scenario 6: shell command restarting broker a"
     )
     c.add_argument("--restart-b", default=None, metavar="CMD")
+    c.add_argument(
+        "--recover-timeout",
+        type=_non_negative_float,
+        default=600.0,
+        help="scenario 6: give up after this many s",
+    )
 
 
 def build_parser(prog: str = "cmq-gateway perf") -> argparse.ArgumentParser:

@@ -88,6 +88,7 @@ def compare(args: argparse.Namespace, log: Any = sys.stderr) -> tuple[list[Row],
                         broker_pid=getattr(args, f"broker_pid_{side}"),
                         rabbitmqctl=getattr(args, f"rabbitmqctl_{side}"),
                         restart_cmd=getattr(args, f"restart_{side}"),
+                        recover_timeout=args.recover_timeout,
                     )
                     result = res.as_dict()
                     errors = [res.error] if res.error else []
