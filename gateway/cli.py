@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 
@@ -87,6 +88,9 @@ def _serve(args: argparse.Namespace) -> int:
         config.data_dir = default_data_dir()
     if args.audit_dir is not None:
         config.audit = dataclasses.replace(config.audit, dir=args.audit_dir)
+    elif config.audit.dir is None:
+        # A1: the audit trail is on unless configured away; beside the data by default.
+        config.audit = dataclasses.replace(config.audit, dir=os.path.join(config.data_dir, "audit"))
     try:
         run(config)
     except ListenError as e:

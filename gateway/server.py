@@ -46,6 +46,9 @@ SHUTDOWN_GRACE = 2.0
 class ListenError(OSError):
     """A listener could not be bound; ``str()`` is the one-line message for the operator."""
 
+    def __str__(self) -> str:
+        return str(self.strerror)
+
 
 def _version() -> str:
     try:
