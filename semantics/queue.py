@@ -25,8 +25,13 @@ Data structures (all operations O(1) amortized, O(log n) where a heap is involve
   a heap of ``(pos, message)`` for messages that came back (visibility timeout, release) so
   that they are received again at their original position, as RabbitMQ requeues. A receive
   takes the lower position of the two heads.
-* ``_timers``: one heap of ``(when, tiebreak, kind, message, token)`` for visibility ends,
-  delay ends and each message's deadline (retention, dead-letter time to live, TTL).
+* Timers (visibility ends, delay ends, each message's deadline: retention, dead-letter time
+  to live, TTL) run in three lanes. Visibility ends and deadlines are mostly pushed in time
+  order (now + a queue-wide constant), so they go to plain FIFOs, ``_vis`` and ``_dl``, in
+  O(1) whatever the backlog; an entry that would break a FIFO's order (a per-receive
+  visibility, a restored message, a changed attribute) and every delay end goes to the heap
+  ``_heap`` instead. ``_next_due`` is a lower bound of all three heads: the hot path
+  compares ``now`` with it once.
 * Entries whose message moved on are not searched for: they are skipped when they surface
   (lazy deletion), and the structure is rebuilt once stale entries outnumber live ones, so
   memory stays proportional to the messages held.
@@ -91,6 +96,7 @@ _DELAY_END = 1
 _DEADLINE = 2
 
 _MIN_COMPACT = 1024
+_INF = float("inf")
 
 
 class QueueMessage:
@@ -130,6 +136,11 @@ class Receipt(NamedTuple):
     message: QueueMessage
     handle: int
 
+
+# Timer entries: (when, kind, message, token) in the FIFO lanes; the heap adds a tiebreak so
+# that tuples never compare messages. token is the receipt handle for _VISIBLE.
+_Entry = tuple[float, int, QueueMessage, int]
+_HeapEntry = tuple[float, int, int, QueueMessage, int]
 
 _new_receipt = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
 
@@ -189,6 +200,15 @@ class MaxLengthRejected(CMQError):
     """
 
 
+def _timer_live(when: float, kind: int, msg: QueueMessage, token: int) -> bool:
+    """False for a timer whose message moved on (lazy deletion)."""
+    if kind == _VISIBLE:
+        return msg.state is INACTIVE and msg.handle == token
+    if kind == _DELAY_END:
+        return msg.state is DELAYED and msg.next_visible_time == when
+    return msg.state is not REMOVED and msg.deadline == when
+
+
 class CmqQueue:
     """A CMQ queue (SPEC "Queue model"); see the module docstring."""
 
@@ -199,8 +219,11 @@ class CmqQueue:
         self._returned: list[tuple[int, QueueMessage]] = []
         self._active_stale = 0
         self._parked: deque[QueueMessage] = deque()
-        self._timers: list[tuple[float, int, int, QueueMessage, int]] = []
-        self._timer_limit = _MIN_COMPACT
+        self._vis: deque[_Entry] = deque()
+        self._dl: deque[_Entry] = deque()
+        self._heap: list[_HeapEntry] = []
+        self._vis_limit = self._dl_limit = self._heap_limit = _MIN_COMPACT
+        self._next_due = _INF
         self._tiebreak = itertools.count()
         self._handles = itertools.count(1)
         self._events: list[QueueEvent] = []
@@ -298,8 +321,7 @@ class CmqQueue:
         if size > self._max_size:
             raise LimitError("L6", f"message of {size:,} bytes is larger than queue '{self.name}' "
                              f"max_msg_size {self._max_size:,} bytes", value=size, limit=self._max_size)
-        timers = self._timers
-        if timers and timers[0][0] <= now:
+        if self._next_due <= now:
             self._advance(now)
         if len(self._messages) - self._n_rewindable >= self._heap_num:
             raise LimitError("L8", f"queue '{self.name}' already retains {self._heap_num:,} messages "
@@ -326,7 +348,20 @@ class CmqQueue:
         self._next_seq = seq + 1
         msg = QueueMessage(msg_id, payload, size, now, seq, expires_at)
         self._messages[msg_id] = msg
-        self._push_deadline(msg)
+        if expires_at is None and self._dlq_ttl is None:
+            # The common case, inlined: the deadline is the retention end (Q1), in send order.
+            msg.deadline = when = now + self._retention
+            dl = self._dl
+            if not dl or dl[-1][0] <= when:
+                dl.append((when, _DEADLINE, msg, 0))
+                if when < self._next_due:
+                    self._next_due = when
+                if len(dl) > self._dl_limit:
+                    self._dl_limit = self._compact_lane(dl)
+            else:
+                self._push_timer(when, _DEADLINE, msg, 0)
+        else:
+            self._push_deadline(msg)
         if delay > 0:
             msg.next_visible_time = now + delay
             if self._n_delayed >= self.max_inflight or self._n_parked:
@@ -383,8 +418,7 @@ class CmqQueue:
 
         ``visibility`` overrides the queue's visibility timeout for this receive.
         """
-        timers = self._timers
-        if timers and timers[0][0] <= now:
+        if self._next_due <= now:
             self._advance(now)
         msg = self._pop_active()
         if msg is None:
@@ -399,15 +433,20 @@ class CmqQueue:
         msg.handle = handle
         self._n_active -= 1
         self._n_inactive += 1
-        heapq.heappush(timers, (visible, next(self._tiebreak), _VISIBLE, msg, handle))
-        if len(timers) > self._timer_limit:
-            self._compact_timers()
+        vis = self._vis
+        if not vis or vis[-1][0] <= visible:
+            vis.append((visible, _VISIBLE, msg, handle))
+            if visible < self._next_due:
+                self._next_due = visible
+            if len(vis) > self._vis_limit:
+                self._vis_limit = self._compact_lane(vis)
+        else:
+            self._push_timer(visible, _VISIBLE, msg, handle)
         return _new_receipt(Receipt, (msg, handle))  # type: ignore[no-any-return]
 
     def receive_and_delete(self, now: float) -> QueueMessage | None:
         """A receive immediately followed by its delete (AMQP no-ack consumers, basic.get no-ack)."""
-        timers = self._timers
-        if timers and timers[0][0] <= now:
+        if self._next_due <= now:
             self._advance(now)
         msg = self._pop_active()
         if msg is None:
@@ -422,8 +461,7 @@ class CmqQueue:
     def delete(self, receipt: Receipt, now: float) -> bool:
         """CMQ DeleteMessage (Q3, M12). False, and nothing deleted, for a stale handle."""
         msg, handle = receipt
-        timers = self._timers
-        if timers and timers[0][0] <= now:
+        if self._next_due <= now:
             self._advance(now)
         # Q3 / M12: only the latest handle acts. After the visibility timeout it still acts if
         # nobody received the message again (M12: "and it was received elsewhere").
@@ -455,8 +493,7 @@ class CmqQueue:
         False when the handle is stale or the message is already Active.
         """
         msg, handle = receipt
-        timers = self._timers
-        if timers and timers[0][0] <= now:
+        if self._next_due <= now:
             self._advance(now)
         if msg.handle != handle or msg.state is not INACTIVE:
             return False
@@ -597,10 +634,35 @@ class CmqQueue:
     # ------------------------------------------------------------------ time
 
     def _push_timer(self, when: float, kind: int, msg: QueueMessage, token: int) -> None:
-        timers = self._timers
-        heapq.heappush(timers, (when, next(self._tiebreak), kind, msg, token))
-        if len(timers) > self._timer_limit:
-            self._compact_timers()
+        lane = self._vis if kind == _VISIBLE else self._dl if kind == _DEADLINE else None
+        if lane is not None and (not lane or lane[-1][0] <= when):
+            lane.append((when, kind, msg, token))
+            if lane is self._vis:
+                if len(lane) > self._vis_limit:
+                    self._vis_limit = self._compact_lane(lane)
+            elif len(lane) > self._dl_limit:
+                self._dl_limit = self._compact_lane(lane)
+        else:
+            heap = self._heap
+            heapq.heappush(heap, (when, next(self._tiebreak), kind, msg, token))
+            if len(heap) > self._heap_limit:
+                live = [e for e in heap if _timer_live(e[0], e[2], e[3], e[4])]
+                heapq.heapify(live)
+                heap[:] = live  # in place: _advance holds a reference
+                self._heap_limit = max(_MIN_COMPACT, 2 * len(live))
+        if when < self._next_due:
+            self._next_due = when
+
+    @staticmethod
+    def _compact_lane(lane: deque[_Entry]) -> int:
+        """Drop the stale entries of a FIFO lane, in place; returns its next limit.
+
+        A lane is compacted when it doubled since the last time, so each entry is scanned
+        O(1) times on average and stale entries never outnumber live ones for long."""
+        live = [e for e in lane if _timer_live(*e)]
+        lane.clear()
+        lane.extend(live)
+        return max(_MIN_COMPACT, 2 * len(live))
 
     def _deadline_of(self, msg: QueueMessage) -> float:
         """The next time a rule may remove ``msg``: retention (Q1), dead-letter TTL (Q8), TTL."""
@@ -616,42 +678,44 @@ class CmqQueue:
         msg.deadline = when = self._deadline_of(msg)
         self._push_timer(when, _DEADLINE, msg, 0)
 
-    @staticmethod
-    def _timer_live(entry: tuple[float, int, int, QueueMessage, int]) -> bool:
-        when, _, kind, msg, token = entry
-        if kind == _VISIBLE:
-            return msg.state is INACTIVE and msg.handle == token
-        if kind == _DELAY_END:
-            return msg.state is DELAYED and msg.next_visible_time == when
-        return msg.state is not REMOVED and msg.deadline == when
-
-    def _compact_timers(self) -> None:
-        live = [e for e in self._timers if self._timer_live(e)]
-        heapq.heapify(live)
-        self._timers = live
-        self._timer_limit = max(_MIN_COMPACT, 2 * len(live))
-
     def _advance(self, now: float) -> None:
         """Apply every timed change due at or before ``now``, in time order."""
-        timers = self._timers
-        events = self._events
-        while timers and timers[0][0] <= now:
-            when, _, kind, msg, token = heapq.heappop(timers)
-            state = msg.state
-            if kind == _VISIBLE:
-                if state is INACTIVE and msg.handle == token:
-                    # Q1: not deleted in time: Active again, at its original position.
-                    self._uncount(msg)
-                    events.append(VisibilityExpired(msg))
-                    self._make_active(msg, now, True)
-            elif kind == _DELAY_END:
-                if state is DELAYED and msg.next_visible_time == when:
-                    self._uncount(msg)
-                    events.append(DelayEnded(msg))
-                    self._make_active(msg, now, False)
-                    self._admit_parked(now)
-            elif state is not REMOVED and msg.deadline == when:
-                self._on_deadline(msg, now)
+        vis, dl, heap = self._vis, self._dl, self._heap
+        while True:
+            v = vis[0][0] if vis else _INF
+            d = dl[0][0] if dl else _INF
+            h = heap[0][0] if heap else _INF
+            if v <= d and v <= h:
+                if v > now:
+                    break
+                when, kind, msg, token = vis.popleft()
+            elif d <= h:
+                if d > now:
+                    break
+                when, kind, msg, token = dl.popleft()
+            else:
+                if h > now:
+                    break
+                when, _, kind, msg, token = heapq.heappop(heap)
+            self._fire(when, kind, msg, token, now)
+        self._next_due = min(v, d, h)
+
+    def _fire(self, when: float, kind: int, msg: QueueMessage, token: int, now: float) -> None:
+        state = msg.state
+        if kind == _VISIBLE:
+            if state is INACTIVE and msg.handle == token:
+                # Q1: not deleted in time: Active again, at its original position.
+                self._uncount(msg)
+                self._events.append(VisibilityExpired(msg))
+                self._make_active(msg, now, True)
+        elif kind == _DELAY_END:
+            if state is DELAYED and msg.next_visible_time == when:
+                self._uncount(msg)
+                self._events.append(DelayEnded(msg))
+                self._make_active(msg, now, False)
+                self._admit_parked(now)
+        elif state is not REMOVED and msg.deadline == when:
+            self._on_deadline(msg, now)
 
     def _on_deadline(self, msg: QueueMessage, now: float) -> None:
         state = msg.state
@@ -717,10 +781,16 @@ class CmqQueue:
 
     def next_wakeup(self) -> float | None:
         """The earliest time a timed change is due, for the gateway's scheduler."""
-        timers = self._timers
-        while timers and not self._timer_live(timers[0]):
-            heapq.heappop(timers)
-        return timers[0][0] if timers else None
+        vis, dl, heap = self._vis, self._dl, self._heap
+        while vis and not _timer_live(*vis[0]):
+            vis.popleft()
+        while dl and not _timer_live(*dl[0]):
+            dl.popleft()
+        while heap and not _timer_live(heap[0][0], heap[0][2], heap[0][3], heap[0][4]):
+            heapq.heappop(heap)
+        self._next_due = first = min(vis[0][0] if vis else _INF, dl[0][0] if dl else _INF,
+                                     heap[0][0] if heap else _INF)
+        return None if first == _INF else first
 
     # ------------------------------------------------------------------ rewind (Q6)
 

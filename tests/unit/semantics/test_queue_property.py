@@ -19,6 +19,7 @@ from semantics.queue_attrs import QueueAttributes
 T0 = 1_700_000_000.0
 VT = 5.0
 RETENTION = 60.0
+MAX_RECEIVES = 4  # Q8: the fourth visibility end moves a message to the dead-letter queue
 
 
 @dataclass
@@ -27,12 +28,14 @@ class Ref:
     enqueue: float
     visible_at: float
     handle: int = 0
+    receives: int = 0
 
 
 class QueueVersusReference(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.q = CmqQueue("prop", QueueAttributes(visibility_timeout=VT, msg_retention_seconds=RETENTION))
+        self.q = CmqQueue("prop", QueueAttributes(visibility_timeout=VT, msg_retention_seconds=RETENTION,
+                                                  dead_letter_queue="dlq", max_receive_count=MAX_RECEIVES))
         self.now = T0
         self.ref: dict[str, Ref] = {}
         self.receipts: list[Receipt] = []
@@ -42,6 +45,8 @@ class QueueVersusReference(RuleBasedStateMachine):
         for msg_id, r in list(self.ref.items()):
             if r.enqueue + RETENTION <= self.now:
                 del self.ref[msg_id]  # Q1/L7: expired, received or not
+            elif r.state == "inactive" and r.visible_at <= self.now and r.receives >= MAX_RECEIVES:
+                del self.ref[msg_id]  # Q8: moved instead of being received again
             elif r.state in ("inactive", "delayed") and r.visible_at <= self.now:
                 r.state = "active"
 
@@ -56,10 +61,11 @@ class QueueVersusReference(RuleBasedStateMachine):
         assert m.msg_id not in self.ref
         self.ref[m.msg_id] = Ref("delayed" if delay else "active", self.now, self.now + delay)
 
-    @rule()
-    def receive(self) -> None:
+    @rule(visibility=st.sampled_from([None, None, None, 1.0, 12.0]))
+    def receive(self, visibility: float | None) -> None:
+        # A visibility of its own sends the timer out of the FIFO lane's order, to the heap.
         self._advance_ref()
-        receipt = self.q.receive(self.now)
+        receipt = self.q.receive(self.now, visibility)
         active = {i for i, r in self.ref.items() if r.state == "active"}
         if receipt is None:
             assert not active
@@ -67,7 +73,9 @@ class QueueVersusReference(RuleBasedStateMachine):
         msg_id = receipt.message.msg_id
         assert msg_id in active, f"received {msg_id} while {self.ref.get(msg_id)}"  # Q2
         r = self.ref[msg_id]
-        r.state, r.visible_at, r.handle = "inactive", self.now + VT, receipt.handle
+        r.state, r.visible_at, r.handle = "inactive", self.now + (visibility or VT), receipt.handle
+        r.receives += 1
+        assert receipt.message.receive_count == r.receives  # Q7
         self.receipts.append(receipt)
 
     @rule()
@@ -106,6 +114,8 @@ class QueueVersusReference(RuleBasedStateMachine):
             if holds:
                 r = self.ref[msg_id]
                 r.state, r.handle = "active", 0
+                if r.receives >= MAX_RECEIVES:
+                    del self.ref[msg_id]
 
     @rule()
     def tick(self) -> None:
