@@ -223,3 +223,18 @@ def test_operations_apply_due_changes_without_tick(clock: ManualClock) -> None:
     assert r is not None and r.message is m
     assert q.drain_events() == [VisibilityExpired(m)]
     assert q.drain_events() == []
+
+
+def test_L7_shorter_retention_applies_to_messages_already_queued(clock: ManualClock) -> None:
+    """L7/Q1: SetQueueAttributes with a shorter msgRetentionSeconds expires older messages at
+    their send time + the new retention; a new visibility timeout applies to later receives."""
+    q = CmqQueue("orders", QueueAttributes(msg_retention_seconds=3_600, visibility_timeout=30))
+    t0 = clock.now()
+    m = q.send(b"a", 1, t0)
+    q.set_attributes(q.attributes.replace(msg_retention_seconds=120, visibility_timeout=7), t0 + 10)
+    r = q.receive(t0 + 10)
+    assert r is not None and m.next_visible_time == t0 + 17
+    assert q.next_wakeup() == t0 + 17
+    assert q.tick(t0 + 119.9) == [VisibilityExpired(m)]
+    assert q.tick(t0 + 120) == [Expired(m, "retention")]
+    assert q.retained == 0 and q.next_wakeup() is None
