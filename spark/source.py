@@ -3,23 +3,42 @@
     from spark import register
     register(spark)
     df = spark.read.format("cmq-audit").load("/var/log/cmq-gateway")
-    df.where("ts >= timestamp'2024-05-01 10:00:00Z' and event = 'publish'")
+    hour = (spark.read.format("cmq-audit")
+            .option("from", "2024-05-01T10:00:00Z").option("to", "2024-05-01T11:00:00Z")
+            .option("event", "publish,ack").load(dir))       # pruned before any file is opened
     skipped = spark.read.format("cmq-audit").option("output", "skipped").load(dir)  # torn lines
     stream = spark.readStream.format("cmq-audit").load(dir)
 
-Options: ``path`` (the audit directory), ``maxPartitionBytes`` (default 64 MiB: a larger file
-is read as several ranges), ``output`` (``records``, the default, or ``skipped``: one row per
-torn or unparseable line the records view skips), and for streams ``startingOffsets``
-(``earliest``, the default, or ``latest``).
+Options: ``path`` (the audit directory); ``from`` / ``to`` (ISO-8601 or Unix seconds: keep
+``from <= ts < to``; folders outside are never listed); ``event``, ``vhost``, ``topic``,
+``queue`` (comma-separated values to keep); ``maxPartitionBytes`` (default 64 MiB: a larger
+file is read as several line-aligned ranges); ``output`` (``records``, the default, or
+``skipped``: one row per torn or unparseable line the records view skips); ``pushFilters``
+(``true``: also take WHERE conditions through Spark's filter pushdown, see below); for streams
+``startingOffsets`` (``earliest``, the default, or ``latest``).
+
+Why pruning is by option by default: in Spark 4.3 the read plan a Python reader makes during
+filter pushdown is kept on the relation, so a later query on the *same DataFrame* without a
+pushable filter reuses it and silently reads only the rows of the earlier filter (later Spark
+keeps it per scan).  With ``pushFilters=true`` use one DataFrame per filtered query.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, Filter
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    Filter,
+    GreaterThanOrEqual,
+    In,
+    LessThan,
+)
 from pyspark.sql.types import StructType
 
 from spark.plan import FileRange, plan_batch, read_range, skipped_batch, to_batches
@@ -30,7 +49,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-__all__ = ["AuditDataSource", "AuditReader", "register"]
+__all__ = ["AuditDataSource", "AuditPushdownReader", "AuditReader", "option_filters", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +57,12 @@ _OUTPUTS = ("records", "skipped")
 
 
 def _options(options: dict[str, str]) -> tuple[str, int, str]:
-    """Validated on the driver at planning time, so a bad option fails the query early."""
+    """Validated on the driver at planning time, so a bad option fails the query early.
+    ``options`` has lower-case keys (``AuditDataSource._plain_options``)."""
     root = options.get("path")
     if not root:
         raise ValueError("cmq-audit: give the audit directory: .load(DIR) or .option('path', DIR)")
-    max_bytes = int(options.get("maxPartitionBytes", str(64 * 1024 * 1024)))
+    max_bytes = int(options.get("maxpartitionbytes", str(64 * 1024 * 1024)))
     if max_bytes < 1024:
         raise ValueError("cmq-audit: maxPartitionBytes must be at least 1024")
     output = options.get("output", "records").lower()
@@ -51,10 +71,10 @@ def _options(options: dict[str, str]) -> tuple[str, int, str]:
     return root, max_bytes, output
 
 
-def read_partition(part: FileRange | None, schema: StructType, output: str,
+def read_partition(part: object, schema: StructType, output: str,
                    pushdown: Pushdown | None) -> Iterator[pa.RecordBatch]:
     """Shared by the batch and the stream reader; stateless, runs on an executor."""
-    if part is None:  # Spark plans one empty partition when there is no file at all
+    if not isinstance(part, FileRange):  # Spark plans InputPartition(None) when there is no file
         return
     parsed = read_range(part)
     if parsed is None:
@@ -68,22 +88,54 @@ def read_partition(part: FileRange | None, schema: StructType, output: str,
     yield from to_batches(part, parsed, schema, pushdown)
 
 
+def _parse_time(text: str) -> _dt.datetime:
+    try:
+        return _dt.datetime.fromtimestamp(float(text), _dt.UTC)
+    except ValueError:
+        t = _dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        return t if t.tzinfo is not None else t.replace(tzinfo=_dt.UTC)
+
+
+def option_filters(options: dict[str, str]) -> list[Filter]:
+    """The pruning options as the filters they stand for."""
+    out: list[Filter] = []
+    if options.get("from"):
+        out.append(GreaterThanOrEqual(("ts",), _parse_time(options["from"])))
+    if options.get("to"):
+        out.append(LessThan(("ts",), _parse_time(options["to"])))
+    for col in ("event", "vhost", "topic", "queue"):
+        if options.get(col):
+            out.append(In((col,), tuple(v.strip() for v in options[col].split(","))))
+    return out
+
+
 class AuditReader(DataSourceReader):
+    """Batch reader; prunes by the ``from``/``to``/``event``/... options only (safe to reuse)."""
+
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.root, self.max_bytes, self.output = _options(options)
         self.schema = schema
         self.pushdown = Pushdown()
+        for f in option_filters(options):
+            if not self.pushdown.offer(f):
+                raise ValueError(f"cmq-audit: cannot apply option filter {f}")
+
+    def partitions(self) -> list[FileRange]:  # type: ignore[override]
+        return plan_batch(self.root, self.pushdown, self.max_bytes)
+
+    def read(self, partition: object) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        return read_partition(partition, self.schema, self.output,
+                              self.pushdown if self.output == "records" else None)
+
+
+class AuditPushdownReader(AuditReader):
+    """``pushFilters=true``: WHERE conditions on ts, dt, hour, file and the string keys are
+    pruned and applied here (see the module note on Spark 4.3)."""
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
         for f in filters:
             if self.output != "records" or not self.pushdown.offer(f):
                 yield f
-
-    def partitions(self) -> list[FileRange]:  # type: ignore[override]
-        return plan_batch(self.root, self.pushdown, self.max_bytes)
-
-    def read(self, partition: FileRange | None) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        return read_partition(partition, self.schema, self.output, self.pushdown)
 
 
 class AuditDataSource(DataSource):
@@ -95,17 +147,25 @@ class AuditDataSource(DataSource):
         output = self.options.get("output", "records").lower()
         return SKIPPED_SCHEMA if output == "skipped" else AUDIT_SCHEMA
 
+    def _plain_options(self) -> dict[str, str]:
+        # Spark's options are case-insensitive; readers get a plain dict with lower-case keys.
+        return {k.lower(): v for k, v in self.options.items()}
+
     def reader(self, schema: StructType) -> DataSourceReader:
-        return AuditReader(dict(self.options), schema)
+        options = self._plain_options()
+        if options.get("pushfilters", "false").lower() == "true":
+            return AuditPushdownReader(options, schema)
+        return AuditReader(options, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from spark.stream import AuditStreamReader
 
-        return AuditStreamReader(dict(self.options), schema)
+        return AuditStreamReader(self._plain_options(), schema)
 
 
 def register(spark: SparkSession) -> None:
     """Register ``cmq-audit`` on this session and turn on Python filter pushdown, which the
-    reader needs (Spark refuses a reader with ``pushFilters`` while it is off)."""
+    ``pushFilters=true`` reader needs (Spark refuses a reader with ``pushFilters`` while it is
+    off; the default reader does not have one)."""
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(AuditDataSource)

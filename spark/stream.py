@@ -43,7 +43,7 @@ class AuditStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         self.root, self.max_bytes, self.output = _options(options)
         self.schema = schema
-        self.starting = options.get("startingOffsets", "earliest").lower()
+        self.starting = options.get("startingoffsets", "earliest").lower()
         if self.starting not in ("earliest", "latest"):
             raise ValueError("cmq-audit: startingOffsets must be 'earliest' or 'latest'")
         self._target: dict[str, Any] | None = None
