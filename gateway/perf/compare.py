@@ -81,26 +81,15 @@ def compare(args: argparse.Namespace, log: Any = sys.stderr) -> tuple[list[Row],
                 print(
                     f"== scenario {n} ({TITLES[n]}), {side} = {uri.split('@')[-1]}, run {rep + 1}", file=log
                 )
-                if n == 6:
-                    res = run_backlog(
-                        uri,
-                        args.backlog,
-                        broker_pid=getattr(args, f"broker_pid_{side}"),
-                        rabbitmqctl=getattr(args, f"rabbitmqctl_{side}"),
-                        restart_cmd=getattr(args, f"restart_{side}"),
-                        recover_timeout=args.recover_timeout,
+                try:
+                    result, errors = _one(args, n, side, uri, log)
+                except Exception as exc:  # one broker failing a scenario must not lose the others
+                    failures.append(f"scenario {n} on {side}: {exc!r}")
+                    continue
+                if n != 6 and result["generator"]["saturated"]:
+                    notes.append(
+                        f"scenario {n} on {side}: the generator was the limit (a worker at >= 90% CPU)"
                     )
-                    result = res.as_dict()
-                    errors = [res.error] if res.error else []
-                else:
-                    cfg = scenario_config(n, uri, args.duration, native_tags=(side == "b" and args.tags_b))
-                    cfg = replace(cfg, progress=not args.quiet)
-                    result = run(cfg, log)
-                    errors = result["errors"]
-                    if result["generator"]["saturated"]:
-                        notes.append(
-                            f"scenario {n} on {side}: the generator was the limit (a worker at >= 90% CPU)"
-                        )
                 failures.extend(f"scenario {n} on {side}: {e}" for e in errors)
                 for metric, (unit, value) in metrics_of(n, result).items():
                     units[metric] = unit
@@ -115,7 +104,25 @@ def compare(args: argparse.Namespace, log: Any = sys.stderr) -> tuple[list[Row],
                     _median(collected["b"].get(metric, [])),
                 )
             )
+        # Show each scenario as soon as it is done, so a later failure loses nothing.
+        print(text_table([r for r in rows if r.scenario == n], args.name_a, args.name_b), file=log, flush=True)
     return rows, notes, failures
+
+
+def _one(args: argparse.Namespace, n: int, side: str, uri: str, log: Any) -> tuple[dict[str, Any], list[str]]:
+    if n == 6:
+        res = run_backlog(
+            uri,
+            args.backlog,
+            broker_pid=getattr(args, f"broker_pid_{side}"),
+            rabbitmqctl=getattr(args, f"rabbitmqctl_{side}"),
+            restart_cmd=getattr(args, f"restart_{side}"),
+            recover_timeout=args.recover_timeout,
+        )
+        return res.as_dict(), [res.error] if res.error else []
+    cfg = scenario_config(n, uri, args.duration, native_tags=(side == "b" and args.tags_b))
+    result = run(replace(cfg, progress=not args.quiet), log)
+    return result, list(result["errors"])
 
 
 def _fmt(v: float | None) -> str:
