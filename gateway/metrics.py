@@ -1,0 +1,365 @@
+"""Counters and the Prometheus endpoint (SPEC D9, W5; the operator's window).
+
+Theory of operation
+-------------------
+Every state change the broker makes is already emitted through ``audit.emit(event, vhost,
+**fields)`` (A1). :class:`Counters` is a tee placed in front of that sink: it counts each event
+by name, vhost, queue, topic, reason, policy and attempt, then passes it on unchanged. So the
+counters need no change inside the broker, and they count exactly what the audit log records.
+Gauges (ready/unacked per queue, retained per topic, waiting per subscription, connections,
+channels) are read from the broker's state when ``/metrics`` is scraped, never cached.
+
+The store's commit latency is measured by timing ``store.sync`` (the group-commit call the
+broker's flusher makes on its worker thread). Bytes in and out need counters in the transport
+that do not exist yet; they are exported once the server provides ``bytes_in``/``bytes_out``.
+
+``attach(gateway_or_broker)`` installs both, idempotently, and returns the :class:`Counters`;
+``start_metrics(target, host, port)`` serves ``/metrics`` in Prometheus text format 0.0.4.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aiohttp import web
+
+__all__ = [
+    "COMMIT_BUCKETS",
+    "Counters",
+    "RateTracker",
+    "Target",
+    "attach",
+    "render",
+    "start_metrics",
+]
+
+# Store commit latency buckets, seconds (fsync on SSDs is ~0.1-10 ms, on HDDs tens of ms).
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Counters:
+    """A tee in front of the audit sink that counts what passes through (see module doc).
+
+    All maps are plain dicts of ints keyed by tuples, incremented on the event loop thread;
+    only the commit histogram is written from the store's worker thread (under a lock)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.events: dict[tuple[str, str], int] = defaultdict(int)              # (event, vhost)
+        self.discarded: dict[tuple[str, str], int] = defaultdict(int)           # (vhost, reason)
+        self.retries: dict[tuple[str, str, int], int] = defaultdict(int)        # (vhost, policy, attempt)
+        self.queue: dict[tuple[str, str, str], int] = defaultdict(int)          # (vhost, queue, stat)
+        self.exchange: dict[tuple[str, str, str], int] = defaultdict(int)       # (vhost, exchange, stat)
+        self.redelivered: dict[str, int] = defaultdict(int)                     # vhost
+        self.routed: dict[str, int] = defaultdict(int)                          # vhost
+        self.commit_buckets = [0] * (len(COMMIT_BUCKETS) + 1)
+        self.commit_count = 0
+        self.commit_sum = 0.0
+        self._lock = threading.Lock()
+
+    # -- the audit sink ----------------------------------------------------------------------
+
+    def emit(self, event: str, vhost: str, **fields: Any) -> None:
+        self.events[event, vhost] += 1
+        if event == "deliver":
+            q = fields.get("queue")
+            if q is not None:
+                self.queue[vhost, q, "deliver"] += 1
+            attempt = fields.get("attempt")
+            if isinstance(attempt, int) and attempt > 1:
+                self.redelivered[vhost] += 1
+                if q is not None:
+                    self.queue[vhost, q, "redeliver"] += 1
+        elif event == "enqueue":
+            self.queue[vhost, fields.get("queue") or "", "publish"] += 1
+            if fields.get("topic") is None:  # a direct send (M10) is routed by the queue itself
+                self.routed[vhost] += 1
+        elif event == "ack":
+            self.queue[vhost, fields.get("queue") or "", "ack"] += 1
+        elif event == "publish":
+            ex = fields.get("topic")
+            self.exchange[vhost, "" if ex is None else ex, "publish_in"] += 1
+        elif event == "route":
+            self.routed[vhost] += 1
+            self.exchange[vhost, fields.get("topic") or "", "publish_out"] += 1
+        elif event == "discard":
+            self.discarded[vhost, str(fields.get("reason"))] += 1
+        elif event == "retry":
+            self.retries[vhost, str(fields.get("policy")), int(fields.get("attempt") or 0)] += 1
+        self.inner.emit(event, vhost, **fields)
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+    def __getattr__(self, name: str) -> Any:  # anything else the writer offers (flush, dropped...)
+        return getattr(self.inner, name)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def count(self, event: str, vhost: str | None = None) -> int:
+        if vhost is not None:
+            return self.events.get((event, vhost), 0)
+        return sum(n for (e, _), n in self.events.items() if e == event)
+
+    def queue_stat(self, vhost: str, queue: str, stat: str) -> int:
+        return self.queue.get((vhost, queue, stat), 0)
+
+    def exchange_stat(self, vhost: str, exchange: str, stat: str) -> int:
+        return self.exchange.get((vhost, exchange, stat), 0)
+
+    # -- store commit latency ----------------------------------------------------------------
+
+    def observe_commit(self, seconds: float) -> None:
+        i = 0
+        while i < len(COMMIT_BUCKETS) and seconds > COMMIT_BUCKETS[i]:
+            i += 1
+        with self._lock:
+            self.commit_buckets[i] += 1
+            self.commit_count += 1
+            self.commit_sum += seconds
+
+
+class RateTracker:
+    """Rates as RabbitMQ's management API shows them (``*_details.rate``, per second).
+
+    ``sample(now)`` records every counter's value (the management app samples every 5 s); a
+    rate is the change between the oldest kept sample (one at or before the window's start)
+    and the newest, divided by the time between them.
+    ``now`` is injected (monotonic seconds) so rates are exact in tests."""
+
+    def __init__(self, read: Callable[[], dict[Any, int]], window: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._read = read
+        self._window = window
+        self._clock = clock
+        self._samples: list[tuple[float, dict[Any, int]]] = []
+
+    def sample(self, now: float | None = None) -> None:
+        now = self._clock() if now is None else now
+        self._samples.append((now, dict(self._read())))
+        # Keep one sample older than the window as the base of the rate.
+        while len(self._samples) > 2 and self._samples[1][0] <= now - self._window:
+            self._samples.pop(0)
+
+    def rate(self, key: Any) -> float:
+        """Per second between the oldest kept sample and the newest; 0.0 until two exist."""
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, base), (t1, last) = self._samples[0], self._samples[-1]
+        if t1 <= t0:
+            return 0.0
+        return round((last.get(key, 0) - base.get(key, 0)) / (t1 - t0), 1)
+
+
+class Target:
+    """What the management API and the metrics read: a Gateway (connections, users, alarms)
+    or a bare Broker. Everything is read from the live objects at request time."""
+
+    def __init__(self, obj: Any) -> None:
+        self.gateway = obj if hasattr(obj, "broker") else None
+        self.broker = obj.broker if self.gateway is not None else obj
+
+    @property
+    def users(self) -> Any:
+        config = getattr(self.gateway, "config", None) or getattr(self.broker, "config", None)
+        return getattr(config, "users", None)
+
+    @property
+    def connections(self) -> list[Any]:
+        """AMQP connections: the transport's when there is a gateway, else the sessions."""
+        if self.gateway is not None:
+            return [c for c in list(self.gateway.connections) if getattr(c, "user", None) is not None]
+        return list(self.broker.sessions)
+
+    @property
+    def sessions(self) -> list[Any]:
+        return [s for s in list(self.broker.sessions) if not getattr(s, "closed", False)]
+
+    @property
+    def alarm(self) -> str | None:
+        """W5: the resource alarm publishers are blocked for, if any."""
+        if self.gateway is not None and getattr(self.gateway, "blocked", False):
+            return str(getattr(self.gateway, "block_reason", "") or "resource alarm")
+        return None
+
+
+def attach(obj: Any) -> Counters:
+    """Install the counting tee (once) in front of the broker's audit sink, and time the
+    store's commits. Returns the Counters; calling it again returns the same one."""
+    target = Target(obj)
+    broker = target.broker
+    audit = broker.audit
+    if isinstance(audit, Counters):
+        return audit
+    counters = Counters(audit)
+    broker.audit = counters
+    if target.gateway is not None and getattr(target.gateway, "audit", None) is audit:
+        target.gateway.audit = counters  # the transport emits connection events through it
+    store = getattr(broker, "store", None)
+    sync = getattr(store, "sync", None)
+    if sync is not None and not getattr(sync, "_cmq_timed", False):
+        def timed_sync() -> int:
+            start = time.perf_counter()
+            try:
+                return int(sync())
+            finally:
+                counters.observe_commit(time.perf_counter() - start)
+        timed_sync._cmq_timed = True  # type: ignore[attr-defined]
+        store.sync = timed_sync  # type: ignore[union-attr]
+    return counters
+
+
+# -- Prometheus text format ------------------------------------------------------------------
+
+
+def _esc(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, object]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in labels.items()) + "}"
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str,
+               samples: Iterable[tuple[dict[str, object], float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        suffix = "_total" if kind == "counter" else ""
+        for labels, value in samples:
+            self.lines.append(f"{name}{suffix}{_labels(labels)} {_num(value)}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _num(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def render(obj: Any, counters: Counters) -> str:
+    """The whole exposition, read now."""
+    target = Target(obj)
+    broker = target.broker
+    vhosts = sorted(broker.vhosts)
+    w = _Writer()
+    c = counters
+
+    def per_vhost(event: str) -> list[tuple[dict[str, object], float]]:
+        return [({"vhost": v}, c.count(event, v)) for v in vhosts]
+
+    w.family("cmq_gateway_published", "counter", "Messages published (basic.publish accepted for routing).",
+             per_vhost("publish"))
+    w.family("cmq_gateway_routed", "counter", "Messages routed to at least one subscription or queue.",
+             [({"vhost": v}, c.routed.get(v, 0)) for v in vhosts])
+    w.family("cmq_gateway_discarded", "counter", "Messages discarded, by reason (no_match, "
+             "retries_exhausted, expired, rejected, too_large, max_length).",
+             [({"vhost": v, "reason": r}, n) for (v, r), n in sorted(c.discarded.items())])
+    w.family("cmq_gateway_delivered", "counter", "Deliveries to consumers and basic.get.", per_vhost("deliver"))
+    w.family("cmq_gateway_acked", "counter", "Messages acknowledged (CMQ DeleteMessage).", per_vhost("ack"))
+    w.family("cmq_gateway_stale_acks", "counter", "Acks with an outdated receipt handle (Q3).",
+             per_vhost("stale_ack"))
+    w.family("cmq_gateway_redelivered", "counter", "Deliveries with a receive count above 1.",
+             [({"vhost": v}, c.redelivered.get(v, 0)) for v in vhosts])
+    w.family("cmq_gateway_retries", "counter", "Topic delivery retries scheduled, by notify strategy "
+             "and attempt number (D5, D6).",
+             [({"vhost": v, "policy": p, "attempt": a}, n) for (v, p, a), n in sorted(c.retries.items())])
+
+    retained: list[tuple[dict[str, object], float]] = []
+    waiting: list[tuple[dict[str, object], float]] = []
+    ready: list[tuple[dict[str, object], float]] = []
+    unacked: list[tuple[dict[str, object], float]] = []
+    delayed: list[tuple[dict[str, object], float]] = []
+    rewindable: list[tuple[dict[str, object], float]] = []
+    consumers: list[tuple[dict[str, object], float]] = []
+    for v in vhosts:
+        vh = broker.vhosts[v]
+        for name, ex in sorted(vh.exchanges.items()):
+            topic = ex.topic
+            if topic is None:
+                continue
+            retained.append(({"vhost": v, "topic": name}, topic.retained_count))
+            for sub in topic.subscriptions:
+                waiting.append(({"vhost": v, "topic": name, "subscription": sub.name},
+                                topic.waiting(sub.name)))
+        for name, q in sorted(vh.queues.items()):
+            labels: dict[str, object] = {"vhost": v, "queue": name}
+            ready.append((labels, q.cmq.active))
+            unacked.append((labels, q.cmq.inactive))
+            delayed.append((labels, q.cmq.delayed))
+            rewindable.append((labels, q.cmq.rewindable))
+            consumers.append((labels, len(q.consumers)))
+    w.family("cmq_gateway_topic_retained_messages", "gauge",
+             "Messages retained in a topic, waiting for or in retry for some subscription (D9).", retained)
+    w.family("cmq_gateway_subscription_waiting_messages", "gauge",
+             "Messages waiting for or in retry of delivery to one subscription (D9).", waiting)
+    w.family("cmq_gateway_queue_messages_ready", "gauge", "Active messages per queue (Q1).", ready)
+    w.family("cmq_gateway_queue_messages_unacked", "gauge", "Inactive (received, not deleted) messages "
+             "per queue (Q1).", unacked)
+    w.family("cmq_gateway_queue_messages_delayed", "gauge", "Delayed messages per queue (Q4).", delayed)
+    w.family("cmq_gateway_queue_messages_rewindable", "gauge", "Rewindable messages per queue (Q6).",
+             rewindable)
+    w.family("cmq_gateway_queue_consumers", "gauge", "Consumers per queue.", consumers)
+
+    sessions = target.sessions
+    w.family("cmq_gateway_connections", "gauge", "Open AMQP connections.", [({}, len(target.connections))])
+    w.family("cmq_gateway_channels", "gauge", "Open AMQP channels.",
+             [({}, sum(len(s.channels) for s in sessions))])
+    w.family("cmq_gateway_resource_alarm", "gauge", "1 while publishers are blocked by a memory or "
+             "store high-water mark (W5).", [({}, 1 if target.alarm else 0)])
+
+    name = "cmq_gateway_store_commit_seconds"
+    w.lines.append(f"# HELP {name} Time of one group commit (write + fsync) of the store (M14).")
+    w.lines.append(f"# TYPE {name} histogram")
+    cumulative = 0
+    for bound, n in zip((*COMMIT_BUCKETS, float("inf")), c.commit_buckets, strict=True):
+        cumulative += n
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        w.lines.append(f'{name}_bucket{{le="{le}"}} {cumulative}')
+    w.lines.append(f"{name}_sum {_num(c.commit_sum)}")
+    w.lines.append(f"{name}_count {c.commit_count}")
+
+    gw = target.gateway
+    for attr, metric, text in (("bytes_in", "cmq_gateway_received_bytes", "Bytes read from AMQP clients."),
+                               ("bytes_out", "cmq_gateway_sent_bytes", "Bytes written to AMQP clients.")):
+        value = getattr(gw, attr, None) if gw is not None else None
+        if isinstance(value, int):  # needs the server's byte counters (see the module doc)
+            w.family(metric, "counter", text, [({}, value)])
+    return w.text()
+
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def metrics_app(obj: Any) -> web.Application:
+    counters = attach(obj)
+
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(body=render(obj, counters).encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    return app
+
+
+async def start_metrics(obj: Any, host: str = "127.0.0.1", port: int = 15692) -> web.AppRunner:
+    """Serve ``/metrics`` for a Gateway or Broker on (host, port); port 0 picks a free one
+    (``runner.addresses[0][1]``). Stop with ``await runner.cleanup()``."""
+    runner = web.AppRunner(metrics_app(obj), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner
