@@ -10,8 +10,10 @@ users (``guest``) may use the API only from loopback.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import json
 import math
 from collections.abc import Awaitable, Callable
@@ -19,13 +21,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.auth import check_password
+from gateway.auth import User, check_password
 from gateway.metrics import Counters, RateTracker, Target, attach
 from gateway.push import HttpPusher
 from gateway.transport import is_loopback
 from semantics.errors import CMQError
 
-__all__ = ["Management", "make_app", "start_management"]
+__all__ = ["MGMT", "USER", "Management", "make_app", "start_management"]
 
 REALM = 'Basic realm="RabbitMQ Management"'
 MANAGEMENT_TAGS = frozenset({"administrator", "management", "monitoring", "policymaker"})
@@ -105,7 +107,7 @@ class Management:
 
     def vhost_names(self, request: web.Request) -> list[str]:
         """The vhosts this user may see (all for administrator/monitoring, else permitted)."""
-        user = request.get("user")
+        user = request.get(USER)
         names = sorted(self.broker.vhosts)
         if user is None or set(user.tags) & ALL_VHOST_TAGS:
             return names
@@ -119,12 +121,17 @@ class Management:
         return vh
 
 
+MGMT: web.AppKey[Management] = web.AppKey("mgmt", Management)
+SAMPLER: web.AppKey[asyncio.Task[None]] = web.AppKey("sampler", asyncio.Task)
+USER: web.RequestKey[User] = web.RequestKey("user", User)
+
+
 def _auth_middleware(mgmt: Management) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             if not request.path.startswith("/api/cmq/openapi"):
-                request["user"] = _login(mgmt, request)
+                request[USER] = _login(mgmt, request)
             return await handler(request)
         except ApiError as e:
             headers = {"WWW-Authenticate": REALM} if e.status == 401 else None
@@ -176,7 +183,7 @@ def make_app(obj: Any, pusher: HttpPusher | None = None) -> web.Application:
 
     mgmt = Management(obj, pusher)
     app = web.Application(middlewares=[_auth_middleware(mgmt)])
-    app["mgmt"] = mgmt
+    app[MGMT] = mgmt
     rabbit_api.add_routes(app, mgmt)
     cmq_api.add_routes(app, mgmt)
     app.on_startup.append(_start_sampler)
@@ -185,9 +192,7 @@ def make_app(obj: Any, pusher: HttpPusher | None = None) -> web.Application:
 
 
 async def _start_sampler(app: web.Application) -> None:
-    import asyncio
-
-    mgmt: Management = app["mgmt"]
+    mgmt: Management = app[MGMT]
     mgmt.rates.sample()
 
     async def loop() -> None:
@@ -195,19 +200,16 @@ async def _start_sampler(app: web.Application) -> None:
             await asyncio.sleep(RATE_SAMPLE_SECONDS)
             mgmt.rates.sample()
 
-    app["sampler"] = asyncio.get_running_loop().create_task(loop())
+    app[SAMPLER] = asyncio.get_running_loop().create_task(loop())
 
 
 async def _stop_sampler(app: web.Application) -> None:
-    import asyncio
-    import contextlib
-
-    task = app.get("sampler")
+    task = app.get(SAMPLER)
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    await app["mgmt"].pusher.close()
+    await app[MGMT].pusher.close()
 
 
 async def start_management(obj: Any, host: str = "127.0.0.1", port: int = 15672, *,
@@ -216,7 +218,7 @@ async def start_management(obj: Any, host: str = "127.0.0.1", port: int = 15672,
     must be the broker's. Port 0 picks a free port (``runner.addresses[0][1]``); persisted HTTP
     subscriptions are restored. Stop with ``await runner.cleanup()``."""
     app = make_app(obj, pusher)
-    app["mgmt"].pusher.recover()
+    app[MGMT].pusher.recover()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()

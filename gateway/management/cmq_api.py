@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.management.app import Management, bad_request, jsonable, not_found, read_json
+from gateway.management.app import USER, Management, bad_request, jsonable, not_found, read_json
 from gateway.management.openapi import openapi_document
 from semantics.errors import CMQError
 from semantics.limits import TOPIC_LIFECYCLE_SECONDS
@@ -164,7 +164,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             raise bad_request("maxMsgSize must be an integer number of bytes (L6)")
         ex.topic.max_message_size = size  # LimitError L6 outside 1 KB-1024 KB: 400
         mgmt.broker.audit.emit("exchange_declare", vh.name, topic=ex.name, size=size,
-                               user=request["user"].name, reason="max_msg_size")
+                               user=request[USER].name, reason="max_msg_size")
         return web.json_response(topic_view(mgmt, vh.name, ex, subscriptions=False))
 
     async def subscriptions(request: web.Request) -> web.Response:
@@ -221,13 +221,13 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         broker = mgmt.broker
         count = q.cmq.rewind(float(to), broker.now())  # CMQError Q6: 400 naming the rule
         broker.audit.emit("rewind", vh.name, queue=q.name, next_at=float(to), size=count,
-                          user=request["user"].name)
+                          user=request[USER].name)
         broker.after_queue_change(vh, q)
         return web.json_response({"rewound": count, **queue_view(vh.name, q)})
 
     async def purge(request: web.Request) -> web.Response:
         vh, q = queue_of(request)
-        count = vh.purge_queue(None, q.name, request["user"].name)
+        count = vh.purge_queue(None, q.name, request[USER].name)
         return web.json_response({"purged": count})
 
     async def openapi(request: web.Request) -> web.Response:

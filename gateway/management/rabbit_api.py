@@ -27,7 +27,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from gateway.auth import Permission, User, hash_password
-from gateway.management.app import ApiError, Management, bad_request, jsonable, not_found, read_json
+from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
 from semantics.names import cmq_name
 
 __all__ = ["COMPAT_VERSION", "add_routes", "queue_json"]
@@ -377,7 +377,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         })
 
     async def whoami(request: web.Request) -> web.Response:
-        user: User = request["user"]
+        user: User = request[USER]
         return web.json_response({"name": user.name, "tags": list(user.tags)})
 
     def vhost_json(name: str) -> dict[str, Any]:
@@ -416,7 +416,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         vh.declare_queue(None, request.match_info["name"], passive=False,
                          durable=bool(body.get("durable", True)), exclusive=False,
                          auto_delete=bool(body.get("auto_delete", False)),
-                         arguments=body.get("arguments") or {}, user=request["user"].name)
+                         arguments=body.get("arguments") or {}, user=request[USER].name)
         return web.Response(status=201)
 
     async def queue_delete(request: web.Request) -> web.Response:
@@ -426,7 +426,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             raise not_found()
         q = request.query
         vh.delete_queue(None, name, if_unused=q.get("if-unused") == "true", if_empty=q.get("if-empty") == "true",
-                        user=request["user"].name)
+                        user=request[USER].name)
         return web.Response(status=204)
 
     async def queue_purge(request: web.Request) -> web.Response:
@@ -434,7 +434,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         name = request.match_info["name"]
         if name not in vh.queues:
             raise not_found()
-        vh.purge_queue(None, name, request["user"].name)
+        vh.purge_queue(None, name, request[USER].name)
         return web.Response(status=204)
 
     async def queue_bindings(request: web.Request) -> web.Response:
@@ -468,7 +468,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                             durable=bool(body.get("durable", True)),
                             auto_delete=bool(body.get("auto_delete", False)),
                             internal=bool(body.get("internal", False)),
-                            arguments=body.get("arguments") or {}, user=request["user"].name)
+                            arguments=body.get("arguments") or {}, user=request[USER].name)
         return web.Response(status=201)
 
     async def exchange_delete(request: web.Request) -> web.Response:
@@ -476,7 +476,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         name = request.match_info["name"]
         if name not in vh.exchanges:
             raise not_found()
-        vh.delete_exchange(name, if_unused=request.query.get("if-unused") == "true", user=request["user"].name)
+        vh.delete_exchange(name, if_unused=request.query.get("if-unused") == "true", user=request[USER].name)
         return web.Response(status=204)
 
     async def bindings(request: web.Request) -> web.Response:
@@ -488,7 +488,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         kind = "q" if request.match_info["kind"] == "q" else "x"
         key = str(body.get("routing_key", ""))
         vh.bind(None, request.match_info["source"], (kind, request.match_info["dest"]), key,
-                body.get("arguments") or {}, user=request["user"].name)
+                body.get("arguments") or {}, user=request[USER].name)
         args = jsonable(body.get("arguments") or {})
         return web.Response(status=201, headers={"Location": _properties_key(key, args)})
 
