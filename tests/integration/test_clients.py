@@ -19,6 +19,7 @@ import aiormq
 import kombu
 import pika
 import pytest
+from celery import Celery
 from pika.adapters.select_connection import SelectConnection
 
 pytestmark = pytest.mark.rabbitmq
@@ -129,18 +130,21 @@ def test_celery_task_round_trip(broker_url: str, unique: str) -> None:
          "--concurrency=1", "--without-gossip", "--without-mingle", "--without-heartbeat",
          "--loglevel=WARNING"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # A fresh client app per broker: Celery caches its connection pools per app.
+    client = Celery(unique, broker=env["CMQ_TEST_BROKER_URL"], backend="rpc://")
     try:
-        os.environ["CMQ_TEST_BROKER_URL"] = env["CMQ_TEST_BROKER_URL"]
-        from tests.integration import celery_app
-
-        celery_app.app.conf.broker_url = env["CMQ_TEST_BROKER_URL"]
-        result = celery_app.add.apply_async((2, 40), queue=unique)
+        result = client.send_task("cmq_gateway_tests.add", (2, 40), queue=unique)
         assert result.get(timeout=60) == 42
     finally:
         worker.terminate()
-        _, err = worker.communicate(timeout=30)
+        try:
+            _, err = worker.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            _, err = worker.communicate(timeout=20)
         with kombu.Connection(env["CMQ_TEST_BROKER_URL"]) as conn:
             conn.default_channel.queue_delete(unique)
+        client.close()
     assert b"Traceback" not in err
 
 
