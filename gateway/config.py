@@ -65,7 +65,8 @@ class Limits:
     channel_max: int = 2047
     heartbeat: int = 60
     # W5: above either mark publishers get connection.blocked and are no longer read from.
-    memory_high_watermark: int = 1 << 30
+    # Memory: 40% of RAM, RabbitMQ's vm_memory_high_watermark default.
+    memory_high_watermark: int = field(default_factory=lambda: _physical_memory() * 2 // 5)
     store_high_watermark: int = 10 << 30
     # Fraction of a mark below which connection.unblocked is sent (hysteresis, no flapping).
     low_watermark_ratio: float = 0.8
@@ -109,6 +110,13 @@ class GatewayConfig:
         else:
             listeners = [Listener(host, port if port is not None else DEFAULT_PORT)]
         return dataclasses.replace(self, listeners=listeners)
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
 
 
 def default_data_dir() -> str:

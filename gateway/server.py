@@ -247,11 +247,14 @@ class Gateway:
             conn.set_blocked(over)
 
     def _store_bytes(self) -> int:
-        store = getattr(self.broker, "store", None)
-        size = getattr(store, "size_bytes", None)
-        if isinstance(size, int):
-            return size
-        return 0
+        """Bytes of the store's files (the top level of the data dir; audit/ is not the store)."""
+        if self.config.data_dir is None:
+            return 0
+        try:
+            with os.scandir(self.config.data_dir) as entries:
+                return sum(e.stat().st_size for e in entries if e.is_file(follow_symlinks=False))
+        except OSError:
+            return 0
 
 
 def _rss_bytes() -> int:
