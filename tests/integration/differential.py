@@ -14,7 +14,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
-__all__ = ["Fault", "blocking", "fault_of", "message_outcome", "props_outcome"]
+__all__ = ["Fault", "blocking", "expect_fault", "fault_of", "message_outcome", "props_outcome"]
 
 PROPERTY_FIELDS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
                    "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",

@@ -149,3 +149,20 @@ def test_W5_blocked_publisher_then_unblocked(gateway: object) -> None:
             conn.process_data_events(time_limit=0.2)
         conn.close()
     assert notes == ["Connection.Blocked", "Connection.Unblocked"]
+
+
+async def test_running_gateway_in_this_event_loop(tmp_path: Path) -> None:
+    """The in-process API: a gateway on port 0 in the test's own loop, reached by aio-pika."""
+    import aio_pika
+
+    from gateway.server import running_gateway
+
+    async with running_gateway(port=0, data_dir=str(tmp_path)) as gw:
+        conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
+        async with conn:
+            ch = await conn.channel()
+            q = await ch.declare_queue("inproc")
+            await ch.default_exchange.publish(aio_pika.Message(b"same loop"), routing_key="inproc")
+            msg = await q.get(no_ack=True)
+        assert [a[1] for a in gw.addresses] == [gw.port, gw.port]
+    assert msg.body == b"same loop"

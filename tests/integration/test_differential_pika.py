@@ -30,15 +30,6 @@ def differential(scenario: Scenario, rabbitmq_url: str, gateway_url: str, unique
     return rabbit
 
 
-def _drop(url: str, queues: list[str] = (), exchanges: list[str] = ()) -> None:  # type: ignore[assignment]
-    with blocking(url) as conn:
-        ch = conn.channel()
-        for q in queues:
-            ch.queue_delete(q)
-        for x in exchanges:
-            ch.exchange_delete(x)
-
-
 # pika cannot encode floats in tables; the aio-pika tests cover them.
 HEADERS: dict[str, Any] = {
     "str": "text ü", "int": 7, "neg": -3, "big": 2**40, "true": True,
