@@ -38,7 +38,7 @@ def _session(master: str | None):  # type: ignore[no-untyped-def]
     builder = SparkSession.builder.appName("cmq-audit report").config("spark.sql.session.timeZone", "UTC")
     if master:
         builder = builder.master(master)
-    elif "spark.master" not in os.environ.get("SPARK_SUBMIT_OPTS", "") and not os.environ.get("SPARK_ENV_LOADED"):
+    elif not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not under spark-submit, which sets the master
         builder = builder.master("local[*]")
     return builder.getOrCreate()
 
