@@ -87,7 +87,8 @@ def latency_percentiles(df: DataFrame, by: str = "topic") -> DataFrame:
     NULL).  ``latency_ms`` of the ack record is used when the broker wrote it, else the
     difference of the ack and publish timestamps."""
     pub = df.where(F.col("event") == "publish").groupBy("msg_id").agg(F.min("ts").alias("pub_ts"))
-    acks = _with_subscription(df.where(F.col("event") == "ack")).join(pub, "msg_id", "left")
+    filled = _with_subscription(df.where(F.col("event").isin("enqueue", "ack")))
+    acks = filled.where(F.col("event") == "ack").join(pub, "msg_id", "left")
     lat = F.coalesce(
         F.col("latency_ms"),
         (F.col("ts").cast("double") - F.col("pub_ts").cast("double")) * 1000.0,
