@@ -200,10 +200,14 @@ class AuditLog:
             items.append((self._clock(), "audit_dropped", "", {"dropped": shed}))
         buf: list[bytes] = []
         buf_bytes = 0
+        hour = ""  # the folder changes only with the ts's "YYYY-MM-DDTHH" prefix
+        folder = ""
         for t, event, vhost, fields in items:
             ts = format_ts(t)
             line = format_line(ts, event, vhost, fields).encode()
-            folder = layout.folder_for(ts)
+            if ts[:13] != hour:
+                hour = ts[:13]
+                folder = layout.folder_for(ts)
             if self._file is None or folder != self._file_folder or (
                 self._file_size + buf_bytes + len(line) > self.rotate_bytes
                 and self._file_size + buf_bytes > 0
