@@ -15,7 +15,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.protocol.fieldtable import decode_table, encode_table_body, table_entries
+from gateway.protocol.fieldtable import decode_table, encode_table_body, encode_value, table_entries
 
 __all__ = ["FIELDS", "Properties"]
 
@@ -45,7 +45,11 @@ _MESSAGE_ID = _INDEX["message_id"]
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
 _EMPTY = b"\x00\x00"
+_MISSING = object()
+# Encoded "<len><key>" of the header keys deliveries add (M11): a handful of fixed names.
+_KEY_BYTES: dict[str, bytes] = {}
 
 
 def _scan(raw: bytes) -> tuple[int, list[tuple[int, int] | None]]:
@@ -114,6 +118,30 @@ def _encode_field(kind: int, value: Any) -> bytes:
     return _U32.pack(len(body)) + body
 
 
+def _encode_entries(table: Mapping[str, Any]) -> bytes:
+    """encode_table_body for a delivery's added headers: str and int values inline (the
+    x-cmq-* headers of M11), any other value through encode_value; same bytes."""
+    parts: list[bytes] = []
+    for key, value in table.items():
+        kb = _KEY_BYTES.get(key)
+        if kb is None:
+            k = key.encode("utf-8")
+            if len(k) > 255:
+                raise ValueError(f"field table key over 255 bytes: {key[:32]!r}...")
+            kb = bytes((len(k),)) + k
+            if len(_KEY_BYTES) < 64:
+                _KEY_BYTES[key] = kb
+        t = type(value)
+        if t is str:
+            data = value.encode("utf-8")
+            parts.append(kb + b"S" + _U32.pack(len(data)) + data)
+        elif t is int:
+            parts.append(kb + b"l" + _I64.pack(value))
+        else:
+            parts.append(kb + encode_value(value))
+    return b"".join(parts)
+
+
 class Properties:
     """The raw property bytes of one content header, with lazily decoded fields.
 
@@ -122,13 +150,17 @@ class Properties:
     an ``int`` of Unix seconds, headers to a ``dict`` (see ``fieldtable.decode_value``).
     """
 
-    __slots__ = ("raw", "_spans", "_flags", "_cache")
+    __slots__ = ("raw", "_spans", "_flags", "_cache", "_template")
 
     def __init__(self, raw: bytes = _EMPTY) -> None:
         """Raises ValueError when ``raw`` is not a well-formed basic property list."""
         self.raw = raw
         self._flags, self._spans = _scan(raw)
         self._cache: dict[int, Any] = {}
+        # encode_with's split of ``raw`` around what a delivery adds: (keys, set_id, head,
+        # kept headers, middle, tail). Built on the first delivery; a message routed to many
+        # queues, or delivered again, reuses it.
+        self._template: tuple[tuple[str, ...], bool, bytes, bytes, bytes, bytes] | None = None
 
     @classmethod
     def build(cls, **values: Any) -> Properties:
@@ -153,30 +185,28 @@ class Properties:
         return cls(_U16.pack(flags) + b"".join(parts))
 
     def _get(self, i: int) -> Any:
-        try:
-            return self._cache[i]
-        except KeyError:
-            pass
+        # Read for every publish (delivery_mode, headers): no exception on a first read.
         span = self._spans[i]
-        value: Any
         if span is None:
-            value = None
+            return None
+        value: Any = self._cache.get(i, _MISSING)
+        if value is not _MISSING:
+            return value
+        start, end = span
+        kind = FIELDS[i][1]
+        raw = self.raw
+        if kind == _SHORTSTR:
+            data = raw[start + 1:end]
+            try:
+                value = data.decode("utf-8")
+            except UnicodeDecodeError:
+                value = data
+        elif kind == _OCTET:
+            value = raw[start]
+        elif kind == _TIMESTAMP:
+            value = _U64.unpack_from(raw, start)[0]
         else:
-            start, end = span
-            kind = FIELDS[i][1]
-            raw = self.raw
-            if kind == _SHORTSTR:
-                data = raw[start + 1:end]
-                try:
-                    value = data.decode("utf-8")
-                except UnicodeDecodeError:
-                    value = data
-            elif kind == _OCTET:
-                value = raw[start]
-            elif kind == _TIMESTAMP:
-                value = _U64.unpack_from(raw, start)[0]
-            else:
-                value = decode_table(raw, start)[0]
+            value = decode_table(raw, start)[0]
         self._cache[i] = value
         return value
 
@@ -220,40 +250,63 @@ class Properties:
         set_id = message_id is not None and self._spans[_MESSAGE_ID] is None
         if not set_id and not extra_headers:
             return self.raw
+        # Hand-written hot path (every delivery): the original bytes are split once per
+        # message around the two places a delivery changes (see _split); each delivery then
+        # encodes only its new header entries and message ID and joins five pieces.
+        keys = tuple(extra_headers) if extra_headers else ()
+        t = self._template
+        if t is None or t[0] != keys or t[1] != set_id:
+            t = self._template = self._split(keys, set_id)
+        _, _, head, kept, middle, tail = t
+        if keys:
+            added = _encode_entries(extra_headers)  # type: ignore[arg-type]
+            headers = _U32.pack(len(kept) + len(added)) + kept + added
+        else:
+            headers = b""
+        if set_id:
+            mid = message_id.encode("utf-8")  # type: ignore[union-attr]
+            if len(mid) > 255:
+                raise ValueError("short string over 255 bytes")
+            return b"".join((head, headers, middle, bytes((len(mid),)), mid, tail))
+        return b"".join((head, headers, middle, tail))
+
+    def _split(self, keys: tuple[str, ...], set_id: bool
+               ) -> tuple[tuple[str, ...], bool, bytes, bytes, bytes, bytes]:
+        """-> (keys, set_id, head, kept, middle, tail): the new flag word(s) and the fields
+        before headers; the original header entries that no added key replaces; the fields
+        between headers and message_id; those after message_id. A delivery is head +
+        [table length + kept + added entries] + middle + [message_id] + tail."""
         raw = self.raw
         spans = self._spans
         flags = self._flags
-        parts: list[bytes] = []
+        pieces: list[list[bytes]] = [[], [], []]
+        kept = b""
+        part = 0
         for i in range(14):
             span = spans[i]
-            if i == _HEADERS and extra_headers:
+            if i == _HEADERS and keys:
                 flags |= 0x8000 >> i
-                added = encode_table_body(extra_headers)
-                if span is None:
-                    kept = b""
-                else:
+                if span is not None:
                     start, end = span
                     kept = raw[start + 4:end]
-                    drop = {k.encode("utf-8") for k in extra_headers}
+                    drop = {k.encode("utf-8") for k in keys}
                     # Walk the entries only when a key's bytes occur at all (a C substring
                     # search): a first delivery has none of the x-cmq-* headers yet.
                     if any(key in kept for key in drop):
                         entries = table_entries(raw, start + 4, end)
                         kept = b"".join(raw[s:e] for key, s, e in entries if key not in drop)
-                parts.append(_U32.pack(len(kept) + len(added)))
-                parts.append(kept)
-                parts.append(added)
+                part = 1
             elif i == _MESSAGE_ID and set_id:
                 flags |= 0x8000 >> i
-                parts.append(_shortstr(message_id))  # type: ignore[arg-type]
+                part = 2
             elif span is not None:
-                parts.append(raw[span[0]:span[1]])
+                pieces[part].append(raw[span[0]:span[1]])
         # The flag word(s) of the original are rewritten with the added bits only.
-        first = _U16.pack(flags)
         head_end = 2
         while raw[head_end - 1] & 1:
             head_end += 2
-        return first + raw[2:head_end] + b"".join(parts)
+        head = _U16.pack(flags) + raw[2:head_end] + b"".join(pieces[0])
+        return keys, set_id, head, kept, b"".join(pieces[1]), b"".join(pieces[2])
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Properties) and other.raw == self.raw

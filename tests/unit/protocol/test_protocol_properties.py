@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import struct
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -167,3 +169,57 @@ def test_truncated_property_list_is_refused_at_every_cut(cut: int) -> None:
     raw = Properties.build(content_type="text/plain", delivery_mode=2).raw
     with pytest.raises(ValueError):
         Properties(raw[:-cut])
+
+
+def _reference_encode_with(props: Properties, message_id: Any, extra_headers: Any) -> bytes:
+    """The straightforward splice (field by field, generic table encoder) that the cached
+    template of encode_with must reproduce byte for byte."""
+    from gateway.protocol.fieldtable import encode_table_body, table_entries
+
+    raw = props.raw
+    spans = props._spans
+    flags = props._flags
+    set_id = message_id is not None and spans[8] is None
+    if not set_id and not extra_headers:
+        return raw
+    parts = []
+    for i in range(14):
+        span = spans[i]
+        if i == 2 and extra_headers:
+            flags |= 0x8000 >> i
+            added = encode_table_body(extra_headers)
+            kept = b""
+            if span is not None:
+                drop = {k.encode() for k in extra_headers}
+                kept = b"".join(raw[s:e] for key, s, e in table_entries(raw, span[0] + 4, span[1])
+                                if key not in drop)
+            parts.append(struct.pack(">I", len(kept) + len(added)) + kept + added)
+        elif i == 8 and set_id:
+            flags |= 0x8000 >> i
+            data = message_id.encode()
+            parts.append(bytes((len(data),)) + data)
+        elif span is not None:
+            parts.append(raw[span[0]:span[1]])
+    return struct.pack(">H", flags) + b"".join(parts)
+
+
+@pytest.mark.parametrize("props", [
+    Properties(),
+    Properties.build(delivery_mode=2),
+    Properties.build(content_type="text/plain", headers={"a": 1, "x-cmq-receive-count": 7}, priority=3,
+                     message_id="mine", timestamp=5, app_id="app"),
+    Properties.build(headers={}, type="t", cluster_id="c"),
+])
+def test_M11_encode_with_template_matches_the_field_by_field_splice(props: Properties) -> None:
+    """The template is cached per message: several deliveries with other IDs, receive counts
+    and header sets (the cache is rebuilt when the keys change) each give the reference bytes."""
+    calls = [
+        ("msg-1", {"x-cmq-msg-id": "msg-1", "x-cmq-enqueue-time": 1_714_557_600, "x-cmq-receive-count": 1}),
+        ("msg-2", {"x-cmq-msg-id": "msg-2", "x-cmq-enqueue-time": 1_714_557_601, "x-cmq-receive-count": 2}),
+        (None, {"x-cmq-receive-count": 3, "x-other": 1.5, "x-flag": True, "x-none": None}),
+        ("msg-\u00e9", None),
+        ("msg-1", {"x-cmq-msg-id": "msg-1", "x-cmq-enqueue-time": -1, "x-cmq-receive-count": 2**40}),
+    ]
+    for message_id, extra in calls:
+        assert props.encode_with(message_id=message_id, extra_headers=extra) == \
+            _reference_encode_with(props, message_id, extra)
