@@ -279,34 +279,39 @@ class Properties:
         raw = self.raw
         spans = self._spans
         flags = self._flags
-        pieces: list[list[bytes]] = [[], [], []]
-        kept = b""
-        part = 0
-        for i in range(14):
-            span = spans[i]
-            if i == _HEADERS and keys:
-                flags |= 0x8000 >> i
+        n = len(raw)
+
+        def start_of(i: int) -> int:
+            # The property list is contiguous, in field order: a field that is absent
+            # starts where the next present one does.
+            for span in spans[i:]:
                 if span is not None:
-                    start, end = span
-                    kept = raw[start + 4:end]
-                    drop = {k.encode("utf-8") for k in keys}
-                    # Walk the entries only when a key's bytes occur at all (a C substring
-                    # search): a first delivery has none of the x-cmq-* headers yet.
-                    if any(key in kept for key in drop):
-                        entries = table_entries(raw, start + 4, end)
-                        kept = b"".join(raw[s:e] for key, s, e in entries if key not in drop)
-                part = 1
-            elif i == _MESSAGE_ID and set_id:
-                flags |= 0x8000 >> i
-                part = 2
-            elif span is not None:
-                pieces[part].append(raw[span[0]:span[1]])
+                    return span[0]
+            return n
+
+        kept = b""
+        cut_a = start_of(_HEADERS)  # end of head
+        cut_b = cut_a  # start of middle: past the original headers when they are replaced
+        if keys:
+            flags |= 0x8000 >> _HEADERS
+            span = spans[_HEADERS]
+            if span is not None:
+                start, end = span
+                cut_b = end
+                kept = raw[start + 4:end]
+                drop = {k.encode("utf-8") for k in keys}
+                # Walk the entries only when a key's bytes occur at all (a C substring
+                # search): a first delivery has none of the x-cmq-* headers yet.
+                if any(key in kept for key in drop):
+                    entries = table_entries(raw, start + 4, end)
+                    kept = b"".join(raw[s:e] for key, s, e in entries if key not in drop)
+        cut_c = n  # end of middle: where the added message_id goes
+        if set_id:
+            flags |= 0x8000 >> _MESSAGE_ID
+            cut_c = start_of(_MESSAGE_ID)  # absent, so: where the fields after it start
         # The flag word(s) of the original are rewritten with the added bits only.
-        head_end = 2
-        while raw[head_end - 1] & 1:
-            head_end += 2
-        head = _U16.pack(flags) + raw[2:head_end] + b"".join(pieces[0])
-        return keys, set_id, head, kept, b"".join(pieces[1]), b"".join(pieces[2])
+        head = _U16.pack(flags) + raw[2:cut_a]
+        return keys, set_id, head, kept, raw[cut_b:cut_c], raw[cut_c:]
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Properties) and other.raw == self.raw
