@@ -14,7 +14,7 @@ from typing import Any
 
 import aio_pika
 import aiohttp
-import pytest
+import pytest_asyncio
 from aiohttp import web
 
 from gateway.management.testing import OperatorGateway, operator_gateway
@@ -94,7 +94,7 @@ class Setup:
             return next(s for s in await r.json() if s["subscriptionName"] == name)
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="function")
 async def setup_factory() -> AsyncIterator[Any]:
     stack: list[Any] = []
 
