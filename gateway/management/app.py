@@ -114,6 +114,14 @@ class Management:
         users = self.target.users
         return [v for v in names if users is not None and (user.name, v) in users.permissions]
 
+    def vhosts_in(self, request: web.Request) -> list[str]:
+        """The path's ``{vhost}`` (checked), or every vhost the user may see."""
+        v = request.match_info.get("vhost")
+        if v is None:
+            return self.vhost_names(request)
+        self.check_vhost(request, v)
+        return [v]
+
     def check_vhost(self, request: web.Request, name: str) -> Any:
         vh = self.vhost(name)
         if name not in self.vhost_names(request):

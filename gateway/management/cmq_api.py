@@ -137,16 +137,9 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             raise not_found()
         return vh, q
 
-    def vhosts_of(request: web.Request) -> list[str]:
-        v = request.match_info.get("vhost")
-        if v is None:
-            return mgmt.vhost_names(request)
-        mgmt.check_vhost(request, v)
-        return [v]
-
     async def topics(request: web.Request) -> web.Response:
         out = []
-        for v in vhosts_of(request):
+        for v in mgmt.vhosts_in(request):
             for ex in list(mgmt.vhost(v).exchanges.values()):
                 if ex.topic is not None:
                     out.append(topic_view(mgmt, v, ex, subscriptions=False))
@@ -204,7 +197,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
 
     async def queues(request: web.Request) -> web.Response:
         out: list[dict[str, Any]] = []
-        for v in vhosts_of(request):
+        for v in mgmt.vhosts_in(request):
             out.extend(queue_view(v, q) for q in list(mgmt.vhost(v).queues.values()))
         return web.json_response(out)
 

@@ -327,13 +327,6 @@ def _channels(mgmt: Management, vhosts: set[str]) -> list[Any]:
 def add_routes(app: web.Application, mgmt: Management) -> None:
     r = app.router
 
-    def vhosts_of(request: web.Request) -> list[str]:
-        v = request.match_info.get("vhost")
-        if v is None:
-            return mgmt.vhost_names(request)
-        mgmt.check_vhost(request, v)
-        return [v]
-
     async def overview(request: web.Request) -> web.Response:
         names = mgmt.vhost_names(request)
         queues = _queues(mgmt, request, names)
@@ -399,7 +392,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         return web.json_response(vhost_json(name))
 
     async def queues(request: web.Request) -> web.Response:
-        return web.json_response(_paged(request, _queues(mgmt, request, vhosts_of(request))))
+        return web.json_response(_paged(request, _queues(mgmt, request, mgmt.vhosts_in(request))))
 
     async def queue(request: web.Request) -> web.Response:
         vh = mgmt.check_vhost(request, request.match_info["vhost"])
@@ -447,7 +440,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         return web.json_response(out)
 
     async def exchanges(request: web.Request) -> web.Response:
-        return web.json_response(_paged(request, _exchanges(mgmt, vhosts_of(request))))
+        return web.json_response(_paged(request, _exchanges(mgmt, mgmt.vhosts_in(request))))
 
     async def exchange(request: web.Request) -> web.Response:
         vh = mgmt.check_vhost(request, request.match_info["vhost"])
@@ -480,7 +473,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         return web.Response(status=204)
 
     async def bindings(request: web.Request) -> web.Response:
-        return web.json_response(_bindings(mgmt, vhosts_of(request)))
+        return web.json_response(_bindings(mgmt, mgmt.vhosts_in(request)))
 
     async def binding_post(request: web.Request) -> web.Response:
         vh = mgmt.check_vhost(request, request.match_info["vhost"])
@@ -503,7 +496,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
 
     async def consumers(request: web.Request) -> web.Response:
         out = []
-        for v in vhosts_of(request):
+        for v in mgmt.vhosts_in(request):
             for q in list(mgmt.vhost(v).queues.values()):
                 out.extend(_consumers_of(mgmt, q))
         return web.json_response(out)
@@ -517,7 +510,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                                   "alarms": [{"node": NODE, "resource": resource}]}, status=503)
 
     async def definitions_get(request: web.Request) -> web.Response:
-        return web.json_response(export_definitions(mgmt, vhosts_of(request)))
+        return web.json_response(export_definitions(mgmt, mgmt.vhosts_in(request)))
 
     async def definitions_post(request: web.Request) -> web.Response:
         body = await read_json(request)
