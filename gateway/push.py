@@ -24,8 +24,8 @@ The request is CMQ's notify format (Tencent Cloud API 406/7420, "Delivering Mess
 Wiring without touching the broker: the broker passes the attempt callback to
 ``Topic.publish`` and ``Topic.deliver_due``. :meth:`HttpPusher.install` wraps those two methods
 on the one Topic instance that gets an HTTP subscription so that HTTP endpoints are answered
-here and every other endpoint goes to the broker's callback unchanged. (The report describes
-the two-line broker hook that would replace the wrapping.)
+here and every other endpoint goes to the broker's callback unchanged. When the broker has
+its own hook (``Broker.push_http`` calling ``broker.http_pusher.push``), that is used instead.
 
 HTTP subscriptions of durable exchanges are kept in the broker's store under
 ``s/<vhost>/<exchange>/<subscription>`` and come back with :meth:`HttpPusher.recover`.
@@ -216,6 +216,9 @@ class HttpPusher:
 
     def install(self, topic: Topic) -> None:
         """Answer HTTP endpoints of this topic here; everything else goes to the broker."""
+        if hasattr(self.broker, "push_http"):  # the broker's own D7 hook: no wrapping needed
+            self.broker.http_pusher = self
+            return
         if getattr(topic, "_cmq_http_pusher", None) is self:
             return
         publish, deliver_due = topic.publish, topic.deliver_due
