@@ -17,8 +17,8 @@ The users / vhosts / permissions keys use the shape of a RabbitMQ definitions ex
              memory_high_watermark: 1073741824, store_high_watermark: 10737418240}
     audit: {dir: /var/log/cmq-gateway, rotate_bytes: 67108864, rotate_seconds: 3600,
             retention_hours: 168, events: null}
-    management: {port: 15672}         # not served yet
-    metrics: {port: 15692}            # not served yet
+    management: {port: 15672, host: "0.0.0.0"}   # RabbitMQ's management HTTP API + /api/cmq
+    metrics: {port: 15692, host: "0.0.0.0"}      # Prometheus /metrics
 
 With no users at all, the default ``guest``/``guest`` user with full rights on ``/`` exists,
 as in RabbitMQ, and may connect only from loopback.
@@ -95,6 +95,8 @@ class GatewayConfig:
     # Reserved for the management API and metrics endpoint: parsed, not served yet.
     management_port: int | None = None
     metrics_port: int | None = None
+    management_host: str = "0.0.0.0"
+    metrics_host: str = "0.0.0.0"
     cluster_name: str = "cmq-gateway"
 
     @property
@@ -159,6 +161,10 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
         cfg.audit = _fill(AuditSettings, audit, "audit")
     cfg.management_port = _port_of(raw, "management")
     cfg.metrics_port = _port_of(raw, "metrics")
+    for key in ("management", "metrics"):
+        section = raw.get(key)
+        if isinstance(section, Mapping) and section.get("host") is not None:
+            setattr(cfg, f"{key}_host", str(section["host"]))
     return cfg
 
 

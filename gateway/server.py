@@ -159,6 +159,10 @@ class Gateway:
         self._servers: list[asyncio.AbstractServer] = []
         self._ticker: asyncio.Task[None] | None = None
         self.addresses: list[tuple[str, int]] = []
+        # Bytes read from / written to AMQP clients (metrics: cmq_gateway_*_bytes_total).
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self._operator: list[Any] = []  # aiohttp runners of the management API and /metrics
 
     @property
     def port(self) -> int:
@@ -190,9 +194,23 @@ class Gateway:
                 s.close()
             raise
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
+        await self._start_operator_window()
+
+    async def _start_operator_window(self) -> None:
+        """The management API (RabbitMQ's port 15672) and /metrics (15692), when configured."""
+        config = self.config
+        if config.management_port is not None:
+            from gateway.management import start_management
+            self._operator.append(await start_management(self, config.management_host, config.management_port))
+        if config.metrics_port is not None:
+            from gateway.metrics import start_metrics
+            self._operator.append(await start_metrics(self, config.metrics_host, config.metrics_port))
 
     async def stop(self) -> None:
         """Stop accepting, close every client with 320, flush the store, close the audit log."""
+        for runner in self._operator:
+            await runner.cleanup()
+        self._operator.clear()
         for server in self._servers:
             server.close()
         for conn in list(self.connections):

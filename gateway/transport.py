@@ -100,6 +100,7 @@ class AMQPConnection(asyncio.Protocol):
         self.gw.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self.gw.bytes_in += len(data)
         self.conn.receive_data(data)
         if not self._backlog:  # else a turn is already scheduled and reading paused
             self._process()
@@ -190,6 +191,7 @@ class AMQPConnection(asyncio.Protocol):
             return
         out = self.conn.data_to_send()
         if out:
+            self.gw.bytes_out += len(out)
             self.transport.write(out)
         if self.conn.closed:
             self._hang_up()
