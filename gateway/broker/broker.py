@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.broker import persistence as P
 from gateway.broker.consumers import Unacked
+from gateway.broker.deadletter import dead_letter_properties
+from gateway.broker.exchange import sub_label
 from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.scheduler import Scheduler
@@ -17,6 +19,7 @@ from gateway.broker.vhost import VHost
 from semantics import queue as Q
 from semantics import topic as T
 from semantics.clock import Clock, SystemClock
+from semantics.limits import TOPIC_LIFECYCLE_SECONDS
 from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store
 
@@ -161,28 +164,68 @@ class Broker:
     def _topic_tick(self, vh: VHost, ex: Exchange, now: float) -> None:
         assert ex.topic is not None
         events = ex.topic.expire(now)
-
         def attempt(sub: Any, tmsg: Any) -> bool:
             from gateway.broker.vhost import PublishOutcome
             msg = tmsg.payload
-            return vh._attempt(sub.endpoint, msg, msg.headers, now, PublishOutcome(), {ex.name}, ex.name)
+            return vh._attempt(sub.endpoint, msg, msg.headers, now, PublishOutcome(), {ex.name}, ex.name,
+                               sub_label(ex.name, sub.name))
 
         events.extend(ex.topic.deliver_due(now, attempt))
         self.topic_events(vh, ex, events)
 
     def topic_events(self, vh: VHost, ex: Exchange, events: Any) -> None:
-        """A1: the topic's retries, give-ups and expiries in the audit log (D3-D6)."""
+        """A1: the topic's retries, give-ups and expiries in the audit log (D3-D6); the
+        journal of retained persistent messages follows their delivery states."""
         emit = self.audit.emit
+        touched: set[str] | None = None
         for e in events:
             if isinstance(e, T.RetryScheduled):
-                emit("retry", vh.name, topic=ex.name, msg_id=e.msg_id, subscription=e.subscription,
+                emit("retry", vh.name, topic=ex.name, msg_id=e.msg_id, subscription=sub_label(ex.name, e.subscription),
                      attempt=e.attempt, next_at=e.next_at, policy=e.policy)
             elif isinstance(e, T.GaveUp):
-                emit("discard", vh.name, topic=ex.name, msg_id=e.msg_id, subscription=e.subscription,
-                     attempt=e.attempts, policy=e.policy, reason="retries_exhausted")
+                emit("discard", vh.name, topic=ex.name, msg_id=e.msg_id,
+                     subscription=sub_label(ex.name, e.subscription), attempt=e.attempts, policy=e.policy,
+                     reason="retries_exhausted")
             elif isinstance(e, T.Discarded) and e.reason == "expired":
-                emit("discard", vh.name, topic=ex.name, msg_id=e.msg_id, subscription=e.subscription,
-                     reason="expired")
+                emit("discard", vh.name, topic=ex.name, msg_id=e.msg_id, reason="expired",
+                     subscription=sub_label(ex.name, e.subscription) if e.subscription else None)
+            if ex.durable and not isinstance(e, T.Routed):
+                if touched is None:
+                    touched = set()
+                touched.add(e.msg_id)
+        if touched:
+            for msg_id in touched:
+                self._rejournal_retained(vh, ex, msg_id)
+
+    # -- topic-retained messages (D2, M14) ---------------------------------------------------
+
+    def journal_retained(self, vh: VHost, ex: Exchange, msg: Message) -> int:
+        """A persistent message a durable topic keeps for retries is journaled, with the
+        subscriptions still owed it, so that a confirmed message survives a restart (M14)."""
+        if not (ex.durable and msg.persistent):
+            return 0
+        return self._rejournal_retained(vh, ex, msg.msg_id, msg)
+
+    def _rejournal_retained(self, vh: VHost, ex: Exchange, msg_id: str, msg: Message | None = None) -> int:
+        assert ex.topic is not None
+        key = P.retained_key(vh.name, ex.name, msg_id)
+        owed = [name for name, st in ex.topic.state(msg_id).items()
+                if st.status in (T.DeliveryStatus.PENDING, T.DeliveryStatus.RETRYING)]
+        if not owed:
+            self.unpersist(key, missing_ok=True)
+            return 0
+        if msg is None:
+            if key not in self.store:
+                return 0  # not journaled: transient, or not a durable topic
+            r = P.decode_retained(self.store.get(key) or b"")
+            if r["owed"] == owed:
+                return 0
+            return self.persist(key, P.encode_retained(vh.name, ex.name, msg_id, r["published_at"], owed,
+                                                       r["routing_key"], r["tags"], r["properties"],
+                                                       r["body"]))
+        return self.persist(key, P.encode_retained(vh.name, ex.name, msg_id, msg.published_at, owed,
+                                                   msg.routing_key, list(msg.tags), msg.properties.raw,
+                                                   msg.body))
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -207,9 +250,10 @@ class Broker:
             if isinstance(e, Q.VisibilityExpired):
                 emit("visibility_expire", vh.name, queue=q.name, msg_id=m.msg_id, attempt=m.receive_count)
             elif isinstance(e, Q.DeadLettered):
+                # Q8: CMQ's dead-letter queue takes it (maxReceiveCount / maxTimeToLive).
                 self._unpersist_msg(q, m)
                 emit("dead_letter", vh.name, queue=q.name, msg_id=m.msg_id, reason=e.reason,
-                     subscription=e.to_queue)
+                     subscription=e.to_queue, size=m.size)
                 target = vh.queues.get(e.to_queue)
                 if target is not None:
                     msg: Message = m.payload  # type: ignore[assignment]
@@ -217,9 +261,10 @@ class Broker:
                         vh.publish("", target.name, msg.properties, msg.body)
             elif isinstance(e, Q.Expired | Q.MaxLengthDropped):
                 self._unpersist_msg(q, m)
-                reason = "max_length" if isinstance(e, Q.MaxLengthDropped) else "expired"
-                emit("discard", vh.name, queue=q.name, msg_id=m.msg_id, reason=reason)
-                self._dead_letter_exchange(vh, q, m)
+                maxlen = isinstance(e, Q.MaxLengthDropped)
+                if not self._dead_letter_exchange(vh, q, m, "maxlen" if maxlen else "expired"):
+                    emit("discard", vh.name, queue=q.name, msg_id=m.msg_id, size=m.size,
+                         reason="max_length" if maxlen else "expired")
             elif isinstance(e, Q.RewindableRemoved):
                 self._unpersist_msg(q, m)
 
@@ -228,16 +273,20 @@ class Broker:
         if q.durable and isinstance(msg, Message) and msg.persistent:
             self.unpersist(P.message_key(q.vhost, q.name, m.msg_id), missing_ok=True)
 
-    def _dead_letter_exchange(self, vh: VHost, q: BrokerQueue, m: Q.QueueMessage) -> bool:
-        """M13: x-dead-letter-exchange takes rejected, expired and dropped messages."""
+    def _dead_letter_exchange(self, vh: VHost, q: BrokerQueue, m: Q.QueueMessage, reason: str) -> bool:
+        """M13: x-dead-letter-exchange takes rejected, expired and dropped messages, with the
+        x-death history RabbitMQ adds (reason rejected, expired, maxlen, delivery_limit)."""
         dlx = q.qargs.dead_letter_exchange
         if dlx is None:
             return False
         msg: Message = m.payload  # type: ignore[assignment]
         key = q.qargs.dead_letter_routing_key or msg.routing_key
-        self.audit.emit("dead_letter", vh.name, queue=q.name, msg_id=m.msg_id, topic=dlx, routing_key=key)
+        self.audit.emit("dead_letter", vh.name, queue=q.name, msg_id=m.msg_id, topic=dlx, routing_key=key,
+                        reason=reason, size=m.size)
+        props = dead_letter_properties(msg.properties, reason=reason, queue=q.name, exchange=msg.exchange,
+                                       routing_keys=[msg.routing_key], now=self.clock.now())
         with contextlib.suppress(Exception):  # a missing DLX drops the message, as RabbitMQ
-            vh.publish(dlx, key, msg.properties, msg.body)
+            vh.publish(dlx, key, props, msg.body)
         return True
 
     def forget_queue(self, vh: VHost, q: BrokerQueue) -> None:
@@ -268,9 +317,9 @@ class Broker:
                 # x-delivery-limit without a CMQ dead-letter queue: dead-letter or drop.
                 q.cmq.delete(receipt, now)
                 self._unpersist_msg(q, receipt.message)
-                if not self._dead_letter_exchange(self.vhosts[q.vhost], q, receipt.message):
+                if not self._dead_letter_exchange(self.vhosts[q.vhost], q, receipt.message, "delivery_limit"):
                     self.audit.emit("discard", q.vhost, queue=q.name, msg_id=receipt.message.msg_id,
-                                    reason="rejected")
+                                    size=receipt.message.size, reason="rejected")
                 continue
             consumer.channel.deliver(consumer, q, receipt)
             touched.add(consumer.channel.session)
@@ -308,9 +357,13 @@ class Broker:
         q = u.queue
         if q.deleted:
             return
-        if q.cmq.delete(u.handle, self.clock.now()):
-            self._unpersist_msg(q, u.handle.message)
-            session.emit("ack", queue=q.name, msg_id=u.msg_id)
+        now = self.clock.now()
+        if q.cmq.delete(u.handle, now):
+            m = u.handle.message
+            self._unpersist_msg(q, m)
+            msg = m.payload
+            latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
+            session.emit("ack", queue=q.name, msg_id=u.msg_id, latency_ms=latency)
         else:
             session.emit("stale_ack", queue=q.name, msg_id=u.msg_id)
         self.after_queue_change(self.vhosts[q.vhost], q)
@@ -330,7 +383,8 @@ class Broker:
             if m is not None:
                 self._unpersist_msg(q, m)
                 session.emit("nack", queue=q.name, msg_id=u.msg_id, reason="rejected")
-                self._dead_letter_exchange(vh, q, m)
+                if not self._dead_letter_exchange(vh, q, m, "rejected"):
+                    session.emit("discard", queue=q.name, msg_id=u.msg_id, size=m.size, reason="rejected")
         self.after_queue_change(vh, q)
 
     def consumer_gone(self, q: BrokerQueue) -> None:
@@ -368,8 +422,46 @@ class Broker:
                 continue
             msg = Message(r["body"], Properties(r["properties"]), r["exchange"], r["routing_key"],
                           r["enqueue_time"])
+            msg.msg_id = r["msg_id"]
             q.cmq.restore(msg, len(msg.body), now, msg_id=r["msg_id"], enqueue_time=r["enqueue_time"])
             self.after_queue_change(vh, q, dispatch=False)
+        self._recover_retained(now)
+
+    def _recover_retained(self, now: float) -> None:
+        """Messages a durable topic retained for retries (D2) are offered again to the
+        subscriptions still owed them; the others already have them. Retry counts start
+        over; the lifecycle (D3) still counts from the original publish."""
+        from gateway.broker.vhost import PublishOutcome
+        from gateway.protocol.properties import Properties
+
+        records = [(key, P.decode_retained(raw)) for key, raw in self.store.items("t/")]
+        records.sort(key=lambda kr: kr[1]["published_at"])
+        for key, r in records:
+            vh = self.vhosts.get(r["vhost"])
+            ex = vh.exchanges.get(r["exchange"]) if vh is not None else None
+            if vh is None or ex is None or ex.topic is None or now >= r["published_at"] + TOPIC_LIFECYCLE_SECONDS:
+                self.unpersist(key)
+                continue
+            msg = Message(r["body"], Properties(r["properties"]), ex.name, r["routing_key"], r["published_at"],
+                          tuple(r["tags"]), r["msg_id"])
+            owed = set(r["owed"])
+            ex_name = ex.name
+            vhost = vh
+
+            def attempt(sub: Any, tmsg: Any, owed: set[str] = owed, msg: Message = msg,
+                        vhost: VHost = vhost, ex_name: str = ex_name) -> bool:
+                if sub.name not in owed:
+                    return True  # it had this message before the restart
+                return vhost._attempt(sub.endpoint, msg, msg.headers, now, PublishOutcome(), {ex_name},
+                                      ex_name, sub_label(ex_name, sub.name))
+
+            result = ex.topic.publish(T.TopicMessage(msg.msg_id, msg.published_at, msg.tags, msg.routing_key,
+                                                     msg, len(msg.body)), now, attempt)
+            if result.retained:
+                self._rejournal_retained(vh, ex, msg.msg_id, msg)
+                self.reschedule_exchange(vh, ex)
+            else:
+                self.unpersist(key)
 
     async def close(self) -> None:
         """Flush the store, stop the timers and the flusher."""

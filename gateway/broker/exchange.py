@@ -27,7 +27,7 @@ from semantics.names import cmq_name
 from semantics.retry import DEFAULT_STRATEGY, NotifyStrategy
 from semantics.topic import FilterType, Topic
 
-__all__ = ["Binding", "Dest", "Exchange", "EXCHANGE_TYPES", "X_MAX_MESSAGE_SIZE", "message_tags", "sub_name"]
+__all__ = ["Binding", "Dest", "Exchange", "EXCHANGE_TYPES", "X_MAX_MESSAGE_SIZE", "message_tags", "sub_label", "sub_name"]
 
 # Exchange argument that is ours: the topic's MaximumMessageSize (L6).
 X_MAX_MESSAGE_SIZE = "x-cmq-max-message-size"
@@ -177,6 +177,13 @@ class Exchange:
         """M5: the destinations whose binding arguments match the headers (x-match)."""
         return tuple(b.dest for b in self.bindings.values()
                      if any(headers_match(a, headers) for a in b.arguments.values()))
+
+
+def sub_label(exchange: str, name: str) -> str:
+    """A subscription as the audit log names it: ``<exchange>-><kind>:<dest>`` (as bind
+    records name it) for the subscriptions of bindings; an HTTP subscription's own name (L1
+    names hold no ':')."""
+    return f"{exchange}->{name}" if ":" in name else name
 
 
 def sub_name(dest: Dest) -> str:

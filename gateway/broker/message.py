@@ -13,10 +13,15 @@ class Message:
     handed over, shared by every queue the message is routed to (no copies on the hot path)."""
 
     __slots__ = ("body", "properties", "exchange", "routing_key", "persistent", "published_at",
-                 "tags")
+                 "tags", "msg_id", "ttl")
 
     def __init__(self, body: bytes, properties: Any, exchange: str, routing_key: str,
-                 published_at: float, tags: tuple[str, ...] = ()) -> None:
+                 published_at: float, tags: tuple[str, ...] = (), msg_id: str = "",
+                 ttl: float | None = None) -> None:
+        # msg_id: the one CMQ message ID from publish through route, enqueue and delivery
+        # (A2): a message routed to several queues has the same ID in each of them.
+        self.msg_id = msg_id
+        self.ttl = ttl  # the per-message TTL in seconds (expiration property), or None
         self.body = body
         self.properties = properties
         self.exchange = exchange

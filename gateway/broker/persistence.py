@@ -7,6 +7,8 @@ names it belongs to in its value; keys only have to be unique and prefix-searcha
 * ``q/<vhost>/<queue>``     JSON: the durable queue's declaration
 * ``b/<vhost>/<source>/<kind>/<dest>/<key>``  JSON: one binding key of a durable pair
 * ``m/<vhost>/<queue>/<msg_id>``  binary: a persistent message in a durable queue
+* ``t/<vhost>/<exchange>/<msg_id>``  binary: a persistent message a durable topic retains
+  for retries (D2), with the subscriptions still owed it
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ __all__ = [
     "exchange_key",
     "message_key",
     "queue_key",
+    "decode_retained",
+    "encode_retained",
+    "retained_key",
 ]
 
 _MSG_HEAD = struct.Struct(">BdHHHHI")  # version, enqueue time, 4 name lengths, props length
+_RET_HEAD = struct.Struct(">BII")  # version, JSON length, props length
 
 
 def exchange_key(vhost: str, name: str) -> str:
@@ -84,6 +90,28 @@ def decode_message(raw: bytes) -> dict[str, Any]:
     end = raw.index(b"\x00", pos)
     out["msg_id"] = raw[pos:end].decode()
     pos = end + 1
+    out["properties"] = raw[pos:pos + lp]
+    out["body"] = raw[pos + lp:]
+    return out
+
+
+def retained_key(vhost: str, exchange: str, msg_id: str) -> str:
+    return f"t/{vhost}/{exchange}/{msg_id}"
+
+
+def encode_retained(vhost: str, exchange: str, msg_id: str, published_at: float, owed: list[str],
+                    routing_key: str, tags: list[str], properties: bytes, body: bytes) -> bytes:
+    meta = json.dumps({"vhost": vhost, "exchange": exchange, "msg_id": msg_id, "published_at": published_at,
+                       "owed": owed, "routing_key": routing_key, "tags": tags},
+                      separators=(",", ":")).encode()
+    return b"".join([_RET_HEAD.pack(1, len(meta), len(properties)), meta, properties, body])
+
+
+def decode_retained(raw: bytes) -> dict[str, Any]:
+    _, lm, lp = _RET_HEAD.unpack_from(raw)
+    pos = _RET_HEAD.size
+    out: dict[str, Any] = json.loads(raw[pos:pos + lm])
+    pos += lm
     out["properties"] = raw[pos:pos + lp]
     out["body"] = raw[pos + lp:]
     return out

@@ -50,9 +50,12 @@ class BrokerQueue:
 
     # -- CMQ model ---------------------------------------------------------------------------
 
-    def send(self, msg: Message, now: float, delay: float | None = None) -> QueueMessage:
-        """CMQ SendMessage; raises LimitError (L6 too large, L8 full) or MaxLengthRejected."""
-        return self.cmq.send(msg, len(msg.body), now, delay=delay)
+    def send(self, msg: Message, now: float, delay: float | None = None,
+             expires_at: float | None = None) -> QueueMessage:
+        """CMQ SendMessage under the message's own ID; raises LimitError (L6 too large, L8
+        full) or MaxLengthRejected."""
+        return self.cmq.send(msg, len(msg.body), now, delay=delay, msg_id=msg.msg_id or None,
+                             expires_at=expires_at)
 
     def receive(self, now: float) -> Receipt | None:
         """CMQ ReceiveMessage: an Active message turns Inactive (Q1), or None."""

@@ -44,7 +44,8 @@ class Session:
         broker.sessions.add(self)
 
     def emit(self, event: str, **fields: Any) -> None:
-        self.broker.audit.emit(event, self.vhost_name, **fields)
+        """An audit record caused by this connection: its user and peer (A2)."""
+        self.broker.audit.emit(event, self.vhost_name, user=self.user, peer=self.peer, **fields)
 
     def supports(self, capability: str) -> bool:
         props = getattr(self.conn, "client_properties", None) or {}
@@ -133,7 +134,7 @@ class Session:
             seq = ch.publish_seq
         try:
             out = self.vhost.publish(method.exchange, method.routing_key, properties, body,
-                                     immediate=method.immediate, user=self.user)
+                                     immediate=method.immediate, user=self.user, peer=self.peer)
         except CMQError:
             raise
         except Exception:  # the store refused it (M14: basic.nack)
@@ -225,7 +226,7 @@ class Session:
         if target is not None:
             # M15 / Q6: rewind before the consumer starts receiving.
             count = q.cmq.rewind(target, self.broker.now())
-            self.emit("rewind", queue=q.name, next_at=target, size=count, user=self.user)
+            self.emit("rewind", queue=q.name, next_at=target, size=count)
             self.broker.after_queue_change(self.vhost, q, dispatch=False)
         consumer = Consumer(tag, ch, q, no_ack=m.no_ack, exclusive=m.exclusive,
                             prefetch=ch.consumer_prefetch, arguments=m.arguments)

@@ -21,7 +21,7 @@ from gateway.broker.errors import (
     precondition,
     resource_locked,
 )
-from gateway.broker.exchange import EXCHANGE_TYPES, Dest, Exchange, message_tags
+from gateway.broker.exchange import EXCHANGE_TYPES, Dest, Exchange, message_tags, sub_label, sub_name
 from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
 from semantics.errors import CMQError, LimitError
@@ -48,9 +48,10 @@ def new_name(prefix: str) -> str:
 class PublishOutcome:
     """What a publish did: whether anything took it, and the store LSN it must wait for."""
 
-    __slots__ = ("routed", "lsn", "rejected")
+    __slots__ = ("routed", "lsn", "rejected", "msg_id")
 
     def __init__(self) -> None:
+        self.msg_id = ""
         self.routed = False
         self.lsn = 0
         self.rejected = False  # x-overflow reject-publish refused it (basic.nack under confirms)
@@ -282,49 +283,62 @@ class VHost:
     # -- publish (M9, M10) -------------------------------------------------------------------
 
     def publish(self, exchange: str, routing_key: str, properties: Any, body: bytes,
-                *, immediate: bool = False, user: str | None = None) -> PublishOutcome:
+                *, immediate: bool = False, user: str | None = None,
+                peer: str | None = None) -> PublishOutcome:
+        """One basic.publish. Every record it leaves in the audit log (publish, route, enqueue,
+        discard) carries the one CMQ message ID it gets here (A2)."""
         if immediate:
             # RabbitMQ 3.x dropped immediate: connection error 540.
             raise ConnectionFault("M16", "immediate=true", reply_code=NOT_IMPLEMENTED)
         now = self.broker.now()
         headers = properties.headers
         out = PublishOutcome()
+        ttl = _ttl_of(properties)
         if exchange == "":
-            self._send_direct(routing_key, properties, body, headers, now, out, user)
+            self._send_direct(routing_key, properties, body, headers, now, out, user, peer, ttl)
             return out
         ex = self.exchange(exchange)
         if ex.internal:
             raise access_refused(f"cannot publish to internal exchange '{exchange}' in vhost '{self.name}'")
+        tags = message_tags(routing_key, headers) if ex.type == "direct" else ()
+        size = len(body)
+        msg_id = out.msg_id = new_msg_id()
+        emit = self.broker.audit.emit
+        emit("publish", self.name, topic=exchange, routing_key=routing_key, msg_id=msg_id,
+             tags=list(tags) or None, size=size, user=user, peer=peer)
         if headers and ("x-delay" in headers or "x-cmq-delay-seconds" in headers):
             raise precondition(f"message delay is a queue feature; it is not available through "
                                f"topic '{exchange}' (CMQ rule Q4)", rule="Q4")
         max_size = ex.max_message_size
-        if len(body) > max_size:
-            self._emit("discard", topic=exchange, routing_key=routing_key, size=len(body), reason="too_large")
-            raise LimitError("L6", f"message of {len(body)} bytes is larger than topic '{exchange}' "
-                             f"MaximumMessageSize {max_size}", value=len(body), limit=max_size)
-        tags = message_tags(routing_key, headers) if ex.type == "direct" else ()
-        msg = Message(body, properties, exchange, routing_key, now, tags)
-        self._check_sizes(ex, msg, headers)
-        self._emit("publish", topic=exchange, routing_key=routing_key, tags=list(tags) or None,
-                   size=len(body), user=user)
+        if size > max_size:
+            emit("discard", self.name, topic=exchange, routing_key=routing_key, msg_id=msg_id, size=size,
+                 reason="too_large", user=user, peer=peer)
+            raise LimitError("L6", f"message of {size} bytes is larger than topic '{exchange}' "
+                             f"MaximumMessageSize {max_size}", value=size, limit=max_size)
+        msg = Message(body, properties, exchange, routing_key, now, tags, msg_id, ttl)
+        self._check_sizes(ex, msg, headers, user, peer)
         self._route(ex, msg, headers, now, out, {exchange})
         if not out.routed:
-            self._emit("discard", topic=exchange, routing_key=routing_key, size=len(body), reason="no_match")
+            emit("discard", self.name, topic=exchange, routing_key=routing_key, msg_id=msg_id, size=size,
+                 reason="no_match", user=user, peer=peer)
         return out
 
     def _dests(self, ex: Exchange, msg: Message, headers: Any) -> tuple[Dest, ...]:
         if ex.topic is None:
             return ex.headers_route(headers)
-        return tuple(s.endpoint for s in ex.topic.match(msg.tags, msg.routing_key))  # type: ignore[misc]
+        return tuple(s.endpoint for s in ex.topic.match(msg.tags, msg.routing_key)  # type: ignore[misc]
+                     if isinstance(s.endpoint, tuple))
 
-    def _check_sizes(self, ex: Exchange, msg: Message, headers: Any) -> None:
+    def _check_sizes(self, ex: Exchange, msg: Message, headers: Any, user: str | None,
+                     peer: str | None) -> None:
         """L6: refuse before anything is enqueued when a queue it reaches would refuse it."""
         size = len(msg.body)
         for kind, name in self._dests(ex, msg, headers):
             if kind == "q":
                 q = self.queues.get(name)
                 if q is not None and size > q.attrs.max_msg_size:
+                    self._emit("discard", topic=ex.name, queue=q.name, routing_key=msg.routing_key,
+                               msg_id=msg.msg_id, size=size, reason="too_large", user=user, peer=peer)
                     raise LimitError("L6", f"message of {size} bytes is larger than queue '{q.name}' "
                                      f"MaxMsgSize {q.attrs.max_msg_size}", value=size,
                                      limit=q.attrs.max_msg_size)
@@ -332,23 +346,40 @@ class VHost:
     def _route(self, ex: Exchange, msg: Message, headers: Any, now: float, out: PublishOutcome,
                seen: set[str]) -> None:
         """Route through ``ex`` (its topic, M9) and onward through exchange bindings, each once."""
-        def attempt(sub: Any, tmsg: Any) -> bool:
-            return self._attempt(sub.endpoint, msg, headers, now, out, seen, ex.name)
-
+        emit = self.broker.audit.emit
+        tags = list(msg.tags) or None
+        size = len(msg.body)
         if ex.topic is None:
             dests = ex.headers_route(headers)
             for dest in dests:
-                self._attempt(dest, msg, headers, now, out, seen, ex.name)
+                sub = sub_label(ex.name, sub_name(dest))
+                emit("route", self.name, topic=ex.name, msg_id=msg.msg_id, routing_key=msg.routing_key,
+                     subscription=sub, queue=dest[1] if dest[0] == "q" else None, tags=tags, size=size)
+                self._attempt(dest, msg, headers, now, out, seen, ex.name, sub)
             matched = len(dests)
         else:
-            tmsg = TopicMessage(new_msg_id(), now, msg.tags, msg.routing_key, msg, len(msg.body))
-            result = ex.topic.publish(tmsg, now, attempt)
+            topic = ex.topic
+            # A1: one route record per subscription that takes it, before its enqueue records
+            # (the lookup is the topic's cached one, done again inside publish).
+            subs = topic.match(msg.tags, msg.routing_key)
+            for s in subs:
+                endpoint = s.endpoint
+                emit("route", self.name, topic=ex.name, msg_id=msg.msg_id, routing_key=msg.routing_key,
+                     subscription=sub_label(ex.name, s.name),
+                     queue=endpoint[1] if isinstance(endpoint, tuple) and endpoint[0] == "q" else None,
+                     tags=tags, size=size)
+            def attempt(sub: Any, tmsg: Any) -> bool:
+                return self._attempt(sub.endpoint, msg, headers, now, out, seen, ex.name,
+                                     sub_label(ex.name, sub.name))
+
+            tmsg = TopicMessage(msg.msg_id, now, msg.tags, msg.routing_key, msg, size)
+            result = topic.publish(tmsg, now, attempt)
             matched = len(result.matched)
-            if matched:
-                self._emit("route", topic=ex.name, msg_id=tmsg.msg_id, routing_key=msg.routing_key,
-                           subscription=[s.name for s in result.matched])
             if result.retained:
                 out.routed = True  # D2: kept by the topic until its subscriptions settle
+                lsn = self.broker.journal_retained(self, ex, msg)
+                if lsn > out.lsn:
+                    out.lsn = lsn
                 self.broker.topic_events(self, ex, result.events)
                 self.broker.reschedule_exchange(self, ex)
         if not matched and ex.alternate and ex.alternate not in seen:
@@ -358,18 +389,19 @@ class VHost:
                 self._route(alt, msg, headers, now, out, seen)
 
     def _attempt(self, dest: Dest, msg: Message, headers: Any, now: float, out: PublishOutcome,
-                 seen: set[str], via: str) -> bool:
-        """One delivery of a topic to a subscription's endpoint (D7)."""
+                 seen: set[str], via: str, subscription: str | None = None) -> bool:
+        """One delivery of a topic to a subscription's endpoint (D7): True when it took it."""
         kind, name = dest
         if kind == "q":
             q = self.queues.get(name)
             if q is None:
                 return False  # D7: the endpoint queue does not exist
+            if q.cmq.get(msg.msg_id) is not None:
+                out.routed = True
+                return True  # reached twice (exchange-to-exchange bindings): once, as RabbitMQ
             try:
-                self._enqueue(q, msg, now, None, out, via)
-            except CMQError as e:
-                self._emit("discard", topic=via, queue=name, size=len(msg.body), reason="max_length"
-                           if isinstance(e, MaxLengthRejected) else "rejected", policy=e.rule)
+                self._enqueue(q, msg, now, None, out, via, subscription)
+            except CMQError:
                 return False  # D7: the queue did not accept: the retry policy takes over
             return True
         if name not in seen:
@@ -381,35 +413,43 @@ class VHost:
         return True
 
     def _send_direct(self, routing_key: str, properties: Any, body: bytes, headers: Any, now: float,
-                     out: PublishOutcome, user: str | None) -> None:
+                     out: PublishOutcome, user: str | None, peer: str | None, ttl: float | None) -> None:
         """M10: CMQ SendMessage straight to the queue named by the routing key."""
+        size = len(body)
+        msg_id = out.msg_id = new_msg_id()
+        self._emit("publish", queue=routing_key, routing_key=routing_key, msg_id=msg_id, size=size,
+                   user=user, peer=peer)
         q = self.queues.get(routing_key)
         if q is None:
-            self._emit("discard", queue=routing_key, routing_key=routing_key, size=len(body),
-                       reason="no_match")
+            self._emit("discard", queue=routing_key, routing_key=routing_key, msg_id=msg_id, size=size,
+                       reason="no_match", user=user, peer=peer)
             return
         delay = _delay_of(headers)
-        msg = Message(body, properties, "", routing_key, now)
-        self._emit("publish", queue=q.name, routing_key=routing_key, size=len(body), user=user)
+        msg = Message(body, properties, "", routing_key, now, (), msg_id, ttl)
         try:
-            self._enqueue(q, msg, now, delay, out, None)
+            self._enqueue(q, msg, now, delay, out, None, None)
         except MaxLengthRejected:
             # x-overflow reject-publish: RabbitMQ nacks a confirming publisher, no channel error.
-            self._emit("discard", queue=q.name, size=len(body), reason="max_length")
+            self._emit("discard", queue=q.name, routing_key=routing_key, msg_id=msg_id, size=size,
+                       reason="max_length", user=user, peer=peer)
             out.rejected = True
             out.routed = True
             return
         except LimitError as e:
             if e.rule == "L6":
-                self._emit("discard", queue=q.name, size=len(body), reason="too_large")
+                self._emit("discard", queue=q.name, routing_key=routing_key, msg_id=msg_id, size=size,
+                           reason="too_large", user=user, peer=peer)
             raise
 
     def _enqueue(self, q: BrokerQueue, msg: Message, now: float, delay: float | None,
-                 out: PublishOutcome, via: str | None) -> None:
-        qmsg = q.send(msg, now, delay)
+                 out: PublishOutcome, via: str | None, subscription: str | None) -> None:
+        ttl = msg.ttl
+        expires_at = None if ttl is None else now + (delay or 0.0) + ttl
+        qmsg = q.send(msg, now, delay, expires_at)
         out.routed = True
         msg_id = qmsg.msg_id
-        self._emit("enqueue", queue=q.name, msg_id=msg_id, size=len(msg.body), topic=via)
+        self._emit("enqueue", queue=q.name, msg_id=msg_id, size=len(msg.body), topic=via,
+                   subscription=subscription)
         if q.durable and msg.persistent:
             lsn = self.broker.persist(P.message_key(self.name, q.name, msg_id), P.encode_message(
                 self.name, q.name, msg_id, now, msg.exchange, msg.routing_key,
@@ -427,6 +467,19 @@ class VHost:
     def consumer_gone(self, q: BrokerQueue) -> None:
         if q.auto_delete and q.had_consumer and not q.consumers and not q.deleted:
             self._remove_queue(q, user=None, reason="auto_delete")
+
+
+def _ttl_of(properties: Any) -> float | None:
+    """RabbitMQ's per-message TTL: the ``expiration`` property, in ms as a decimal string.
+    CMQ has none; RabbitMQ's meaning is kept (SPEC: where CMQ is silent, behave like RabbitMQ)."""
+    exp = properties.expiration
+    if exp is None:
+        return None
+    text = exp.decode("latin-1") if isinstance(exp, bytes) else exp
+    if not text.isdigit():
+        raise precondition(f"invalid expiration '{text}': not a non-negative integer of milliseconds",
+                           rule="M16", value=text)
+    return int(text) / 1000.0
 
 
 def _delay_of(headers: Any) -> float | None:

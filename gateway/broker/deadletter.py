@@ -1,0 +1,74 @@
+"""Dead-lettered messages carry RabbitMQ's ``x-death`` history (SPEC M13, M7).
+
+CMQ has no such header; ``x-dead-letter-exchange`` keeps its RabbitMQ meaning, so the
+message it receives looks as RabbitMQ 3.10 makes it:
+
+* ``x-death``: an array of tables, most recent first, one per (queue, reason) with ``count``
+  (long), ``reason`` (``rejected``, ``expired``, ``maxlen``, ``delivery_limit``), ``queue``,
+  ``time`` (timestamp), ``exchange`` and ``routing-keys`` as published, and
+  ``original-expiration`` when the message had a per-message TTL. Dying again in the same
+  queue for the same reason increments that entry's count and moves it to the front.
+* ``x-first-death-reason`` / ``-queue`` / ``-exchange``: set once, at the first death.
+* The ``expiration`` property is removed (kept in ``original-expiration``) so that the
+  message does not expire again for the same TTL.
+
+Every other property and header keeps its original bytes (``Properties.encode_with``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.protocol.fieldtable import Typed
+from gateway.protocol.properties import Properties
+
+__all__ = ["dead_letter_properties", "without_expiration"]
+
+_EXPIRATION = 7  # field index of ``expiration`` in the basic property list
+_EXPIRATION_FLAG = 0x8000 >> _EXPIRATION
+
+
+def without_expiration(raw: bytes) -> bytes:
+    """The property list ``raw`` with its ``expiration`` field removed, all else byte for byte."""
+    flags = int.from_bytes(raw[:2], "big")
+    if not flags & _EXPIRATION_FLAG:
+        return raw
+    pos = 2
+    for i in range(_EXPIRATION):
+        if not flags & (0x8000 >> i):
+            continue
+        if i == 2:  # headers: a table with a 32-bit length
+            pos += 4 + int.from_bytes(raw[pos:pos + 4], "big")
+        elif i in (3, 4):  # delivery_mode, priority: octets
+            pos += 1
+        else:  # short strings
+            pos += 1 + raw[pos]
+    end = pos + 1 + raw[pos]
+    return (flags & ~_EXPIRATION_FLAG).to_bytes(2, "big") + raw[2:pos] + raw[end:]
+
+
+def dead_letter_properties(props: Any, *, reason: str, queue: str, exchange: str,
+                           routing_keys: Sequence[str], now: float) -> Properties:
+    """The properties of ``props`` as the dead-letter exchange receives them."""
+    headers = props.headers or {}
+    deaths = [dict(d) for d in headers.get("x-death") or () if isinstance(d, dict)]
+    entry = next((d for d in deaths if d.get("queue") == queue and d.get("reason") == reason), None)
+    if entry is not None:
+        deaths.remove(entry)
+        count = entry.get("count")
+        entry["count"] = (count if isinstance(count, int) else 0) + 1
+    else:
+        entry = {"count": 1, "reason": reason, "queue": queue, "time": Typed("T", int(now)),
+                 "exchange": exchange, "routing-keys": list(routing_keys)}
+        expiration = props.expiration
+        if expiration is not None:
+            entry["original-expiration"] = (expiration.decode("latin-1") if isinstance(expiration, bytes)
+                                            else expiration)
+    deaths.insert(0, entry)
+    extra: dict[str, Any] = {"x-death": deaths}
+    if "x-first-death-reason" not in headers:
+        extra["x-first-death-exchange"] = exchange
+        extra["x-first-death-queue"] = queue
+        extra["x-first-death-reason"] = reason
+    return Properties(Properties(without_expiration(props.raw)).encode_with(extra_headers=extra))
