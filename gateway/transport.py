@@ -49,6 +49,8 @@ log = logging.getLogger("cmq_gateway.transport")
 CLOSE_TIMEOUT = 3.0
 # A client that has not finished the handshake by then is cut (RabbitMQ's handshake_timeout).
 HANDSHAKE_TIMEOUT = 10.0
+_CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk, ev.ChannelFlow, ev.Method,
+                             ev.Content))
 # Events (a publish is one) handled per loop turn before the other connections get theirs.
 EVENTS_PER_TURN = 256
 
@@ -199,11 +201,11 @@ class AMQPConnection(asyncio.Protocol):
     # -- events -----------------------------------------------------------------------------
 
     def _dispatch(self, event: object) -> None:
-        if isinstance(event, ev.ChannelOpen | ev.ChannelClose | ev.ChannelCloseOk | ev.ChannelFlow
-                      | ev.Method | ev.Content):
+        kind = type(event)
+        if kind is ev.Content or kind in _CHANNEL_EVENTS:  # one test on the hot path
             if self.session is None:  # the core lets no channel frame through before open
                 return
-            if isinstance(event, ev.Content):
+            if kind is ev.Content:
                 self.publisher = True
             self.session.on_event(event)
         elif isinstance(event, ev.ProtocolHeaderOK):

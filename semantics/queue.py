@@ -782,9 +782,17 @@ class CmqQueue:
     def next_wakeup(self) -> float | None:
         """The earliest time a timed change is due, for the gateway's scheduler."""
         vis, dl, heap = self._vis, self._dl, self._heap
-        while vis and not _timer_live(*vis[0]):
+        # Called after every send/receive/delete by the gateway's scheduler: the lane checks
+        # of _timer_live are inlined (each lane holds one kind of timer).
+        while vis:
+            _, _, msg, token = vis[0]
+            if msg.state is INACTIVE and msg.handle == token:
+                break
             vis.popleft()
-        while dl and not _timer_live(*dl[0]):
+        while dl:
+            when, _, msg, _ = dl[0]
+            if msg.state is not REMOVED and msg.deadline == when:
+                break
             dl.popleft()
         while heap and not _timer_live(heap[0][0], heap[0][2], heap[0][3], heap[0][4]):
             heapq.heappop(heap)

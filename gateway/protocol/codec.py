@@ -65,13 +65,30 @@ _END = b"\xce"
 _Publish = commands.Basic.Publish
 
 
+# shortstr() of the names every delivery repeats (consumer tag, exchange, routing key):
+# a bounded memo, cleared when full, because send_deliver encodes three per message.
+_SHORTSTR_MEMO: dict[str, bytes] = {}
+_SHORTSTR_MEMO_MAX = 4096
+
+
 def shortstr(value: str | bytes) -> bytes:
     """A length-prefixed short string; ValueError above 255 bytes."""
-    data = value.encode("utf-8") if isinstance(value, str) else value
+    if type(value) is str:
+        cached = _SHORTSTR_MEMO.get(value)
+        if cached is not None:
+            return cached
+        data = value.encode("utf-8")
+    else:
+        data = value  # type: ignore[assignment]
     n = len(data)
     if n > 255:
         raise ValueError(f"short string of {n} bytes (max 255)")
-    return bytes((n,)) + data
+    out = bytes((n,)) + data
+    if type(value) is str:
+        if len(_SHORTSTR_MEMO) >= _SHORTSTR_MEMO_MAX:
+            _SHORTSTR_MEMO.clear()
+        _SHORTSTR_MEMO[value] = out
+    return out
 
 
 def method_ids(method: Any) -> tuple[int, int]:

@@ -279,18 +279,22 @@ class Properties:
         raw = self.raw
         spans = self._spans
         flags = self._flags
-        n = len(raw)
+        head_end = 2  # past the flag word(s)
+        while raw[head_end - 1] & 1:
+            head_end += 2
 
-        def start_of(i: int) -> int:
-            # The property list is contiguous, in field order: a field that is absent
-            # starts where the next present one does.
-            for span in spans[i:]:
+        def end_before(i: int) -> int:
+            # The property list is contiguous, in field order: an absent field starts where
+            # the last present field before it ends.
+            while i:
+                i -= 1
+                span = spans[i]
                 if span is not None:
-                    return span[0]
-            return n
+                    return span[1]
+            return head_end
 
         kept = b""
-        cut_a = start_of(_HEADERS)  # end of head
+        cut_a = end_before(_HEADERS)  # end of head
         cut_b = cut_a  # start of middle: past the original headers when they are replaced
         if keys:
             flags |= 0x8000 >> _HEADERS
@@ -305,10 +309,10 @@ class Properties:
                 if any(key in kept for key in drop):
                     entries = table_entries(raw, start + 4, end)
                     kept = b"".join(raw[s:e] for key, s, e in entries if key not in drop)
-        cut_c = n  # end of middle: where the added message_id goes
+        cut_c = len(raw)  # end of middle: where the added message_id goes
         if set_id:
             flags |= 0x8000 >> _MESSAGE_ID
-            cut_c = start_of(_MESSAGE_ID)  # absent, so: where the fields after it start
+            cut_c = end_before(_MESSAGE_ID)
         # The flag word(s) of the original are rewritten with the added bits only.
         head = _U16.pack(flags) + raw[2:cut_a]
         return keys, set_id, head, kept, raw[cut_b:cut_c], raw[cut_c:]
