@@ -62,6 +62,9 @@ class Broker:
         self.clock = clock
         self.audit = audit if audit is not None else NullAudit()
         self.config = config if config is not None else BrokerConfig()
+        self.strict_names = bool(getattr(self.config, "strict_names", False))  # L2
+        # Advertised in connection.start capabilities (W1): exchange.bind works (M8).
+        self.exchange_exchange_bindings = True
         self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True))
         self.vhosts: dict[str, VHost] = {}
         for name in getattr(self.config, "vhosts", None) or ["/"]:
@@ -239,9 +242,19 @@ class Broker:
             self.dispatch(q)
 
     def _queue_tick(self, vh: VHost, q: BrokerQueue, now: float) -> None:
+        expiry = q.expires_at()
+        if expiry is not None and now >= expiry:
+            vh.expire_queue(q)  # x-expires: unused for that long
+            return
         self._queue_events(vh, q, q.cmq.tick(now))
         if q.consumers:
             self.dispatch(q)
+
+    def touch_queue(self, q: BrokerQueue) -> None:
+        """The queue was used (declare, basic.get, its last consumer left): x-expires restarts."""
+        q.last_used = self.clock.now()
+        if q.qargs.expires_ms is not None:
+            self.scheduler.reschedule(q)
 
     def _queue_events(self, vh: VHost, q: BrokerQueue, events: list[Q.QueueEvent]) -> None:
         emit = self.audit.emit
@@ -337,6 +350,7 @@ class Broker:
     def get(self, ch: Channel, q: BrokerQueue, no_ack: bool) -> None:
         from pamqp import commands as C
         now = self.clock.now()
+        q.last_used = now
         receipt = q.receive(now)
         if receipt is None:
             ch.session.conn.send_method(ch.number, C.Basic.GetEmpty())
@@ -394,8 +408,16 @@ class Broker:
 
     def _recover(self) -> None:
         """Durable exchanges, queues, bindings and persistent messages come back (restart)."""
-        from gateway.protocol.properties import Properties
+        strict, self.strict_names = self.strict_names, False  # L2 is checked when declared, not now
+        try:
+            self._recover_declarations()
+        finally:
+            self.strict_names = strict
+        now = self.clock.now()
+        self._recover_messages(now)
+        self._recover_retained(now)
 
+    def _recover_declarations(self) -> None:
         store = self.store
         for _, raw in store.items("x/"):
             r = P.decode_json(raw)
@@ -412,7 +434,11 @@ class Broker:
             vh = self.vhost(r["vhost"])
             with contextlib.suppress(Exception):
                 vh.bind(None, r["source"], (r["kind"], r["dest"]), r["key"], r["arguments"])
-        now = self.clock.now()
+
+    def _recover_messages(self, now: float) -> None:
+        from gateway.protocol.properties import Properties
+
+        store = self.store
         records = [P.decode_message(raw) for _, raw in store.items("m/")]
         records.sort(key=lambda r: r["enqueue_time"])
         for r in records:
@@ -425,7 +451,6 @@ class Broker:
             msg.msg_id = r["msg_id"]
             q.cmq.restore(msg, len(msg.body), now, msg_id=r["msg_id"], enqueue_time=r["enqueue_time"])
             self.after_queue_change(vh, q, dispatch=False)
-        self._recover_retained(now)
 
     def _recover_retained(self, now: float) -> None:
         """Messages a durable topic retained for retries (D2) are offered again to the

@@ -36,7 +36,9 @@ class Channel:
         self.pending_confirms: deque[tuple[int, int]] = deque()  # (seq, lsn) in seq order (M14)
         self.tx = False
         self.tx_publishes: list[Any] = []
-        self.tx_acks: list[Any] = []
+        # (delivery tag, delivery, None for ack / requeue flag for nack and reject) in the
+        # open transaction: applied on tx.commit, back to unacked on tx.rollback.
+        self.tx_acks: list[tuple[int, Unacked, bool | None]] = []
 
     # -- credit (W4) -------------------------------------------------------------------------
 
@@ -82,6 +84,11 @@ class Channel:
     # -- settlement (M12, M13) ---------------------------------------------------------------
 
     def take(self, tag: int, multiple: bool) -> list[Unacked]:
+        return [u for _, u in self.take_tagged(tag, multiple)]
+
+    def take_tagged(self, tag: int, multiple: bool) -> list[tuple[int, Unacked]]:
+        """Remove and return the deliveries a basic.ack/nack/reject names, with their tags;
+        406 for an unknown tag (M12)."""
         if multiple:
             tags = list(self.unacked) if tag == 0 else [t for t in self.unacked if t <= tag]
         else:
@@ -93,18 +100,32 @@ class Channel:
             u = self.unacked.pop(t)
             if u.consumer is not None:
                 u.consumer.unacked -= 1
-            out.append(u)
+            out.append((t, u))
         return out
+
+    def restore_unacked(self, settled: list[tuple[int, Unacked, bool | None]]) -> None:
+        """tx.rollback: the deliveries are unacked again, under their original tags, in tag order."""
+        if not settled:
+            return
+        for tag, u, _ in settled:
+            self.unacked[tag] = u
+            if u.consumer is not None:
+                u.consumer.unacked += 1
+        self.unacked = dict(sorted(self.unacked.items()))
 
     def ack(self, tag: int, multiple: bool) -> None:
         broker = self.session.broker
         for u in self.take(tag, multiple):
             broker.ack(self.session, u)
+        if self.channel_prefetch:
+            broker.dispatch_channel(self)  # W4: channel credit serves every queue consumed here
 
     def reject(self, tag: int, multiple: bool, requeue: bool) -> None:
         broker = self.session.broker
         for u in self.take(tag, multiple):
             broker.reject(self.session, u, requeue)
+        if self.channel_prefetch:
+            broker.dispatch_channel(self)
 
     def requeue_all(self) -> None:
         """M13: channel closed / basic.recover: every unacked delivery is Active again."""
@@ -134,6 +155,9 @@ class Channel:
 
     def close(self) -> None:
         """Forget the channel: consumers cancelled, unacked messages Active again (M13)."""
+        self.restore_unacked(self.tx_acks)  # an open transaction's acks never happened
+        self.tx_acks = []
+        self.tx_publishes = []
         for tag in list(self.consumers):
             self.cancel(tag)
         self.requeue_all()

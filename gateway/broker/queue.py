@@ -66,8 +66,24 @@ class BrokerQueue:
         """Ready messages, as queue.declare-ok and basic.get-ok count them."""
         return self.cmq.active
 
+    def expires_at(self) -> float | None:
+        """x-expires (M7, RabbitMQ's meaning): when the queue is deleted if it stays unused
+        (no consumer, no basic.get, no redeclare); None while it has consumers."""
+        ms = self.qargs.expires_ms
+        if ms is None or self.consumers or self.deleted:
+            return None
+        return self.last_used + ms / 1000.0
+
     def next_wakeup(self) -> float | None:
-        return self.cmq.next_wakeup()
+        if self.deleted:
+            return None
+        when = self.cmq.next_wakeup()
+        if self.qargs.expires_ms is None:
+            return when
+        expiry = self.expires_at()
+        if expiry is None:
+            return when
+        return expiry if when is None or expiry < when else when
 
     def run_due(self, now: float) -> None:
         if self.on_tick is not None:

@@ -245,12 +245,6 @@ class Session:
         q = self.vhost.queue(m.queue, self)
         self.broker.get(ch, q, m.no_ack)
 
-    def _basic_nack(self, ch: Channel, m: Any) -> None:
-        ch.reject(m.delivery_tag, m.multiple, m.requeue)
-
-    def _basic_reject(self, ch: Channel, m: Any) -> None:
-        ch.reject(m.delivery_tag, False, m.requeue)
-
     def _basic_recover(self, ch: Channel, m: Any) -> None:
         ch.requeue_all()
         if m.name == "Basic.Recover":
@@ -277,30 +271,47 @@ class Session:
         publishes, ch.tx_publishes = ch.tx_publishes, []
         for method, properties, body in publishes:
             self.publish_now(ch, method, properties, body)
-        acks, ch.tx_acks = ch.tx_acks, []
-        for u in acks:
-            self.broker.ack(self, u)
+        settles, ch.tx_acks = ch.tx_acks, []
+        broker = self.broker
+        for _tag, u, action in settles:
+            if action is None:
+                broker.ack(self, u)
+            else:
+                broker.reject(self, u, action)
+        if settles and ch.channel_prefetch:
+            broker.dispatch_channel(ch)
         self.conn.send_method(ch.number, C.Tx.CommitOk())
 
     def _tx_rollback(self, ch: Channel, m: Any) -> None:
         if not ch.tx:
             raise precondition("channel is not transactional", rule="M16")
         ch.tx_publishes = []
-        # Acks taken in the transaction go back to unacked (RabbitMQ keeps them pending).
-        for u in ch.tx_acks:
-            tag = ch.next_tag
-            ch.next_tag += 1
-            ch.unacked[tag] = u
+        # As RabbitMQ: the acks and rejects of the transaction are forgotten; the deliveries
+        # stay unacked under their original delivery tags.
+        ch.restore_unacked(ch.tx_acks)
         ch.tx_acks = []
         self.conn.send_method(ch.number, C.Tx.RollbackOk())
 
 
 def _tx_ack(self: Session, ch: Channel, m: Any) -> None:
     if ch.tx:
-        for u in ch.take(m.delivery_tag, m.multiple):
-            ch.tx_acks.append(u)
+        ch.tx_acks.extend((tag, u, None) for tag, u in ch.take_tagged(m.delivery_tag, m.multiple))
         return
     ch.ack(m.delivery_tag, m.multiple)
+
+
+def _tx_nack(self: Session, ch: Channel, m: Any) -> None:
+    if ch.tx:
+        ch.tx_acks.extend((tag, u, m.requeue) for tag, u in ch.take_tagged(m.delivery_tag, m.multiple))
+        return
+    ch.reject(m.delivery_tag, m.multiple, m.requeue)
+
+
+def _tx_reject(self: Session, ch: Channel, m: Any) -> None:
+    if ch.tx:
+        ch.tx_acks.extend((tag, u, m.requeue) for tag, u in ch.take_tagged(m.delivery_tag, False))
+        return
+    ch.reject(m.delivery_tag, False, m.requeue)
 
 
 def _ids(method: Any) -> tuple[int, int]:
@@ -323,8 +334,8 @@ _HANDLERS: dict[str, Callable[[Session, Channel, Any], None]] = {
     "Basic.Cancel": Session._basic_cancel,
     "Basic.Get": Session._basic_get,
     "Basic.Ack": _tx_ack,
-    "Basic.Nack": Session._basic_nack,
-    "Basic.Reject": Session._basic_reject,
+    "Basic.Nack": _tx_nack,
+    "Basic.Reject": _tx_reject,
     "Basic.Recover": Session._basic_recover,
     "Basic.RecoverAsync": Session._basic_recover,
     "Confirm.Select": Session._confirm_select,

@@ -26,6 +26,7 @@ from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
 from semantics.errors import CMQError, LimitError
 from semantics.message_ids import new_msg_id
+from semantics.names import cmq_name
 from semantics.queue import MaxLengthRejected
 from semantics.queue_attrs import QueueAttributes
 from semantics.topic import TopicMessage
@@ -116,6 +117,8 @@ class VHost:
                 raise inequivalent(diff, "exchange", name, self.name, args.get(diff),
                                    existing.arguments.get(diff))
             return existing
+        if self.broker.strict_names:
+            cmq_name(name, "topic", strict=True)  # L2: 406 unless already a valid CMQ name
         ex = Exchange(self.name, name, type, durable=durable, auto_delete=auto_delete,
                       internal=internal, arguments=args)
         self.exchanges[name] = ex
@@ -154,11 +157,17 @@ class VHost:
         if passive:
             if not name:
                 raise not_found("queue", name, self.name)
-            return self.queue(name, session)
+            q = self.queue(name, session)
+            self.broker.touch_queue(q)
+            return q
         if name.startswith("amq.") and name not in self.queues:
             raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         if not name:
+            # Server-named: amq.gen-..., which clients expect; it maps to a valid CMQ name (L2)
+            # and so is allowed under strict_names too.
             name = new_name("amq.gen-")
+        elif self.broker.strict_names and name not in self.queues:
+            cmq_name(name, "queue", strict=True)  # L2: 406 unless already a valid CMQ name
         args = dict(arguments or {})
         existing = self.queues.get(name)
         if existing is not None:
@@ -172,6 +181,7 @@ class VHost:
             if diff is not None:
                 raise inequivalent(diff, "queue", name, self.name, args.get(diff),
                                    existing.arguments.get(diff))
+            self.broker.touch_queue(existing)
             return existing
         qargs = parse_queue_args(args)
         attrs = QueueAttributes(**qargs.attrs)
@@ -467,6 +477,13 @@ class VHost:
     def consumer_gone(self, q: BrokerQueue) -> None:
         if q.auto_delete and q.had_consumer and not q.consumers and not q.deleted:
             self._remove_queue(q, user=None, reason="auto_delete")
+        elif not q.consumers and not q.deleted:
+            self.broker.touch_queue(q)  # x-expires counts from when the last consumer left
+
+    def expire_queue(self, q: BrokerQueue) -> None:
+        """x-expires: the queue was unused for that long; deleted as RabbitMQ deletes it."""
+        if not q.deleted and not q.consumers:
+            self._remove_queue(q, user=None, reason="expired")
 
 
 def _ttl_of(properties: Any) -> float | None:

@@ -74,3 +74,20 @@ class Client:
 
     def methods(self) -> list[Any]:
         return [fr for _, fr in self.read() if not isinstance(fr, header.ContentHeader | B.ContentBody)]
+
+
+def declare(c: Client, *frames: Frame, channel: int = 1) -> list[Any]:
+    """Send the frames and return the methods they were answered with."""
+    c.send(channel, *frames)
+    return c.methods()
+
+
+def deliveries(frames: list[tuple[int, Any]]) -> list[tuple[Any, Any, bytes]]:
+    """(deliver or get-ok, properties, body) of each message in a list of read frames."""
+    out = []
+    for i, (_, fr) in enumerate(frames):
+        if isinstance(fr, C.Basic.Deliver | C.Basic.GetOk | C.Basic.Return):
+            head = frames[i + 1][1]
+            body = frames[i + 2][1].value if head.body_size else b""
+            out.append((fr, head.properties, body))
+    return out
