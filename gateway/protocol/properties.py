@@ -48,6 +48,9 @@ _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 _EMPTY = b"\x00\x00"
 _MISSING = object()
+# raw property bytes -> (the same bytes, flags, spans), shared by equal Properties; bounded.
+_SCANNED: dict[bytes, tuple[bytes, int, tuple[tuple[int, int] | None, ...]]] = {}
+_SCANNED_MAX = 1024
 # Encoded "<len><key>" of the header keys deliveries add (M11): a handful of fixed names.
 _KEY_BYTES: dict[str, bytes] = {}
 
@@ -154,9 +157,22 @@ class Properties:
 
     def __init__(self, raw: bytes = _EMPTY) -> None:
         """Raises ValueError when ``raw`` is not a well-formed basic property list."""
-        self.raw = raw
-        self._flags, self._spans = _scan(raw)
-        self._cache: dict[int, Any] = {}
+        # Publishers repeat the same few property lists (often just delivery_mode): the scan
+        # and the bytes are shared between messages with equal properties (memory per
+        # retained message, scenario 6; and one dict lookup instead of a scan per publish).
+        if type(raw) is not bytes:
+            raw = bytes(raw)  # hashable, and never a view of a buffer that changes
+        known = _SCANNED.get(raw)
+        if known is None:
+            flags, spans = _scan(raw)
+            known = (raw, flags, tuple(spans))
+            if len(_SCANNED) >= _SCANNED_MAX:
+                _SCANNED.clear()
+            _SCANNED[raw] = known
+        self.raw, self._flags, self._spans = known
+        # Decoded fields, made on the first decode that is worth keeping: a retained message
+        # whose publisher set only delivery_mode never has one (scenario 6 memory).
+        self._cache: dict[int, Any] | None = None
         # encode_with's split of ``raw`` around what a delivery adds: (keys, set_id, head,
         # kept headers, middle, tail). Built on the first delivery; a message routed to many
         # queues, or delivered again, reuses it.
@@ -189,25 +205,29 @@ class Properties:
         span = self._spans[i]
         if span is None:
             return None
-        value: Any = self._cache.get(i, _MISSING)
-        if value is not _MISSING:
-            return value
         start, end = span
-        kind = FIELDS[i][1]
+        kind = _KINDS[i]
         raw = self.raw
+        if kind == _OCTET:
+            return raw[start]  # cheaper to read again than to keep
+        cache = self._cache
+        if cache is None:
+            cache = self._cache = {}
+        else:
+            value: Any = cache.get(i, _MISSING)
+            if value is not _MISSING:
+                return value
         if kind == _SHORTSTR:
             data = raw[start + 1:end]
             try:
                 value = data.decode("utf-8")
             except UnicodeDecodeError:
                 value = data
-        elif kind == _OCTET:
-            value = raw[start]
         elif kind == _TIMESTAMP:
             value = _U64.unpack_from(raw, start)[0]
         else:
             value = decode_table(raw, start)[0]
-        self._cache[i] = value
+        cache[i] = value
         return value
 
     content_type = property(lambda self: self._get(0))
