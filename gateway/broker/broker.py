@@ -323,17 +323,9 @@ class Broker:
             consumer = q.next_consumer()
             if consumer is None:
                 break
-            receipt = q.receive(now)
+            receipt = q.receive(now) if limit is None else self._receive_limited(q, now, limit)
             if receipt is None:
                 break
-            if limit is not None and receipt.message.receive_count > limit:
-                # x-delivery-limit without a CMQ dead-letter queue: dead-letter or drop.
-                q.cmq.delete(receipt, now)
-                self._unpersist_msg(q, receipt.message)
-                if not self._dead_letter_exchange(self.vhosts[q.vhost], q, receipt.message, "delivery_limit"):
-                    self.audit.emit("discard", q.vhost, queue=q.name, msg_id=receipt.message.msg_id,
-                                    size=receipt.message.size, reason="rejected")
-                continue
             consumer.channel.deliver(consumer, q, receipt)
             touched.add(consumer.channel.session)
         vh = self.vhosts[q.vhost]
@@ -343,6 +335,20 @@ class Broker:
         for s in touched:
             s.request_flush()
 
+    def _receive_limited(self, q: BrokerQueue, now: float, limit: int) -> Q.Receipt | None:
+        """x-delivery-limit without a CMQ dead-letter queue (M7): a message past ``limit``
+        receives is dead-lettered (x-dead-letter-exchange) or dropped instead."""
+        while (receipt := q.receive(now)) is not None:
+            m = receipt.message
+            if m.receive_count <= limit:
+                return receipt
+            q.cmq.delete(receipt, now)
+            self._unpersist_msg(q, m)
+            if not self._dead_letter_exchange(self.vhosts[q.vhost], q, m, "delivery_limit"):
+                self.audit.emit("discard", q.vhost, queue=q.name, msg_id=m.msg_id, size=m.size,
+                                reason="rejected")
+        return None
+
     def dispatch_channel(self, ch: Channel) -> None:
         for q in {c.queue for c in ch.consumers.values()}:
             self.dispatch(q)
@@ -351,7 +357,8 @@ class Broker:
         from pamqp import commands as C
         now = self.clock.now()
         q.last_used = now
-        receipt = q.receive(now)
+        limit = q.qargs.delivery_limit
+        receipt = q.receive(now) if limit is None else self._receive_limited(q, now, limit)
         if receipt is None:
             ch.session.conn.send_method(ch.number, C.Basic.GetEmpty())
         else:
