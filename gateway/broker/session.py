@@ -10,7 +10,7 @@ from pamqp import commands as C
 from gateway.broker.arguments import rewind_to
 from gateway.broker.channel import Channel
 from gateway.broker.consumers import Consumer
-from gateway.broker.errors import NO_ROUTE, ConnectionFault, access_refused, precondition
+from gateway.broker.errors import NO_ROUTE, NOT_IMPLEMENTED, ConnectionFault, access_refused, precondition
 from gateway.broker.vhost import new_name
 from semantics.errors import REPLY_NAMES, CMQError
 
@@ -246,9 +246,13 @@ class Session:
         self.broker.get(ch, q, m.no_ack)
 
     def _basic_recover(self, ch: Channel, m: Any) -> None:
-        ch.requeue_all()
+        if not m.requeue:
+            # As RabbitMQ 3.x: redelivering to the same consumer is not supported.
+            raise ConnectionFault("M16", "requeue=false", reply_code=NOT_IMPLEMENTED)
         if m.name == "Basic.Recover":
+            # recover-ok before the redeliveries it causes, as RabbitMQ's ordering gives them.
             self.conn.send_method(ch.number, C.Basic.RecoverOk())
+        ch.requeue_all()
 
     # -- confirms and tx ---------------------------------------------------------------------
 

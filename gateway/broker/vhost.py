@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from gateway.broker import persistence as P
@@ -488,15 +489,22 @@ class VHost:
 
 def _ttl_of(properties: Any) -> float | None:
     """RabbitMQ's per-message TTL: the ``expiration`` property, in ms as a decimal string.
-    CMQ has none; RabbitMQ's meaning is kept (SPEC: where CMQ is silent, behave like RabbitMQ)."""
+    CMQ has none; RabbitMQ's meaning is kept (SPEC: where CMQ is silent, behave like RabbitMQ),
+    and so are its refusals, word for word."""
     exp = properties.expiration
     if exp is None:
         return None
     text = exp.decode("latin-1") if isinstance(exp, bytes) else exp
-    if not text.isdigit():
-        raise precondition(f"invalid expiration '{text}': not a non-negative integer of milliseconds",
-                           rule="M16", value=text)
-    return int(text) / 1000.0
+    if text.isdigit():
+        return int(text) / 1000.0
+    m = re.match(r"-?\d+", text)
+    if m is None:
+        why = "no_integer"
+    elif m.end() < len(text):
+        why = f'{{leftover_string,"{text[m.end():]}"}}'
+    else:
+        why = f"{{value_negative,{text}}}"
+    raise precondition(f"invalid expiration '{text}': {why}", rule="M16", value=text)
 
 
 def _delay_of(headers: Any) -> float | None:

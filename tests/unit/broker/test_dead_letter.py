@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 
+import pytest
 from pamqp import commands as C
 
 from tests.unit.broker.helpers import Client, declare, deliveries
@@ -85,14 +86,18 @@ async def test_M7_per_message_expiration_is_honoured_and_removed_on_dead_letter(
     assert props.headers["x-death"][0]["reason"] == "expired"
 
 
-async def test_M7_invalid_expiration_is_406(broker):
+@pytest.mark.parametrize(("expiration", "why"), [
+    ("soon", "no_integer"), ("-5", "{value_negative,-5}"),
+    ("1.5", '{leftover_string,".5"}')])
+async def test_M16_invalid_expiration_is_406_worded_as_rabbitmq(broker, expiration, why):
     c = Client(broker)
     c.open_channel()
     declare(c, C.Queue.Declare(queue="q"))
-    c.publish(1, "", "q", b"x", expiration="soon")
+    c.publish(1, "", "q", b"x", expiration=expiration)
     [close] = c.methods()
     assert (close.reply_code, close.reply_text) == (
-        406, "PRECONDITION_FAILED - invalid expiration 'soon': not a non-negative integer of milliseconds")
+        406, f"PRECONDITION_FAILED - invalid expiration '{expiration}': {why}")
+    assert broker.vhosts["/"].queues["q"].message_count == 0
 
 
 async def test_M13_x_max_length_drop_head_dead_letters_as_maxlen(broker):

@@ -144,3 +144,21 @@ async def test_M15_x_stream_offset_that_is_not_a_time_is_refused(broker):
     assert close.reply_code == 406
     assert close.reply_text == ("PRECONDITION_FAILED - x-stream-offset 'first' is not a timestamp; only a "
                                 "rewind to a time is supported")
+
+
+async def test_M13_basic_recover_requeues_and_requeue_false_is_540(broker):
+    c = Client(broker)
+    c.open_channel()
+    declare(c, C.Queue.Declare(queue="rec"))
+    c.publish(1, "", "rec", b"r")
+    c.send(1, C.Basic.Consume(queue="rec", consumer_tag="k"))
+    assert _tags(c.read()) == [("k", 1, b"r")]
+    c.send(1, C.Basic.Recover(requeue=True))
+    frames = c.read()
+    assert type(frames[0][1]).__name__ == "RecoverOk"
+    [(d, props, _)] = deliveries(frames)
+    assert (d.delivery_tag, d.redelivered, props.headers["x-cmq-receive-count"]) == (2, True, 2)
+    c.send(1, C.Basic.Recover(requeue=False))
+    [close] = c.methods()
+    assert isinstance(close, C.Connection.Close)
+    assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - requeue=false")
