@@ -289,13 +289,16 @@ class Broker:
     def _dead_letter_exchange(self, vh: VHost, q: BrokerQueue, m: Q.QueueMessage, reason: str) -> bool:
         """M13: x-dead-letter-exchange takes rejected, expired and dropped messages, with the
         x-death history RabbitMQ adds (reason rejected, expired, maxlen, delivery_limit)."""
+        return self.dead_letter(vh, q, m.payload, m.msg_id, m.size, reason)  # type: ignore[arg-type]
+
+    def dead_letter(self, vh: VHost, q: BrokerQueue, msg: Message, msg_id: str, size: int, reason: str) -> bool:
+        """Publish ``msg`` to the queue's x-dead-letter-exchange; False when it has none."""
         dlx = q.qargs.dead_letter_exchange
         if dlx is None:
             return False
-        msg: Message = m.payload  # type: ignore[assignment]
         key = q.qargs.dead_letter_routing_key or msg.routing_key
-        self.audit.emit("dead_letter", vh.name, queue=q.name, msg_id=m.msg_id, topic=dlx, routing_key=key,
-                        reason=reason, size=m.size)
+        self.audit.emit("dead_letter", vh.name, queue=q.name, msg_id=msg_id, topic=dlx, routing_key=key,
+                        reason=reason, size=size)
         props = dead_letter_properties(msg.properties, reason=reason, queue=q.name, exchange=msg.exchange,
                                        routing_keys=[msg.routing_key], now=self.clock.now())
         with contextlib.suppress(Exception):  # a missing DLX drops the message, as RabbitMQ

@@ -440,11 +440,15 @@ class VHost:
         try:
             self._enqueue(q, msg, now, delay, out, None, None)
         except MaxLengthRejected:
-            # x-overflow reject-publish: RabbitMQ nacks a confirming publisher, no channel error.
-            self._emit("discard", queue=q.name, routing_key=routing_key, msg_id=msg_id, size=size,
-                       reason="max_length", user=user, peer=peer)
+            # x-overflow reject-publish: RabbitMQ nacks a confirming publisher, no channel error;
+            # reject-publish-dlx also dead-letters the refused message (reason maxlen).
             out.rejected = True
             out.routed = True
+            if q.attrs.overflow == "reject-publish-dlx" and self.broker.dead_letter(
+                    self, q, msg, msg_id, size, "maxlen"):
+                return
+            self._emit("discard", queue=q.name, routing_key=routing_key, msg_id=msg_id, size=size,
+                       reason="max_length", user=user, peer=peer)
             return
         except LimitError as e:
             if e.rule == "L6":

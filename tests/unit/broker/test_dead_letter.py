@@ -111,6 +111,19 @@ async def test_M13_x_max_length_drop_head_dead_letters_as_maxlen(broker):
     assert _get(c, "src")[2] == b"second"
 
 
+async def test_M13_reject_publish_dlx_nacks_and_dead_letters_the_refused_message(broker):
+    c = Client(broker)
+    _setup(c, **{"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
+    declare(c, C.Confirm.Select())
+    c.publish(1, "", "src", b"in")
+    c.publish(1, "", "src", b"refused")
+    confirms = [(type(m).__name__, m.delivery_tag) for m in c.methods() if isinstance(m, C.Basic.Ack | C.Basic.Nack)]
+    assert confirms == [("Ack", 1), ("Nack", 2)]
+    ok, props, body = _get(c, "dead")
+    assert (body, props.headers["x-death"][0]["reason"]) == (b"refused", "maxlen")
+    assert _get(c, "src")[2] == b"in"
+
+
 async def test_M7_x_delivery_limit_dead_letters_as_delivery_limit(broker):
     """M7: x-delivery-limit is the receive count: past 2 receives, the next one dead-letters."""
     c = Client(broker)
