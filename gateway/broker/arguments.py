@@ -13,7 +13,8 @@ from typing import Any
 
 from semantics.errors import PRECONDITION_FAILED, CMQError
 
-__all__ = ["QueueArgs", "parse_queue_args", "rewind_to", "equivalent_args"]
+__all__ = ["EXCHANGE_EQUIVALENCE", "QUEUE_EQUIVALENCE", "QueueArgs", "equivalent_args", "parse_queue_args",
+           "rewind_to"]
 
 # x-cmq-* argument -> semantics.queue_attrs.QueueAttributes field (SPEC M7).
 CMQ_ATTRS = {
@@ -111,14 +112,27 @@ def rewind_to(arguments: Mapping[str, Any] | None) -> float | None:
     return None
 
 
+# The arguments RabbitMQ 3.10 compares when a queue or exchange is declared again (others
+# are ignored on a redeclare, as there), plus every x-cmq-* argument: CMQ attributes.
+QUEUE_EQUIVALENCE = frozenset((
+    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+    "x-max-length", "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes",
+    "x-max-priority", "x-overflow", "x-queue-mode", "x-queue-version", "x-single-active-consumer",
+    "x-queue-type", "x-quorum-initial-group-size", "x-delivery-limit", "x-max-age",
+    "x-stream-max-segment-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
+))
+EXCHANGE_EQUIVALENCE = frozenset(("alternate-exchange",))
+
+
 def equivalent_args(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
-                    ignore: tuple[str, ...] = ()) -> str | None:
+                    compared: frozenset[str] | None = None) -> str | None:
     """The first argument that differs between two declares, or None (for the 406
-    'inequivalent arg' RabbitMQ sends on a redeclare)."""
+    'inequivalent arg' RabbitMQ sends on a redeclare). ``compared``: the non-x-cmq arguments
+    that count; None compares all."""
     a = a or {}
     b = b or {}
     for key in sorted(set(a) | set(b)):
-        if key in ignore:
+        if compared is not None and key not in compared and not key.startswith("x-cmq-"):
             continue
         if a.get(key) != b.get(key):
             return key

@@ -47,16 +47,32 @@ def not_found(kind: str, name: str, vhost: str) -> CMQError:
 
 def inequivalent(arg: str, kind: str, name: str, vhost: str, received: object, current: object) -> CMQError:
     # RabbitMQ: "inequivalent arg 'type' for exchange 'x' in vhost '/': received 'fanout'
-    # but current is 'direct'".
-    def show(v: object) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return _q(v)
-        return "none" if v is None else repr(v)
+    # but current is 'direct'"; against a missing argument: "received the value '2000' of type
+    # 'signedint' but current is none".
+    def show(v: object, typed: bool) -> str:
+        if v is None:
+            return "none"
+        text = ("true" if v else "false") if isinstance(v, bool) else v if isinstance(v, str) else str(v)
+        return f"the value {_q(text)} of type {_q(_amqp_type(v))}" if typed else _q(text)
+    typed = received is None or current is None
     return CMQError("M16", f"inequivalent arg {_q(arg)} for {kind} {_q(name)} in vhost {_q(vhost)}: "
-                    f"received {show(received)} but current is {show(current)}",
+                    f"received {show(received, typed)} but current is {show(current, typed)}",
                     reply_code=PRECONDITION_FAILED, value=received)
+
+
+def _amqp_type(v: object) -> str:
+    """RabbitMQ's name of a field's AMQP type, as the decoded Python value suggests it."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "signedint" if -2**31 <= v < 2**31 else "long"
+    if isinstance(v, float):
+        return "double"
+    if isinstance(v, dict):
+        return "table"
+    if isinstance(v, list | tuple):
+        return "array"
+    return "longstr"
 
 
 def access_refused(text: str, rule: str = "M16") -> CMQError:

@@ -205,7 +205,9 @@ class Session:
 
     def _basic_qos(self, ch: Channel, m: Any) -> None:
         # W4, as RabbitMQ: global=false limits each consumer created afterwards,
-        # global=true the channel as a whole.
+        # global=true the channel as a whole; a byte window is not implemented (540).
+        if m.prefetch_size:
+            raise ConnectionFault("M16", f"prefetch_size!=0 ({m.prefetch_size})", reply_code=NOT_IMPLEMENTED)
         if m.global_:
             ch.channel_prefetch = m.prefetch_count
         else:

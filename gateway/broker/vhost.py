@@ -12,7 +12,12 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from gateway.broker import persistence as P
-from gateway.broker.arguments import equivalent_args, parse_queue_args
+from gateway.broker.arguments import (
+    EXCHANGE_EQUIVALENCE,
+    QUEUE_EQUIVALENCE,
+    equivalent_args,
+    parse_queue_args,
+)
 from gateway.broker.errors import (
     NOT_IMPLEMENTED,
     ConnectionFault,
@@ -98,7 +103,7 @@ class VHost:
             existing = self.exchanges.get(name)
             if name.startswith("amq.") and existing is not None and existing.type == type:
                 return existing  # RabbitMQ lets clients redeclare amq.* equivalently
-            raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.'"
+            raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'"
                                  if name else "operation not permitted on the default exchange", "M6")
         if passive:
             return self.exchange(name)
@@ -113,7 +118,7 @@ class VHost:
                                   ("internal", internal, existing.internal)):
                 if got != cur:
                     raise inequivalent(arg, "exchange", name, self.name, got, cur)
-            diff = equivalent_args(args, existing.arguments)
+            diff = equivalent_args(args, existing.arguments, EXCHANGE_EQUIVALENCE)
             if diff is not None:
                 raise inequivalent(diff, "exchange", name, self.name, args.get(diff),
                                    existing.arguments.get(diff))
@@ -133,8 +138,8 @@ class VHost:
     def delete_exchange(self, name: str, *, if_unused: bool, user: str | None = None) -> None:
         if name == "" or name.startswith("amq."):
             raise access_refused("operation not permitted on the default exchange" if not name
-                                 else f"exchange '{name}' in vhost '{self.name}' is a standard exchange"
-                                 " and cannot be deleted", "M6")
+                                 else f"deletion of system exchange '{name}' in vhost '{self.name}' not allowed",
+                                 "M6")
         ex = self.exchanges.get(name)
         if ex is None:
             return  # RabbitMQ 3.x: deleting a missing exchange is ok
@@ -178,7 +183,7 @@ class VHost:
                                   ("auto_delete", auto_delete, existing.auto_delete)):
                 if got != cur:
                     raise inequivalent(arg, "queue", name, self.name, got, cur)
-            diff = equivalent_args(args, existing.arguments)
+            diff = equivalent_args(args, existing.arguments, QUEUE_EQUIVALENCE)
             if diff is not None:
                 raise inequivalent(diff, "queue", name, self.name, args.get(diff),
                                    existing.arguments.get(diff))
@@ -215,7 +220,7 @@ class VHost:
             raise precondition(f"queue '{name}' in vhost '{self.name}' in use")
         count = q.message_count
         if if_empty and count:
-            raise precondition(f"queue '{name}' in vhost '{self.name}' is not empty")
+            raise precondition(f"queue '{name}' in vhost '{self.name}' not empty")
         self._remove_queue(q, user=user, reason=reason)
         return count
 
