@@ -14,6 +14,7 @@ from gateway.broker.deadletter import dead_letter_properties
 from gateway.broker.exchange import sub_label
 from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
+from gateway.broker.reply_to import ReplyRouter
 from gateway.broker.scheduler import Scheduler
 from gateway.broker.vhost import VHost
 from semantics import queue as Q
@@ -70,6 +71,7 @@ class Broker:
         for name in getattr(self.config, "vhosts", None) or ["/"]:
             self.vhost(name)
         self.sessions: set[Session] = set()
+        self.replies = ReplyRouter()  # direct reply-to (amq.rabbitmq.reply-to)
         self.confirm_waiters: set[Channel] = set()
         self.scheduler = Scheduler(clock, loop, on_ran=self._flush_sessions)
         self._loop = loop

@@ -35,6 +35,8 @@ class Channel:
         self.publish_seq = 0
         self.pending_confirms: deque[tuple[int, int]] = deque()  # (seq, lsn) in seq order (M14)
         self.tx = False
+        self.reply_key: str | None = None  # direct reply-to: this channel's reply consumer
+        self.reply_tag = ""
         self.tx_publishes: list[Any] = []
         # (delivery tag, delivery, None for ack / requeue flag for nack and reject) in the
         # open transaction: applied on tx.commit, back to unacked on tx.rollback.
@@ -139,6 +141,9 @@ class Channel:
     # -- consumers ---------------------------------------------------------------------------
 
     def cancel(self, tag: str) -> Consumer | None:
+        if self.reply_key is not None and tag == self.reply_tag:
+            self.session.broker.replies.cancel(self)
+            return None
         consumer = self.consumers.pop(tag, None)
         if consumer is not None:
             consumer.queue.remove_consumer(consumer)
@@ -155,6 +160,7 @@ class Channel:
 
     def close(self) -> None:
         """Forget the channel: consumers cancelled, unacked messages Active again (M13)."""
+        self.session.broker.replies.cancel(self)
         self.restore_unacked(self.tx_acks)  # an open transaction's acks never happened
         self.tx_acks = []
         self.tx_publishes = []

@@ -23,29 +23,43 @@ from typing import Any
 from gateway.protocol.fieldtable import Typed
 from gateway.protocol.properties import Properties
 
-__all__ = ["dead_letter_properties", "without_expiration"]
+__all__ = ["dead_letter_properties", "set_shortstr", "without_expiration"]
 
 _EXPIRATION = 7  # field index of ``expiration`` in the basic property list
-_EXPIRATION_FLAG = 0x8000 >> _EXPIRATION
 
 
-def without_expiration(raw: bytes) -> bytes:
-    """The property list ``raw`` with its ``expiration`` field removed, all else byte for byte."""
+def set_shortstr(raw: bytes, index: int, value: str | None) -> bytes:
+    """The property list ``raw`` with the short-string field ``index`` set to ``value``
+    (None: removed); every other field keeps its bytes. Fields 0, 1, 5-8 and 10-13 are short
+    strings (content_type, content_encoding, correlation_id, reply_to, expiration, ...)."""
     flags = int.from_bytes(raw[:2], "big")
-    if not flags & _EXPIRATION_FLAG:
-        return raw
+    bit = 0x8000 >> index
     pos = 2
-    for i in range(_EXPIRATION):
+    for i in range(index):
         if not flags & (0x8000 >> i):
             continue
         if i == 2:  # headers: a table with a 32-bit length
             pos += 4 + int.from_bytes(raw[pos:pos + 4], "big")
         elif i in (3, 4):  # delivery_mode, priority: octets
             pos += 1
+        elif i == 9:  # timestamp
+            pos += 8
         else:  # short strings
             pos += 1 + raw[pos]
-    end = pos + 1 + raw[pos]
-    return (flags & ~_EXPIRATION_FLAG).to_bytes(2, "big") + raw[2:pos] + raw[end:]
+    end = pos + 1 + raw[pos] if flags & bit else pos
+    if value is None:
+        if not flags & bit:
+            return raw
+        return (flags & ~bit).to_bytes(2, "big") + raw[2:pos] + raw[end:]
+    data = value.encode("utf-8")
+    if len(data) > 255:
+        raise ValueError("short string over 255 bytes")
+    return (flags | bit).to_bytes(2, "big") + raw[2:pos] + bytes((len(data),)) + data + raw[end:]
+
+
+def without_expiration(raw: bytes) -> bytes:
+    """The property list ``raw`` with its ``expiration`` field removed, all else byte for byte."""
+    return set_shortstr(raw, _EXPIRATION, None)
 
 
 def dead_letter_properties(props: Any, *, reason: str, queue: str, exchange: str,

@@ -11,6 +11,7 @@ from gateway.broker.arguments import rewind_to
 from gateway.broker.channel import Channel
 from gateway.broker.consumers import Consumer
 from gateway.broker.errors import NO_ROUTE, NOT_IMPLEMENTED, ConnectionFault, access_refused, precondition
+from gateway.broker.reply_to import REPLY_QUEUE
 from gateway.broker.vhost import new_name
 from semantics.errors import REPLY_NAMES, CMQError
 
@@ -128,6 +129,8 @@ class Session:
         self.publish_now(ch, method, properties, body)
 
     def publish_now(self, ch: Channel, method: Any, properties: Any, body: bytes) -> None:
+        if properties.reply_to == REPLY_QUEUE:
+            properties = self.broker.replies.rewrite(ch, properties)  # direct reply-to
         seq = 0
         if ch.confirm:
             ch.publish_seq += 1
@@ -174,6 +177,12 @@ class Session:
             self.conn.send_method(ch.number, C.Exchange.UnbindOk())
 
     def _queue_declare(self, ch: Channel, m: Any) -> None:
+        if m.queue == REPLY_QUEUE and m.passive:
+            # RabbitMQ answers for the direct reply-to pseudo-queue as if it had one consumer.
+            if not m.nowait:
+                self.conn.send_method(ch.number, C.Queue.DeclareOk(queue=REPLY_QUEUE, message_count=0,
+                                                                    consumer_count=1))
+            return
         q = self.vhost.declare_queue(self, m.queue, passive=m.passive, durable=m.durable,
                                      exclusive=m.exclusive, auto_delete=m.auto_delete,
                                      arguments=m.arguments, user=self.user)
@@ -218,10 +227,16 @@ class Session:
         self.broker.dispatch_channel(ch)
 
     def _basic_consume(self, ch: Channel, m: Any) -> None:
-        q = self.vhost.queue(m.queue, self)
         tag = m.consumer_tag or new_name("amq.ctag-")
-        if tag in ch.consumers:
+        if tag in ch.consumers or (ch.reply_key is not None and tag == ch.reply_tag):
             raise ConnectionFault("M16", f"attempt to reuse consumer tag '{tag}'", reply_code=530)
+        if m.queue == REPLY_QUEUE:
+            self.broker.replies.consume(ch, tag, m.no_ack)  # direct reply-to
+            ch.reply_tag = tag
+            if not m.nowait:
+                self.conn.send_method(ch.number, C.Basic.ConsumeOk(consumer_tag=tag))
+            return
+        q = self.vhost.queue(m.queue, self)
         if any(c.exclusive for c in q.consumers) or (m.exclusive and q.consumers):
             raise access_refused(f"queue '{q.name}' in vhost '{self.vhost_name}' in exclusive use")
         target = rewind_to(m.arguments)

@@ -30,6 +30,7 @@ from gateway.broker.errors import (
 from gateway.broker.exchange import EXCHANGE_TYPES, Dest, Exchange, message_tags, sub_label, sub_name
 from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
+from gateway.broker.reply_to import REPLY_PREFIX
 from semantics.errors import CMQError, LimitError
 from semantics.message_ids import new_msg_id
 from semantics.names import cmq_name
@@ -437,6 +438,9 @@ class VHost:
                    user=user, peer=peer)
         q = self.queues.get(routing_key)
         if q is None:
+            if routing_key.startswith(REPLY_PREFIX) and self.broker.replies.deliver(routing_key, properties, body):
+                out.routed = True  # direct reply-to: straight to the waiting consumer
+                return
             self._emit("discard", queue=routing_key, routing_key=routing_key, msg_id=msg_id, size=size,
                        reason="no_match", user=user, peer=peer)
             return
