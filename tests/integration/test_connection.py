@@ -29,7 +29,9 @@ def test_W1_server_properties_and_capabilities(gateway_url: str) -> None:
     assert props["version"] == "0.1.0"
     assert props["capabilities"] == {
         "publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
-        "connection.blocked": True, "authentication_failure_close": True, "per_consumer_qos": True}
+        "connection.blocked": True, "authentication_failure_close": True, "per_consumer_qos": True,
+        # W1: advertised because exchange-to-exchange bindings work (tested in tests/unit/broker).
+        "exchange_exchange_bindings": True}
 
 
 def test_W2_bad_password_is_403_and_audited(tmp_path: Path) -> None:
