@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.broker import persistence as P
 from gateway.broker.consumers import Unacked
-from gateway.broker.deadletter import dead_letter_properties
+from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
 from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
@@ -304,7 +304,7 @@ class Broker:
         props = dead_letter_properties(msg.properties, reason=reason, queue=q.name, exchange=msg.exchange,
                                        routing_keys=[msg.routing_key], now=self.clock.now())
         with contextlib.suppress(Exception):  # a missing DLX drops the message, as RabbitMQ
-            vh.publish(dlx, key, props, msg.body)
+            vh.publish(dlx, key, props, msg.body, cycle=cycling_queues(props))
         return True
 
     def forget_queue(self, vh: VHost, q: BrokerQueue) -> None:

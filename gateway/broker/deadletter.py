@@ -23,7 +23,7 @@ from typing import Any
 from gateway.protocol.fieldtable import Typed
 from gateway.protocol.properties import Properties
 
-__all__ = ["dead_letter_properties", "set_shortstr", "without_expiration"]
+__all__ = ["cycling_queues", "dead_letter_properties", "set_shortstr", "without_expiration"]
 
 _EXPIRATION = 7  # field index of ``expiration`` in the basic property list
 
@@ -86,3 +86,17 @@ def dead_letter_properties(props: Any, *, reason: str, queue: str, exchange: str
         extra["x-first-death-queue"] = queue
         extra["x-first-death-reason"] = reason
     return Properties(Properties(without_expiration(props.raw)).encode_with(extra_headers=extra))
+
+
+def cycling_queues(props: Properties) -> frozenset[str]:
+    """The queues a dead-lettered message must not enter again: RabbitMQ drops it there
+    rather than loop "fully automatically", i.e. when the queue is in its x-death history with
+    no ``rejected`` death on the way back to it (a rejection is a consumer's choice)."""
+    out: set[str] = set()
+    for d in (props.headers or {}).get("x-death") or ():
+        if not isinstance(d, dict) or d.get("reason") == "rejected":
+            break
+        queue = d.get("queue")
+        if isinstance(queue, str):
+            out.add(queue)
+    return frozenset(out)

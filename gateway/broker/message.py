@@ -13,7 +13,7 @@ class Message:
     handed over, shared by every queue the message is routed to (no copies on the hot path)."""
 
     __slots__ = ("body", "properties", "exchange", "routing_key", "persistent", "published_at",
-                 "tags", "msg_id", "ttl")
+                 "tags", "msg_id", "ttl", "cycle")
 
     def __init__(self, body: bytes, properties: Any, exchange: str, routing_key: str,
                  published_at: float, tags: tuple[str, ...] = (), msg_id: str = "",
@@ -22,6 +22,7 @@ class Message:
         # (A2): a message routed to several queues has the same ID in each of them.
         self.msg_id = msg_id
         self.ttl = ttl  # the per-message TTL in seconds (expiration property), or None
+        self.cycle: frozenset[str] = frozenset()  # dead-lettered: queues it must not re-enter
         self.body = body
         self.properties = properties
         self.exchange = exchange

@@ -301,7 +301,7 @@ class VHost:
 
     def publish(self, exchange: str, routing_key: str, properties: Any, body: bytes,
                 *, immediate: bool = False, user: str | None = None,
-                peer: str | None = None) -> PublishOutcome:
+                peer: str | None = None, cycle: frozenset[str] = frozenset()) -> PublishOutcome:
         """One basic.publish. Every record it leaves in the audit log (publish, route, enqueue,
         discard) carries the one CMQ message ID it gets here (A2)."""
         if immediate:
@@ -312,7 +312,7 @@ class VHost:
         out = PublishOutcome()
         ttl = _ttl_of(properties)
         if exchange == "":
-            self._send_direct(routing_key, properties, body, headers, now, out, user, peer, ttl)
+            self._send_direct(routing_key, properties, body, headers, now, out, user, peer, ttl, cycle)
             return out
         ex = self.exchange(exchange)
         if ex.internal:
@@ -333,6 +333,7 @@ class VHost:
             raise LimitError("L6", f"message of {size} bytes is larger than topic '{exchange}' "
                              f"MaximumMessageSize {max_size}", value=size, limit=max_size)
         msg = Message(body, properties, exchange, routing_key, now, tags, msg_id, ttl)
+        msg.cycle = cycle
         self._check_sizes(ex, msg, headers, user, peer)
         self._route(ex, msg, headers, now, out, {exchange})
         if not out.routed:
@@ -430,7 +431,8 @@ class VHost:
         return True
 
     def _send_direct(self, routing_key: str, properties: Any, body: bytes, headers: Any, now: float,
-                     out: PublishOutcome, user: str | None, peer: str | None, ttl: float | None) -> None:
+                     out: PublishOutcome, user: str | None, peer: str | None, ttl: float | None,
+                     cycle: frozenset[str] = frozenset()) -> None:
         """M10: CMQ SendMessage straight to the queue named by the routing key."""
         size = len(body)
         msg_id = out.msg_id = new_msg_id()
@@ -446,6 +448,7 @@ class VHost:
             return
         delay = _delay_of(headers)
         msg = Message(body, properties, "", routing_key, now, (), msg_id, ttl)
+        msg.cycle = cycle
         try:
             self._enqueue(q, msg, now, delay, out, None, None)
         except MaxLengthRejected:
@@ -467,6 +470,13 @@ class VHost:
 
     def _enqueue(self, q: BrokerQueue, msg: Message, now: float, delay: float | None,
                  out: PublishOutcome, via: str | None, subscription: str | None) -> None:
+        if msg.cycle and q.name in msg.cycle:
+            # A dead-letter cycle with no rejection in it: dropped here, as RabbitMQ does
+            # (routed: this one discard record is the message's end, not a no_match too).
+            out.routed = True
+            self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="expired",
+                       policy="dead_letter_cycle")
+            return
         ttl = msg.ttl
         expires_at = None if ttl is None else now + (delay or 0.0) + ttl
         qmsg = q.send(msg, now, delay, expires_at)

@@ -167,3 +167,24 @@ async def test_Q8_cmq_dead_letter_queue_after_max_receive_count(broker):
     q = broker.vhosts["/"].queues
     assert (q["work"].message_count, len(q["work"].cmq), q["dlq"].message_count) == (0, 0, 1)
     assert _get(c, "dlq")[2] == b"w"
+
+
+async def test_M13_an_automatic_dead_letter_cycle_is_dropped_a_rejected_one_is_not(broker):
+    """As RabbitMQ 3.10: a queue that dead-letters expired messages to itself drops them; one
+    whose message was rejected by a consumer takes it back (x-death count 1)."""
+    c = Client(broker)
+    c.open_channel()
+    declare(c, C.Queue.Declare(queue="loop", arguments={"x-message-ttl": 200, "x-dead-letter-exchange": "",
+                                                        "x-dead-letter-routing-key": "loop"}),
+            C.Queue.Declare(queue="back", arguments={"x-dead-letter-exchange": "",
+                                                     "x-dead-letter-routing-key": "back"}))
+    c.publish(1, "", "loop", b"loop")
+    c.publish(1, "", "back", b"rej")
+    c.send(1, C.Basic.Get(queue="back"))
+    [(ok, _, _)] = deliveries(c.read())
+    c.send(1, C.Basic.Reject(delivery_tag=ok.delivery_tag, requeue=False))
+    broker.advance_time(1)
+    qs = broker.vhosts["/"].queues
+    assert (len(qs["loop"].cmq), qs["back"].message_count) == (0, 1)
+    _, props, body = _get(c, "back")
+    assert (body, props.headers["x-death"][0]["count"]) == (b"rej", 1)
