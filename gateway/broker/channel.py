@@ -35,6 +35,7 @@ class Channel:
         self.publish_seq = 0
         self.pending_confirms: deque[tuple[int, int]] = deque()  # (seq, lsn) in seq order (M14)
         self.tx = False
+        self.committing = False  # tx.commit running: deliveries it frees go out after commit-ok
         self.reply_key: str | None = None  # direct reply-to: this channel's reply consumer
         self.reply_tag = ""
         self.tx_publishes: list[Any] = []
@@ -45,9 +46,10 @@ class Channel:
     # -- credit (W4) -------------------------------------------------------------------------
 
     def can_deliver(self) -> bool:
-        if not self.flow_active or self.closing or self.session.paused:
+        if not self.flow_active or self.closing or self.session.paused or self.committing:
             return False
-        return not self.channel_prefetch or len(self.unacked) < self.channel_prefetch
+        # Settlements held by an open transaction keep their credit until the commit (W4).
+        return not self.channel_prefetch or len(self.unacked) + len(self.tx_acks) < self.channel_prefetch
 
     # -- delivery (M11) ----------------------------------------------------------------------
 
@@ -88,9 +90,10 @@ class Channel:
     def take(self, tag: int, multiple: bool) -> list[Unacked]:
         return [u for _, u in self.take_tagged(tag, multiple)]
 
-    def take_tagged(self, tag: int, multiple: bool) -> list[tuple[int, Unacked]]:
+    def take_tagged(self, tag: int, multiple: bool, hold: bool = False) -> list[tuple[int, Unacked]]:
         """Remove and return the deliveries a basic.ack/nack/reject names, with their tags;
-        406 for an unknown tag (M12)."""
+        406 for an unknown tag (M12). ``hold``: a transaction takes them, and the consumer's
+        credit stays used until the commit (as RabbitMQ)."""
         if multiple:
             tags = list(self.unacked) if tag == 0 else [t for t in self.unacked if t <= tag]
         else:
@@ -100,19 +103,18 @@ class Channel:
         out = []
         for t in tags:
             u = self.unacked.pop(t)
-            if u.consumer is not None:
+            if u.consumer is not None and not hold:
                 u.consumer.unacked -= 1
             out.append((t, u))
         return out
 
     def restore_unacked(self, settled: list[tuple[int, Unacked, bool | None]]) -> None:
-        """tx.rollback: the deliveries are unacked again, under their original tags, in tag order."""
+        """tx.rollback: the deliveries are unacked again, under their original tags, in tag
+        order (their consumers' credit was held, see take_tagged)."""
         if not settled:
             return
         for tag, u, _ in settled:
             self.unacked[tag] = u
-            if u.consumer is not None:
-                u.consumer.unacked += 1
         self.unacked = dict(sorted(self.unacked.items()))
 
     def ack(self, tag: int, multiple: bool) -> None:

@@ -290,18 +290,23 @@ class Session:
         if not ch.tx:
             raise precondition("channel is not transactional", rule="M16")
         publishes, ch.tx_publishes = ch.tx_publishes, []
-        for method, properties, body in publishes:
-            self.publish_now(ch, method, properties, body)
         settles, ch.tx_acks = ch.tx_acks, []
         broker = self.broker
-        for _tag, u, action in settles:
-            if action is None:
-                broker.ack(self, u)
-            else:
-                broker.reject(self, u, action)
-        if settles and ch.channel_prefetch:
-            broker.dispatch_channel(ch)
+        ch.committing = True
+        try:
+            for method, properties, body in publishes:
+                self.publish_now(ch, method, properties, body)
+            for _tag, u, action in settles:
+                if u.consumer is not None:
+                    u.consumer.unacked -= 1  # the credit held since the ack comes back now (W4)
+                if action is None:
+                    broker.ack(self, u)
+                else:
+                    broker.reject(self, u, action)
+        finally:
+            ch.committing = False
         self.conn.send_method(ch.number, C.Tx.CommitOk())
+        broker.dispatch_channel(ch)  # what the commit made deliverable, after commit-ok
 
     def _tx_rollback(self, ch: Channel, m: Any) -> None:
         if not ch.tx:
@@ -316,21 +321,21 @@ class Session:
 
 def _tx_ack(self: Session, ch: Channel, m: Any) -> None:
     if ch.tx:
-        ch.tx_acks.extend((tag, u, None) for tag, u in ch.take_tagged(m.delivery_tag, m.multiple))
+        ch.tx_acks.extend((tag, u, None) for tag, u in ch.take_tagged(m.delivery_tag, m.multiple, hold=True))
         return
     ch.ack(m.delivery_tag, m.multiple)
 
 
 def _tx_nack(self: Session, ch: Channel, m: Any) -> None:
     if ch.tx:
-        ch.tx_acks.extend((tag, u, m.requeue) for tag, u in ch.take_tagged(m.delivery_tag, m.multiple))
+        ch.tx_acks.extend((tag, u, m.requeue) for tag, u in ch.take_tagged(m.delivery_tag, m.multiple, hold=True))
         return
     ch.reject(m.delivery_tag, m.multiple, m.requeue)
 
 
 def _tx_reject(self: Session, ch: Channel, m: Any) -> None:
     if ch.tx:
-        ch.tx_acks.extend((tag, u, m.requeue) for tag, u in ch.take_tagged(m.delivery_tag, False))
+        ch.tx_acks.extend((tag, u, m.requeue) for tag, u in ch.take_tagged(m.delivery_tag, False, hold=True))
         return
     ch.reject(m.delivery_tag, False, m.requeue)
 

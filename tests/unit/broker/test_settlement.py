@@ -162,3 +162,21 @@ async def test_M13_basic_recover_requeues_and_requeue_false_is_540(broker):
     [close] = c.methods()
     assert isinstance(close, C.Connection.Close)
     assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - requeue=false")
+
+
+async def test_W4_an_ack_inside_a_transaction_frees_credit_only_at_commit(broker):
+    """As RabbitMQ: the prefetch window moves when the transaction commits, not before."""
+    c = Client(broker)
+    c.open_channel()
+    declare(c, C.Queue.Declare(queue="txc"), C.Basic.Qos(prefetch_count=1), C.Tx.Select())
+    for b in (b"a", b"b"):
+        c.publish(1, "", "txc", b)
+    declare(c, C.Tx.Commit())
+    c.send(1, C.Basic.Consume(queue="txc", consumer_tag="k"))
+    assert _tags(c.read()) == [("k", 1, b"a")]
+    c.send(1, C.Basic.Ack(delivery_tag=1))
+    assert _tags(c.read()) == []
+    c.send(1, C.Tx.Commit())
+    frames = c.read()
+    assert [type(f).__name__ for _, f in frames][0] == "CommitOk"
+    assert _tags(frames) == [("k", 2, b"b")]
