@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -72,6 +73,11 @@ class Broker:
             self.vhost(name)
         self.sessions: set[Session] = set()
         self.replies = ReplyRouter()  # direct reply-to (amq.rabbitmq.reply-to)
+        # Delivery to subscription endpoints the broker does not serve itself (D7), by the
+        # endpoint's kind: ("http", url) -> hook(topic, subscription, topic_message), which
+        # answers True (delivered), False (failed: retry policy) or None (pending: the hook
+        # reports the outcome to the topic later).
+        self.endpoint_hooks: dict[str, Callable[[Any, Any, Any], bool | None]] = {}
         self.confirm_waiters: set[Channel] = set()
         self.scheduler = Scheduler(clock, loop, on_ran=self._flush_sessions)
         self._loop = loop
@@ -169,8 +175,12 @@ class Broker:
     def _topic_tick(self, vh: VHost, ex: Exchange, now: float) -> None:
         assert ex.topic is not None
         events = ex.topic.expire(now)
-        def attempt(sub: Any, tmsg: Any) -> bool:
+        topic = ex.topic
+
+        def attempt(sub: Any, tmsg: Any) -> bool | None:
             from gateway.broker.vhost import PublishOutcome
+            if sub.endpoint[0] not in ("q", "x"):
+                return self.attempt_endpoint(topic, sub, tmsg)
             msg = tmsg.payload
             return vh._attempt(sub.endpoint, msg, msg.headers, now, PublishOutcome(), {ex.name}, ex.name,
                                sub_label(ex.name, sub.name))
@@ -201,6 +211,11 @@ class Broker:
         if touched:
             for msg_id in touched:
                 self._rejournal_retained(vh, ex, msg_id)
+
+    def attempt_endpoint(self, topic: Any, sub: Any, tmsg: Any) -> bool | None:
+        """D7 for an endpoint of another kind (HTTP push): its hook, or a failure without one."""
+        hook = self.endpoint_hooks.get(sub.endpoint[0])
+        return hook(topic, sub, tmsg) if hook is not None else False
 
     # -- topic-retained messages (D2, M14) ---------------------------------------------------
 
@@ -486,9 +501,11 @@ class Broker:
             vhost = vh
 
             def attempt(sub: Any, tmsg: Any, owed: set[str] = owed, msg: Message = msg,
-                        vhost: VHost = vhost, ex_name: str = ex_name) -> bool:
+                        vhost: VHost = vhost, ex_name: str = ex_name, topic: Any = ex.topic) -> bool | None:
                 if sub.name not in owed:
                     return True  # it had this message before the restart
+                if sub.endpoint[0] not in ("q", "x"):
+                    return self.attempt_endpoint(topic, sub, tmsg)
                 return vhost._attempt(sub.endpoint, msg, msg.headers, now, PublishOutcome(), {ex_name},
                                       ex_name, sub_label(ex_name, sub.name))
 

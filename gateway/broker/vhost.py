@@ -48,6 +48,9 @@ STANDARD_EXCHANGES = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.
                       ("amq.headers", "headers"), ("amq.match", "headers"))
 
 
+_LOCAL = ("q", "x")  # endpoints the broker delivers to itself: queues and exchanges
+
+
 def new_name(prefix: str) -> str:
     """RabbitMQ-style server names: ``amq.gen-`` / ``amq.ctag-`` + 22 url-safe characters."""
     return prefix + base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
@@ -386,8 +389,11 @@ class VHost:
                      subscription=sub_label(ex.name, s.name),
                      queue=endpoint[1] if isinstance(endpoint, tuple) and endpoint[0] == "q" else None,
                      tags=tags, size=size)
-            def attempt(sub: Any, tmsg: Any) -> bool:
-                return self._attempt(sub.endpoint, msg, headers, now, out, seen, ex.name,
+            def attempt(sub: Any, tmsg: Any) -> bool | None:
+                endpoint = sub.endpoint
+                if endpoint[0] not in _LOCAL:
+                    return self.broker.attempt_endpoint(topic, sub, tmsg)
+                return self._attempt(endpoint, msg, headers, now, out, seen, ex.name,
                                      sub_label(ex.name, sub.name))
 
             tmsg = TopicMessage(msg.msg_id, now, msg.tags, msg.routing_key, msg, size)

@@ -165,3 +165,33 @@ async def test_A1_discards_name_their_reason_and_message(audited, audit: Recorde
     assert discards == [("no_match", "tt", None, pubs[4], 4), ("rejected", None, "q", pubs[9], 9)]
     [nack] = audit.of("nack")
     assert (nack["queue"], nack["msg_id"]) == ("q", pubs[9])
+
+
+async def test_D7_endpoint_hooks_deliver_to_other_endpoint_kinds(audited, audit: Recorder):
+    """D7: a subscription whose endpoint is ("http", url) goes to the registered hook; its
+    False is a failed delivery (retried, D6), its None a pending one reported later."""
+    c = Client(audited)
+    c.open_channel()
+    declare(c, C.Exchange.Declare(exchange="web", exchange_type="topic"))
+    topic = audited.vhosts["/"].exchanges["web"].topic
+    topic.subscribe("hook1", ("http", "http://example.invalid/a"), ["a.#"])
+    answers: list[bool | None] = [False, None]
+    seen: list[tuple[str, bytes]] = []
+
+    def hook(t, sub, tmsg):
+        seen.append((sub.name, tmsg.payload.body))
+        return answers.pop(0)
+
+    c.publish(1, "web", "a.b", b"x", mandatory=True)
+    assert c.read() == []  # no hook yet: a failed delivery, retained (routed), no basic.return
+    assert topic.retained_count == 1
+    audited.endpoint_hooks["http"] = hook
+    audited.advance_time(1)
+    assert seen == [("hook1", b"x")] and topic.retained_count == 1  # failed again: retried
+    audited.advance_time(2)
+    assert seen == [("hook1", b"x")] * 2
+    msg_id = audit.of("publish")[0]["msg_id"]
+    assert topic.state(msg_id)["hook1"].in_flight is True
+    audited.topic_events(audited.vhosts["/"], audited.vhosts["/"].exchanges["web"],
+                         topic.report(msg_id, "hook1", True, audited.now()))
+    assert topic.retained_count == 0
