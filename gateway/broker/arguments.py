@@ -13,8 +13,8 @@ from typing import Any
 
 from semantics.errors import PRECONDITION_FAILED, CMQError
 
-__all__ = ["EXCHANGE_EQUIVALENCE", "QUEUE_EQUIVALENCE", "QueueArgs", "equivalent_args", "parse_queue_args",
-           "rewind_to"]
+__all__ = ["EXCHANGE_EQUIVALENCE", "QUEUE_EQUIVALENCE", "QueueArgs", "amqp_type", "check_rabbit_args",
+           "equivalent_args", "parse_queue_args", "rewind_to"]
 
 # x-cmq-* argument -> semantics.queue_attrs.QueueAttributes field (SPEC M7).
 CMQ_ATTRS = {
@@ -40,6 +40,7 @@ class QueueArgs:
     dead_letter_routing_key: str | None = None
     delivery_limit: int | None = None                  # x-delivery-limit without a CMQ DLQ
     expires_ms: int | None = None                      # x-expires
+    single_active_consumer: bool = False               # x-single-active-consumer
 
 
 def _int(name: str, value: Any) -> int:
@@ -56,6 +57,68 @@ def _str(name: str, value: Any) -> str:
         raise CMQError("M7", f"invalid arg '{name}' for queue: {value!r} is not a string",
                        reply_code=PRECONDITION_FAILED, value=value)
     return value
+
+
+def amqp_type(v: object) -> str:
+    """RabbitMQ's name of a field's AMQP type, as the decoded Python value suggests it."""
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "signedint" if -2**31 <= v < 2**31 else "long"
+    if isinstance(v, float):
+        return "double"
+    if isinstance(v, bytes):
+        return "binary"
+    if isinstance(v, Mapping):
+        return "table"
+    if isinstance(v, list | tuple):
+        return "array"
+    return "longstr"
+
+
+_INTEGER_ARGS = {"x-expires": "positive", "x-message-ttl": "non_negative", "x-max-length": "non_negative",
+                 "x-max-length-bytes": "non_negative", "x-max-priority": "priority"}
+_STRING_ARGS = ("x-dead-letter-exchange", "x-dead-letter-routing-key", "x-overflow")
+
+
+def check_rabbit_args(arguments: Mapping[str, Any] | None, queue: str, vhost: str) -> None:
+    """RabbitMQ's own checks of its queue arguments, refused in its words (406, M16), before
+    the CMQ attributes are checked (those name the CMQ rule)."""
+    if not arguments:
+        return
+
+    def bad(arg: str, why: str) -> CMQError:
+        return CMQError("M16", f"invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}': {why}",
+                        reply_code=PRECONDITION_FAILED, value=arguments.get(arg))
+
+    for arg, rule in _INTEGER_ARGS.items():
+        if arg not in arguments:
+            continue
+        v = arguments[arg]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise bad(arg, f'"expected integer, got {amqp_type(v)}"')
+        if v < 0:
+            raise bad(arg, f"{{value_negative,{v}}}")
+        if rule == "positive" and v == 0:
+            raise bad(arg, "{value_zero,0}")
+        if rule == "priority" and v > 255:
+            raise bad(arg, f"{{max_value_exceeded,{v}}}")
+    for arg in _STRING_ARGS:
+        if arg in arguments and not isinstance(arguments[arg], str | bytes):
+            raise CMQError("M16", f"invalid type '{amqp_type(arguments[arg])}' for arg '{arg}' in queue "
+                           f"'{queue}' in vhost '{vhost}'", reply_code=PRECONDITION_FAILED, value=arguments[arg])
+    overflow = arguments.get("x-overflow")
+    if overflow is not None and _text(overflow) not in ("drop-head", "reject-publish", "reject-publish-dlx"):
+        raise bad("x-overflow", "invalid_overflow")
+    if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+        raise bad("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
+    sac = arguments.get("x-single-active-consumer")
+    if sac is not None and not isinstance(sac, bool):
+        raise bad("x-single-active-consumer", f"{{unacceptable_type,{amqp_type(sac)}}}")
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def parse_queue_args(arguments: Mapping[str, Any] | None) -> QueueArgs:
@@ -76,6 +139,8 @@ def parse_queue_args(arguments: Mapping[str, Any] | None) -> QueueArgs:
             out.attrs["overflow"] = _str(name, value)
         elif name == "x-message-ttl":
             out.attrs["message_ttl_ms"] = _int(name, value)
+        elif name == "x-single-active-consumer":
+            out.single_active_consumer = value is True
         elif name == "x-expires":
             out.expires_ms = _int(name, value)
             if out.expires_ms <= 0:

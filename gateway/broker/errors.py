@@ -6,6 +6,7 @@ with ``reply_code`` / ``reply_text``); :class:`ConnectionFault` closes the conne
 
 from __future__ import annotations
 
+from gateway.broker.arguments import amqp_type
 from semantics.errors import (
     ACCESS_REFUSED,
     NOT_FOUND,
@@ -53,26 +54,11 @@ def inequivalent(arg: str, kind: str, name: str, vhost: str, received: object, c
         if v is None:
             return "none"
         text = ("true" if v else "false") if isinstance(v, bool) else v if isinstance(v, str) else str(v)
-        return f"the value {_q(text)} of type {_q(_amqp_type(v))}" if typed else _q(text)
+        return f"the value {_q(text)} of type {_q(amqp_type(v))}" if typed else _q(text)
     typed = received is None or current is None
     return CMQError("M16", f"inequivalent arg {_q(arg)} for {kind} {_q(name)} in vhost {_q(vhost)}: "
                     f"received {show(received, typed)} but current is {show(current, typed)}",
                     reply_code=PRECONDITION_FAILED, value=received)
-
-
-def _amqp_type(v: object) -> str:
-    """RabbitMQ's name of a field's AMQP type, as the decoded Python value suggests it."""
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int):
-        return "signedint" if -2**31 <= v < 2**31 else "long"
-    if isinstance(v, float):
-        return "double"
-    if isinstance(v, dict):
-        return "table"
-    if isinstance(v, list | tuple):
-        return "array"
-    return "longstr"
 
 
 def access_refused(text: str, rule: str = "M16") -> CMQError:

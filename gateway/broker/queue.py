@@ -107,6 +107,11 @@ class BrokerQueue:
     def next_consumer(self) -> Consumer | None:
         """The next consumer with credit, round-robin (M11, W4)."""
         consumers = self.consumers
+        if self.qargs.single_active_consumer:
+            # x-single-active-consumer: only the oldest consumer receives; the next one takes
+            # over when it goes (RabbitMQ's meaning; CMQ has none).
+            first = consumers[0] if consumers else None
+            return first if first is not None and first.has_credit() else None
         n = len(consumers)
         for _ in range(n):
             if self._rr >= n:

@@ -15,6 +15,7 @@ from gateway.broker import persistence as P
 from gateway.broker.arguments import (
     EXCHANGE_EQUIVALENCE,
     QUEUE_EQUIVALENCE,
+    check_rabbit_args,
     equivalent_args,
     parse_queue_args,
 )
@@ -193,6 +194,7 @@ class VHost:
                                    existing.arguments.get(diff))
             self.broker.touch_queue(existing)
             return existing
+        check_rabbit_args(args, name, self.name)
         qargs = parse_queue_args(args)
         attrs = QueueAttributes(**qargs.attrs)
         q = self._make_queue(name, durable=durable, owner=session if exclusive else None,

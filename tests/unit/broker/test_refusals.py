@@ -81,3 +81,25 @@ async def test_M16_qos_prefetch_size_is_540(broker):
     c.open_channel()
     assert _refusal(c, C.Basic.Qos(prefetch_size=10)) == (
         "Connection.Close", 540, "NOT_IMPLEMENTED - prefetch_size!=0 (10)")
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    ({"x-expires": 0}, "invalid arg 'x-expires' for queue 'q' in vhost '/': {value_zero,0}"),
+    ({"x-expires": "a"}, "invalid arg 'x-expires' for queue 'q' in vhost '/': \"expected integer, got longstr\""),
+    ({"x-message-ttl": -1}, "invalid arg 'x-message-ttl' for queue 'q' in vhost '/': {value_negative,-1}"),
+    ({"x-max-length": -1}, "invalid arg 'x-max-length' for queue 'q' in vhost '/': {value_negative,-1}"),
+    ({"x-overflow": "bogus"}, "invalid arg 'x-overflow' for queue 'q' in vhost '/': invalid_overflow"),
+    ({"x-dead-letter-exchange": 5}, "invalid type 'signedint' for arg 'x-dead-letter-exchange' in queue 'q' "
+                                    "in vhost '/'"),
+    ({"x-dead-letter-routing-key": "k"}, "invalid arg 'x-dead-letter-routing-key' for queue 'q' in vhost '/': "
+                                         "routing_key_but_no_dlx_defined"),
+    ({"x-single-active-consumer": "yes"}, "invalid arg 'x-single-active-consumer' for queue 'q' in vhost '/': "
+                                          "{unacceptable_type,longstr}"),
+    ({"x-max-priority": 300}, "invalid arg 'x-max-priority' for queue 'q' in vhost '/': {max_value_exceeded,300}"),
+])
+async def test_M16_rabbitmq_queue_arguments_refused_in_its_words(broker, args, text):
+    c = Client(broker)
+    c.open_channel()
+    assert _refusal(c, C.Queue.Declare(queue="q", arguments=args)) == (
+        "Channel.Close", 406, f"PRECONDITION_FAILED - {text}")
+    assert "q" not in broker.vhosts["/"].queues

@@ -180,3 +180,16 @@ async def test_W4_an_ack_inside_a_transaction_frees_credit_only_at_commit(broker
     frames = c.read()
     assert [type(f).__name__ for _, f in frames][0] == "CommitOk"
     assert _tags(frames) == [("k", 2, b"b")]
+
+
+async def test_M7_single_active_consumer_only_the_first_receives_until_it_goes(broker):
+    c = Client(broker)
+    c.open_channel()
+    declare(c, C.Queue.Declare(queue="sac", arguments={"x-single-active-consumer": True}),
+            C.Basic.Consume(queue="sac", consumer_tag="first"), C.Basic.Consume(queue="sac", consumer_tag="second"))
+    for i in range(3):
+        c.publish(1, "", "sac", str(i).encode())
+    assert _tags(c.read()) == [("first", 1, b"0"), ("first", 2, b"1"), ("first", 3, b"2")]
+    c.send(1, C.Basic.Cancel(consumer_tag="first"))  # its unacked stay with the channel
+    c.send(1, C.Basic.Recover(requeue=True))
+    assert _tags(c.read()) == [("second", 4, b"0"), ("second", 5, b"1"), ("second", 6, b"2")]
