@@ -33,6 +33,7 @@ from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import REPLY_PREFIX
 from semantics.errors import CMQError, LimitError
+from semantics.limits import QUEUE_MAX_MSG_SIZE_MIN
 from semantics.message_ids import new_msg_id
 from semantics.names import cmq_name
 from semantics.queue import MaxLengthRejected
@@ -339,7 +340,8 @@ class VHost:
                              f"MaximumMessageSize {max_size}", value=size, limit=max_size)
         msg = Message(body, properties, exchange, routing_key, now, tags, msg_id, ttl)
         msg.cycle = cycle
-        self._check_sizes(ex, msg, headers, user, peer)
+        if size > QUEUE_MAX_MSG_SIZE_MIN:  # no queue refuses a body this small (L6)
+            self._check_sizes(ex, msg, headers, user, peer)
         self._route(ex, msg, headers, now, out, {exchange})
         if not out.routed:
             emit("discard", self.name, topic=exchange, routing_key=routing_key, msg_id=msg_id, size=size,

@@ -180,3 +180,19 @@ async def test_M7_x_expires_waits_while_the_queue_has_a_consumer(broker):
     c.publish(1, "", "exp", b"x", mandatory=True)
     [ret] = [d for d, _, _ in deliveries(c.read())]
     assert (ret.reply_code, ret.reply_text) == (312, "NO_ROUTE")
+
+
+async def test_L6_a_queue_behind_a_topic_refuses_a_body_above_its_max_msg_size(broker):
+    """L6: refused before anything is enqueued, in any queue the message reaches."""
+    c = Client(broker)
+    c.open_channel()
+    declare(c, C.Exchange.Declare(exchange="f", exchange_type="fanout"),
+            C.Queue.Declare(queue="small", arguments={"x-cmq-max-msg-size": 2048}), C.Queue.Declare(queue="big"),
+            C.Queue.Bind(queue="small", exchange="f"), C.Queue.Bind(queue="big", exchange="f"))
+    c.publish(1, "f", "", b"x" * 2048)
+    c.publish(1, "f", "", b"x" * 2049)
+    assert _close_of(c.methods()) == (
+        406, "PRECONDITION_FAILED - message of 2049 bytes is larger than queue 'small' MaxMsgSize 2048 "
+             "(CMQ limit L6)")
+    qs = broker.vhosts["/"].queues
+    assert (qs["small"].message_count, qs["big"].message_count) == (1, 1)
