@@ -33,7 +33,8 @@ class Channel:
         self.closing = False
         self.confirm = False
         self.publish_seq = 0
-        self.pending_confirms: deque[tuple[int, int]] = deque()  # (seq, lsn) in seq order (M14)
+        # (seq, lsn) in seq order (M14); lsn 0: nothing to wait for, -1: a nack.
+        self.pending_confirms: deque[tuple[int, int]] = deque()
         self.tx = False
         self.committing = False  # tx.commit running: deliveries it frees go out after commit-ok
         self.reply_key: str | None = None  # direct reply-to: this channel's reply consumer
@@ -175,30 +176,46 @@ class Channel:
     # -- confirms (M14) ----------------------------------------------------------------------
 
     def confirm_publish(self, seq: int, lsn: int, nack: bool = False) -> None:
+        """M14: basic.ack once the store holds the message durably, basic.nack when it was
+        refused; confirms go out in publish order, so a nack waits behind earlier acks."""
         broker = self.session.broker
-        conn = self.session.conn
-        if nack:
-            conn.send_method(self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
-            return
-        if lsn > broker.durable_lsn:
+        if not nack and lsn > broker.durable_lsn:
             self.pending_confirms.append((seq, lsn))
             broker.wait_durable(self)
         elif self.pending_confirms:
-            self.pending_confirms.append((seq, 0))  # keeps order; goes out with the batch
+            # Keeps the order; goes out with the batch. A nack is kept as a negative lsn.
+            self.pending_confirms.append((seq, -1 if nack else 0))
+        elif nack:
+            self.session.conn.send_method(self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
         else:
-            conn.send_method(self.number, C.Basic.Ack(delivery_tag=seq, multiple=False))
+            self.session.conn.send_method(self.number, C.Basic.Ack(delivery_tag=seq, multiple=False))
 
     def on_durable(self, durable: int) -> bool:
         """The store is durable up to ``durable``: ack the confirms waiting for it, coalesced
-        into one basic.ack multiple=true. Returns True while some still wait."""
+        into basic.ack multiple=true, a nack on the way sent on its own in its place.
+        Returns True while some still wait."""
         pending = self.pending_confirms
+        send = self.session.conn.send_method
         last = 0
         count = 0
+        sent = False
         while pending and pending[0][1] <= durable:
-            last = pending.popleft()[0]
-            count += 1
+            seq, lsn = pending.popleft()
+            if lsn >= 0:
+                last = seq
+                count += 1
+                continue
+            if self.closing:
+                continue
+            if count:
+                send(self.number, C.Basic.Ack(delivery_tag=last, multiple=count > 1))
+                count = 0
+            send(self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
+            sent = True
         if count and not self.closing:
-            self.session.conn.send_method(self.number, C.Basic.Ack(delivery_tag=last, multiple=count > 1))
+            send(self.number, C.Basic.Ack(delivery_tag=last, multiple=count > 1))
+            sent = True
+        if sent:
             self.session.request_flush()
         return bool(pending)
 

@@ -195,3 +195,21 @@ async def test_D7_endpoint_hooks_deliver_to_other_endpoint_kinds(audited, audit:
     audited.topic_events(audited.vhosts["/"], audited.vhosts["/"].exchanges["web"],
                          topic.report(msg_id, "hook1", True, audited.now()))
     assert topic.retained_count == 0
+
+
+async def test_M14_a_nack_behind_pending_acks_keeps_publish_order(tmp_path):
+    """M14: a refused publish (x-overflow reject-publish) behind messages waiting for the fsync
+    is nacked on its own, never covered by a later multiple ack."""
+    b = await Broker.open(str(tmp_path), clock=ManualClock())
+    c = Client(b)
+    c.open_channel()
+    declare(c, C.Queue.Declare(queue="one", durable=True, arguments=FULL), C.Queue.Declare(queue="other"),
+            C.Confirm.Select())
+    c.publish(1, "", "one", b"kept", delivery_mode=2)      # 1: waits for the fsync
+    c.publish(1, "", "one", b"refused", delivery_mode=2)   # 2: full: nack
+    c.publish(1, "", "other", b"transient")                # 3: nothing to wait for
+    assert c.methods() == []
+    b.sync_now()
+    confirms = [(m.name, m.delivery_tag, m.multiple) for m in c.methods()]
+    assert confirms == [("Basic.Ack", 1, False), ("Basic.Nack", 2, False), ("Basic.Ack", 3, False)]
+    await b.close()
