@@ -80,6 +80,7 @@ _CHANNEL_CLOSE = C.Channel.Close.index
 _CHANNEL_CLOSE_OK = C.Channel.CloseOk.index
 _CHANNEL_FLOW = C.Channel.Flow.index
 _PUBLISH = C.Basic.Publish.index
+_ACK = C.Basic.Ack.index
 # Content-bearing methods only a server may send (RabbitMQ's method_has_content).
 _SERVER_CONTENT = frozenset((C.Basic.Deliver.index, C.Basic.GetOk.index, C.Basic.Return.index))
 # Replies the core sends by itself; a second one from the broker is dropped.
@@ -224,10 +225,19 @@ class ServerConnection:
                     return None
                 start = pos + 7
                 end = start + size
-                if ftype == codec.FRAME_METHOD and channel and state is ConnState.OPEN:
-                    content = self._fast_publish(buf, channel, start, end)
-                    if content is not None:
-                        return content
+                if ftype == codec.FRAME_METHOD and channel and state is ConnState.OPEN and size >= 4:
+                    # The two methods of every message (publish, ack) skip the general path
+                    # when they are well-formed; anything else falls through to it.
+                    index = _U32.unpack_from(buf, start)[0]
+                    if index == _PUBLISH:
+                        content = self._fast_publish(buf, channel, start, end)
+                        if content is not None:
+                            return content
+                    elif index == _ACK and size == 13 and buf[end] == codec.FRAME_END:
+                        chan = self._channels.get(channel)
+                        if chan is not None and chan.state is ChannelState.OPEN and chan.publish is None:
+                            self._pos = end + 1
+                            return Method(channel, codec.decode_ack(buf, start + 4, end))
                 if buf[end] != codec.FRAME_END:
                     return self._fatal(f"type {ftype}, {_snippet(bytes(buf[start:end]))}: "
                                        f"invalid_frame_end_marker {buf[end]}", channel)
@@ -243,7 +253,7 @@ class ServerConnection:
         one Content; None (nothing consumed) for anything else, which the frame-by-frame
         path then handles, errors included. Hand-written: the hot path of every publisher
         (one pass instead of three trips through next_event/_on_frame/the assembler)."""
-        if end - start < 4 or _U32.unpack_from(buf, start)[0] != _PUBLISH or buf[end] != codec.FRAME_END:
+        if buf[end] != codec.FRAME_END:
             return None
         chan = self._channels.get(channel)
         if chan is None or chan.state is not ChannelState.OPEN or chan.publish is not None:

@@ -158,6 +158,24 @@ def test_one_frame_publish_fast_path_equals_frame_by_frame(body: bytes) -> None:
     assert isinstance(_closed_with_any, ProtocolError) and _closed_with_any.reply_code == 505
 
 
+def test_basic_ack_fast_path_equals_frame_by_frame() -> None:
+    """basic.ack frames read whole take the short path; the events equal those of the same
+    bytes fed one at a time, and an ack in the middle of a content is still 505."""
+    data = b"".join(method_frame(1, C.Basic.Ack(delivery_tag=t, multiple=t % 2 == 0)) for t in (1, 2, 2**62))
+    whole = _open().feed(data)
+    pipe = _open()
+    split = []
+    for i in range(len(data)):
+        split += pipe.feed(data[i:i + 1])
+    for events in (whole, split):
+        assert [(type(e), e.channel, e.method.delivery_tag, e.method.multiple) for e in events] == [
+            (Method, 1, 1, False), (Method, 1, 2, True), (Method, 1, 2**62, True)]
+    events = _open().feed(PUBLISH + method_frame(1, C.Basic.Ack(delivery_tag=1)))
+    assert isinstance(events[-1], ProtocolError) and events[-1].reply_code == 505
+    unopened = _open().feed(method_frame(2, C.Basic.Ack(delivery_tag=1)))
+    assert isinstance(unopened[-1], ProtocolError) and unopened[-1].reply_code == 504
+
+
 def test_single_frame_body_is_not_copied_twice() -> None:
     pipe = _open()
     (content,) = pipe.feed(PUBLISH + content_frames(1, b"x" * 100))
