@@ -120,15 +120,31 @@ def decode_ack(buf: bytes | bytearray, start: int, end: int) -> commands.Basic.A
     return ack
 
 
+# Exchange names and routing keys repeat from publish to publish: one str per distinct name
+# (a retained message keeps its routing key: 51 B each otherwise). Bounded, cleared when full.
+_NAMES: dict[bytes, str] = {}
+_NAMES_MAX = 4096
+
+
+def _name(raw: bytes) -> str:
+    name = _NAMES.get(raw)
+    if name is None:
+        name = str(raw, "utf-8")
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        _NAMES[raw] = name
+    return name
+
+
 def decode_publish(buf: bytes | bytearray, start: int, end: int) -> commands.Basic.Publish:
     """basic.publish arguments -> a pamqp Basic.Publish, without pamqp's per-field slicing."""
     # ticket (short), exchange (shortstr), routing-key (shortstr), mandatory+immediate bits
     pos = start + 2
     n = buf[pos]
-    exchange = str(buf[pos + 1:pos + 1 + n], "utf-8")
+    exchange = _name(bytes(buf[pos + 1:pos + 1 + n]))
     pos += 1 + n
     n = buf[pos]
-    routing_key = str(buf[pos + 1:pos + 1 + n], "utf-8")
+    routing_key = _name(bytes(buf[pos + 1:pos + 1 + n]))
     pos += 1 + n
     if pos + 1 != end:
         raise ValueError("basic.publish arguments have the wrong length")
