@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from gateway.config import DEFAULT_PORT, ConfigError, default_data_dir, load_config
+from semantics.store import StoreCorruptError, StoreLockedError
 
 __all__ = ["build_parser", "main"]
 
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--audit-dir", default=None, metavar="DIR",
                        help="directory of the JSON-lines audit log (default: the config's audit.dir, "
                             "else DATA_DIR/audit)")
+    serve.add_argument("--salvage", action="store_true", default=None,
+                       help="open a store whose confirmed data is damaged: keep every record that "
+                            "verifies and copy the damaged bytes aside (config: salvage: true)")
     _register_perf(sub)
     return parser
 
@@ -91,10 +95,23 @@ def _serve(args: argparse.Namespace) -> int:
     elif config.audit.dir is None:
         # A1: the audit trail is on unless configured away; beside the data by default.
         config.audit = dataclasses.replace(config.audit, dir=os.path.join(config.data_dir, "audit"))
+    if args.salvage:
+        config.salvage = True
     try:
         run(config)
     except ListenError as e:
         # A taken port is an operator's mistake, not a crash: one line, exit 1.
+        print(f"cmq-gateway: {e}", file=sys.stderr)
+        return 1
+    except StoreCorruptError as e:
+        # Confirmed data is damaged: nothing was changed on disk. One line naming the file
+        # and the way out, never a traceback.
+        where = str(e).split(";", 1)[0]
+        print(f"cmq-gateway: store damaged: {where}; nothing was changed on disk; restart with "
+              "--salvage (or salvage: true in the config) to keep every record that verifies "
+              "and set the damaged bytes aside", file=sys.stderr)
+        return 3
+    except StoreLockedError as e:
         print(f"cmq-gateway: {e}", file=sys.stderr)
         return 1
     return 0

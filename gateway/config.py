@@ -6,6 +6,7 @@ The users / vhosts / permissions keys use the shape of a RabbitMQ definitions ex
     listeners: [{host: "0.0.0.0", port: 5672}, {host: "::", port: 5672}]
     data_dir: /var/lib/cmq-gateway
     strict_names: false               # L2
+    salvage: false                    # open a damaged store, setting the damage aside
     users:
       - {name: alice, password_hash: "<base64>", hashing_algorithm: rabbit_password_hashing_sha256}
       - {name: bob, password: "plain text is hashed on load"}
@@ -89,6 +90,7 @@ class GatewayConfig:
     )
     data_dir: str | None = None
     strict_names: bool = False
+    salvage: bool = False  # the store opens despite damaged confirmed data (semantics.store)
     users: UserDB = field(default_factory=UserDB.default)
     limits: Limits = field(default_factory=Limits)
     audit: AuditSettings = field(default_factory=AuditSettings)
@@ -149,6 +151,7 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
     if raw.get("data_dir") is not None:
         cfg.data_dir = str(raw["data_dir"])
     cfg.strict_names = bool(raw.get("strict_names", False))
+    cfg.salvage = bool(raw.get("salvage", False))
     cfg.cluster_name = str(raw.get("cluster_name", cfg.cluster_name))
     if any(k in raw for k in ("users", "vhosts", "permissions")):
         cfg.users = _userdb(raw)

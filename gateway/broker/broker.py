@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +24,8 @@ from semantics import topic as T
 from semantics.clock import Clock, SystemClock
 from semantics.limits import TOPIC_LIFECYCLE_SECONDS
 from semantics.queue_attrs import QueueAttributes
-from semantics.store import Store
+from semantics.store import Store, StoreFailedError
+from semantics.store.store import COMPACT_MIN_BYTES
 
 if TYPE_CHECKING:
     from gateway.broker.channel import Channel
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
     from gateway.broker.session import Session
 
 __all__ = ["Broker", "BrokerConfig", "NullAudit"]
+
+log = logging.getLogger("cmq_gateway.broker")
 
 
 @dataclass
@@ -41,6 +45,8 @@ class BrokerConfig:
     vhosts: list[str] = field(default_factory=lambda: ["/"])
     strict_names: bool = False
     fsync: bool = True
+    salvage: bool = False  # open a store with damaged confirmed data, setting the damage aside
+    compact_min_bytes: int = COMPACT_MIN_BYTES  # the journal is compacted above this size
 
 
 class NullAudit:
@@ -67,7 +73,10 @@ class Broker:
         self.strict_names = bool(getattr(self.config, "strict_names", False))  # L2
         # Advertised in connection.start capabilities (W1): exchange.bind works (M8).
         self.exchange_exchange_bindings = True
-        self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True))
+        self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True),
+                                salvage=bool(getattr(self.config, "salvage", False)),
+                                compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)))
+        self._log_recovery()
         self.vhosts: dict[str, VHost] = {}
         for name in getattr(self.config, "vhosts", None) or ["/"]:
             self.vhost(name)
@@ -143,8 +152,37 @@ class Broker:
         while not self._closed:
             await self._dirty.wait()
             self._dirty.clear()
-            durable = await self._loop.run_in_executor(self._executor, self.store.sync)
+            try:
+                durable = await self._loop.run_in_executor(self._executor, self._sync_and_compact)
+            except StoreFailedError as e:
+                # The disk let us down: nothing unconfirmed may be acked now (M14).
+                log.error("%s; the confirms still waiting are nacked", e)
+                self._fail_confirms()
+                return
             self._on_durable(durable)
+
+    def _sync_and_compact(self) -> int:
+        """The worker thread's turn: sync, then compact if the journal has grown enough
+        (safe here: see semantics/store/store.py, "Compaction")."""
+        durable = self.store.sync()
+        try:
+            self.store.maybe_compact()
+        except OSError:
+            log.warning("store compaction failed; retried after the next sync", exc_info=True)
+        return durable
+
+    def _fail_confirms(self) -> None:
+        """StoreFailedError (M14): every confirm still waiting for the fsync is a basic.nack."""
+        for ch in list(self.confirm_waiters):
+            ch.fail_pending_confirms()
+        self.confirm_waiters.clear()
+
+    def _log_recovery(self) -> None:
+        r = self.store.recovery
+        if self.data_dir is None:
+            return
+        log.info("store.recovery records=%d seconds=%.3f set_aside_bytes=%d aside=%s damaged=%d",
+                 r.records, r.seconds, r.torn_bytes, r.aside_path, len(r.damaged))
 
     def _on_durable(self, durable: int) -> None:
         for ch in list(self.confirm_waiters):
@@ -527,8 +565,12 @@ class Broker:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._flusher
-        self.sync_now()
-        self.store.close()
+        try:
+            self.sync_now()
+        except StoreFailedError:
+            self._fail_confirms()
+        with contextlib.suppress(StoreFailedError):
+            self.store.close()
         self._executor.shutdown(wait=True)
 
 

@@ -190,6 +190,20 @@ class Channel:
         else:
             self.session.conn.send_method(self.number, C.Basic.Ack(delivery_tag=seq, multiple=False))
 
+    def fail_pending_confirms(self) -> None:
+        """The store failed (StoreFailedError): what still waits for an fsync will never be
+        durable, so each such confirm is a basic.nack, in publish order (M14)."""
+        pending, self.pending_confirms = self.pending_confirms, deque()
+        if self.closing or not pending:
+            return
+        send = self.session.conn.send_method
+        for seq, lsn in pending:
+            if lsn == 0:  # had nothing to wait for (a transient message): its ack stands
+                send(self.number, C.Basic.Ack(delivery_tag=seq, multiple=False))
+            else:
+                send(self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
+        self.session.request_flush()
+
     def on_durable(self, durable: int) -> bool:
         """The store is durable up to ``durable``: ack the confirms waiting for it, coalesced
         into basic.ack multiple=true, a nack on the way sent on its own in its place.

@@ -1,0 +1,116 @@
+"""The broker's use of the store: compaction from the sync worker, the recovery report at
+start-up, and a failed store nacking the confirms still waiting (semantics.store, M14)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from pamqp import commands as C
+
+from gateway.broker import Broker, BrokerConfig
+from gateway.protocol.properties import Properties
+from semantics.clock import ManualClock
+from tests.unit.broker.helpers import Client
+
+MIN_BYTES = 8192
+
+
+def _dir_bytes(directory: str) -> int:
+    return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory))
+
+
+def _confirms(c: Client) -> list[tuple[str, int, bool]]:
+    return [(m.name, m.delivery_tag, m.multiple) for m in c.methods()]
+
+
+async def _settle(b: Broker) -> None:
+    """Let the flusher sync what is pending, then wait for the worker thread to finish its
+    turn (sync and compaction run in one single-threaded executor, in order)."""
+    loop = asyncio.get_running_loop()
+    while b.store.durable_lsn < b.store.last_lsn:
+        await asyncio.sleep(0)
+        await loop.run_in_executor(b._executor, lambda: None)
+    await loop.run_in_executor(b._executor, lambda: None)
+
+
+async def test_M14_put_delete_cycles_compact_the_journal_and_reopen_recovers_live_state(tmp_path) -> None:
+    """semantics.store compaction: the flusher compacts after sync, so 300 put/delete cycles
+    of 600-byte persistent messages (about 360 KB of journal) leave the data dir bounded, and
+    a reopen recovers exactly the three live messages, in order."""
+    d = str(tmp_path)
+    clock = ManualClock()
+    config = BrokerConfig(fsync=False, compact_min_bytes=MIN_BYTES)
+    b = await Broker.open(d, clock=clock, config=config)
+    vh = b.vhost("/")
+    vh.declare_queue(None, "dq", passive=False, durable=True, exclusive=False, auto_delete=False, arguments=None)
+    q = vh.queues["dq"]
+    for i in range(300):
+        vh.publish("", "dq", Properties.build(delivery_mode=2), b"%05d" % i + b"x" * 595)
+        receipt = q.receive(clock.now())
+        assert receipt is not None
+        b.settle_deleted(q, receipt)
+        await _settle(b)
+    for body in (b"live-1", b"live-2", b"live-3"):
+        vh.publish("", "dq", Properties.build(delivery_mode=2), body)
+    await _settle(b)
+    names = sorted(os.listdir(d))
+    assert [n for n in names if n.startswith("journal-")] != ["journal-00000001.log"]  # rotated
+    assert len([n for n in names if n.startswith("snapshot-")]) == 1
+    assert _dir_bytes(d) < 2 * MIN_BYTES
+    await b.close()
+
+    b2 = await Broker.open(d, clock=clock, config=config)
+    q2 = b2.vhosts["/"].queues["dq"]
+    assert q2.message_count == 3
+    bodies = []
+    while (r := q2.receive(clock.now())) is not None:
+        bodies.append(r.message.payload.body)
+    assert bodies == [b"live-1", b"live-2", b"live-3"]
+    assert len(list(b2.store.items("m/"))) == 3
+    await b2.close()
+
+
+async def test_store_recovery_is_logged_at_start_up(tmp_path, caplog) -> None:
+    """semantics.store: the recovery report (records, seconds, bytes set aside) is logged as
+    store.recovery when the broker opens a data dir."""
+    b = await Broker.open(str(tmp_path), clock=ManualClock(), config=BrokerConfig(fsync=False))
+    vh = b.vhost("/")
+    for name in ("q1", "q2"):
+        vh.declare_queue(None, name, passive=False, durable=True, exclusive=False, auto_delete=False,
+                         arguments=None)
+    await b.close()
+    with caplog.at_level(logging.INFO, logger="cmq_gateway.broker"):
+        b2 = await Broker.open(str(tmp_path), clock=ManualClock(), config=BrokerConfig(fsync=False))
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("store.recovery")]
+    assert line.startswith("store.recovery records=2 seconds=")
+    assert line.endswith(" set_aside_bytes=0 aside=None damaged=0")
+    await b2.close()
+
+
+async def test_M14_store_failure_nacks_the_confirms_still_waiting(tmp_path) -> None:
+    """M14 / StoreFailedError: when a write fails, the confirm waiting for that fsync is a
+    basic.nack, and later persistent publishes are nacked at once."""
+    b = await Broker.open(str(tmp_path), clock=ManualClock(), config=BrokerConfig(fsync=False))
+    c = Client(b)
+    c.open_channel()
+    c.send(1, C.Queue.Declare(queue="dq", durable=True), C.Confirm.Select())
+    assert [type(m).__name__ for m in c.methods()] == ["DeclareOk", "SelectOk"]
+    await _settle(b)
+    # Inject a disk failure: the segment file now refuses writes (as a dead disk would).
+    seg = b.store._file
+    assert seg is not None
+    b.store._file = open(seg.name, "rb", buffering=0)  # noqa: SIM115 - closed by the store
+    seg.close()
+    c.publish(1, "", "dq", b"one", delivery_mode=2)
+    assert c.methods() == []  # waits for the fsync
+    assert b.confirm_waiters
+    await asyncio.sleep(0)
+    await b._loop.run_in_executor(b._executor, lambda: None)
+    await asyncio.sleep(0)
+    assert _confirms(c) == [("Basic.Nack", 1, False)]
+    assert not b.confirm_waiters
+    c.publish(1, "", "dq", b"two", delivery_mode=2)
+    assert _confirms(c) == [("Basic.Nack", 2, False)]
+    await b.close()
