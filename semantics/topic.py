@@ -644,6 +644,20 @@ class Topic:
         entry = self.subscription(sub_name)._blocker
         return entry.rec.msg.msg_id if entry is not None else None
 
+    def head(self, sub_name: str) -> tuple[str, DeliveryState] | None:
+        """D4/D6: the subscription's oldest unresolved message and its delivery state: the
+        message it is blocked behind when there is one, else the oldest still waiting for
+        (or in retry of) delivery; None when nothing is owed to it."""
+        sub = self.subscription(sub_name)
+        entry = sub._blocker
+        if entry is None:
+            entry = next(iter(sub._open.values()), None)
+        if entry is None:
+            return None
+        return entry.rec.msg.msg_id, DeliveryState(
+            entry.status, entry.attempts, entry.next_at if entry.status is DeliveryStatus.RETRYING else None,
+            entry.in_flight)
+
     def state(self, msg_id: str) -> dict[str, DeliveryState]:
         """D4: subscription name -> delivery state of a retained message; {} once it has left."""
         rec = self._retained.get(msg_id)

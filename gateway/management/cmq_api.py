@@ -61,16 +61,10 @@ def subscription_view(mgmt: Management, vhost: str, ex: Any, sub: Any) -> dict[s
 def _head(topic: Any, sub: Any) -> dict[str, Any] | None:
     """The subscription's oldest unresolved message: its attempts and next retry time (D4).
     The blocker when there is one, else the oldest waiting message."""
-    msg_id = topic.blocker(sub.name)
-    if msg_id is None:
-        # Topic keeps the unresolved messages per subscription in publish order.
-        waiting = getattr(sub, "_open", None) or {}
-        msg_id = next(iter(waiting), None)
-    if msg_id is None:
+    head = topic.head(sub.name)
+    if head is None:
         return None
-    state = topic.state(msg_id).get(sub.name)
-    if state is None:
-        return None
+    msg_id, state = head
     return {"msgId": msg_id, "status": state.status.value, "attempts": state.attempts,
             "nextRetryTime": state.next_at, "inFlight": state.in_flight}
 
