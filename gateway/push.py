@@ -21,14 +21,15 @@ The request is CMQ's notify format (Tencent Cloud API 406/7420, "Delivering Mess
 * both: headers ``x-cmq-request-id``, ``x-cmq-message-id``, ``x-cmq-message-tag`` and the
   user agent ``Qcloud Notification Service Agent``.
 
-Wiring without touching the broker: the broker passes the attempt callback to
-``Topic.publish`` and ``Topic.deliver_due``. :meth:`HttpPusher.install` wraps those two methods
-on the one Topic instance that gets an HTTP subscription so that HTTP endpoints are answered
-here and every other endpoint goes to the broker's callback unchanged. When the broker has
-its own hook (``Broker.push_http`` calling ``broker.http_pusher.push``), that is used instead.
+Wiring: the broker asks ``broker.endpoint_hooks[kind]`` for every endpoint it does not serve
+itself (docs/ARCHITECTURE.md); an :class:`HttpPusher` registers :meth:`HttpPusher.push` there
+for ``"http"`` when it is created, and is the broker's ``http_pusher`` from then on (a later
+pusher for the same broker takes over its subscriptions).
 
 HTTP subscriptions of durable exchanges are kept in the broker's store under
-``s/<vhost>/<exchange>/<subscription>`` and come back with :meth:`HttpPusher.recover`.
+``s/<vhost>/<exchange>/<subscription>`` and come back with :meth:`HttpPusher.recover`, which
+the broker runs while it recovers, before the topic-retained messages, so that a retained
+message still owed to an HTTP subscription is pushed again after a restart (D2, D7).
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ class HttpPusher:
         self.sent = 0
         self.succeeded = 0
         self.failed = 0
+        previous = getattr(broker, "http_pusher", None)
+        if previous is not None:
+            self.subscriptions = previous.subscriptions  # the same topics' subscriptions
+        broker.http_pusher = self
+        broker.endpoint_hooks["http"] = self.push  # D7: the broker asks here for ("http", url)
+
+    @classmethod
+    def of(cls, broker: Any) -> HttpPusher:
+        """The broker's pusher (the one its recovery created, if any), or a new one."""
+        pusher = getattr(broker, "http_pusher", None)
+        return pusher if isinstance(pusher, HttpPusher) else cls(broker)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -175,7 +187,6 @@ class HttpPusher:
         record = HttpSubscription(vhost, exchange, name, url, strategy.value, content_format,
                                   sub.filters, owner)
         self.subscriptions[vhost, exchange, name] = record
-        self.install(topic)
         if persist and ex.durable:
             data = asdict(record)
             data["filters"] = list(record.filters)
@@ -212,29 +223,7 @@ class HttpPusher:
                 log.warning("cannot restore HTTP subscription %s", key, exc_info=True)
         return count
 
-    # -- wiring into the topic ---------------------------------------------------------------
-
-    def install(self, topic: Topic) -> None:
-        """Answer HTTP endpoints of this topic here; everything else goes to the broker."""
-        if hasattr(self.broker, "push_http"):  # the broker's own D7 hook: no wrapping needed
-            self.broker.http_pusher = self
-            return
-        if getattr(topic, "_cmq_http_pusher", None) is self:
-            return
-        publish, deliver_due = topic.publish, topic.deliver_due
-        pusher = self
-
-        def wrap(attempt: Any) -> Any:
-            def attempt_http(sub: Subscription, tmsg: TopicMessage) -> bool | None:
-                endpoint = sub.endpoint
-                if isinstance(endpoint, tuple) and endpoint and endpoint[0] == "http":
-                    return pusher.push(topic, sub, tmsg)
-                return attempt(sub, tmsg)  # type: ignore[no-any-return]
-            return attempt_http
-
-        topic.publish = lambda msg, now, attempt: publish(msg, now, wrap(attempt))  # type: ignore[method-assign]
-        topic.deliver_due = lambda now, attempt: deliver_due(now, wrap(attempt))  # type: ignore[method-assign]
-        topic._cmq_http_pusher = self  # type: ignore[attr-defined]
+    # -- delivery (D7) ------------------------------------------------------------------
 
     def _locate(self, topic: Topic, sub_name: str) -> tuple[Any, Any, HttpSubscription] | None:
         for (vhost, exchange, name), record in self.subscriptions.items():

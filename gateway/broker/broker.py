@@ -87,6 +87,7 @@ class Broker:
         # answers True (delivered), False (failed: retry policy) or None (pending: the hook
         # reports the outcome to the topic later).
         self.endpoint_hooks: dict[str, Callable[[Any, Any, Any], bool | None]] = {}
+        self.http_pusher: Any = None  # gateway.push.HttpPusher, once HTTP subscriptions exist
         self.confirm_waiters: set[Channel] = set()
         self.scheduler = Scheduler(clock, loop, on_ran=self._flush_sessions)
         self._loop = loop
@@ -480,7 +481,16 @@ class Broker:
             self.strict_names = strict
         now = self.clock.now()
         self._recover_messages(now)
+        self._recover_http_subscriptions()
         self._recover_retained(now)
+
+    def _recover_http_subscriptions(self) -> None:
+        """D7: persisted HTTP subscriptions come back before the topic-retained messages, so
+        that a message still owed only to an HTTP endpoint is retained and pushed again."""
+        if next(self.store.items("s/"), None) is None:
+            return
+        from gateway.push import HttpPusher
+        HttpPusher.of(self).recover()
 
     def _recover_declarations(self) -> None:
         store = self.store
@@ -561,6 +571,8 @@ class Broker:
             return
         self._closed = True
         self.scheduler.close()
+        if self.http_pusher is not None:
+            await self.http_pusher.close()
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

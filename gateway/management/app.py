@@ -78,7 +78,7 @@ class Management:
     def __init__(self, obj: Any, pusher: HttpPusher | None = None) -> None:
         self.target = Target(obj)
         self.counters: Counters = attach(obj)
-        self.pusher = pusher if pusher is not None else HttpPusher(self.target.broker)
+        self.pusher = pusher if pusher is not None else HttpPusher.of(self.target.broker)
         self.rates = RateTracker(self._rate_counts)
 
     @property

@@ -4,16 +4,23 @@ permissions inside a vhost, Q5 long polling by basic.get, channel.flow."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from aiohttp import web
 
 from gateway.broker import Broker, BrokerConfig
+from gateway.protocol.properties import Properties
+from gateway.push import HttpPusher
 from semantics.clock import ManualClock
 from semantics.store.files import segment_name
 
 ROOT = Path(__file__).resolve().parents[2]
+WAIT = 10.0  # hang protection only
 
 
 def _serve(data_dir: Path, *extra: str) -> subprocess.Popen[str]:
@@ -84,3 +91,65 @@ def test_corrupt_store_is_one_line_naming_the_file_and_salvage(tmp_path: Path) -
         await b.close()
         return names
     assert asyncio.run(reopen()) == ["qa", "qc"]
+
+
+class _Endpoint:
+    """A real HTTP subscriber on port 0 that answers 500 to the first ``fail_first`` pushes."""
+
+    def __init__(self, fail_first: int) -> None:
+        self.fail_first = fail_first
+        self.bodies: list[dict[str, Any]] = []
+        self.arrived: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        notice = json.loads(await request.read())
+        self.bodies.append(notice)
+        self.arrived.put_nowait(notice)
+        return web.Response(status=500 if len(self.bodies) <= self.fail_first else 200)
+
+    async def start(self) -> web.AppRunner:
+        app = web.Application()
+        app.router.add_post("/notify", self.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}/notify"
+        return runner
+
+
+async def test_D2_D7_retained_message_owed_only_to_http_subscription_survives_restart(tmp_path: Path) -> None:
+    """D2/D7 + M14: a persistent message whose only subscription is an HTTP endpoint that
+    failed is retained; after a restart the broker restores the HTTP subscription before the
+    retained messages, so the push is made again (and succeeds) instead of the message being
+    dropped."""
+    endpoint = _Endpoint(fail_first=1)
+    runner = await endpoint.start()
+    clock = ManualClock(1_700_000_000.0)
+    config = BrokerConfig(fsync=False)
+    try:
+        b = await Broker.open(str(tmp_path), clock=clock, config=config)
+        vh = b.vhost("/")
+        vh.declare_exchange("orders", "fanout", passive=False, durable=True, auto_delete=False, internal=False,
+                            arguments=None)
+        pusher = HttpPusher(b)
+        pusher.subscribe("/", "orders", "hook", endpoint.url)
+        out = vh.publish("orders", "", Properties.build(delivery_mode=2), b"owed")
+        first = await asyncio.wait_for(endpoint.arrived.get(), WAIT)
+        await asyncio.wait_for(pusher.idle(), WAIT)
+        assert (first["msgId"], first["msgBody"]) == (out.msg_id, "owed")
+        topic = vh.exchanges["orders"].topic
+        assert topic.state(out.msg_id)["hook"].status.value == "retrying"
+        assert [k for k, _ in b.store.items("t/")] == [f"t///orders/{out.msg_id}"]
+        await b.close()
+
+        b2 = await Broker.open(str(tmp_path), clock=clock, config=config)
+        again = await asyncio.wait_for(endpoint.arrived.get(), WAIT)
+        await asyncio.wait_for(b2.http_pusher.idle(), WAIT)
+        assert (again["msgId"], again["msgBody"], again["subscriptionName"]) == (out.msg_id, "owed", "hook")
+        assert b2.vhosts["/"].exchanges["orders"].topic.state(out.msg_id) == {}  # delivered: gone (D2)
+        assert list(b2.store.items("t/")) == []
+        assert len(endpoint.bodies) == 2
+        await b2.close()
+    finally:
+        await runner.cleanup()
