@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
+from gateway.auth import Access
 from gateway.broker.arguments import rewind_to
 from gateway.broker.channel import Channel
 from gateway.broker.consumers import Consumer
@@ -42,11 +43,28 @@ class Session:
         self.channels: dict[int, Channel] = {}
         self.paused = False
         self.closed = False
+        # W2: the user's configure/write/read patterns on this vhost, checked as RabbitMQ
+        # checks them. A broker without a user database (embedded, tests) checks nothing.
+        users = getattr(broker.config, "users", None)
+        self.check_access = users is not None
+        self.permission = users.vhost_permission(user, vhost) if users is not None else None
+        self._writable: dict[str, bool] = {}  # basic.publish: write permission per exchange
         broker.sessions.add(self)
 
     def emit(self, event: str, **fields: Any) -> None:
         """An audit record caused by this connection: its user and peer (A2)."""
         self.broker.audit.emit(event, self.vhost_name, user=self.user, peer=self.peer, **fields)
+
+    def authorize(self, access: Access, kind: str, name: str) -> None:
+        """W2: 403 ACCESS_REFUSED (a channel error, as RabbitMQ) unless the user's ``access``
+        pattern on this vhost matches the resource name (the default exchange is
+        ``amq.default``)."""
+        if not self.check_access:
+            return
+        perm = self.permission
+        if perm is None or not perm.allows(access, name):
+            raise access_refused(f"access to {kind} '{name or 'amq.default'}' in vhost '{self.vhost_name}' "
+                                 f"refused for user '{self.user}'", "W2")
 
     def supports(self, capability: str) -> bool:
         props = getattr(self.conn, "client_properties", None) or {}
@@ -123,6 +141,9 @@ class Session:
     # -- publish (M9, M10, M14) --------------------------------------------------------------
 
     def _publish(self, ch: Channel, method: Any, properties: Any, body: bytes) -> None:
+        if self.check_access and not self._writable.get(method.exchange, False):
+            self.authorize("write", "exchange", method.exchange)  # W2; raises when refused
+            self._writable[method.exchange] = True
         if ch.tx:
             ch.tx_publishes.append((method, properties, body))
             return
@@ -155,6 +176,8 @@ class Session:
     # -- exchange / queue methods ------------------------------------------------------------
 
     def _exchange_declare(self, ch: Channel, m: Any) -> None:
+        if not m.passive:
+            self.authorize("configure", "exchange", m.exchange)
         self.vhost.declare_exchange(m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
                                     auto_delete=m.auto_delete, internal=m.internal,
                                     arguments=m.arguments, user=self.user)
@@ -162,16 +185,21 @@ class Session:
             self.conn.send_method(ch.number, C.Exchange.DeclareOk())
 
     def _exchange_delete(self, ch: Channel, m: Any) -> None:
+        self.authorize("configure", "exchange", m.exchange)
         self.vhost.delete_exchange(m.exchange, if_unused=m.if_unused, user=self.user)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Exchange.DeleteOk())
 
     def _exchange_bind(self, ch: Channel, m: Any) -> None:
+        self.authorize("write", "exchange", m.destination)
+        self.authorize("read", "exchange", m.source)
         self.vhost.bind(self, m.source, ("x", m.destination), m.routing_key, m.arguments, self.user)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Exchange.BindOk())
 
     def _exchange_unbind(self, ch: Channel, m: Any) -> None:
+        self.authorize("write", "exchange", m.destination)
+        self.authorize("read", "exchange", m.source)
         self.vhost.unbind(self, m.source, ("x", m.destination), m.routing_key, self.user)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Exchange.UnbindOk())
@@ -183,30 +211,41 @@ class Session:
                 self.conn.send_method(ch.number, C.Queue.DeclareOk(queue=REPLY_QUEUE, message_count=0,
                                                                     consumer_count=1))
             return
+        server_name = None
+        if not m.passive:
+            # W2: configure on the queue; a server-named queue is checked under its new name.
+            server_name = new_name("amq.gen-") if not m.queue else None
+            self.authorize("configure", "queue", m.queue or server_name or "")
         q = self.vhost.declare_queue(self, m.queue, passive=m.passive, durable=m.durable,
                                      exclusive=m.exclusive, auto_delete=m.auto_delete,
-                                     arguments=m.arguments, user=self.user)
+                                     arguments=m.arguments, user=self.user, server_name=server_name)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Queue.DeclareOk(
                 queue=q.name, message_count=q.message_count, consumer_count=len(q.consumers)))
 
     def _queue_delete(self, ch: Channel, m: Any) -> None:
+        self.authorize("configure", "queue", m.queue)
         count = self.vhost.delete_queue(self, m.queue, if_unused=m.if_unused, if_empty=m.if_empty,
                                         user=self.user)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Queue.DeleteOk(message_count=count))
 
     def _queue_purge(self, ch: Channel, m: Any) -> None:
+        self.authorize("read", "queue", m.queue)
         count = self.vhost.purge_queue(self, m.queue, self.user)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Queue.PurgeOk(message_count=count))
 
     def _queue_bind(self, ch: Channel, m: Any) -> None:
+        self.authorize("write", "queue", m.queue)
+        self.authorize("read", "exchange", m.exchange)
         self.vhost.bind(self, m.exchange, ("q", m.queue), m.routing_key, m.arguments, self.user)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Queue.BindOk())
 
     def _queue_unbind(self, ch: Channel, m: Any) -> None:
+        self.authorize("write", "queue", m.queue)
+        self.authorize("read", "exchange", m.exchange)
         self.vhost.unbind(self, m.exchange, ("q", m.queue), m.routing_key, self.user)
         self.conn.send_method(ch.number, C.Queue.UnbindOk())
 
@@ -236,6 +275,7 @@ class Session:
             if not m.nowait:
                 self.conn.send_method(ch.number, C.Basic.ConsumeOk(consumer_tag=tag))
             return
+        self.authorize("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self)
         if any(c.exclusive for c in q.consumers) or (m.exclusive and q.consumers):
             raise access_refused(f"queue '{q.name}' in vhost '{self.vhost_name}' in exclusive use")
@@ -259,6 +299,7 @@ class Session:
             self.conn.send_method(ch.number, C.Basic.CancelOk(consumer_tag=m.consumer_tag))
 
     def _basic_get(self, ch: Channel, m: Any) -> None:
+        self.authorize("read", "queue", m.queue)
         q = self.vhost.queue(m.queue, self)
         self.broker.get(ch, q, m.no_ack)
 

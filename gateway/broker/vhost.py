@@ -165,7 +165,9 @@ class VHost:
 
     def declare_queue(self, session: Session | None, name: str, *, passive: bool, durable: bool,
                       exclusive: bool, auto_delete: bool, arguments: dict[str, Any] | None,
-                      user: str | None = None) -> BrokerQueue:
+                      user: str | None = None, server_name: str | None = None) -> BrokerQueue:
+        """``server_name``: the amq.gen-... name to give a queue declared as "" (the session
+        picks it first to check the configure permission on it, W2)."""
         if passive:
             if not name:
                 raise not_found("queue", name, self.name)
@@ -177,7 +179,7 @@ class VHost:
         if not name:
             # Server-named: amq.gen-..., which clients expect; it maps to a valid CMQ name (L2)
             # and so is allowed under strict_names too.
-            name = new_name("amq.gen-")
+            name = server_name or new_name("amq.gen-")
         elif self.broker.strict_names and name not in self.queues:
             cmq_name(name, "queue", strict=True)  # L2: 406 unless already a valid CMQ name
         args = dict(arguments or {})

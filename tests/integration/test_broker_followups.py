@@ -8,16 +8,23 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pika
+import pika.exceptions
+import pytest
 from aiohttp import web
 
+from gateway.auth import Permission, User, UserDB, hash_password
 from gateway.broker import Broker, BrokerConfig
 from gateway.protocol.properties import Properties
 from gateway.push import HttpPusher
+from gateway.server import gateway_in_thread
 from semantics.clock import ManualClock
 from semantics.store.files import segment_name
+from tests.integration.differential import blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 10.0  # hang protection only
@@ -153,3 +160,82 @@ async def test_D2_D7_retained_message_owed_only_to_http_subscription_survives_re
         await b2.close()
     finally:
         await runner.cleanup()
+
+
+# -- W2: permissions inside a vhost ------------------------------------------------------------
+
+_USERS = UserDB({"guest": User("guest", hash_password("guest")), "u": User("u", hash_password("pw"))},
+                {("guest", "/"): Permission(),
+                 # u may configure and read u-*, write u-* and the default exchange
+                 ("u", "/"): Permission("^u-", "^u-|^amq\\.default$", "^u-")},
+                ["/"], frozenset())
+
+
+def _refused(kind: str, name: str) -> str:
+    return f"ACCESS_REFUSED - access to {kind} '{name}' in vhost '/' refused for user 'u'"
+
+
+def test_W2_configure_write_read_checked_per_method_as_rabbitmq() -> None:
+    """W2: RabbitMQ's access-control table: declare/delete need configure; publish needs write
+    on the exchange; queue.bind write on the queue and read on the exchange; exchange.bind
+    write on the destination and read on the source; consume/get/purge read on the queue.
+    A refusal is a 403 channel error naming the resource, the vhost and the user; the
+    connection stays open."""
+    with gateway_in_thread(hosts=("127.0.0.1",), users=_USERS) as gw:
+        with blocking(f"amqp://guest:guest@127.0.0.1:{gw.port}/%2F") as admin:
+            ach = admin.channel()
+            ach.queue_declare("other")
+            ach.exchange_declare("x-other", "fanout")
+            ach.queue_declare("u-q")
+            ach.exchange_declare("u-x", "fanout")
+            ach.basic_publish("", "other", b"hidden")
+        cases: list[tuple[str, Callable[[Any], Any], str]] = [
+            ("queue.declare", lambda ch: ch.queue_declare("other"), _refused("queue", "other")),
+            ("exchange.declare", lambda ch: ch.exchange_declare("x-other", "fanout"),
+             _refused("exchange", "x-other")),
+            ("queue.delete", lambda ch: ch.queue_delete("other"), _refused("queue", "other")),
+            ("exchange.delete", lambda ch: ch.exchange_delete("x-other"), _refused("exchange", "x-other")),
+            ("queue.bind on a foreign queue", lambda ch: ch.queue_bind("other", "u-x"), _refused("queue", "other")),
+            ("queue.bind from a foreign exchange", lambda ch: ch.queue_bind("u-q", "x-other"),
+             _refused("exchange", "x-other")),
+            ("exchange.bind to a foreign destination", lambda ch: ch.exchange_bind("x-other", "u-x"),
+             _refused("exchange", "x-other")),
+            ("exchange.bind from a foreign source", lambda ch: ch.exchange_bind("u-x", "x-other"),
+             _refused("exchange", "x-other")),
+            ("basic.get", lambda ch: ch.basic_get("other"), _refused("queue", "other")),
+            ("basic.consume", lambda ch: ch.basic_consume("other", lambda *a: None), _refused("queue", "other")),
+            ("queue.purge", lambda ch: ch.queue_purge("other"), _refused("queue", "other")),
+            ("basic.publish", lambda ch: (ch.basic_publish("x-other", "", b"m"), ch.queue_declare("u-q")),
+             _refused("exchange", "x-other")),
+            ("server-named queue", lambda ch: ch.queue_declare(""), None),  # refused: see below
+        ]
+        with blocking(f"amqp://u:pw@127.0.0.1:{gw.port}/%2F") as conn:
+            for what, call, text in cases:
+                ch = conn.channel()
+                with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+                    call(ch)
+                assert info.value.reply_code == 403, what
+                if text is not None:
+                    assert info.value.reply_text == text, what
+                else:
+                    assert info.value.reply_text.startswith(
+                        "ACCESS_REFUSED - access to queue 'amq.gen-"), what
+                    assert info.value.reply_text.endswith("' in vhost '/' refused for user 'u'"), what
+            # What the patterns allow works, on the same connection.
+            ch = conn.channel()
+            ch.queue_declare("u-mine")
+            ch.exchange_declare("u-x2", "fanout")
+            ch.queue_bind("u-mine", "u-x")
+            ch.exchange_bind("u-x2", "u-x")
+            ch.basic_publish("", "u-mine", b"direct")
+            ch.basic_publish("u-x", "", b"fanned")
+            ch.queue_declare("other", passive=True)  # passive declare needs no permission
+            got = [ch.basic_get("u-mine", auto_ack=True)[2] for _ in range(2)]
+            assert got == [b"direct", b"fanned"]
+            assert ch.queue_purge("u-mine").method.message_count == 0
+            ch.queue_delete("u-mine")
+            assert conn.is_open
+        with blocking(f"amqp://guest:guest@127.0.0.1:{gw.port}/%2F") as admin:
+            ach = admin.channel()
+            assert ach.queue_declare("other", passive=True).method.message_count == 1
+            assert ach.queue_declare("u-q", passive=True).method.message_count == 0
