@@ -114,6 +114,8 @@ class AMQPConnection(asyncio.Protocol):
             next_event = self.conn.next_event
             dispatch = self._dispatch
             budget = EVENTS_PER_TURN
+            broker = self.gw.broker
+            broker.begin_batch()  # deliveries caused by this turn: one dispatch per queue
             try:
                 while not self._lost:
                     event = next_event()
@@ -128,6 +130,11 @@ class AMQPConnection(asyncio.Protocol):
                 log.exception("internal error on connection %s", self.peer)
                 self._force_close(541, "INTERNAL_ERROR - internal error")
                 more = False
+            finally:
+                try:
+                    broker.end_batch()
+                except Exception:
+                    log.exception("dispatch failed after a read from %s", self.peer)
         self._flush()
         if self._lost:
             return

@@ -94,6 +94,8 @@ class Broker:
         self._dirty = asyncio.Event() if loop is not None else None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="store-sync")
         self._flusher: asyncio.Task[None] | None = None
+        self._batch_depth = 0  # begin_batch() nesting (the transport's read turns)
+        self._to_dispatch: dict[BrokerQueue, None] = {}  # queues to dispatch at end_batch()
         self._closed = False
 
     @classmethod
@@ -293,9 +295,32 @@ class Broker:
             q.on_tick = lambda qq, now: self._queue_tick(vh, qq, now)
         if q.cmq.events_pending:
             self._queue_events(vh, q, q.cmq.drain_events())
-        self.scheduler.reschedule(q)
-        if dispatch and q.consumers:
-            self.dispatch(q)
+        if dispatch and q.consumers and not q.deleted:
+            if self._batch_depth:
+                self._to_dispatch[q] = None  # dispatched (and so rescheduled) by end_batch()
+            else:
+                self.dispatch(q)  # reschedules q when it is done
+        else:
+            self.scheduler.reschedule(q)
+
+    def begin_batch(self) -> None:
+        """The transport hands over the events of one read between begin_batch() and
+        end_batch(): the dispatches they cause are coalesced into one per queue, so one pass
+        delivers everything the batch published or freed credit for, instead of a dispatch
+        per publish and per ack (measured: -38% gateway CPU per message, docs/BENCHMARKS.md).
+        Sessions driven without a transport (tests) dispatch at once, as before."""
+        self._batch_depth += 1
+
+    def end_batch(self) -> None:
+        self._batch_depth -= 1
+        if self._batch_depth or not self._to_dispatch:
+            return
+        pending, self._to_dispatch = self._to_dispatch, {}
+        for q in pending:
+            if q.consumers and not q.deleted:
+                self.dispatch(q)
+            elif not q.deleted:
+                self.scheduler.reschedule(q)
 
     def _queue_tick(self, vh: VHost, q: BrokerQueue, now: float) -> None:
         expiry = q.expires_at()

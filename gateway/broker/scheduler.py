@@ -60,7 +60,11 @@ class Scheduler:
             if old is not None:
                 del self._deadline[owner]
             return
-        if old == when:
+        if old is not None and old <= when:
+            # A deadline may be early, never late: the earlier entry stays, and when it fires
+            # the owner finds nothing due and is asked again. Otherwise every ack (the acked
+            # message's visibility end was the queue's next deadline) pushed an entry and
+            # cancelled and re-created the loop's timer (docs/BENCHMARKS.md).
             return
         self._deadline[owner] = when
         heapq.heappush(self._heap, (when, next(self._seq), owner))
@@ -105,7 +109,11 @@ class Scheduler:
         if self._loop is None or self._closed:
             return
         earliest = self.next_deadline()
-        if earliest == self._timer_at:
+        armed = self._timer_at
+        if earliest == armed or (earliest is not None and armed is not None
+                                 and self._clock.now() < armed <= earliest):
+            # The armed timer fires first; _fire re-arms for what is due then. One that is
+            # already overdue by the clock is replaced (a ManualClock moves without it firing).
             return
         if self._timer is not None:
             self._timer.cancel()
