@@ -461,6 +461,10 @@ class ServerConnection:
             self._queue_method(channel, C.Channel.CloseOk())
             return ChannelClose(channel, method.reply_code, method.reply_text, method.class_id, method.method_id)
         if index == _CHANNEL_FLOW:
+            if not method.active:
+                # As RabbitMQ 3.x (rabbit_channel): a client may not stop the server's
+                # deliveries with channel.flow; a connection error 540 "active=false".
+                raise RemoteProtocolError(NOT_IMPLEMENTED, "active=false", class_id=20, method_id=20)
             self._queue_method(channel, C.Channel.FlowOk(active=method.active))
             return ChannelFlow(channel, method.active)
         if index == _CHANNEL_OPEN:

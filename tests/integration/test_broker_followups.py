@@ -239,3 +239,29 @@ def test_W2_configure_write_read_checked_per_method_as_rabbitmq() -> None:
             ach = admin.channel()
             assert ach.queue_declare("other", passive=True).method.message_count == 1
             assert ach.queue_declare("u-q", passive=True).method.message_count == 0
+
+
+# -- channel.flow ------------------------------------------------------------------------------
+
+
+def _flow(url: str, active: bool) -> tuple[str, Any]:
+    """Send channel.flow and report ("ok", flow-ok active) or ("closed", (code, text))."""
+    with blocking(url) as conn:
+        ch = conn.channel()
+        got: dict[str, Any] = {}
+        try:
+            ch._impl._rpc(pika.spec.Channel.Flow(active=active), lambda f: got.setdefault("ok", f.method.active),
+                          [pika.spec.Channel.FlowOk])
+            while "ok" not in got:
+                conn.process_data_events(time_limit=0.2)
+        except pika.exceptions.ConnectionClosedByBroker as e:
+            return "closed", (e.reply_code, e.reply_text)
+        return "ok", got["ok"]
+
+
+def test_M16_channel_flow_as_rabbitmq(broker_url: str) -> None:
+    """M16/W1: channel.flow active=true is answered flow-ok active=true; active=false closes
+    the connection with 540 NOT_IMPLEMENTED "active=false", as RabbitMQ 3.x does (run against
+    both)."""
+    assert _flow(broker_url, True) == ("ok", True)
+    assert _flow(broker_url, False) == ("closed", (540, "NOT_IMPLEMENTED - active=false"))

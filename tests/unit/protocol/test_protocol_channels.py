@@ -81,9 +81,17 @@ def test_channel_closed_by_server_ignores_all_but_close_ok() -> None:
 
 def test_channel_flow_is_answered() -> None:
     pipe = _open()
-    assert pipe.send(1, C.Channel.Flow(active=False)) == [ChannelFlow(1, False)]
+    assert pipe.send(1, C.Channel.Flow(active=True)) == [ChannelFlow(1, True)]
     ((_, ok),) = pipe.read()
-    assert isinstance(ok, C.Channel.FlowOk) and ok.active is False
+    assert isinstance(ok, C.Channel.FlowOk) and ok.active is True
+
+
+def test_M16_channel_flow_active_false_is_540_as_rabbitmq() -> None:
+    """M16: RabbitMQ 3.x (checked against 3.10.8) closes the connection with 540
+    NOT_IMPLEMENTED "active=false" (class 20, method 20) and sends no flow-ok."""
+    pipe = _open()
+    events = pipe.send(1, C.Channel.Flow(active=False))
+    assert _closed_with(pipe, events, 540, 20, 20) == "NOT_IMPLEMENTED - active=false"
 
 
 def test_other_methods_come_out_as_method_events() -> None:
