@@ -1,5 +1,5 @@
 """Broker follow-ups over the wire and as a process: store damage at start-up, W2
-permissions inside a vhost, Q5 long polling by basic.get, channel.flow."""
+permissions inside a vhost, HTTP subscriptions across a restart, channel.flow."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
-from aiohttp import web
 
 from gateway.auth import Permission, User, UserDB, hash_password
 from gateway.broker import Broker, BrokerConfig
@@ -25,6 +24,8 @@ from gateway.server import gateway_in_thread
 from semantics.clock import ManualClock
 from semantics.store.files import segment_name
 from tests.integration.differential import blocking
+from tests.integration.test_http_push import Subscriber
+from tests.integration.test_http_push import _serve as serve_subscriber
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 10.0  # hang protection only
@@ -100,39 +101,14 @@ def test_corrupt_store_is_one_line_naming_the_file_and_salvage(tmp_path: Path) -
     assert asyncio.run(reopen()) == ["qa", "qc"]
 
 
-class _Endpoint:
-    """A real HTTP subscriber on port 0 that answers 500 to the first ``fail_first`` pushes."""
-
-    def __init__(self, fail_first: int) -> None:
-        self.fail_first = fail_first
-        self.bodies: list[dict[str, Any]] = []
-        self.arrived: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.url = ""
-
-    async def handle(self, request: web.Request) -> web.Response:
-        notice = json.loads(await request.read())
-        self.bodies.append(notice)
-        self.arrived.put_nowait(notice)
-        return web.Response(status=500 if len(self.bodies) <= self.fail_first else 200)
-
-    async def start(self) -> web.AppRunner:
-        app = web.Application()
-        app.router.add_post("/notify", self.handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}/notify"
-        return runner
-
-
 async def test_D2_D7_retained_message_owed_only_to_http_subscription_survives_restart(tmp_path: Path) -> None:
     """D2/D7 + M14: a persistent message whose only subscription is an HTTP endpoint that
     failed is retained; after a restart the broker restores the HTTP subscription before the
     retained messages, so the push is made again (and succeeds) instead of the message being
     dropped."""
-    endpoint = _Endpoint(fail_first=1)
-    runner = await endpoint.start()
     clock = ManualClock(1_700_000_000.0)
+    endpoint = Subscriber(clock, fail_first=1)
+    runner = await serve_subscriber(endpoint)
     config = BrokerConfig(fsync=False)
     try:
         b = await Broker.open(str(tmp_path), clock=clock, config=config)
@@ -142,7 +118,7 @@ async def test_D2_D7_retained_message_owed_only_to_http_subscription_survives_re
         pusher = HttpPusher(b)
         pusher.subscribe("/", "orders", "hook", endpoint.url)
         out = vh.publish("orders", "", Properties.build(delivery_mode=2), b"owed")
-        first = await asyncio.wait_for(endpoint.arrived.get(), WAIT)
+        first = json.loads((await endpoint.next())["body"])
         await asyncio.wait_for(pusher.idle(), WAIT)
         assert (first["msgId"], first["msgBody"]) == (out.msg_id, "owed")
         topic = vh.exchanges["orders"].topic
@@ -151,12 +127,12 @@ async def test_D2_D7_retained_message_owed_only_to_http_subscription_survives_re
         await b.close()
 
         b2 = await Broker.open(str(tmp_path), clock=clock, config=config)
-        again = await asyncio.wait_for(endpoint.arrived.get(), WAIT)
+        again = json.loads((await endpoint.next())["body"])
         await asyncio.wait_for(b2.http_pusher.idle(), WAIT)
         assert (again["msgId"], again["msgBody"], again["subscriptionName"]) == (out.msg_id, "owed", "hook")
         assert b2.vhosts["/"].exchanges["orders"].topic.state(out.msg_id) == {}  # delivered: gone (D2)
         assert list(b2.store.items("t/")) == []
-        assert len(endpoint.bodies) == 2
+        assert len(endpoint.requests) == 2
         await b2.close()
     finally:
         await runner.cleanup()
