@@ -64,9 +64,7 @@ class Channel:
         msg_id = qmsg.msg_id
         rc = qmsg.receive_count
         # M11: message_id = the CMQ ID unless the publisher set one; x-cmq-* headers.
-        props = msg.properties.encode_with(message_id=msg_id, extra_headers={
-            "x-cmq-msg-id": msg_id, "x-cmq-enqueue-time": int(qmsg.enqueue_time),
-            "x-cmq-receive-count": rc})
+        props = msg.properties.encode_delivery(msg_id, int(qmsg.enqueue_time), rc)
         redelivered = rc > 1
         conn = self.session.conn
         if consumer is not None:

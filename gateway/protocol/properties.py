@@ -145,6 +145,14 @@ def _encode_entries(table: Mapping[str, Any]) -> bytes:
     return b"".join(parts)
 
 
+# The headers M11 adds to every delivery, in this order, and their entries' fixed prefixes
+# (key length, key, value type: S long string, l signed 64-bit, as encode_value writes them).
+_M11_KEYS = ("x-cmq-msg-id", "x-cmq-enqueue-time", "x-cmq-receive-count")
+_M11_ID = b"\x0cx-cmq-msg-idS"
+_M11_TIME = b"\x12x-cmq-enqueue-timel"
+_M11_COUNT = b"\x13x-cmq-receive-countl"
+
+
 class Properties:
     """The raw property bytes of one content header, with lazily decoded fields.
 
@@ -288,6 +296,28 @@ class Properties:
             if len(mid) > 255:
                 raise ValueError("short string over 255 bytes")
             return b"".join((head, headers, middle, bytes((len(mid),)), mid, tail))
+        return b"".join((head, headers, middle, tail))
+
+    def encode_delivery(self, msg_id: str, enqueue_time: int, receive_count: int) -> bytes:
+        """``encode_with(message_id=msg_id, extra_headers={"x-cmq-msg-id": msg_id,
+        "x-cmq-enqueue-time": enqueue_time, "x-cmq-receive-count": receive_count})``, the M11
+        properties of every delivery, with the three header entries written from fixed byte
+        prefixes. Hand-written: the consumer's hot path (same bytes; tested against
+        encode_with)."""
+        set_id = self._spans[_MESSAGE_ID] is None
+        t = self._template
+        if t is None or t[0] != _M11_KEYS or t[1] != set_id:
+            t = self._template = self._split(_M11_KEYS, set_id)
+        _, _, head, kept, middle, tail = t
+        mid = msg_id.encode("utf-8")
+        n = len(mid)
+        if n > 255:
+            raise ValueError("short string over 255 bytes")
+        added = b"".join((_M11_ID, _U32.pack(n), mid, _M11_TIME, _I64.pack(enqueue_time), _M11_COUNT,
+                          _I64.pack(receive_count)))
+        headers = _U32.pack(len(kept) + len(added)) + kept + added
+        if set_id:
+            return b"".join((head, headers, middle, bytes((n,)), mid, tail))
         return b"".join((head, headers, middle, tail))
 
     def _split(self, keys: tuple[str, ...], set_id: bool

@@ -223,3 +223,19 @@ def test_M11_encode_with_template_matches_the_field_by_field_splice(props: Prope
     for message_id, extra in calls:
         assert props.encode_with(message_id=message_id, extra_headers=extra) == \
             _reference_encode_with(props, message_id, extra)
+
+
+@pytest.mark.parametrize("props", [
+    Properties(),
+    Properties.build(delivery_mode=2),
+    Properties.build(content_type="text/plain", headers={"a": 1, "x-cmq-receive-count": 7}, priority=3,
+                     message_id="mine", timestamp=5, app_id="app"),
+])
+def test_M11_encode_delivery_is_encode_with_of_the_three_headers(props: Properties) -> None:
+    for msg_id, enqueued, count in (("msg-1", 1_714_557_600, 1), ("msg-\u00e9" * 3, -5, 2**40), ("", 0, 0)):
+        expected = props.encode_with(message_id=msg_id, extra_headers={
+            "x-cmq-msg-id": msg_id, "x-cmq-enqueue-time": enqueued, "x-cmq-receive-count": count})
+        assert props.encode_delivery(msg_id, enqueued, count) == expected
+        # and the other way round, with the template cached by encode_delivery
+        assert props.encode_with(message_id=msg_id, extra_headers={
+            "x-cmq-msg-id": msg_id, "x-cmq-enqueue-time": enqueued, "x-cmq-receive-count": count}) == expected
