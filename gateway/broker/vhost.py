@@ -100,6 +100,21 @@ class VHost:
 
     # -- exchanges (M2-M6) -------------------------------------------------------------------
 
+    def _redeclare(self, existing: Exchange, type: str, durable: bool, auto_delete: bool,
+                   internal: bool, arguments: dict[str, Any] | None) -> Exchange:
+        """A declare of an exchange that exists: equivalent or 406 "inequivalent arg"."""
+        args = dict(arguments or {})
+        for arg, got, cur in (("type", type, existing.type), ("durable", durable, existing.durable),
+                              ("auto_delete", auto_delete, existing.auto_delete),
+                              ("internal", internal, existing.internal)):
+            if got != cur:
+                raise inequivalent(arg, "exchange", existing.name, self.name, got, cur)
+        diff = equivalent_args(args, existing.arguments, EXCHANGE_EQUIVALENCE)
+        if diff is not None:
+            raise inequivalent(diff, "exchange", existing.name, self.name, args.get(diff),
+                               existing.arguments.get(diff))
+        return existing
+
     def declare_exchange(self, name: str, type: str, *, passive: bool, durable: bool,
                          auto_delete: bool, internal: bool, arguments: dict[str, Any] | None,
                          user: str | None = None) -> Exchange:
@@ -107,8 +122,11 @@ class VHost:
             if passive and name == "":
                 raise access_refused("operation not permitted on the default exchange", "M6")
             existing = self.exchanges.get(name)
-            if name.startswith("amq.") and existing is not None and existing.type == type:
-                return existing  # RabbitMQ lets clients redeclare amq.* equivalently
+            if name.startswith("amq.") and existing is not None:
+                # As RabbitMQ: an existing amq.* exchange goes through the equivalence check
+                # (an equivalent redeclare is fine, another type is 406); only a new amq.*
+                # name is refused for its reserved prefix (403).
+                return self._redeclare(existing, type, durable, auto_delete, internal, arguments)
             raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'"
                                  if name else "operation not permitted on the default exchange", "M6")
         if passive:
@@ -119,16 +137,7 @@ class VHost:
         args = dict(arguments or {})
         existing = self.exchanges.get(name)
         if existing is not None:
-            for arg, got, cur in (("type", type, existing.type), ("durable", durable, existing.durable),
-                                  ("auto_delete", auto_delete, existing.auto_delete),
-                                  ("internal", internal, existing.internal)):
-                if got != cur:
-                    raise inequivalent(arg, "exchange", name, self.name, got, cur)
-            diff = equivalent_args(args, existing.arguments, EXCHANGE_EQUIVALENCE)
-            if diff is not None:
-                raise inequivalent(diff, "exchange", name, self.name, args.get(diff),
-                                   existing.arguments.get(diff))
-            return existing
+            return self._redeclare(existing, type, durable, auto_delete, internal, args)
         if self.broker.strict_names:
             cmq_name(name, "topic", strict=True)  # L2: 406 unless already a valid CMQ name
         ex = Exchange(self.name, name, type, durable=durable, auto_delete=auto_delete,
