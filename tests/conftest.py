@@ -46,8 +46,10 @@ def gateway_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def rabbitmq_url() -> str:
+    # A missing reference broker fails the test rather than skipping it: a skip would let a
+    # differential failure pass unseen (the README's test command expects RabbitMQ there).
     if not _rabbitmq_up():
-        pytest.skip("no RabbitMQ on 127.0.0.1:5672 for the differential tests")
+        pytest.fail("the differential tests need RabbitMQ on 127.0.0.1:5672 (guest/guest)")
     return RABBITMQ_URL
 
 
