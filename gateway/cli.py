@@ -8,7 +8,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gateway.config import DEFAULT_PORT, ConfigError, default_data_dir, load_config
+from gateway.config import (
+    DEFAULT_MANAGEMENT_PORT,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_PORT,
+    OFF,
+    ConfigError,
+    default_data_dir,
+    load_config,
+)
 from semantics.store import StoreCorruptError, StoreLockedError
 
 __all__ = ["build_parser", "main"]
@@ -37,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve AMQP 0-9-1 clients (pika, aio-pika, kombu/Celery, ...) with CMQ semantics.",
     )
     serve.add_argument("--host", default=None,
-                       help="address to listen on (default: every IPv4 and IPv6 address, "
-                            "0.0.0.0 and ::, or the config file's listeners)")
+                       help="address to listen on, for AMQP and the management and metrics "
+                            "ports (default: every IPv4 and IPv6 address, 0.0.0.0 and ::, or the "
+                            "config file's listeners)")
     serve.add_argument("--port", type=int, default=None,
                        help=f"TCP port to listen on (default: {DEFAULT_PORT}, or the config file's "
                             "listeners; 0 picks a free port and prints it)")
@@ -52,11 +61,36 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--audit-dir", default=None, metavar="DIR",
                        help="directory of the JSON-lines audit log (default: the config's audit.dir, "
                             "else DATA_DIR/audit)")
+    serve.add_argument("--management-port", type=_port_or_off, default=None, metavar="PORT|off",
+                       help="RabbitMQ-compatible management HTTP API and the CMQ views "
+                            f"(default: {DEFAULT_MANAGEMENT_PORT}, as RabbitMQ; 0 picks a free port; "
+                            "off turns it off)")
+    serve.add_argument("--metrics-port", type=_port_or_off, default=None, metavar="PORT|off",
+                       help=f"Prometheus /metrics (default: {DEFAULT_METRICS_PORT}, as RabbitMQ; "
+                            "0 picks a free port; off turns it off)")
     serve.add_argument("--salvage", action="store_true", default=None,
                        help="open a store whose confirmed data is damaged: keep every record that "
                             "verifies and copy the damaged bytes aside (config: salvage: true)")
     _register_perf(sub)
     return parser
+
+
+def _port_or_off(value: str) -> int:
+    if value.lower() == "off":
+        return OFF
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a port number nor 'off'") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range 0-65535")
+    return port
+
+
+def _operator_port(cli: int | None, configured: int | None, default: int) -> int | None:
+    """The command line wins, then the config file, then RabbitMQ's default port; OFF is None."""
+    port = cli if cli is not None else configured if configured is not None else default
+    return None if port == OFF else port
 
 
 def _register_perf(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -97,6 +131,12 @@ def _serve(args: argparse.Namespace) -> int:
         config.audit = dataclasses.replace(config.audit, dir=os.path.join(config.data_dir, "audit"))
     if args.salvage:
         config.salvage = True
+    config.management_port = _operator_port(args.management_port, config.management_port,
+                                            DEFAULT_MANAGEMENT_PORT)
+    config.metrics_port = _operator_port(args.metrics_port, config.metrics_port, DEFAULT_METRICS_PORT)
+    if args.host is not None:
+        # One --host for everything the gateway serves, as an operator reading --help expects.
+        config.management_host = config.metrics_host = args.host
     try:
         run(config)
     except ListenError as e:

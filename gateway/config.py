@@ -48,6 +48,9 @@ __all__ = [
 ]
 
 DEFAULT_PORT = 5672
+DEFAULT_MANAGEMENT_PORT = 15672
+DEFAULT_METRICS_PORT = 15692
+OFF = -1  # management / metrics explicitly turned off (config `management: off`, `--management-port off`)
 
 
 class ConfigError(ValueError):
@@ -94,7 +97,9 @@ class GatewayConfig:
     users: UserDB = field(default_factory=UserDB.default)
     limits: Limits = field(default_factory=Limits)
     audit: AuditSettings = field(default_factory=AuditSettings)
-    # Reserved for the management API and metrics endpoint: parsed, not served yet.
+    # The management API and /metrics: None is off. `cmq-gateway serve` turns them on at
+    # RabbitMQ's ports (15672, 15692) unless the config or the command line says otherwise;
+    # the in-process test gateways leave them off.
     management_port: int | None = None
     metrics_port: int | None = None
     management_host: str = "0.0.0.0"
@@ -218,6 +223,8 @@ def _port_of(raw: Mapping[str, Any], key: str) -> int | None:
     section = raw.get(key)
     if section is None:
         return None
+    if section is False or section == "off":
+        return OFF
     if isinstance(section, Mapping):
         return None if section.get("port") is None else int(section["port"])
     return int(section)

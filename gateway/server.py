@@ -100,6 +100,15 @@ def _open_audit(config: GatewayConfig) -> Any:
                     events=None if settings.events is None else set(settings.events))
 
 
+async def _operator_listen(where: str, starting: Any) -> Any:
+    """A taken management or metrics port is the same one-line error as a taken AMQP port."""
+    try:
+        return await starting
+    except OSError as e:
+        reason = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+        raise ListenError(e.errno, f"cannot listen on {where}: {reason}") from None
+
+
 def _bind(listener: Listener) -> socket.socket:
     """A listening socket; IPv6 sockets are v6-only so that 0.0.0.0 and :: share a port."""
     family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
@@ -162,7 +171,8 @@ class Gateway:
         # Bytes read from / written to AMQP clients (metrics: cmq_gateway_*_bytes_total).
         self.bytes_in = 0
         self.bytes_out = 0
-        self._operator: list[Any] = []  # aiohttp runners of the management API and /metrics
+        # (name, aiohttp runner) of the management API and /metrics, when served.
+        self._operator: list[tuple[str, Any]] = []
 
     @property
     def port(self) -> int:
@@ -196,19 +206,31 @@ class Gateway:
         self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
         await self._start_operator_window()
 
+    def operator_addresses(self) -> list[tuple[str, str]]:
+        """("management API" | "metrics", "host:port") of the HTTP endpoints being served."""
+        out = []
+        for name, runner in self._operator:
+            host, port = runner.addresses[0][:2]
+            out.append((name, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"))
+        return out
+
     async def _start_operator_window(self) -> None:
         """The management API (RabbitMQ's port 15672) and /metrics (15692), when configured."""
         config = self.config
         if config.management_port is not None:
             from gateway.management import start_management
-            self._operator.append(await start_management(self, config.management_host, config.management_port))
+            where = f"{config.management_host}:{config.management_port} (management API)"
+            self._operator.append(("management API", await _operator_listen(
+                where, start_management(self, config.management_host, config.management_port))))
         if config.metrics_port is not None:
             from gateway.metrics import start_metrics
-            self._operator.append(await start_metrics(self, config.metrics_host, config.metrics_port))
+            where = f"{config.metrics_host}:{config.metrics_port} (metrics)"
+            self._operator.append(("metrics", await _operator_listen(
+                where, start_metrics(self, config.metrics_host, config.metrics_port))))
 
     async def stop(self) -> None:
         """Stop accepting, close every client with 320, flush the store, close the audit log."""
-        for runner in self._operator:
+        for _name, runner in self._operator:
             await runner.cleanup()
         self._operator.clear()
         for server in self._servers:
@@ -361,6 +383,8 @@ async def _serve(config: GatewayConfig) -> None:
     where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in gw.addresses)
     # One parseable line: scripts (and the restart tests) read the port from it.
     print(f"cmq-gateway: listening on {where} (data dir {config.data_dir})", file=sys.stderr, flush=True)
+    for name, address in gw.operator_addresses():
+        print(f"cmq-gateway: {name} on http://{address}/", file=sys.stderr, flush=True)
     await stop.wait()
     log.info("shutting down")
     await gw.stop()

@@ -15,7 +15,8 @@ AUTH = {"Authorization": aiohttp.encode_basic_auth("guest", "guest")}
 async def test_bytes_in_and_out_and_the_configured_operator_ports() -> None:
     async with running_gateway(0, hosts=("127.0.0.1",), management_port=0, metrics_port=0,
                                management_host="127.0.0.1", metrics_host="127.0.0.1") as gw:
-        mgmt_port, metrics_port = (r.addresses[0][1] for r in gw._operator)
+        served = dict(gw.operator_addresses())
+        mgmt_port, metrics_port = (int(served[name].rsplit(":", 1)[1]) for name in ("management API", "metrics"))
         conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/%2F")
         async with conn:
             ch = await conn.channel()

@@ -21,19 +21,31 @@ from tests.integration.differential import blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+OPERATOR = re.compile(r"(management API|metrics) on http://127\.0\.0\.1:(\d+)/")
 
 
 @contextmanager
 def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """`cmq-gateway serve --port 0` on loopback; yields the process and its port."""
+    # The management and metrics ports default to RabbitMQ's 15672/15692 (which the local
+    # RabbitMQ's management plugin may hold): free ports here, unless the test names them.
+    ports = [] if "--management-port" in extra else ["--management-port", "0", "--metrics-port", "0"]
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-                             "--data-dir", str(data_dir), *extra],
+                             "--data-dir", str(data_dir), *ports, *extra],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     port = None
+    proc.operator = {}  # type: ignore[attr-defined]
+    args = [*ports, *extra]
+    # How many "<name> on http://…" lines to wait for: management and metrics unless "off".
+    expect_operator = sum(1 for flag in ("--management-port", "--metrics-port")
+                          if flag not in args or args[args.index(flag) + 1] != "off")
     for line in proc.stderr:
         if m := LISTENING.search(line):
             port = int(m.group(1))
+        elif m := OPERATOR.search(line):
+            proc.operator[m.group(1)] = int(m.group(2))  # type: ignore[attr-defined]
+        if port is not None and len(proc.operator) == expect_operator:  # type: ignore[attr-defined]
             break
     assert port is not None, "the gateway never said where it listens"
     # Keep draining stderr so the child never blocks on a full pipe.
@@ -95,7 +107,8 @@ def test_taken_port_is_one_line_exit_1(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port",
-                               str(port), "--data-dir", str(tmp_path)],
+                               str(port), "--data-dir", str(tmp_path), "--management-port", "off",
+                               "--metrics-port", "off"],
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr == f"cmq-gateway: cannot listen on 127.0.0.1:{port}: address already in use\n"
@@ -112,3 +125,49 @@ def test_help_explains_every_option() -> None:
     done = subprocess.run([sys.executable, "-m", "gateway", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and "serve" in done.stdout
+
+
+def test_serve_starts_the_management_api_and_metrics(tmp_path: Path) -> None:
+    """`cmq-gateway serve` serves the management API and /metrics beside AMQP (as RabbitMQ's
+    15672 and 15692; free ports here), and says where."""
+    import requests
+
+    with serve(tmp_path) as (proc, port):
+        mgmt, metrics = proc.operator["management API"], proc.operator["metrics"]  # type: ignore[attr-defined]
+        overview = requests.get(f"http://127.0.0.1:{mgmt}/api/overview", auth=("guest", "guest"), timeout=10)
+        assert overview.status_code == 200
+        assert overview.json()["product_name"] == "cmq-gateway"
+        assert requests.get(f"http://127.0.0.1:{mgmt}/api/overview", timeout=10).status_code == 401
+        scrape = requests.get(f"http://127.0.0.1:{metrics}/metrics", timeout=10)
+        assert scrape.status_code == 200
+        assert "cmq_gateway_connections" in scrape.text
+
+
+def test_taken_management_port_is_one_line_exit_1(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
+                               "--data-dir", str(tmp_path), "--management-port", str(port),
+                               "--metrics-port", "off"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"cmq-gateway: cannot listen on 127.0.0.1:{port} (management API): address already in use")
+
+
+def test_operator_ports_default_to_rabbitmq_s_and_can_be_turned_off() -> None:
+    from gateway.cli import _operator_port, build_parser
+    from gateway.config import OFF, parse_config
+
+    args = build_parser().parse_args(["serve"])
+    assert (args.management_port, args.metrics_port) == (None, None)
+    assert _operator_port(None, None, 15672) == 15672  # nothing said: RabbitMQ's port
+    assert _operator_port(None, 18000, 15672) == 18000  # the config file
+    assert _operator_port(0, 18000, 15672) == 0  # the command line wins; 0 = a free port
+    off = build_parser().parse_args(["serve", "--management-port", "off"]).management_port
+    assert off == OFF and _operator_port(off, 18000, 15672) is None
+    assert parse_config({"management": "off"}).management_port == OFF
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--metrics-port", "nope"])
