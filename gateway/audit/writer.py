@@ -27,8 +27,14 @@ older than ``retention_hours`` and removes folders left empty.
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import logging
+import marshal
 import os
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -44,6 +50,8 @@ log = logging.getLogger(__name__)
 _Item = tuple[float, str, str, dict[str, Any]]
 # Records formatted between two releases of the GIL by the writer thread (~0.5 ms of work).
 _CHUNK = 200
+# A message to the writer process (gateway.audit.child): kind, payload length.
+CHILD_HEADER = struct.Struct(">cI")
 
 
 class NullAudit:
@@ -76,7 +84,12 @@ class AuditLog:
         flush_interval: float = 0.1,
         retention_check_seconds: float = 60.0,
         clock: Callable[[], float] = time.time,
+        process: bool | None = None,
+        _thread: bool = True,
     ) -> None:
+        """``process``: format and write in a child process (gateway.audit.child) instead of
+        this process's writer thread; None means yes unless a ``clock`` is given (a test's
+        clock cannot drive another process's file rotation)."""
         if rotate_bytes < 1:
             raise ValueError("rotate_bytes must be positive")
         self.directory = os.path.abspath(directory)
@@ -114,9 +127,18 @@ class AuditLog:
         self._last_retention = float("-inf")
 
         os.makedirs(self.directory, exist_ok=True)
-        self._recover()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._child_dropped = 0
+        self._unacked: list[_Item] = []  # sent to the child, not yet confirmed written
+        if process is None:
+            process = clock is time.time and _thread
+        if process:
+            self._child = self._spawn()
+        else:
+            self._recover()
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
-        self._thread.start()
+        if _thread:
+            self._thread.start()
 
     # ---- event loop side -------------------------------------------------------------------
 
@@ -164,31 +186,118 @@ class AuditLog:
 
     # ---- writer thread ---------------------------------------------------------------------
 
+    def _periodic(self) -> None:
+        """Close a file open for rotate_seconds; apply the retention now and then."""
+        if self._file is not None and self._clock() - self._file_opened_at >= self.rotate_seconds:
+            self._close_file()
+        if time.time() - self._last_retention >= self._retention_every:
+            self._last_retention = time.time()
+            self._apply_retention()
+
     def _run(self) -> None:
         while True:
             self._wake.wait(self._flush_interval)
             self._wake.clear()
             stopping = self._stopping
             try:
-                self._drain()
-                if self._file is not None and self._clock() - self._file_opened_at >= self.rotate_seconds:
-                    self._close_file()
-                if time.time() - self._last_retention >= self._retention_every:
-                    self._last_retention = time.time()
-                    self._apply_retention()
+                if self._child is not None:  # process mode: hand the records over
+                    self._send_pending()
+                    self._request(b"F")
+                else:
+                    self._drain()
+                    self._periodic()
             except Exception:  # the writer must outlive any one bad batch
-                log.exception("audit writer cycle failed")
+                if self._child is not None:
+                    self._child_failed()
+                else:
+                    log.exception("audit writer cycle failed")
             with self._cond:
                 self._cycles += 1
                 self._cond.notify_all()
             if stopping and not self._queue:
                 break
         try:
-            self._close_file()
+            if self._child is not None:
+                self._request(b"C")
+                self._child.wait(timeout=30)
+            else:
+                self._close_file()
         finally:
             with self._cond:
                 self._cycles += 1
                 self._cond.notify_all()
+
+    # ---- process mode: this thread only hands records to gateway.audit.child ----------------
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        params = {"directory": self.directory, "rotate_bytes": self.rotate_bytes,
+                  "rotate_seconds": self.rotate_seconds, "retention_hours": self.retention_hours,
+                  "retention_check_seconds": self._retention_every, "max_pending": 1 << 62}
+        env = dict(os.environ)
+        # The child imports this very package, wherever it was imported from.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return subprocess.Popen([sys.executable, "-m", "gateway.audit.child", json.dumps(params)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+                                start_new_session=True)  # no SIGINT/SIGTERM of the terminal's group
+
+    def _child_failed(self) -> None:
+        log.exception("audit writer process failed; writing from this process from now on")
+        child, self._child = self._child, None
+        if child is not None:
+            with contextlib.suppress(Exception):
+                child.kill()
+                child.wait(timeout=5)
+        self._recover()  # its open file, closed as after a crash (A3)
+        # What it was sent since its last answer is written again from here: at least once.
+        unacked, self._unacked = self._unacked, []
+        self._queue.extendleft(reversed(unacked))
+
+    def _send_pending(self) -> None:
+        """Hand every queued record (and an audit_dropped record for what was shed) over."""
+        assert self._child is not None and self._child.stdin is not None
+        q = self._queue
+        popleft = q.popleft
+        remaining = len(q)
+        shed = self.dropped - self._dropped_reported
+        while remaining or shed > 0:
+            if remaining:
+                n = min(remaining, 4096)
+                remaining -= n
+                items: list[_Item] = [popleft() for _ in range(n)]
+            else:
+                # Stamped now, so after everything queued: time order (and the hour folder) holds.
+                self._dropped_reported += shed
+                log.warning("audit log overloaded: %d records dropped", shed)
+                items = [(self._clock(), "audit_dropped", "", {"dropped": shed})]
+                shed = 0
+            self._unacked.extend(items)
+            try:
+                payload = marshal.dumps(items)
+            except ValueError:  # a value marshal does not take: as the JSON writer sees it
+                payload = marshal.dumps([(t, e, v, {k: _plain(x) for k, x in f.items()}) for t, e, v, f in items])
+            self._child.stdin.write(CHILD_HEADER.pack(b"B", len(payload)))
+            self._child.stdin.write(payload)
+
+    def _request(self, kind: bytes) -> None:
+        """Send ``F`` or ``C`` and take the counters the child answers with."""
+        child = self._child
+        assert child is not None and child.stdin is not None and child.stdout is not None
+        child.stdin.write(CHILD_HEADER.pack(kind, 0))
+        child.stdin.flush()
+        line = child.stdout.readline()
+        if not line:
+            raise EOFError("the audit writer process exited")
+        counters = json.loads(line)
+        self._unacked.clear()  # the child has written everything sent before this request
+        self.written = counters["written"]
+        self.files_closed = counters["files_closed"]
+        self.files_deleted = counters["files_deleted"]
+        lost = counters["dropped"] - self._child_dropped
+        if lost:
+            self._child_dropped = counters["dropped"]
+            with self._drop_lock:
+                self.dropped += lost
 
     def _drain(self) -> None:
         q = self._queue
@@ -323,3 +432,22 @@ class AuditLog:
                 closed = os.path.join(self.directory, af.key)
                 log.warning("audit: closing %s left open by a crash", af.key)
                 os.rename(af.path, closed)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as built-in types that marshal takes, written the same by format_line."""
+    if value is None or type(value) in (str, int, float, bool, bytes):
+        return value
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return str(value)
