@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from semantics.queue import CmqQueue, Receipt
 
@@ -65,8 +65,12 @@ class Waiters:
             self.serve(queue, now)
         return None
 
-    def serve(self, queue: CmqQueue, now: float) -> list[tuple[Hashable, Receipt]]:
-        """Hand Active messages to the earliest waiters whose deadline is still ahead."""
+    def serve(self, queue: CmqQueue, now: float,
+              receive: Callable[[float], Receipt | None] | None = None) -> list[tuple[Hashable, Receipt]]:
+        """Hand Active messages to the earliest waiters whose deadline is still ahead.
+        ``receive`` replaces ``queue.receive`` (the gateway's x-delivery-limit receive)."""
+        if receive is None:
+            receive = queue.receive
         served: list[tuple[Hashable, Receipt]] = []
         fifo = self._fifo
         live = self._deadline_of
@@ -78,7 +82,7 @@ class Waiters:
             if deadline <= now:
                 fifo.popleft()  # its wait is over: expire() reports it
                 continue
-            receipt = queue.receive(now)
+            receipt = receive(now)
             if receipt is None:
                 break
             fifo.popleft()
@@ -98,10 +102,11 @@ class Waiters:
                 expired.append(token)
         return expired
 
-    def tick(self, queue: CmqQueue, now: float) -> tuple[list[Hashable], list[tuple[Hashable, Receipt]]]:
+    def tick(self, queue: CmqQueue, now: float, receive: Callable[[float], Receipt | None] | None = None,
+             ) -> tuple[list[Hashable], list[tuple[Hashable, Receipt]]]:
         """``expire`` then ``serve``: (tokens that get empty, (token, receipt) pairs)."""
         expired = self.expire(now)
-        return expired, self.serve(queue, now)
+        return expired, self.serve(queue, now, receive)
 
     def next_deadline(self) -> float | None:
         """The earliest deadline of a live waiter, for the gateway's scheduler."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +28,7 @@ from semantics.limits import TOPIC_LIFECYCLE_SECONDS
 from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store, StoreFailedError
 from semantics.store.store import COMPACT_MIN_BYTES
+from semantics.waiters import Waiters
 
 if TYPE_CHECKING:
     from gateway.broker.channel import Channel
@@ -96,6 +99,10 @@ class Broker:
         self._flusher: asyncio.Task[None] | None = None
         self._batch_depth = 0  # begin_batch() nesting (the transport's read turns)
         self._to_dispatch: dict[BrokerQueue, None] = {}  # queues to dispatch at end_batch()
+        # Q5: channels whose long-polling basic.get was answered, their held events to replay
+        # once no other input is being handled (end_batch, or the next loop turn).
+        self._replays: deque[Channel] = deque()
+        self._replay_soon = False
         self._closed = False
 
     @classmethod
@@ -293,6 +300,8 @@ class Broker:
     def after_queue_change(self, vh: VHost, q: BrokerQueue, dispatch: bool = True) -> None:
         if q.on_tick is None:
             q.on_tick = lambda qq, now: self._queue_tick(vh, qq, now)
+        if q.waiters is not None:
+            self._serve_waiters(q, self.clock.now())  # Q5: long polls first, in arrival order
         if q.cmq.events_pending:
             self._queue_events(vh, q, q.cmq.drain_events())
         if dispatch and q.consumers and not q.deleted:
@@ -313,6 +322,9 @@ class Broker:
 
     def end_batch(self) -> None:
         self._batch_depth -= 1
+        if self._replays and not self._batch_depth:
+            self._run_replays()  # its own end_batch() dispatches what is pending
+            return
         if self._batch_depth or not self._to_dispatch:
             return
         pending, self._to_dispatch = self._to_dispatch, {}
@@ -323,11 +335,23 @@ class Broker:
                 self.scheduler.reschedule(q)
 
     def _queue_tick(self, vh: VHost, q: BrokerQueue, now: float) -> None:
+        if q.waiters is not None and not self._batch_depth:
+            # Q5: the long polls this tick answers replay their held events at end_batch().
+            self.begin_batch()
+            try:
+                self._queue_tick(vh, q, now)
+            finally:
+                self.end_batch()
+            return
         expiry = q.expires_at()
         if expiry is not None and now >= expiry:
             vh.expire_queue(q)  # x-expires: unused for that long
             return
         self._queue_events(vh, q, q.cmq.tick(now))
+        if q.waiters is not None:
+            self._serve_waiters(q, now)  # Q5: what turned Active, and the waits that ended
+            if q.cmq.events_pending:
+                self._queue_events(vh, q, q.cmq.drain_events())
         if q.consumers:
             self.dispatch(q)
 
@@ -388,6 +412,12 @@ class Broker:
 
     def forget_queue(self, vh: VHost, q: BrokerQueue) -> None:
         self.scheduler.forget(q)
+        if q.waiters is not None:
+            # Q5: the queue is gone while gets wait on it: each is answered get-empty (the
+            # next basic.get on it gets RabbitMQ's 404 NOT_FOUND).
+            waiters, q.waiters = q.waiters, None
+            for ch in waiters.expire(math.inf):
+                self._get_answered(ch, q, None)  # type: ignore[arg-type]
         if q.durable:
             self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
             prefix = f"m/{vh.name}/{q.name}/"
@@ -438,19 +468,101 @@ class Broker:
             self.dispatch(q)
 
     def get(self, ch: Channel, q: BrokerQueue, no_ack: bool) -> None:
+        """basic.get: CMQ ReceiveMessage. With x-cmq-polling-wait-seconds > 0 and nothing
+        Active it long-polls (Q5): the channel waits on the queue's Waiters, behind the gets
+        already waiting, and its later events are held until the answer."""
         from pamqp import commands as C
         now = self.clock.now()
         q.last_used = now
+        if ch.draining:  # closing (Q5 end_wait): nothing more is handed to this channel
+            ch.session.conn.send_method(ch.number, C.Basic.GetEmpty())
+            return
+        wait = q.cmq.attributes.polling_wait_seconds
+        receipt = None
+        if not (wait > 0 and q.waiters):  # earlier long polls go first
+            limit = q.qargs.delivery_limit
+            receipt = q.receive(now) if limit is None else self._receive_limited(q, now, limit)
+        if receipt is not None:
+            self._answer_get(ch, q, receipt, no_ack)
+        elif wait > 0:
+            if q.waiters is None:
+                q.waiters = Waiters()
+            q.waiters.add(ch, now + wait)
+            ch.waiting_get = (q, no_ack)
+            ch.held = []
+        else:
+            ch.session.conn.send_method(ch.number, C.Basic.GetEmpty())
+        self.after_queue_change(self.vhosts[q.vhost], q, dispatch=False)
+
+    def _answer_get(self, ch: Channel, q: BrokerQueue, receipt: Q.Receipt, no_ack: bool) -> None:
+        """basic.get-ok (M11); no_ack: the message is deleted at once."""
+        ch.deliver(None, q, receipt, get_count=q.message_count)
+        if no_ack:
+            ch.unacked.pop(ch.next_tag - 1)
+            self.settle_deleted(q, receipt)
+
+    # -- long polling (Q5) -------------------------------------------------------------------
+
+    def _serve_waiters(self, q: BrokerQueue, now: float) -> None:
+        """The waits that ended get get-empty; then Active messages go to the earliest
+        waiting gets (semantics.waiters)."""
+        waiters = q.waiters
+        assert waiters is not None
         limit = q.qargs.delivery_limit
-        receipt = q.receive(now) if limit is None else self._receive_limited(q, now, limit)
+        receive = None if limit is None else (lambda t: self._receive_limited(q, t, limit))
+        expired, served = waiters.tick(q.cmq, now, receive)
+        for ch in expired:
+            self._get_answered(ch, q, None)  # type: ignore[arg-type]
+        for ch, receipt in served:
+            self._get_answered(ch, q, receipt)  # type: ignore[arg-type]
+        if not waiters and q.waiters is waiters:
+            q.waiters = None
+
+    def _get_answered(self, ch: Channel, q: BrokerQueue, receipt: Q.Receipt | None) -> None:
+        """A long poll ends: get-ok or get-empty; the channel's held events replay soon."""
+        from pamqp import commands as C
+        waiting, ch.waiting_get = ch.waiting_get, None
         if receipt is None:
             ch.session.conn.send_method(ch.number, C.Basic.GetEmpty())
         else:
-            ch.deliver(None, q, receipt, get_count=q.message_count)
-            if no_ack:
-                ch.unacked.pop(ch.next_tag - 1)
-                self.settle_deleted(q, receipt)
-        self.after_queue_change(self.vhosts[q.vhost], q, dispatch=False)
+            self._answer_get(ch, q, receipt, waiting[1] if waiting is not None else False)
+        ch.session.request_flush()
+        self._replays.append(ch)
+        if self._batch_depth:
+            return  # end_batch() replays
+        if self._loop is None:
+            self._run_replays()
+        elif not self._replay_soon:
+            # Not inside another connection's input (a timer, the management API): the held
+            # events run on the next loop turn, never nested in whatever called us.
+            self._replay_soon = True
+            self._loop.call_soon(self._replays_due)
+
+    def _replays_due(self) -> None:
+        self._replay_soon = False
+        if self._replays and not self._batch_depth:
+            self._run_replays()
+
+    def _run_replays(self) -> None:
+        self.begin_batch()
+        try:
+            while self._replays:
+                ch = self._replays.popleft()
+                ch.session.replay_held(ch)
+        finally:
+            self.end_batch()
+
+    def cancel_get(self, ch: Channel) -> None:
+        """Q5: the channel closes while its get waits: the waiter goes, having taken nothing."""
+        waiting, ch.waiting_get = ch.waiting_get, None
+        if waiting is None:
+            return
+        q = waiting[0]
+        waiters = q.waiters
+        if waiters is not None:
+            waiters.cancel(ch)
+            if not waiters:
+                q.waiters = None
 
     def settle_deleted(self, q: BrokerQueue, receipt: Q.Receipt) -> None:
         """A no-ack delivery: deleted at once."""

@@ -43,6 +43,11 @@ class Channel:
         # (delivery tag, delivery, None for ack / requeue flag for nack and reject) in the
         # open transaction: applied on tx.commit, back to unacked on tx.rollback.
         self.tx_acks: list[tuple[int, Unacked, bool | None]] = []
+        # Q5: a basic.get long-polling (queue, no_ack); while it waits, and until what came
+        # after it is replayed, the channel's later events are held here in order.
+        self.waiting_get: tuple[BrokerQueue, bool] | None = None
+        self.held: list[object] | None = None
+        self.draining = False  # closing with held events: they run, but nothing is handed out
 
     # -- credit (W4) -------------------------------------------------------------------------
 
@@ -161,6 +166,8 @@ class Channel:
 
     def close(self) -> None:
         """Forget the channel: consumers cancelled, unacked messages Active again (M13)."""
+        if self.waiting_get is not None:
+            self.session.broker.cancel_get(self)  # Q5: a waiting get takes nothing now
         self.session.broker.replies.cancel(self)
         self.restore_unacked(self.tx_acks)  # an open transaction's acks never happened
         self.tx_acks = []

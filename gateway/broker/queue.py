@@ -15,6 +15,7 @@ from gateway.broker.consumers import Consumer
 from gateway.broker.message import Message
 from semantics.queue import CmqQueue, QueueMessage, Receipt
 from semantics.queue_attrs import QueueAttributes
+from semantics.waiters import Waiters
 
 if TYPE_CHECKING:
     from gateway.broker.session import Session
@@ -44,6 +45,8 @@ class BrokerQueue:
         self.last_used = 0.0       # x-expires
         # Set by the broker: what the scheduler runs when the queue's next deadline comes.
         self.on_tick: Callable[[BrokerQueue, float], None] | None = None
+        # Q5: the channels whose basic.get long-polls this queue; None while none waits.
+        self.waiters: Waiters | None = None
 
     def __repr__(self) -> str:
         return f"BrokerQueue({self.vhost!r}, {self.name!r})"
@@ -78,6 +81,10 @@ class BrokerQueue:
         if self.deleted:
             return None
         when = self.cmq.next_wakeup()
+        if self.waiters is not None:
+            end = self.waiters.next_deadline()  # Q5: a long poll's wait ends
+            if end is not None and (when is None or end < when):
+                when = end
         if self.qargs.expires_ms is None:
             return when
         expiry = self.expires_at()

@@ -82,6 +82,9 @@ class Session:
             self.channels[number] = Channel(self, number)
             return
         if kind in ("ChannelClose", "ChannelCloseOk"):
+            ch = self.channels.get(number)
+            if ch is not None and ch.held is not None:
+                self.end_wait(ch)
             ch = self.channels.pop(number, None)
             if ch is not None:
                 ch.close()
@@ -89,6 +92,9 @@ class Session:
         ch = self.channels.get(number)
         if ch is None or ch.closing:
             return  # the core drops frames for a channel we are closing
+        if ch.held is not None:
+            ch.held.append(event)  # Q5: a basic.get waits; what follows on its channel waits too
+            return
         method: Any = getattr(event, "method", None)
         try:
             if kind == "ChannelFlow":
@@ -107,6 +113,31 @@ class Session:
             self.conn.close(e.reply_code, e.reply_text, cls, mid)
         except CMQError as e:
             self.channel_error(ch, e, method)
+
+    def replay_held(self, ch: Channel) -> None:
+        """Q5: the channel's long-polling basic.get was answered; the events that arrived on
+        the channel meanwhile run now, in order (a replayed basic.get may wait again: the
+        rest is then held anew by on_event)."""
+        held = ch.held
+        if held is None or ch.waiting_get is not None:
+            return
+        ch.held = None
+        for event in held:
+            self.on_event(event)
+        self.request_flush()
+
+    def end_wait(self, ch: Channel) -> None:
+        """Q5: the channel closes while its basic.get waits (or before what waited behind it
+        ran): the waiter is cancelled, having taken no message. What the client sent after
+        the get still counts (its publishes are routed, its acks applied), but the closing
+        channel is handed no message: a basic.get answers get-empty, consumers get nothing."""
+        self.broker.cancel_get(ch)
+        held, ch.held = ch.held or [], None
+        ch.draining = True
+        ch.flow_active = False
+        for event in held:
+            if type(event).__name__ != "ChannelFlow":
+                self.on_event(event)
 
     def channel_error(self, ch: Channel, e: CMQError, method: Any = None) -> None:
         """M16: close the channel with the code RabbitMQ would use and a text naming the rule."""
@@ -132,6 +163,8 @@ class Session:
             return
         self.closed = True
         for ch in list(self.channels.values()):
+            if ch.held is not None:
+                self.end_wait(ch)
             ch.closing = True
             ch.close()
         self.channels.clear()
