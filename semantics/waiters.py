@@ -57,12 +57,13 @@ class Waiters:
             receipt = queue.receive(now)
             if receipt is not None:
                 return receipt
-        # Earlier waiters go first: the new one queues behind them.
+        # Earlier waiters go first: the new one queues behind them. Handing out messages that
+        # are Active now is the caller's `serve`, which reports who got what; serving here
+        # would take messages with nobody told (they would sit Inactive until their timeout).
         if wait is None:
             wait = float(queue.attributes.polling_wait_seconds)
         if wait > 0:
             self.add(token, now + wait)
-            self.serve(queue, now)
         return None
 
     def serve(self, queue: CmqQueue, now: float,

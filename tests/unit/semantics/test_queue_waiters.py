@@ -70,16 +70,6 @@ def test_Q5_earliest_waiter_first_and_delayed_message_wakes_it() -> None:
     assert [(t, r.message.payload) for t, r in served] == [("c2", "a"), ("c3", "b")]
 
 
-def test_Q5_new_receive_queues_behind_earlier_waiters() -> None:
-    """Q5: a newcomer does not overtake a waiter that was there first."""
-    q = CmqQueue("q")
-    w = Waiters()
-    assert w.receive_or_wait(q, "first", T0, wait=10) is None
-    q.send("a", 1, T0 + 1)
-    assert w.receive_or_wait(q, "second", T0 + 1, wait=10) is None
-    assert "first" not in w and "second" in w
-
-
 def test_Q5_zero_wait_does_not_register_and_duplicate_token_is_refused() -> None:
     """Q5: PollingWaitSeconds 0 is a plain receive; a token waits at most once."""
     q = CmqQueue("q")
@@ -88,3 +78,17 @@ def test_Q5_zero_wait_does_not_register_and_duplicate_token_is_refused() -> None
     w.add("c1", T0 + 1)
     with pytest.raises(ValueError):
         w.add("c1", T0 + 2)
+
+
+def test_Q5_a_new_waiter_behind_earlier_ones_takes_no_message_unseen() -> None:
+    """Q5: a message sent while others wait stays Active until `serve` hands it out, and then
+    goes to the earliest waiter; a newcomer queued behind them takes nothing meanwhile."""
+    q = CmqQueue("q", QueueAttributes(polling_wait_seconds=20))
+    w = Waiters()
+    assert w.receive_or_wait(q, "first", T0) is None
+    m = q.send("a", 1, T0 + 1)  # the caller has not called serve yet
+    assert w.receive_or_wait(q, "second", T0 + 2) is None
+    assert q.active == 1 and q.inactive == 0  # nothing taken with nobody told
+    served = w.serve(q, T0 + 2)
+    assert [(token, r.message) for token, r in served] == [("first", m)]
+    assert "second" in w and q.inactive == 1
