@@ -594,7 +594,13 @@ class Topic:
                     continue
                 msg = entry.rec.msg
                 outcome = attempt(sub, msg)
-                if outcome is not None:
+                if (outcome is None and sub._blocker is None and entry.attempts >= 2
+                        and sub.strategy is NotifyStrategy.EXPONENTIAL_DECAY_RETRY):
+                    # D6: a retry whose outcome comes later (an HTTP endpoint) holds the rest
+                    # of this subscription until it is known, exactly as a queue endpoint's
+                    # second failure would; blocking must not depend on the endpoint's kind.
+                    sub._blocker = entry
+                elif outcome is not None:
                     events.extend(self.report(msg.msg_id, sub.name, outcome, now))
         return events
 

@@ -478,3 +478,24 @@ def test_D2_D4_D6_every_taker_ends_in_exactly_one_outcome(data: st.DataObject) -
     assert topic.next_wakeup() is None
     assert set(outcomes) == taken
     assert all(len(v) == 1 for v in outcomes.values())
+
+
+def test_D6_a_retry_in_flight_to_an_async_endpoint_holds_the_rest() -> None:
+    """D6: with an endpoint that answers later (HTTP), a retry whose outcome is unknown holds
+    the subscription's other due retries, as a synchronous endpoint's second failure would;
+    its success releases them, oldest first."""
+    topic = Topic("topic-d6", FilterType.TAG)
+    ep = Endpoint(down=True)
+    topic.subscribe("A", ep, strategy=EXP)
+    for i in range(3):
+        topic.publish(msg(i), T0, attempt)          # each fails once: all three retry at +1 s
+    assert ep.tried == ["msg-0000", "msg-0001", "msg-0002"]
+    ep.down, ep.pending = False, True               # now the endpoint answers asynchronously
+    topic.deliver_due(T0 + 1, attempt)
+    assert ep.tried[3:] == ["msg-0000"]                # only the head's retry goes out
+    assert topic.waiting("A") == 3
+    ep.pending = False
+    topic.report("msg-0000", "A", True, T0 + 1.5)      # its success releases the others
+    topic.deliver_due(T0 + 1.5, attempt)
+    assert ep.tried[3:] == ["msg-0000", "msg-0001", "msg-0002"]
+    assert ep.got == ["msg-0001", "msg-0002"] and topic.waiting("A") == 0
