@@ -403,6 +403,14 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         out["consumer_details"] = _consumers_of(mgmt, q)
         return web.json_response(out)
 
+    def existing_queue(request: web.Request) -> tuple[Any, str]:
+        """The vhost and name of the queue in the path; 404 as RabbitMQ when it is missing."""
+        vh = mgmt.check_vhost(request, request.match_info["vhost"])
+        name = request.match_info["name"]
+        if name not in vh.queues:
+            raise not_found()
+        return vh, name
+
     async def queue_put(request: web.Request) -> web.Response:
         vh = mgmt.check_vhost(request, request.match_info["vhost"])
         body = await read_json(request)
@@ -413,28 +421,19 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         return web.Response(status=201)
 
     async def queue_delete(request: web.Request) -> web.Response:
-        vh = mgmt.check_vhost(request, request.match_info["vhost"])
-        name = request.match_info["name"]
-        if name not in vh.queues:
-            raise not_found()
+        vh, name = existing_queue(request)
         q = request.query
         vh.delete_queue(None, name, if_unused=q.get("if-unused") == "true", if_empty=q.get("if-empty") == "true",
                         user=request[USER].name)
         return web.Response(status=204)
 
     async def queue_purge(request: web.Request) -> web.Response:
-        vh = mgmt.check_vhost(request, request.match_info["vhost"])
-        name = request.match_info["name"]
-        if name not in vh.queues:
-            raise not_found()
+        vh, name = existing_queue(request)
         vh.purge_queue(None, name, request[USER].name)
         return web.Response(status=204)
 
     async def queue_bindings(request: web.Request) -> web.Response:
-        vh = mgmt.check_vhost(request, request.match_info["vhost"])
-        name = request.match_info["name"]
-        if name not in vh.queues:
-            raise not_found()
+        vh, name = existing_queue(request)
         out = [b for b in _bindings(mgmt, [vh.name])
                if b["destination_type"] == "queue" and b["destination"] == name]
         return web.json_response(out)
