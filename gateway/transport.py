@@ -13,7 +13,7 @@ fills its buffer, up to 32 reads of 256 KB per poll, so a producer that writes f
 decode was read for seconds on end while a consumer's acks sat unread in the kernel: deliveries
 stopped until the producer did (measured: 30k msg/s accepted, 0 delivered for 4 s). So one
 call handles at most ``EVENTS_PER_TURN`` events; when frames remain, reading this socket is
-paused and the rest is handled in a ``call_soon`` callback, after the other ready sockets had
+paused and the rest is handled in a ``call_soon`` callback (likewise after TURN_SECONDS), after the other ready sockets had
 their turn. Nothing more is read from this peer until its buffered frames are handled, which
 also bounds the input buffer (a publisher is throttled by TCP, as RabbitMQ's credit flow does).
 
@@ -51,8 +51,11 @@ CLOSE_TIMEOUT = 3.0
 HANDSHAKE_TIMEOUT = 10.0
 _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk, ev.ChannelFlow, ev.Method,
                              ev.Content))
-# Events (a publish is one) handled per loop turn before the other connections get theirs.
+# Events (a publish is one) handled per loop turn before the other connections get theirs,
+# and the time a turn may take: a publish to a fanout of 50 queues is 50 enqueues, and 256 of
+# them held the loop for a second while the consumers' acks waited (scenario 3).
 EVENTS_PER_TURN = 256
+TURN_SECONDS = 0.005
 
 
 def is_loopback(host: str) -> bool:
@@ -114,6 +117,8 @@ class AMQPConnection(asyncio.Protocol):
             next_event = self.conn.next_event
             dispatch = self._dispatch
             budget = EVENTS_PER_TURN
+            clock = time.perf_counter
+            deadline = clock() + TURN_SECONDS
             broker = self.gw.broker
             broker.begin_batch()  # deliveries caused by this turn: one dispatch per queue
             try:
@@ -123,7 +128,7 @@ class AMQPConnection(asyncio.Protocol):
                         break
                     dispatch(event)
                     budget -= 1
-                    if not budget:
+                    if not budget or clock() >= deadline:
                         more = True
                         break
             except Exception:  # a bug below us must not take the event loop down with it
