@@ -7,7 +7,7 @@ scenario-1 traffic (16 B, default exchange, prefetch 1000, ack each), with the a
 off. On the shared 2-core machine this is far steadier than `cmq-gateway perf` against a
 listening gateway, so it is what the before/after numbers of the hot-path commits use.
 
-    .venv/bin/python scripts/bench_pipeline.py [--messages 200000] [--audit] [--profile]
+    .venv/bin/python scripts/bench_pipeline.py [--messages 200000] [--audit] [--metrics] [--profile]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def delivery_tags(data: bytes) -> list[int]:
     return tags
 
 
-async def run(messages: int, batch: int, audit: bool) -> float:
+async def run(messages: int, batch: int, audit: bool, metrics: bool = False) -> float:
     config = GatewayConfig(data_dir=None)
     gw = Gateway(config)
     tmp = tempfile.mkdtemp(prefix="bench-pipeline-")
@@ -101,6 +101,9 @@ async def run(messages: int, batch: int, audit: bool) -> float:
         gw.audit = AuditLog(tmp)
     from gateway.broker import Broker
     gw.broker = await Broker.open(None, audit=gw.audit, config=config)
+    if metrics:  # the /metrics counting tee in front of the audit sink, as `serve` installs it
+        from gateway.metrics import attach
+        attach(gw)
     producer, consumer = AMQPConnection(gw), AMQPConnection(gw)
     pt, ct = FakeTransport(1), FakeTransport(2)
     producer.connection_made(pt)  # type: ignore[arg-type]
@@ -142,6 +145,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--audit", action="store_true", help="the audit log on (its writer thread included)")
+    ap.add_argument("--metrics", action="store_true", help="the /metrics counting tee on (gateway.metrics.attach)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="pyinstrument the first run")
     args = ap.parse_args()
@@ -151,11 +155,11 @@ def main() -> None:
         if args.profile and i == 0:
             from pyinstrument import Profiler
             with Profiler() as prof:
-                results.append(uvloop.run(run(args.messages, args.batch, args.audit)))
+                results.append(uvloop.run(run(args.messages, args.batch, args.audit, args.metrics)))
             prof.print(show_all=False)
         else:
-            results.append(uvloop.run(run(args.messages, args.batch, args.audit)))
-    print(f"audit {'on ' if args.audit else 'off'}  {min(results):.2f} us/message (best of {args.repeat}; "
+            results.append(uvloop.run(run(args.messages, args.batch, args.audit, args.metrics)))
+    print(f"audit {'on ' if args.audit else 'off'} metrics {'on ' if args.metrics else 'off'}  {min(results):.2f} us/message (best of {args.repeat}; "
           f"all: {', '.join(f'{r:.2f}' for r in results)}) = {1e6 / min(results):,.0f} msg/s of one core")
 
 

@@ -64,6 +64,9 @@ class NullAudit:
     def emit(self, event: str, vhost: str, **fields: Any) -> None:
         return None
 
+    def emit_fields(self, event: str, vhost: str, fields: dict[str, Any]) -> None:
+        return None
+
     def flush(self, timeout: float | None = None) -> bool:
         return True
 
@@ -140,8 +143,9 @@ class AuditLog:
         if _thread:
             self._thread.start()
         self.emit = self._fast_emit()  # type: ignore[method-assign]
+        self.emit_fields = self._fast_emit(packed=True)  # type: ignore[method-assign]
 
-    def _fast_emit(self) -> Callable[..., None]:
+    def _fast_emit(self, packed: bool = False) -> Callable[..., None]:
         """``emit`` as a closure over the queue, the clock and the limits: the broker calls it
         4-5 times a message on the event loop, and the attribute lookups of the method were a
         sixth of its cost (1.70 -> 1.46 us a record with the broker's wrapper, measured)."""
@@ -165,8 +169,21 @@ class AuditLog:
             if n == wake_at:
                 wake()
 
+        def emit_fields(event: str, vhost: str, fields: dict[str, Any]) -> None:
+            if events is not None and event not in events:
+                return
+            n = len(q)
+            if n >= max_pending or self._closed:
+                with self._drop_lock:
+                    self.dropped += 1
+                return
+            append((clock(), event, vhost, fields))
+            if n == wake_at:
+                wake()
+
         emit.__doc__ = AuditLog.emit.__doc__
-        return emit
+        emit_fields.__doc__ = AuditLog.emit_fields.__doc__
+        return emit_fields if packed else emit
 
     # ---- event loop side -------------------------------------------------------------------
 
@@ -183,6 +200,11 @@ class AuditLog:
         q.append((self._clock(), event, vhost, fields))
         if n == self._wake_at:
             self._wake.set()
+
+    def emit_fields(self, event: str, vhost: str, fields: dict[str, Any]) -> None:
+        """``emit`` with the fields as a dict the caller hands over (kept as the record's
+        fields, not copied: the caller must not change it afterwards)."""
+        self.emit(event, vhost, **fields)
 
     @property
     def pending(self) -> int:
