@@ -77,7 +77,7 @@ class Counters:
             def forward(event: str, vhost: str, fields: dict[str, Any]) -> None:
                 inner_emit(event, vhost, **fields)
 
-        def emit(event: str, vhost: str, **fields: Any) -> None:
+        def emit_fields(event: str, vhost: str, fields: dict[str, Any]) -> None:
             if event == "deliver":
                 attempt = fields.get("attempt")
                 k: tuple[Any, ...] = (event, vhost, fields.get("queue"),
@@ -100,10 +100,15 @@ class Counters:
             raw[k] = get(k, 0) + 1
             forward(event, vhost, fields)
 
+        def emit(event: str, vhost: str, **fields: Any) -> None:
+            emit_fields(event, vhost, fields)
+
+        self.emit_fields = emit_fields  # type: ignore[method-assign]
         return emit
 
     def emit_fields(self, event: str, vhost: str, fields: dict[str, Any]) -> None:
-        """``emit`` for a caller that already holds the fields as a dict (passed on as is)."""
+        """``emit`` for a caller that already holds the fields as a dict (passed on as is,
+        the caller must not change it afterwards)."""
         self.emit(event, vhost, **fields)
 
     def close(self) -> None:

@@ -82,7 +82,12 @@ class VHost:
     # -- helpers -----------------------------------------------------------------------------
 
     def _emit(self, event: str, **fields: Any) -> None:
-        self.broker.audit.emit(event, self.name, **fields)
+        audit = self.broker.audit
+        send = getattr(audit, "emit_fields", None)  # takes the dict as is (AuditLog, metrics tee)
+        if send is None:
+            audit.emit(event, self.name, **fields)
+        else:
+            send(event, self.name, fields)
 
     def exchange(self, name: str) -> Exchange:
         ex = self.exchanges.get(name)
