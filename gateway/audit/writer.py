@@ -157,18 +157,6 @@ class AuditLog:
         wake_at = self._wake_at
         wake = self._wake.set
 
-        def emit(event: str, vhost: str, **fields: Any) -> None:
-            if events is not None and event not in events:
-                return
-            n = len(q)
-            if n >= max_pending or self._closed:
-                with self._drop_lock:
-                    self.dropped += 1
-                return
-            append((clock(), event, vhost, fields))
-            if n == wake_at:
-                wake()
-
         def emit_fields(event: str, vhost: str, fields: dict[str, Any]) -> None:
             if events is not None and event not in events:
                 return
@@ -180,6 +168,11 @@ class AuditLog:
             append((clock(), event, vhost, fields))
             if n == wake_at:
                 wake()
+
+        # The broker's per-message records come through emit_fields; emit (connection and
+        # declaration records) only packs its keywords and hands them over.
+        def emit(event: str, vhost: str, **fields: Any) -> None:
+            emit_fields(event, vhost, fields)
 
         emit.__doc__ = AuditLog.emit.__doc__
         emit_fields.__doc__ = AuditLog.emit_fields.__doc__
