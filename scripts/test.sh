@@ -16,6 +16,15 @@ if ! command -v java >/dev/null 2>&1; then
     echo "Java 17 is required for the Spark tests" >&2; exit 1
   fi
 fi
+# The differential management tests compare with RabbitMQ's own management API (port 15672):
+# enable its plugin when the machine's RabbitMQ runs without it.
+if command -v rabbitmq-plugins >/dev/null 2>&1 && ! (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null; then
+  rabbitmq-plugins enable rabbitmq_management >/dev/null
+  for _ in $(seq 60); do
+    (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null && break
+    sleep 1
+  done
+fi
 .venv/bin/ruff check semantics gateway spark
 .venv/bin/mypy semantics gateway spark
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
