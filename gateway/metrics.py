@@ -3,15 +3,16 @@
 Theory of operation
 -------------------
 Every state change the broker makes is already emitted through ``audit.emit(event, vhost,
-**fields)`` (A1). :class:`Counters` is a tee placed in front of that sink: it counts each event
-by name, vhost, queue, topic, reason, policy and attempt, then passes it on unchanged. So the
-counters need no change inside the broker, and they count exactly what the audit log records.
+**fields)`` (A1), so the counters are counts of those records by event, vhost, queue, topic,
+reason, policy and attempt (:class:`Counters`): the broker carries no metrics code. The audit
+log counts what it writes, in its writer process, off the event loop; for a sink that does not
+count (audit off), a counting tee is placed in front of it instead.
 Gauges (ready/unacked per queue, retained per topic, waiting per subscription, connections,
 channels) are read from the broker's state when ``/metrics`` is scraped, never cached.
 
 The store's commit latency is measured by timing ``store.sync`` (the group-commit call the
-broker's flusher makes on its worker thread). Bytes in and out need counters in the transport
-that do not exist yet; they are exported once the server provides ``bytes_in``/``bytes_out``.
+broker's flusher makes on its worker thread). Bytes in and out are the transport's counters
+(``bytes_in``/``bytes_out`` on the server).
 
 ``attach(gateway_or_broker)`` installs both, idempotently, and returns the :class:`Counters`;
 ``start_metrics(target, host, port)`` serves ``/metrics`` in Prometheus text format 0.0.4.
@@ -19,6 +20,7 @@ that do not exist yet; they are exported once the server provides ``bytes_in``/`
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import defaultdict
@@ -26,6 +28,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
+
+from gateway.audit.counting import count_key
+from gateway.audit.rows import Row, row_emitter
 
 __all__ = [
     "COMMIT_BUCKETS",
@@ -42,31 +47,40 @@ COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 
 
 class Counters:
-    """A tee in front of the audit sink that counts what passes through (see module doc).
+    """What the Prometheus families and the management API's message_stats are read from:
+    counts of audit records by ``gateway.audit.counting.count_key``, aggregated into the
+    families (``events``, ``queue``, ``exchange``, ``routed``, ``redelivered``, ``discarded``,
+    ``retries``) when they are read.
 
-    ``emit`` only counts a raw key per record (the event, the vhost and the one or two fields
-    its families need) in a single dict, on the event loop thread; the Prometheus families
-    (``events``, ``queue``, ``exchange``, ``routed``, ``redelivered``, ``discarded``,
-    ``retries``) are aggregated from it when they are read. The record is passed on as the
-    dict ``emit`` already has (the sink's ``emit_fields``) instead of being re-packed.
+    Two ways to get the counts (``attach`` picks):
+    - *fed*: the audit log counts what it writes (``AuditLog.counts``, in its writer process),
+      and nothing stands in front of the sink, so the event loop does no metrics work per
+      record. ``await sync()`` before a read makes the counts exact up to that moment.
+    - *tee*: for a sink that does not count (audit off, a test's sink), this object is placed
+      in front of it and counts each record on the way through.
     Only the commit histogram is written from the store's worker thread (under a lock)."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, *, fed: bool = False) -> None:
         self.inner = inner
-        # Raw keys: (event, vhost) for most events; ("deliver", vhost, queue, redelivered),
-        # ("enqueue", vhost, queue, direct), ("ack"|"publish"|"route", vhost, queue|topic),
-        # ("discard", vhost, reason), ("retry", vhost, policy, attempt).
-        self.raw: dict[tuple[Any, ...], int] = {}
+        self.fed = fed
+        self.raw: dict[tuple[Any, ...], int] = inner.counts if fed else {}
         self.commit_buckets = [0] * (len(COMMIT_BUCKETS) + 1)
         self.commit_count = 0
         self.commit_sum = 0.0
         self._lock = threading.Lock()
-        self.emit = self._fast_emit()  # type: ignore[method-assign]
+        if not fed:
+            self.emit = self._fast_emit()  # type: ignore[method-assign]
 
-    # -- the audit sink ----------------------------------------------------------------------
+    async def sync(self) -> None:
+        """Fed counters: wait, off the event loop, until every record emitted before this call
+        is counted (a few ms: the audit writer's next cycle). Tee counters are always exact."""
+        if self.fed:
+            await asyncio.get_running_loop().run_in_executor(None, self.inner.flush, 5.0)
+
+    # -- the audit sink (tee mode) -----------------------------------------------------------
 
     def _fast_emit(self) -> Callable[..., None]:
-        """``emit`` as a closure: one dict update per record (measured in the commit message)."""
+        """``emit`` as a closure: one dict update per record."""
         raw = self.raw
         get = raw.get
         inner = self.inner
@@ -78,38 +92,36 @@ class Counters:
                 inner_emit(event, vhost, **fields)
 
         def emit_fields(event: str, vhost: str, fields: dict[str, Any]) -> None:
-            if event == "deliver":
-                attempt = fields.get("attempt")
-                k: tuple[Any, ...] = (event, vhost, fields.get("queue"),
-                                      isinstance(attempt, int) and attempt > 1)
-            elif event == "enqueue":
-                k = (event, vhost, fields.get("queue") or "", fields.get("topic") is None)
-            elif event == "ack":
-                k = (event, vhost, fields.get("queue") or "")
-            elif event == "publish":
-                ex = fields.get("topic")
-                k = (event, vhost, "" if ex is None else ex)
-            elif event == "route":
-                k = (event, vhost, fields.get("topic") or "")
-            elif event == "discard":
-                k = (event, vhost, str(fields.get("reason")))
-            elif event == "retry":
-                k = (event, vhost, str(fields.get("policy")), int(fields.get("attempt") or 0))
-            else:
-                k = (event, vhost)
+            k = count_key(event, vhost, fields)
             raw[k] = get(k, 0) + 1
             forward(event, vhost, fields)
 
         def emit(event: str, vhost: str, **fields: Any) -> None:
             emit_fields(event, vhost, fields)
 
+        forward_row = row_emitter(inner)
+
+        def emit_row(row: Row, vhost: str, values: tuple[Any, ...]) -> None:
+            k = row.count_key(vhost, values)
+            raw[k] = get(k, 0) + 1
+            forward_row(row, vhost, values)
+
         self.emit_fields = emit_fields  # type: ignore[method-assign]
+        self.emit_row = emit_row  # type: ignore[method-assign]
         return emit
+
+    def emit(self, event: str, vhost: str, **fields: Any) -> None:
+        """Count, then pass on (tee mode)."""
+        self.emit_fields(event, vhost, fields)
 
     def emit_fields(self, event: str, vhost: str, fields: dict[str, Any]) -> None:
         """``emit`` for a caller that already holds the fields as a dict (passed on as is,
         the caller must not change it afterwards)."""
         self.emit(event, vhost, **fields)
+
+    def emit_row(self, row: Row, vhost: str, values: tuple[Any, ...]) -> None:
+        """A per-message record (gateway.audit.rows): counted, then passed on (tee mode)."""
+        self.emit_fields(row.event, vhost, row.fields(values))
 
     def close(self) -> None:
         close = getattr(self.inner, "close", None)
@@ -294,17 +306,25 @@ class Target:
 
 
 def attach(obj: Any) -> Counters:
-    """Install the counting tee (once) in front of the broker's audit sink, and time the
-    store's commits. Returns the Counters; calling it again returns the same one."""
+    """The broker's Counters (made once; calling again returns the same one), and the store's
+    commits timed. An audit log that counts what it writes feeds them; any other sink gets the
+    counting tee installed in front of it."""
     target = Target(obj)
     broker = target.broker
     audit = broker.audit
     if isinstance(audit, Counters):
         return audit
-    counters = Counters(audit)
-    broker.audit = counters
-    if target.gateway is not None and getattr(target.gateway, "audit", None) is audit:
-        target.gateway.audit = counters  # the transport emits connection events through it
+    counters: Counters | None = getattr(broker, "metrics_counters", None)
+    if counters is not None:
+        return counters
+    if isinstance(getattr(audit, "counts", None), dict):
+        counters = Counters(audit, fed=True)
+    else:
+        counters = Counters(audit)
+        broker.audit = counters
+        if target.gateway is not None and getattr(target.gateway, "audit", None) is audit:
+            target.gateway.audit = counters  # the transport emits connection events through it
+    broker.metrics_counters = counters
     store = getattr(broker, "store", None)
     sync = getattr(store, "sync", None)
     if sync is not None and not getattr(sync, "_cmq_timed", False):
@@ -453,6 +473,7 @@ def metrics_app(obj: Any) -> web.Application:
     counters = attach(obj)
 
     async def handle(request: web.Request) -> web.Response:
+        await counters.sync()
         return web.Response(body=render(obj, counters).encode(), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Iterator
 from importlib import metadata
 from typing import Any
 
+from gateway.audit import AuditLog, NullAudit
 from gateway.config import GatewayConfig, Listener
 from gateway.transport import AMQPConnection
 
@@ -79,19 +80,7 @@ def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool) ->
     }
 
 
-class _NullAudit:
-    def emit(self, event: str, vhost: str, **fields: Any) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _open_audit(config: GatewayConfig) -> Any:
-    try:
-        from gateway.audit import AuditLog, NullAudit  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:  # the audit writer is optional until it lands
-        return _NullAudit()
     settings = config.audit
     if settings.dir is None:
         return NullAudit()
@@ -160,7 +149,7 @@ class Gateway:
         self.config = config
         self.clock = clock
         self.broker: Any = None
-        self.audit: Any = _NullAudit()
+        self.audit: Any = NullAudit()
         self.connections: set[AMQPConnection] = set()
         self.server_properties: dict[str, Any] = {}
         self.blocked = False

@@ -10,7 +10,8 @@ thread), so files, layout and records are the same.
 Protocol on stdin, each message ``kind (1 byte) + length (4 bytes, big endian) + payload``:
 ``B`` a batch (``marshal`` of a list of ``(time, event, vhost, fields)``), ``F`` "tell me where
 you are" (also runs the time rotation and the retention), ``C`` close the open file and exit.
-Each ``F`` and ``C`` is answered on stdout with one JSON line of counters. End of input
+Each ``F`` and ``C`` is answered on stdout with one JSON line of counters, with the record
+counts (``AuditLog.counts``) that changed since the last answer as ``[key, added]`` pairs. End of input
 without ``C`` (the gateway died) leaves the open file ``.open``, exactly as a crash of the
 in-thread writer would; the next ``AuditLog`` closes it (A3).
 """
@@ -40,6 +41,7 @@ def main() -> None:
     params: dict[str, Any] = json.loads(sys.argv[1])
     log = AuditLog(params.pop("directory"), process=False, _thread=False, **params)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    reported: dict[Any, int] = {}  # log.counts as of the last answer
     while True:
         head = _read_exact(stdin, HEADER.size)
         if head is None:
@@ -56,9 +58,11 @@ def main() -> None:
             log._periodic()
         elif kind == b"C":
             log._close_file()
+        changed = [[key, n - reported.get(key, 0)] for key, n in log.counts.items() if reported.get(key) != n]
+        reported.update(log.counts)
         stdout.write(json.dumps({"written": log.written, "dropped": log.dropped,
-                                 "files_closed": log.files_closed,
-                                 "files_deleted": log.files_deleted}).encode() + b"\n")
+                                 "files_closed": log.files_closed, "files_deleted": log.files_deleted,
+                                 "counts": changed}).encode() + b"\n")
         stdout.flush()
         if kind == b"C":
             return

@@ -19,6 +19,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "format_line",
     "format_ts",
+    "formatter",
 ]
 
 SCHEMA_VERSION = 1
@@ -115,6 +116,15 @@ def format_line(ts: str, event: str, vhost: str, fields: Mapping[str, Any]) -> s
             return _format_generic(ts, event, vhost, fields)
         fmt = _SHAPES[shape] = _compile(shape)
     return fmt(ts, event, vhost, *fields.values())  # type: ignore[no-any-return]
+
+
+def formatter(shape: tuple[str, ...]) -> Callable[..., str]:
+    """The formatter of records with exactly these keys in this order: ``fmt(ts, event, vhost,
+    *values)`` gives what ``format_line(ts, event, vhost, dict(zip(shape, values)))`` gives."""
+    fmt = _SHAPES.get(shape)
+    if fmt is None:
+        fmt = _SHAPES[shape] = _compile(shape)
+    return fmt
 
 
 # Each emitter passes the same keys in the same order (a call site is a "shape"), so the

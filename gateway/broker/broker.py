@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gateway.audit import NullAudit
+from gateway.audit.rows import ACK, Row, row_emitter
 from gateway.broker import persistence as P
 from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from gateway.broker.exchange import Exchange
     from gateway.broker.session import Session
 
-__all__ = ["Broker", "BrokerConfig", "NullAudit"]
+__all__ = ["Broker", "BrokerConfig"]
 
 log = logging.getLogger("cmq_gateway.broker")
 
@@ -52,13 +54,6 @@ class BrokerConfig:
     compact_min_bytes: int = COMPACT_MIN_BYTES  # the journal is compacted above this size
 
 
-class NullAudit:
-    """Used until an audit writer is given: emits nothing."""
-
-    def emit(self, event: str, vhost: str, **fields: Any) -> None:
-        return None
-
-
 class Broker:
     """All vhosts of one gateway process.
 
@@ -67,11 +62,24 @@ class Broker:
     messages in durable queues are journaled in the store and recovered on open.
     """
 
+    emit_row: Callable[[Row, str, tuple[Any, ...]], None]
+
+    @property
+    def audit(self) -> Any:
+        """The audit sink (A1). Setting it also sets ``emit_row``, the per-message records'
+        way in, resolved once rather than on every record."""
+        return self._audit
+
+    @audit.setter
+    def audit(self, sink: Any) -> None:
+        self._audit = sink
+        self.emit_row = row_emitter(sink)
+
     def __init__(self, data_dir: str | None, *, clock: Clock, audit: Any, config: Any,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.data_dir = data_dir
         self.clock = clock
-        self.audit = audit if audit is not None else NullAudit()
+        self.audit = audit if audit is not None else NullAudit()  # sets emit_row too
         self.config = config if config is not None else BrokerConfig()
         self.strict_names = bool(getattr(self.config, "strict_names", False))  # L2
         # Advertised in connection.start capabilities (W1): exchange.bind works (M8).
@@ -580,7 +588,7 @@ class Broker:
             self._unpersist_msg(q, m)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
-            session.emit("ack", queue=q.name, msg_id=u.msg_id, latency_ms=latency)
+            session.emit_row(ACK, q.name, u.msg_id, latency)
         else:
             session.emit("stale_ack", queue=q.name, msg_id=u.msg_id)
         self.after_queue_change(self.vhosts[q.vhost], q)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
+from gateway.audit.rows import DELIVER
 from gateway.broker import persistence as P
 from gateway.broker.consumers import Consumer, Unacked
 from gateway.broker.errors import precondition
@@ -81,7 +82,7 @@ class Channel:
                 routing_key=msg.routing_key, message_count=get_count or 0),
                 type(msg.properties)(props), msg.body)
         no_ack = consumer.no_ack if consumer is not None else get_count is None
-        self.session.emit("deliver", queue=q.name, msg_id=msg_id, attempt=rc, size=len(msg.body))
+        self.session.emit_row(DELIVER, q.name, msg_id, rc, len(msg.body))
         if no_ack:
             self.session.broker.settle_deleted(q, receipt)
             return

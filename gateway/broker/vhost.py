@@ -11,6 +11,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
+from gateway.audit.rows import ENQUEUE, PUBLISH_QUEUE, PUBLISH_TOPIC, ROUTE
 from gateway.broker import persistence as P
 from gateway.broker.arguments import (
     EXCHANGE_EQUIVALENCE,
@@ -342,9 +343,9 @@ class VHost:
         tags = message_tags(routing_key, headers) if ex.type == "direct" else ()
         size = len(body)
         msg_id = out.msg_id = new_msg_id()
+        self.broker.emit_row(PUBLISH_TOPIC, self.name,
+                             (exchange, routing_key, msg_id, list(tags) or None, size, user, peer))
         emit = self.broker.audit.emit
-        emit("publish", self.name, topic=exchange, routing_key=routing_key, msg_id=msg_id,
-             tags=list(tags) or None, size=size, user=user, peer=peer)
         if headers and ("x-delay" in headers or "x-cmq-delay-seconds" in headers):
             raise precondition(f"message delay is a queue feature; it is not available through "
                                f"topic '{exchange}' (CMQ rule Q4)", rule="Q4")
@@ -387,15 +388,14 @@ class VHost:
     def _route(self, ex: Exchange, msg: Message, headers: Any, now: float, out: PublishOutcome,
                seen: set[str]) -> None:
         """Route through ``ex`` (its topic, M9) and onward through exchange bindings, each once."""
-        emit = self.broker.audit.emit
         tags = list(msg.tags) or None
         size = len(msg.body)
         if ex.topic is None:
             dests = ex.headers_route(headers)
             for dest in dests:
                 sub = sub_label(ex.name, sub_name(dest))
-                emit("route", self.name, topic=ex.name, msg_id=msg.msg_id, routing_key=msg.routing_key,
-                     subscription=sub, queue=dest[1] if dest[0] == "q" else None, tags=tags, size=size)
+                self.broker.emit_row(ROUTE, self.name, (ex.name, msg.msg_id, msg.routing_key, sub,
+                                                        dest[1] if dest[0] == "q" else None, tags, size))
                 self._attempt(dest, msg, headers, now, out, seen, ex.name, sub)
             matched = len(dests)
         else:
@@ -403,12 +403,12 @@ class VHost:
             # A1: one route record per subscription that takes it, before its enqueue records
             # (the lookup is the topic's cached one, done again inside publish).
             subs = topic.match(msg.tags, msg.routing_key)
+            emit_row = self.broker.emit_row
             for s in subs:
                 endpoint = s.endpoint
-                emit("route", self.name, topic=ex.name, msg_id=msg.msg_id, routing_key=msg.routing_key,
-                     subscription=sub_label(ex.name, s.name),
-                     queue=endpoint[1] if isinstance(endpoint, tuple) and endpoint[0] == "q" else None,
-                     tags=tags, size=size)
+                emit_row(ROUTE, self.name, (ex.name, msg.msg_id, msg.routing_key, sub_label(ex.name, s.name),
+                                            endpoint[1] if isinstance(endpoint, tuple) and endpoint[0] == "q"
+                                            else None, tags, size))
             def attempt(sub: Any, tmsg: Any) -> bool | None:
                 endpoint = sub.endpoint
                 if endpoint[0] not in _LOCAL:
@@ -462,8 +462,7 @@ class VHost:
         """M10: CMQ SendMessage straight to the queue named by the routing key."""
         size = len(body)
         msg_id = out.msg_id = new_msg_id()
-        self._emit("publish", queue=routing_key, routing_key=routing_key, msg_id=msg_id, size=size,
-                   user=user, peer=peer)
+        self.broker.emit_row(PUBLISH_QUEUE, self.name, (routing_key, routing_key, msg_id, size, user, peer))
         q = self.queues.get(routing_key)
         if q is None:
             if routing_key.startswith(REPLY_PREFIX) and self.broker.replies.deliver(routing_key, properties, body):
@@ -508,8 +507,7 @@ class VHost:
         qmsg = q.send(msg, now, delay, expires_at)
         out.routed = True
         msg_id = qmsg.msg_id
-        self._emit("enqueue", queue=q.name, msg_id=msg_id, size=len(msg.body), topic=via,
-                   subscription=subscription)
+        self.broker.emit_row(ENQUEUE, self.name, (q.name, msg_id, len(msg.body), via, subscription))
         if q.durable and msg.persistent:
             lsn = self.broker.persist(P.message_key(self.name, q.name, msg_id), P.encode_message(
                 self.name, q.name, msg_id, now, msg.exchange, msg.routing_key,

@@ -140,6 +140,7 @@ def _auth_middleware(mgmt: Management) -> Any:
         try:
             if not request.path.startswith("/api/cmq/openapi"):
                 request[USER] = _login(mgmt, request)
+                await mgmt.counters.sync()  # message_stats exact up to this request
             return await handler(request)
         except ApiError as e:
             headers = {"WWW-Authenticate": REALM} if e.status == 401 else None
@@ -206,6 +207,7 @@ async def _start_sampler(app: web.Application) -> None:
     async def loop() -> None:
         while True:
             await asyncio.sleep(RATE_SAMPLE_SECONDS)
+            await mgmt.counters.sync()
             mgmt.rates.sample()
 
     app[SAMPLER] = asyncio.get_running_loop().create_task(loop())

@@ -1,0 +1,72 @@
+"""The broker's per-message records as rows: a fixed shape and a tuple of values.
+
+Why: a message makes 3-4 records (publish, enqueue or route, deliver, ack). As keyword
+arguments each was a dict built on the event loop, marshalled with its keys to the audit
+writer process and unmarshalled there into a dict again. A row is a tuple in the shape's key
+order, and the writer formats it with the shape's generated formatter, so the line is byte
+for byte the one ``format_line`` writes for the same fields (tests/unit/audit checks it).
+
+Every shape is defined here, at import, so a shape's ``id`` (its index in ``ROWS``) is the
+same in the gateway and in its audit writer process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gateway.audit.counting import FIELDS_READ, count_key
+from gateway.audit.record import formatter
+
+__all__ = ["ACK", "DELIVER", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_TOPIC", "ROUTE", "ROWS", "Row"]
+
+
+class Row:
+    """One record shape: its event and its keys, in the order the values come."""
+
+    __slots__ = ("_count_at", "event", "fmt", "id", "keys")
+
+    def __init__(self, event: str, *keys: str) -> None:
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"row {event}: a key twice")
+        self.id = len(ROWS)
+        self.event = event
+        self.keys = keys
+        self.fmt: Callable[..., str] = formatter(keys)
+        self._count_at = tuple((k, keys.index(k)) for k in FIELDS_READ.get(event, ()) if k in keys)
+        ROWS.append(self)
+
+    def fields(self, values: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
+        """The record as keyword fields (for a sink that takes no rows)."""
+        return dict(zip(self.keys, values, strict=True))
+
+    def count_key(self, vhost: str, values: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+        return count_key(self.event, vhost, {k: values[i] for k, i in self._count_at})
+
+
+ROWS: list[Row] = []
+
+PUBLISH_QUEUE = Row("publish", "queue", "routing_key", "msg_id", "size", "user", "peer")  # M10
+PUBLISH_TOPIC = Row("publish", "topic", "routing_key", "msg_id", "tags", "size", "user", "peer")
+ROUTE = Row("route", "topic", "msg_id", "routing_key", "subscription", "queue", "tags", "size")
+ENQUEUE = Row("enqueue", "queue", "msg_id", "size", "topic", "subscription")
+DELIVER = Row("deliver", "user", "peer", "queue", "msg_id", "attempt", "size")
+ACK = Row("ack", "user", "peer", "queue", "msg_id", "latency_ms")
+
+
+def row_emitter(sink: Any) -> Callable[[Row, str, tuple[Any, ...]], None]:
+    """``emit_row(row, vhost, values)`` for ``sink``: its own, or one that hands the row over
+    as keyword fields to a sink that takes no rows."""
+    emit_row = getattr(sink, "emit_row", None)
+    if emit_row is not None:
+        return emit_row  # type: ignore[no-any-return]
+    emit_fields = getattr(sink, "emit_fields", None)
+    if emit_fields is not None:
+        def as_fields(row: Row, vhost: str, values: tuple[Any, ...]) -> None:
+            emit_fields(row.event, vhost, row.fields(values))
+        return as_fields
+    emit = sink.emit
+
+    def as_keywords(row: Row, vhost: str, values: tuple[Any, ...]) -> None:
+        emit(row.event, vhost, **row.fields(values))
+    return as_keywords
