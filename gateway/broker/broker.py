@@ -588,7 +588,7 @@ class Broker:
             self._unpersist_msg(q, m)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
-            session.emit_row(ACK, q.name, u.msg_id, latency)
+            self.emit_row(ACK, session.vhost_name, (session.user, session.peer, q.name, u.msg_id, latency))
         else:
             session.emit("stale_ack", queue=q.name, msg_id=u.msg_id)
         self.after_queue_change(self.vhosts[q.vhost], q)

@@ -82,7 +82,8 @@ class Channel:
                 routing_key=msg.routing_key, message_count=get_count or 0),
                 type(msg.properties)(props), msg.body)
         no_ack = consumer.no_ack if consumer is not None else get_count is None
-        self.session.emit_row(DELIVER, q.name, msg_id, rc, len(msg.body))
+        s = self.session
+        s.broker.emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(msg.body)))
         if no_ack:
             self.session.broker.settle_deleted(q, receipt)
             return

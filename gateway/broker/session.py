@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
-from gateway.audit.rows import Row
 from gateway.auth import Access
 from gateway.broker.arguments import rewind_to
 from gateway.broker.channel import Channel
@@ -61,10 +60,6 @@ class Session:
             audit.emit(event, self.vhost_name, **record)
         else:
             send(event, self.vhost_name, record)
-
-    def emit_row(self, row: Row, *values: Any) -> None:
-        """A per-message record (gateway.audit.rows) whose shape starts with user and peer."""
-        self.broker.emit_row(row, self.vhost_name, (self.user, self.peer, *values))
 
     def authorize(self, access: Access, kind: str, name: str) -> None:
         """W2: 403 ACCESS_REFUSED (a channel error, as RabbitMQ) unless the user's ``access``

@@ -239,3 +239,23 @@ def test_M11_encode_delivery_is_encode_with_of_the_three_headers(props: Properti
         # and the other way round, with the template cached by encode_delivery
         assert props.encode_with(message_id=msg_id, extra_headers={
             "x-cmq-msg-id": msg_id, "x-cmq-enqueue-time": enqueued, "x-cmq-receive-count": count}) == expected
+
+
+def test_M11_messages_with_equal_properties_share_one_delivery_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split of a property list is made once per distinct list, not once per message."""
+    raw = Properties.build(delivery_mode=1, headers={"k": "v"}, app_id="shared-template-test").raw
+    splits = []
+    real = Properties._split
+
+    def counting(self: Properties, keys: tuple[str, ...], set_id: bool) -> Any:
+        splits.append(keys)
+        return real(self, keys, set_id)
+
+    monkeypatch.setattr(Properties, "_split", counting)
+    first, second = Properties(raw), Properties(bytearray(raw))
+    a = first.encode_delivery("msg-1", 7, 1)
+    b = second.encode_delivery("msg-2", 8, 2)
+    assert len(splits) == 1
+    assert b == Properties(raw).encode_with(message_id="msg-2", extra_headers={
+        "x-cmq-msg-id": "msg-2", "x-cmq-enqueue-time": 8, "x-cmq-receive-count": 2})
+    assert a != b
