@@ -163,6 +163,7 @@ class AuditLog:
             self._child = self._spawn()
         else:
             self._recover()
+        self._shares_gil = _thread  # formatting here holds the GIL the event loop needs
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         if _thread:
             self._thread.start()
@@ -410,10 +411,12 @@ class AuditLog:
             else:
                 break
             buf, buf_bytes, hour, folder = self._format(items, buf, buf_bytes, hour, folder)
-            if remaining:
+            if remaining and self._shares_gil:
                 # Formatting holds the GIL; without a pause the event loop thread waited up
                 # to the 5 ms switch interval each time (scenario 7 p99 after a busy run:
-                # 44 ms). sleep(0) releases the GIL, so the loop runs between chunks.
+                # 44 ms). sleep(0) releases the GIL, so the loop runs between chunks. Not in
+                # the writer process, which has no loop to wait for: there sleep(0) only gave
+                # its CPU away (36% of its samples under load, py-spy).
                 time.sleep(0)
         self._write(buf)
 

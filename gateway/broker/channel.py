@@ -125,7 +125,15 @@ class Channel:
 
     def ack(self, tag: int, multiple: bool) -> None:
         broker = self.session.broker
-        for u in self.take(tag, multiple):
+        if multiple:
+            for u in self.take(tag, multiple):
+                broker.ack(self.session, u)
+        else:  # take_tagged for one tag, inlined: a consumer acks every message this way
+            u = self.unacked.pop(tag, None)
+            if u is None:
+                raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
+            if u.consumer is not None:
+                u.consumer.unacked -= 1
             broker.ack(self.session, u)
         if self.channel_prefetch:
             broker.dispatch_channel(self)  # W4: channel credit serves every queue consumed here
