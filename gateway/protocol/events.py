@@ -109,7 +109,10 @@ class ChannelFlow:
     active: bool
 
 
-@dataclass(frozen=True, slots=True)
+# Method and Content are made for every message (publish, ack): not frozen, because a
+# frozen dataclass sets each field through object.__setattr__ (0.54 vs 0.15 us a Content).
+# Nothing changes them after the core makes them.
+@dataclass(slots=True)
 class Method:
     """Any other method on an open channel (a pamqp command object)."""
 
@@ -117,7 +120,7 @@ class Method:
     method: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Content:
     """A complete basic.publish: method, header and every body frame."""
 
