@@ -129,9 +129,9 @@ class Channel:
             for u in self.take(tag, multiple):
                 broker.ack(self.session, u)
         else:  # take_tagged for one tag, inlined: a consumer acks every message this way
-            u = self.unacked.pop(tag, None)
-            if u is None:
+            if tag not in self.unacked:
                 raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
+            u = self.unacked.pop(tag)
             if u.consumer is not None:
                 u.consumer.unacked -= 1
             broker.ack(self.session, u)
