@@ -212,6 +212,11 @@ def _html(audit_dir: str, start: str | None, end: str | None, records: int, skip
             parts.append("<p><i>No records of this kind in the range.</i></p>")
         if not s.table.empty:
             parts.append("<details><summary>table</summary>")
-            parts.append(s.table.head(200).to_html(index=False, na_rep="", float_format=lambda x: f"{x:,.1f}"))
+            table = s.table.head(200).copy()
+            # An absent value is an empty cell: na_rep covers NaN, and pandas 2 writes a None
+            # in a text column as "None" (pandas 3 as na_rep).
+            text = table.select_dtypes(include="object").columns
+            table[text] = table[text].where(table[text].notna(), "")
+            parts.append(table.to_html(index=False, na_rep="", float_format=lambda x: f"{x:,.1f}"))
             parts.append("</details>")
     return "\n".join(parts)
