@@ -12,6 +12,7 @@ same in the gateway and in its audit writer process.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ __all__ = ["ACK", "DELIVER", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_TOPIC", "ROUTE
 class Row:
     """One record shape: its event and its keys, in the order the values come."""
 
-    __slots__ = ("_count_at", "event", "fmt", "id", "keys")
+    __slots__ = ("_count_at", "event", "fmt", "id", "keys", "pick")
 
     def __init__(self, event: str, *keys: str) -> None:
         if len(set(keys)) != len(keys):
@@ -34,6 +35,9 @@ class Row:
         self.keys = keys
         self.fmt: Callable[..., str] = formatter(keys)
         self._count_at = tuple((k, keys.index(k)) for k in FIELDS_READ.get(event, ()) if k in keys)
+        # pick(values): the values count_key reads, as count_key_picked takes them back.
+        self.pick: Callable[[Any], Any] = (operator.itemgetter(*(i for _, i in self._count_at))
+                                           if self._count_at else _nothing)
         ROWS.append(self)
 
     def fields(self, values: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
@@ -42,6 +46,16 @@ class Row:
 
     def count_key(self, vhost: str, values: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
         return count_key(self.event, vhost, {k: values[i] for k, i in self._count_at})
+
+    def count_key_picked(self, vhost: str, picked: Any) -> tuple[Any, ...]:
+        """``count_key`` from ``pick(values)``: the writer counts picks, then makes keys."""
+        names = [k for k, _ in self._count_at]
+        got = (picked,) if len(names) == 1 else picked or ()
+        return count_key(self.event, vhost, dict(zip(names, got, strict=True)))
+
+
+def _nothing(values: Any) -> None:
+    return None
 
 
 ROWS: list[Row] = []
