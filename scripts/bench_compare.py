@@ -1,6 +1,6 @@
 """One command for the RabbitMQ comparison table of docs/BENCHMARKS.md.
 
-    .venv/bin/python scripts/bench_compare.py [--duration 10] [--backlog 100000] [--out FILE]
+    .venv/bin/python scripts/bench_compare.py [--duration 10] [--backlog 100000] [--repeat 3] [--out FILE]
 
 For each scenario of `cmq-gateway perf compare` it starts a fresh gateway (`cmq-gateway serve
 --host 127.0.0.1 --port 5699`, a new data dir, management API off because RabbitMQ's
@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--scenarios", default="1,2,3,4,5,6,7")
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--backlog", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs per scenario and broker, alternating; the table shows medians")
     ap.add_argument("--gateway-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
     ap.add_argument("--out", default=None, help="Markdown file (default: stdout)")
     args = ap.parse_args()
@@ -97,6 +99,7 @@ def main() -> None:
             cmd = [PY, "-m", "gateway.perf", "compare", "--uri-a", args.rabbitmq,
                    "--uri-b", f"amqp://guest:guest@127.0.0.1:{args.port}/", "--name-a", "rabbitmq",
                    "--name-b", "gateway", "--scenarios", str(number), "--duration", str(args.duration),
+                   "--repeat", str(args.repeat),
                    "--backlog", str(args.backlog), "--rabbitmqctl-a", "--broker-pid-b", str(gw.pid),
                    "--markdown", md]
             print(f"== scenario {number}", file=sys.stderr, flush=True)
