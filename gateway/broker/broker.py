@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import math
 from collections import deque
@@ -618,16 +619,26 @@ class Broker:
     # -- recovery ----------------------------------------------------------------------------
 
     def _recover(self) -> None:
-        """Durable exchanges, queues, bindings and persistent messages come back (restart)."""
+        """Durable exchanges, queues, bindings and persistent messages come back (restart).
+
+        The cyclic garbage collector is off meanwhile: recovery allocates several objects per
+        message and frees none, so each collection only walked the growing backlog again
+        (3x10^5 messages: 5.0 -> 3.0 s). It runs again, as before, once they are all back."""
         strict, self.strict_names = self.strict_names, False  # L2 is checked when declared, not now
+        collecting = gc.isenabled()
+        gc.disable()
         try:
-            self._recover_declarations()
+            try:
+                self._recover_declarations()
+            finally:
+                self.strict_names = strict
+            now = self.clock.now()
+            self._recover_messages(now)
+            self._recover_http_subscriptions()
+            self._recover_retained(now)
         finally:
-            self.strict_names = strict
-        now = self.clock.now()
-        self._recover_messages(now)
-        self._recover_http_subscriptions()
-        self._recover_retained(now)
+            if collecting:
+                gc.enable()
 
     def _recover_http_subscriptions(self) -> None:
         """D7: persisted HTTP subscriptions come back before the topic-retained messages, so
@@ -661,6 +672,7 @@ class Broker:
         store = self.store
         records = [P.decode_message(raw) for _, raw in store.items("m/")]
         records.sort(key=lambda r: r["enqueue_time"])
+        touched: dict[BrokerQueue, VHost] = {}
         for r in records:
             vh = self.vhost(r["vhost"])
             q = vh.queues.get(r["queue"])
@@ -670,6 +682,10 @@ class Broker:
                           r["enqueue_time"])
             msg.msg_id = r["msg_id"]
             q.cmq.restore(msg, len(msg.body), now, msg_id=r["msg_id"], enqueue_time=r["enqueue_time"])
+            touched[q] = vh
+        # Once a queue, when all its messages are back (it was once a message: a quarter of
+        # the recovery's time went to rescheduling the same queue).
+        for q, vh in touched.items():
             self.after_queue_change(vh, q, dispatch=False)
 
     def _recover_retained(self, now: float) -> None:
