@@ -30,7 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from gateway.audit.counting import count_key
-from gateway.audit.rows import Row, row_emitter
+from gateway.audit.rows import Row, fields_emitter, row_emitter
 
 __all__ = [
     "COMMIT_BUCKETS",
@@ -84,12 +84,7 @@ class Counters:
         raw = self.raw
         get = raw.get
         inner = self.inner
-        forward = getattr(inner, "emit_fields", None)
-        if forward is None:
-            inner_emit = inner.emit
-
-            def forward(event: str, vhost: str, fields: dict[str, Any]) -> None:
-                inner_emit(event, vhost, **fields)
+        forward = fields_emitter(inner)
 
         def emit_fields(event: str, vhost: str, fields: dict[str, Any]) -> None:
             k = count_key(event, vhost, fields)

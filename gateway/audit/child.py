@@ -11,9 +11,9 @@ Protocol on stdin, each message ``kind (1 byte) + length (4 bytes, big endian) +
 ``B`` a batch (``marshal`` of a list of ``(time, event, vhost, fields)``), ``F`` "tell me where
 you are" (also runs the time rotation and the retention), ``C`` close the open file and exit.
 Each ``F`` and ``C`` is answered on stdout with one JSON line of counters, with the record
-counts (``AuditLog.counts``) that changed since the last answer as ``[key, added]`` pairs. End of input
-without ``C`` (the gateway died) leaves the open file ``.open``, exactly as a crash of the
-in-thread writer would; the next ``AuditLog`` closes it (A3).
+counts (``AuditLog.counts``) that changed since the last answer as ``[key, added]`` pairs.
+End of input without ``C`` (the gateway died) leaves the open file ``.open``, exactly as a
+crash of the in-thread writer would; the next ``AuditLog`` closes it (A3).
 """
 
 from __future__ import annotations

@@ -19,13 +19,14 @@ from typing import Any
 from gateway.audit.counting import FIELDS_READ, count_key
 from gateway.audit.record import formatter
 
-__all__ = ["ACK", "DELIVER", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_TOPIC", "ROUTE", "ROWS", "Row"]
+__all__ = ["ACK", "DELIVER", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_TOPIC", "ROUTE", "ROWS", "Row",
+           "fields_emitter", "row_emitter"]
 
 
 class Row:
     """One record shape: its event and its keys, in the order the values come."""
 
-    __slots__ = ("_count_at", "event", "fmt", "id", "keys", "pick")
+    __slots__ = ("_count_names", "event", "fmt", "id", "keys", "pick")
 
     def __init__(self, event: str, *keys: str) -> None:
         if len(set(keys)) != len(keys):
@@ -34,10 +35,10 @@ class Row:
         self.event = event
         self.keys = keys
         self.fmt: Callable[..., str] = formatter(keys)
-        self._count_at = tuple((k, keys.index(k)) for k in FIELDS_READ.get(event, ()) if k in keys)
+        read = [(k, keys.index(k)) for k in FIELDS_READ.get(event, ()) if k in keys]
+        self._count_names = tuple(k for k, _ in read)
         # pick(values): the values count_key reads, as count_key_picked takes them back.
-        self.pick: Callable[[Any], Any] = (operator.itemgetter(*(i for _, i in self._count_at))
-                                           if self._count_at else _nothing)
+        self.pick: Callable[[Any], Any] = operator.itemgetter(*(i for _, i in read)) if read else _nothing
         ROWS.append(self)
 
     def fields(self, values: tuple[Any, ...] | list[Any]) -> dict[str, Any]:
@@ -45,11 +46,11 @@ class Row:
         return dict(zip(self.keys, values, strict=True))
 
     def count_key(self, vhost: str, values: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
-        return count_key(self.event, vhost, {k: values[i] for k, i in self._count_at})
+        return self.count_key_picked(vhost, self.pick(values))
 
     def count_key_picked(self, vhost: str, picked: Any) -> tuple[Any, ...]:
         """``count_key`` from ``pick(values)``: the writer counts picks, then makes keys."""
-        names = [k for k, _ in self._count_at]
+        names = self._count_names
         got = (picked,) if len(names) == 1 else picked or ()
         return count_key(self.event, vhost, dict(zip(names, got, strict=True)))
 
@@ -68,19 +69,28 @@ DELIVER = Row("deliver", "user", "peer", "queue", "msg_id", "attempt", "size")
 ACK = Row("ack", "user", "peer", "queue", "msg_id", "latency_ms")
 
 
+def fields_emitter(sink: Any) -> Callable[[str, str, dict[str, Any]], None]:
+    """``emit_fields(event, vhost, fields)`` for ``sink``: its own (AuditLog, the metrics
+    tee, NullAudit take the dict as is), or one that passes the fields as keywords to a sink
+    that only has ``emit`` (tests' sinks). Resolved once by whoever holds the sink."""
+    emit_fields = getattr(sink, "emit_fields", None)
+    if emit_fields is not None:
+        return emit_fields  # type: ignore[no-any-return]
+    emit = sink.emit
+
+    def as_keywords(event: str, vhost: str, fields: dict[str, Any]) -> None:
+        emit(event, vhost, **fields)
+    return as_keywords
+
+
 def row_emitter(sink: Any) -> Callable[[Row, str, tuple[Any, ...]], None]:
     """``emit_row(row, vhost, values)`` for ``sink``: its own, or one that hands the row over
-    as keyword fields to a sink that takes no rows."""
+    as fields to a sink that takes no rows."""
     emit_row = getattr(sink, "emit_row", None)
     if emit_row is not None:
         return emit_row  # type: ignore[no-any-return]
-    emit_fields = getattr(sink, "emit_fields", None)
-    if emit_fields is not None:
-        def as_fields(row: Row, vhost: str, values: tuple[Any, ...]) -> None:
-            emit_fields(row.event, vhost, row.fields(values))
-        return as_fields
-    emit = sink.emit
+    emit_fields = fields_emitter(sink)
 
-    def as_keywords(row: Row, vhost: str, values: tuple[Any, ...]) -> None:
-        emit(row.event, vhost, **row.fields(values))
-    return as_keywords
+    def as_fields(row: Row, vhost: str, values: tuple[Any, ...]) -> None:
+        emit_fields(row.event, vhost, row.fields(values))
+    return as_fields

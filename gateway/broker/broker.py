@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit import NullAudit
-from gateway.audit.rows import ACK, Row, row_emitter
+from gateway.audit.rows import ACK, Row, fields_emitter, row_emitter
 from gateway.broker import persistence as P
 from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
@@ -64,23 +64,26 @@ class Broker:
     """
 
     emit_row: Callable[[Row, str, tuple[Any, ...]], None]
+    emit_fields: Callable[[str, str, dict[str, Any]], None]
 
     @property
     def audit(self) -> Any:
-        """The audit sink (A1). Setting it also sets ``emit_row``, the per-message records'
-        way in, resolved once rather than on every record."""
+        """The audit sink (A1). Setting it also sets ``emit_row`` (the per-message records'
+        way in) and ``emit_fields`` (a record whose fields are already a dict), resolved once
+        rather than on every record."""
         return self._audit
 
     @audit.setter
     def audit(self, sink: Any) -> None:
         self._audit = sink
         self.emit_row = row_emitter(sink)
+        self.emit_fields = fields_emitter(sink)
 
     def __init__(self, data_dir: str | None, *, clock: Clock, audit: Any, config: Any,
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.data_dir = data_dir
         self.clock = clock
-        self.audit = audit if audit is not None else NullAudit()  # sets emit_row too
+        self.audit = audit if audit is not None else NullAudit()  # sets emit_row/emit_fields too
         self.config = config if config is not None else BrokerConfig()
         self.strict_names = bool(getattr(self.config, "strict_names", False))  # L2
         # Advertised in connection.start capabilities (W1): exchange.bind works (M8).

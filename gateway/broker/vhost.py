@@ -83,12 +83,7 @@ class VHost:
     # -- helpers -----------------------------------------------------------------------------
 
     def _emit(self, event: str, **fields: Any) -> None:
-        audit = self.broker.audit
-        send = getattr(audit, "emit_fields", None)  # takes the dict as is (AuditLog, metrics tee)
-        if send is None:
-            audit.emit(event, self.name, **fields)
-        else:
-            send(event, self.name, fields)
+        self.broker.emit_fields(event, self.name, fields)
 
     def exchange(self, name: str) -> Exchange:
         ex = self.exchanges.get(name)
