@@ -103,16 +103,17 @@ class Channel:
         if multiple:
             tags = list(self.unacked) if tag == 0 else [t for t in self.unacked if t <= tag]
         else:
-            if tag not in self.unacked:
-                raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
             tags = [tag]
-        out = []
-        for t in tags:
-            u = self.unacked.pop(t)
-            if u.consumer is not None and not hold:
-                u.consumer.unacked -= 1
-            out.append((t, u))
-        return out
+        return [(t, self._take_one(t, hold)) for t in tags]
+
+    def _take_one(self, tag: int, hold: bool = False) -> Unacked:
+        """The delivery ``tag`` names, removed (406 when unknown, M12); see take_tagged."""
+        if tag not in self.unacked:
+            raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
+        u = self.unacked.pop(tag)
+        if u.consumer is not None and not hold:
+            u.consumer.unacked -= 1
+        return u
 
     def restore_unacked(self, settled: list[tuple[int, Unacked, bool | None]]) -> None:
         """tx.rollback: the deliveries are unacked again, under their original tags, in tag
@@ -128,13 +129,8 @@ class Channel:
         if multiple:
             for u in self.take(tag, multiple):
                 broker.ack(self.session, u)
-        else:  # take_tagged for one tag, inlined: a consumer acks every message this way
-            if tag not in self.unacked:
-                raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
-            u = self.unacked.pop(tag)
-            if u.consumer is not None:
-                u.consumer.unacked -= 1
-            broker.ack(self.session, u)
+        else:  # one tag, as a consumer acks every message: no take_tagged lists
+            broker.ack(self.session, self._take_one(tag))
         if self.channel_prefetch:
             broker.dispatch_channel(self)  # W4: channel credit serves every queue consumed here
 
