@@ -43,8 +43,23 @@ def _session(master: str | None):  # type: ignore[no-untyped-def]
     return builder.getOrCreate()
 
 
+def _missing_extra() -> str | None:
+    """The one line to print when the Spark extra is not installed (the base install lacks it)."""
+    import importlib.util
+
+    missing = [m for m in ("pyspark", "pyarrow", "pandas", "matplotlib") if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (f"cmq-audit: {', '.join(missing)} not installed: install the Spark extra with "
+            f"pip install 'cmq-gateway[spark]' (from a checkout: pip install '.[spark]')")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = _missing_extra() if args.command == "report" else None
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     if args.command == "demo":
         from spark.demo import write_demo_log
 
