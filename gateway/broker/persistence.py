@@ -86,20 +86,25 @@ def queue_messages_prefix(vhost: str, queue: str) -> str:
     return key_prefix("m", vhost, queue)
 
 
-# Persistent publish and ack build a message key each: the queue's prefix is escaped once.
-# Bounded so that a churn of uniquely named queues cannot grow it without end.
-_queue_prefixes: dict[tuple[str, str], str] = {}
+# Persistent publish and ack build a message key each: a queue's prefix is escaped once and
+# found with two dict lookups (no tuple to allocate). Bounded per vhost so that a churn of
+# uniquely named queues cannot grow it without end.
+_queue_prefixes: dict[str, dict[str, str]] = {}
 _QUEUE_PREFIXES_MAX = 4096
 
 
 def message_key(vhost: str, queue: str, msg_id: str) -> str:
     """``make_key("m", vhost, queue, msg_id)``, with the prefix cached (the hot path)."""
-    prefix = _queue_prefixes.get((vhost, queue))
-    if prefix is None:
-        if len(_queue_prefixes) >= _QUEUE_PREFIXES_MAX:
-            _queue_prefixes.clear()
-        prefix = _queue_prefixes[vhost, queue] = key_prefix("m", vhost, queue)
-    return prefix + escape(msg_id)
+    try:
+        prefix = _queue_prefixes[vhost][queue]
+    except KeyError:
+        queues = _queue_prefixes.setdefault(vhost, {})
+        if len(queues) >= _QUEUE_PREFIXES_MAX:
+            queues.clear()
+        prefix = queues[queue] = key_prefix("m", vhost, queue)
+    if "%" in msg_id or "/" in msg_id:
+        msg_id = escape(msg_id)
+    return prefix + msg_id
 
 
 def subscription_key(vhost: str, exchange: str, name: str) -> str:

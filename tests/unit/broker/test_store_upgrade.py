@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.broker import Broker, BrokerConfig
 from gateway.broker import persistence as P
@@ -178,3 +180,11 @@ def test_M14_sigkill_in_the_middle_of_the_upgrade_batch_keeps_the_old_layout(tmp
         assert dict(store.items()) == old
         upgrade(store, P.FORMAT_VERSION, STEPS)
     assert _state(tmp_path) == _migrated(old)
+
+
+@given(st.text(max_size=8), st.text(max_size=8), st.text(max_size=8))
+def test_the_cached_message_key_is_the_codec_s_key(vhost: str, queue: str, msg_id: str) -> None:
+    """persistence.message_key caches each queue's escaped prefix (the persistent publish
+    path): it must build exactly the key the codec builds, escapes and all."""
+    assert P.message_key(vhost, queue, msg_id) == make_key("m", vhost, queue, msg_id)
+    assert P.message_key(vhost, queue, msg_id).startswith(P.queue_messages_prefix(vhost, queue))
