@@ -219,7 +219,10 @@ class Broker:
         if done.found != done.version:
             log.info("store.upgrade key format %d -> %d: %d records rekeyed",
                      done.found, done.version, done.renamed)
-            self.store.maybe_compact()  # the rekeyed records were written twice
+            try:
+                self.store.maybe_compact()  # the rekeyed records were written twice
+            except OSError:
+                log.warning("store compaction after the upgrade failed; retried after a sync", exc_info=True)
 
     def _on_durable(self, durable: int) -> None:
         for ch in list(self.confirm_waiters):
