@@ -128,7 +128,7 @@ def test_M14_a_crash_anywhere_in_the_upgrade_leaves_the_old_or_the_new_layout(tm
     full = seg.read_bytes()
     assert len(full) > start
     new = _migrated(old)
-    cuts = sorted({*range(start, len(full), 97), start + 1, len(full) - 1, len(full)})
+    cuts = sorted({*range(start, len(full), 13), start + 1, len(full) - 1, len(full)})
     for cut in cuts:
         d = tmp_path / f"cut-{cut}"
         shutil.copytree(base, d)
