@@ -121,8 +121,8 @@ class Enum(Spec):
 
     def check(self, value: Any, path: str) -> None:
         if not self.accepts(value):
-            close = difflib.get_close_matches(str(value), [str(v) for v in self.values], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            close = _closest(str(value), [str(v) for v in self.values])
+            hint = f" (did you mean {close!r}?)" if close else ""
             raise SchemaError(f"{_at(path)}expected {self.what}, got {_show(value)}{hint}")
 
 
@@ -172,10 +172,17 @@ class Map(Spec):
                               f"{', '.join(self.required)})")
 
 
+def _closest(word: str, choices: list[str]) -> str | None:
+    """The choice ``word`` was most likely meant to be, whatever its case."""
+    by_lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1)
+    return by_lower[close[0]] if close else None
+
+
 def _unknown(key: Any, known: list[str]) -> str:
-    close = difflib.get_close_matches(str(key), known, n=1)
+    close = _closest(str(key), known)
     if close:
-        return f"unknown key {key!r} (did you mean {close[0]!r}?)"
+        return f"unknown key {key!r} (did you mean {close!r}?)"
     return f"unknown key {key!r} (known keys: {', '.join(known)})"
 
 
