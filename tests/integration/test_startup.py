@@ -200,6 +200,13 @@ def test_unusable_directory_is_one_line(tmp_path: Path, option: str, where: str,
     assert (done.returncode, one_line(done)) == (1, "cmq-gateway: " + line.format(dir=directory))
 
 
+def test_a_store_file_the_os_refuses_is_one_line(tmp_path: Path) -> None:
+    journal = tmp_path / "journal-00000001.log"
+    journal.mkdir()  # where the store expects a file
+    done = run_serve("--data-dir", str(tmp_path))
+    assert (done.returncode, one_line(done)) == (1, f"cmq-gateway: cannot start: {journal}: is a directory")
+
+
 # --- a second gateway on a data dir (or audit dir) in use ---------------------------------------
 
 def _wait_for(predicate: Callable[[], object], what: str) -> None:
@@ -210,7 +217,13 @@ def _wait_for(predicate: Callable[[], object], what: str) -> None:
 
 
 def _audit_files(audit: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(audit)): p.read_bytes() for p in audit.rglob("*.jsonl*")}
+    found = {}
+    for p in audit.rglob("*.jsonl*"):
+        try:
+            found[str(p.relative_to(audit))] = p.read_bytes()
+        except FileNotFoundError:  # rotated (renamed) since the listing: seen on the next look
+            continue
+    return found
 
 
 def _publish(port: int, n: int) -> None:
@@ -233,7 +246,9 @@ def test_A3_second_serve_is_refused_before_touching_the_running_audit_log(tmp_pa
     audit_args = ["--audit-dir", str(audit)] if audit_outside else []
     with serve(data, "--config", str(config), *audit_args) as (proc, port):
         _publish(port, 5)
-        _wait_for(lambda: any(name.endswith(".open") for name in _audit_files(audit)), "an open audit file")
+        # The publisher's last record written: the open file then stays as it is while idle.
+        _wait_for(lambda: any(name.endswith(".open") and b'"event":"connection_close"' in data
+                              for name, data in _audit_files(audit).items()), "an open audit file")
         before = _audit_files(audit)
 
         # Same data dir; or, with the audit dir outside, another data dir and the same audit dir.
