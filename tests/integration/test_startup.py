@@ -127,6 +127,18 @@ def test_every_key_of_the_schema_is_checked_at_its_own_path() -> None:
     assert (cfg.management_port, cfg.metrics_port, cfg.data_dir, cfg.audit.events) == (-1, -1, None, None)
 
 
+def test_the_schema_names_every_setting_of_limits_and_audit() -> None:
+    """A field added to Limits or AuditSettings without a SCHEMA entry would be refused as an
+    unknown key; SCHEMA's other entries are the keys the merging branches read."""
+    import dataclasses
+
+    from gateway.config import AuditSettings, Limits
+    from gateway.config_schema import AUDIT, LIMITS
+
+    assert {f.name for f in dataclasses.fields(Limits)} <= set(LIMITS.keys)
+    assert {f.name for f in dataclasses.fields(AuditSettings)} == set(AUDIT.keys)
+
+
 def _events() -> frozenset[str]:
     from gateway.audit import EVENTS
     return EVENTS
