@@ -7,6 +7,7 @@ names it belongs to in its value; keys only have to be unique and prefix-searcha
 * ``q/<vhost>/<queue>``     JSON: the durable queue's declaration
 * ``b/<vhost>/<source>/<kind>/<dest>/<key>``  JSON: one binding key of a durable pair
 * ``m/<vhost>/<queue>/<msg_id>``  binary: a persistent message in a durable queue
+* ``p/<vhost>/<policy>``  JSON: a RabbitMQ policy, as definitions spell it
 * ``t/<vhost>/<exchange>/<msg_id>``  binary: a persistent message a durable topic retains
   for retries (D2), with the subscriptions still owed it
 """
@@ -25,6 +26,7 @@ __all__ = [
     "encode_message",
     "exchange_key",
     "message_key",
+    "policy_key",
     "queue_key",
     "decode_retained",
     "encode_retained",
@@ -45,6 +47,10 @@ def queue_key(vhost: str, name: str) -> str:
 
 def binding_key(vhost: str, source: str, kind: str, dest: str, key: str) -> str:
     return f"b/{vhost}/{source}/{kind}/{dest}/{key}"
+
+
+def policy_key(vhost: str, name: str) -> str:
+    return f"p/{vhost}/{name}"
 
 
 def message_key(vhost: str, queue: str, msg_id: str) -> str:
