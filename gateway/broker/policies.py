@@ -54,7 +54,7 @@ NOT_APPLIED: dict[str, str] = {
     "queue-master-locator": "the gateway is one node: there is no queue leader to place",
     "queue-leader-locator": "the gateway is one node: there is no queue leader to place",
     "federation-upstream": _FEDERATION, "federation-upstream-set": _FEDERATION,
-    "max-length-bytes": "the CMQ queue model has no byte limit (x-max-length-bytes is not applied either)",
+    "max-length-bytes": "the CMQ queue model has no byte limit",
     "max-in-memory-length": "quorum-queue memory limits have no meaning for CMQ queues",
     "max-in-memory-bytes": "quorum-queue memory limits have no meaning for CMQ queues",
     "dead-letter-strategy": "at-least-once dead-lettering is quorum-specific; dead-lettering is at-most-once here",
