@@ -32,6 +32,7 @@ __all__ = ["KINDS", "add_policy_routes", "export_definitions", "import_definitio
 COMPAT_VERSION = "3.12.0"
 KINDS = ("vhosts", "users", "permissions", "topic_permissions", "parameters", "global_parameters",
          "policies", "exchanges", "queues", "bindings", "cmq_http_subscriptions")
+_METADATA = frozenset(("rabbit_version", "rabbitmq_version", "product_name", "product_version"))
 _ONE = {"vhosts": "vhost", "users": "user", "permissions": "permission", "policies": "policy",
         "exchanges": "exchange", "queues": "queue", "bindings": "binding",
         "cmq_http_subscriptions": "cmq_http_subscription"}
@@ -292,6 +293,9 @@ class _Import:
 
     def unsupported(self) -> None:
         r = self.report
+        for key, value in self.body.items():
+            if key not in KINDS and key not in _METADATA and value:
+                r.skip("section", {"name": key}, "not a definitions section the gateway knows")
         for raw in self.items("topic_permissions"):
             r.skip("topic_permission", {"user": raw.get("user"), "vhost": raw.get("vhost"),
                                         "exchange": raw.get("exchange")},

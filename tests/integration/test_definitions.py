@@ -10,6 +10,7 @@ reject and on TTL, max-length). Whatever is not imported is listed with its reas
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import pika
 import pytest
 import requests
 
+from gateway.config import GatewayConfig
 from gateway.management.testing import operator_gateway
 from tests.integration.rabbit_estate import (
     LONG_KEY,
@@ -159,6 +161,8 @@ async def test_M16_what_cannot_be_imported_is_listed_per_object_with_the_reason(
                    "tags": []},
                   {"name": "ok", "password_hash": "", "tags": "management,policymaker"}],
         "global_parameters": [{"name": "cluster_name", "value": "rabbit@prod"}],
+        "operator_policies": [{"vhost": "/", "name": "cap", "pattern": ".", "definition": {"max-length": 9}}],
+        "rabbit_version": "3.10.8",
         "policies": [{"vhost": "/", "name": "broken", "pattern": "(", "apply-to": "queues",
                       "definition": {"max-length": 1}, "priority": 0},
                      {"vhost": "/", "name": "later", "pattern": "^late-", "apply-to": "queues",
@@ -188,7 +192,7 @@ async def test_M16_what_cannot_be_imported_is_listed_per_object_with_the_reason(
         missing = {(m["kind"], m.get("name") or m.get("source")): m["reason"] for m in report["not_imported"]}
         assert set(missing) == {("user", "old"), ("global_parameter", "cluster_name"), ("policy", "broken"),
                                 ("exchange", "ring"), ("exchange", "delayed"), ("queue", "orders"),
-                                ("queue", None), ("binding", "ring")}
+                                ("queue", None), ("binding", "ring"), ("section", "operator_policies")}
         assert "x-consistent-hash" in missing["exchange", "ring"]
         assert "x-delay" in missing["exchange", "delayed"]
         assert "inequivalent arg 'durable'" in missing["queue", "orders"]
@@ -222,3 +226,31 @@ async def test_M16_what_cannot_be_imported_is_listed_per_object_with_the_reason(
         async with http.delete(f"{og.management_url}/api/policies/%2F/orders-cap") as r:
             assert r.status == 204
         assert og.broker.vhosts["/"].queues["orders"].attrs.max_length is None
+
+
+# The strict profile: `cmq` once profiles exist (PF2), `strict_names` before.
+STRICT = ({"profile": "cmq"} if "profile" in {f.name for f in dataclasses.fields(GatewayConfig)}
+          else {"strict_names": True})
+
+
+async def test_L2_names_beyond_cmq_limits_are_listed_under_the_strict_profile() -> None:
+    """PF2/L2: a real export's names break CMQ's limits; strictly, each such object is listed
+    with the rule, and whatever depends on it says so; the rest is imported."""
+    defs = {"exchanges": [{"name": "events.v1", "vhost": "/", "type": "topic", "durable": True,
+                           "auto_delete": False, "internal": False, "arguments": {}}],
+            "queues": [{"name": "orders.eu", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}},
+                       {"name": "plain-q", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}],
+            "bindings": [{"source": "events.v1", "vhost": "/", "destination": "plain-q",
+                          "destination_type": "queue", "routing_key": "a.#", "arguments": {}},
+                         {"source": "amq.topic", "vhost": "/", "destination": "orders.eu",
+                          "destination_type": "queue", "routing_key": "a.#", "arguments": {}},
+                         {"source": "amq.topic", "vhost": "/", "destination": "plain-q",
+                          "destination_type": "queue", "routing_key": "a.#", "arguments": {}}]}
+    async with operator_gateway(**STRICT) as og, aiohttp.ClientSession(headers=AUTH) as http, \
+            http.post(f"{og.management_url}/api/definitions", json=defs) as r:
+        report = await r.json()
+    missing = [(m["kind"], m.get("name") or m.get("source"), m.get("rule")) for m in report["not_imported"]]
+    assert missing == [("exchange", "events.v1", "L2"), ("queue", "orders.eu", "L2"),
+                       ("binding", "events.v1", None), ("binding", "amq.topic", None)]
+    assert "queue 'orders.eu' was not imported" in report["not_imported"][3]["reason"]
+    assert (report["imported"]["queues"], report["imported"]["bindings"]) == (1, 1)
