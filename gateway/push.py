@@ -45,6 +45,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.broker import persistence as P
 from semantics.names import validate_topic_name
 from semantics.retry import DEFAULT_STRATEGY, NotifyStrategy
 from semantics.topic import FilterType, Subscription, Topic, TopicMessage
@@ -57,7 +58,6 @@ log = logging.getLogger("cmq_gateway.push")
 PUSH_TIMEOUT = 15.0
 USER_AGENT = "Qcloud Notification Service Agent"
 FORMATS = ("JSON", "SIMPLIFIED")
-STORE_PREFIX = "s/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +75,7 @@ class HttpSubscription:
 
     @property
     def key(self) -> str:
-        return f"{STORE_PREFIX}{self.vhost}/{self.exchange}/{self.name}"
+        return P.subscription_key(self.vhost, self.exchange, self.name)
 
 
 def _body_text(body: bytes) -> str:
@@ -210,7 +210,7 @@ class HttpPusher:
     def recover(self) -> int:
         """Re-create the persisted HTTP subscriptions (after the broker recovered its exchanges)."""
         count = 0
-        for key, raw in list(self.broker.store.items(STORE_PREFIX)):
+        for key, raw in list(self.broker.store.items(P.SUBSCRIPTIONS_PREFIX)):
             r = json.loads(raw)
             if (r["vhost"], r["exchange"], r["name"]) in self.subscriptions:
                 continue

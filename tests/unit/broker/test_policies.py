@@ -112,3 +112,17 @@ def test_W2_rabbitmq_sha512_and_md5_hashes_log_in() -> None:
         assert check_password("s3cret", h) and not check_password("other", h)
         assert hashing_algorithm(h) == algorithm
     assert hashing_algorithm("") is None and not check_password("", "")
+
+
+async def test_M7_policies_with_slashes_in_names_survive_a_restart_apart(tmp_path) -> None:
+    """Keyed by the escaped store codec: vhost 'a/b' + policy 'c' and vhost 'a' + policy 'b/c'
+    are two records (issue 11.1's collision, for policies)."""
+    clock = ManualClock()
+    b = await Broker.open(str(tmp_path), clock=clock)
+    b.vhost("a/b").set_policy(Policy("a/b", "c", ".", "queues", 0, {"max-length": 1}))
+    b.vhost("a").set_policy(Policy("a", "b/c", ".", "queues", 0, {"max-length": 2}))
+    await b.close()
+    b2 = await Broker.open(str(tmp_path), clock=clock)
+    assert b2.vhosts["a/b"].policies["c"].definition == {"max-length": 1}
+    assert b2.vhosts["a"].policies["b/c"].definition == {"max-length": 2}
+    await b2.close()
