@@ -396,6 +396,10 @@ class _Import:
                 raise ValueError("the gateway keeps one binding per (source, destination, routing key); one "
                                  f"with arguments {jsonable(binding.arguments.get(key) or {})} exists")
             vh.bind(None, source, (kind, dest_name), key, args, user=self.user)
+            if key == "" and vh.exchanges[source].type == "direct":
+                self.report.note("binding", item, "routing_key", "binding key '' on a direct exchange takes "
+                                 "EVERY message here (a CMQ subscription without tags, M2), not only those "
+                                 "published with key '' as on RabbitMQ")
             return True
         self.each("bindings", describe, action)
 

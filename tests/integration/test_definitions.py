@@ -180,7 +180,9 @@ async def test_M16_what_cannot_be_imported_is_listed_per_object_with_the_reason(
         "bindings": [{"source": "ring", "vhost": "/", "destination": "log", "destination_type": "queue",
                       "routing_key": "1", "arguments": {}},
                      {"source": "events", "vhost": "/", "destination": "log", "destination_type": "queue",
-                      "routing_key": "a.#", "arguments": {}}],
+                      "routing_key": "a.#", "arguments": {}},
+                     {"source": "amq.direct", "vhost": "/", "destination": "log", "destination_type": "queue",
+                      "routing_key": "", "arguments": {}}],
     }
     async with operator_gateway() as og, aiohttp.ClientSession(headers=AUTH) as http:
         url = f"{og.management_url}/api/definitions"
@@ -200,10 +202,10 @@ async def test_M16_what_cannot_be_imported_is_listed_per_object_with_the_reason(
         assert "exchange 'ring' was not imported" in missing["binding", "ring"]
         assert "bcrypt" in missing["user", "old"] and "not a regular expression" in missing["policy", "broken"]
         assert (report["imported"]["exchanges"], report["imported"]["queues"], report["imported"]["bindings"],
-                report["imported"]["users"], report["imported"]["policies"]) == (1, 1, 1, 1, 1)
-        notes = {(n["name"], n["key"]) for n in report["notes"]}
+                report["imported"]["users"], report["imported"]["policies"]) == (1, 1, 2, 1, 1)
+        notes = {(n.get("name") or n.get("source"), n["key"]) for n in report["notes"]}
         assert {("later", "federation-upstream-set"), ("log", "x-queue-type"), ("log", "x-max-age"),
-                ("ok", "password_hash")} <= notes
+                ("ok", "password_hash"), ("amq.direct", "routing_key")} <= notes
         # The policy stored by the import shapes a queue declared later, over AMQP (M7).
         conn = await asyncio.to_thread(pika.BlockingConnection, pika.URLParameters(og.amqp_url))
         try:
