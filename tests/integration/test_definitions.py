@@ -41,6 +41,10 @@ AUTH = {"Authorization": aiohttp.encode_basic_auth("guest", "guest")}
 def estate(tmp_path_factory: pytest.TempPathFactory, rabbitmq_url: str) -> Iterator[Estate]:
     with rabbit_estate(tmp_path_factory.mktemp("estate")) as e:
         e.rabbit_policy = policy_outcome(e.url(5672))  # type: ignore[attr-defined]
+        # The reference itself did what the policies say (so that equality below means something).
+        assert e.rabbit_policy == {  # type: ignore[attr-defined]
+            "dead": [("to-expire", "expired", "ttl-0", "expired"), ("to-reject", "rejected", "work-0", "rejected")],
+            "capped": ["c2", "c3", "c4"]}
         yield e
 
 
