@@ -10,6 +10,7 @@ the keys of the objects it names.
 * ``q/<vhost>/<queue>``     JSON: the durable queue's declaration
 * ``b/<vhost>/<source>/<kind>/<dest>/<key>``  JSON: one binding key of a durable pair
 * ``m/<vhost>/<queue>/<msg_id>``  binary: a persistent message in a durable queue
+* ``p/<vhost>/<policy>``  JSON: a RabbitMQ policy, as definitions spell it
 * ``t/<vhost>/<exchange>/<msg_id>``  binary: a persistent message a durable topic retains
   for retries (D2), with the subscriptions still owed it
 * ``s/<vhost>/<exchange>/<subscription>``  JSON: an HTTP subscription (D7, gateway.push)
@@ -34,6 +35,7 @@ __all__ = [
     "FORMAT_KEY",
     "FORMAT_VERSION",
     "MESSAGES_PREFIX",
+    "POLICIES_PREFIX",
     "QUEUES_PREFIX",
     "RETAINED_PREFIX",
     "SUBSCRIPTIONS_PREFIX",
@@ -44,6 +46,7 @@ __all__ = [
     "encode_message",
     "exchange_key",
     "message_key",
+    "policy_key",
     "queue_key",
     "queue_messages_prefix",
     "rekey_v0",
@@ -67,6 +70,7 @@ BINDINGS_PREFIX = key_prefix("b")
 MESSAGES_PREFIX = key_prefix("m")
 RETAINED_PREFIX = key_prefix("t")
 SUBSCRIPTIONS_PREFIX = key_prefix("s")
+POLICIES_PREFIX = key_prefix("p")
 
 
 def exchange_key(vhost: str, name: str) -> str:
@@ -79,6 +83,10 @@ def queue_key(vhost: str, name: str) -> str:
 
 def binding_key(vhost: str, source: str, kind: str, dest: str, key: str) -> str:
     return make_key("b", vhost, source, kind, dest, key)
+
+
+def policy_key(vhost: str, name: str) -> str:
+    return make_key("p", vhost, name)
 
 
 def queue_messages_prefix(vhost: str, queue: str) -> str:
