@@ -25,7 +25,7 @@ __all__ = ["describe", "register"]
 DEFAULT_URL = "http://localhost:15672"
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     imp = sub.add_parser(
         "import-definitions", help="import a RabbitMQ definitions file into a running gateway",
         description="Import a definitions file (rabbitmqctl export_definitions, the management API's "

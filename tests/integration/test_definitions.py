@@ -260,3 +260,21 @@ async def test_L2_names_beyond_cmq_limits_are_listed_under_the_strict_profile() 
                        ("binding", "events.v1", None), ("binding", "amq.topic", None)]
     assert "queue 'orders.eu' was not imported" in report["not_imported"][3]["reason"]
     assert (report["imported"]["queues"], report["imported"]["bindings"]) == (1, 1)
+
+
+def test_M8_serve_with_a_definitions_export_as_config_serves_the_whole_estate(estate: Estate,
+                                                                              tmp_path: Path) -> None:
+    """`cmq-gateway serve --config rabbit-export.json` (RabbitMQ's load_definitions): users and
+    permissions, and also the exchanges, queues, bindings and policies of the file, route as on
+    RabbitMQ; a restart with the same file changes nothing and loses nothing (W2, M8)."""
+    path = tmp_path / "defs.json"
+    path.write_text(json.dumps(estate.definitions))
+    for _ in range(2):
+        with serve(tmp_path / "data", "--config", str(path)) as (proc, port):
+            assert route_outcome(estate.url(port), estate.exchanges, estate.queues) == estate.rabbit_routes
+            conn = pika.BlockingConnection(pika.URLParameters(estate.url(port, estate.user, estate.password)))
+            conn.close()
+            mgmt = f"http://127.0.0.1:{proc.operator['management API']}"  # type: ignore[attr-defined]
+            policies = requests.get(f"{mgmt}/api/policies", auth=("guest", "guest"), timeout=30).json()
+            assert {p["name"] for p in policies if p["vhost"] == estate.vhost} == \
+                {p["name"] for p in estate.definitions["policies"]}
