@@ -14,7 +14,7 @@ The users / vhosts / permissions keys use the shape of a RabbitMQ definitions ex
     permissions:
       - {user: alice, vhost: "/", configure: ".*", write: ".*", read: ".*"}
     loopback_users: [guest]           # users that may connect from loopback only
-    limits: {frame_max: 131072, channel_max: 2047, heartbeat: 60,
+    limits: {frame_max: 131072, channel_max: 2047, heartbeat: 60, handshake_timeout: 10,
              memory_high_watermark: 1073741824, store_high_watermark: 10737418240}
     audit: {dir: /var/log/cmq-gateway, rotate_bytes: 67108864, rotate_seconds: 3600,
             retention_hours: 168, events: null}
@@ -75,6 +75,9 @@ class Limits:
     # Fraction of a mark below which connection.unblocked is sent (hysteresis, no flapping).
     low_watermark_ratio: float = 0.8
     max_connections: int = 0  # 0: unlimited
+    # SE4: seconds from accept until connection.open must have been answered (RabbitMQ's
+    # handshake_timeout, 10 s); 0 turns the limit off.
+    handshake_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)

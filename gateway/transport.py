@@ -22,8 +22,8 @@ restart deliveries to this connection (a slow consumer), and while the gateway i
 memory or store high-water mark (W5) a connection that publishes is sent
 ``connection.blocked`` and no longer read from, until ``connection.unblocked``.
 
-Heartbeats and close timeouts are driven by one periodic ``tick`` from the server for every
-connection, not a timer per connection.
+Heartbeats, the handshake deadline (SE4) and close timeouts are driven by one periodic ``tick``
+from the server for every connection, not a timer per connection.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import socket
+import struct
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,8 +49,6 @@ log = logging.getLogger("cmq_gateway.transport")
 
 # A peer that neither answers our connection.close nor hangs up is cut after this long.
 CLOSE_TIMEOUT = 3.0
-# A client that has not finished the handshake by then is cut (RabbitMQ's handshake_timeout).
-HANDSHAKE_TIMEOUT = 10.0
 _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk, ev.ChannelFlow, ev.Method,
                              ev.Content))
 # Events (a publish is one) handled per loop turn before the other connections get theirs,
@@ -75,7 +75,8 @@ class AMQPConnection(asyncio.Protocol):
         limits = gateway.config.limits
         self.conn = ServerConnection(server_properties=gateway.server_properties,
                                      frame_max=limits.frame_max, channel_max=limits.channel_max,
-                                     heartbeat=limits.heartbeat)
+                                     heartbeat=limits.heartbeat,
+                                     handshake_timeout=limits.handshake_timeout)
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.peer = "?"
@@ -85,6 +86,7 @@ class AMQPConnection(asyncio.Protocol):
         self.client_properties: dict[str, Any] = {}
         self.opened_at = time.monotonic()
         self.closing_since: float | None = None  # when we sent connection.close
+        self._close_audited = False  # the connection_close record was written already
         self.publisher = False  # has published: subject to W5 blocking
         self.blocked = False  # connection.blocked was sent / reading paused
         self._reading_paused = False  # transport.pause_reading() is in effect
@@ -103,6 +105,7 @@ class AMQPConnection(asyncio.Protocol):
             self.peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             self.from_loopback = is_loopback(host)
         self.gw.connections.add(self)
+        self.conn.tick(time.monotonic())  # starts the core's handshake deadline (SE4)
 
     def data_received(self, data: bytes) -> None:
         self.gw.bytes_in += len(data)
@@ -179,7 +182,7 @@ class AMQPConnection(asyncio.Protocol):
             except Exception:
                 log.exception("session cleanup failed for %s", self.peer)
             self.session = None
-        if self.user is not None:
+        if self.user is not None and not self._close_audited:
             self.gw.audit.emit("connection_close", self.vhost or "/", user=self.user, peer=self.peer,
                                reason="closed" if exc is None else str(exc))
 
@@ -235,8 +238,20 @@ class AMQPConnection(asyncio.Protocol):
                 self.closing_since = time.monotonic()
         elif isinstance(event, ev.HeartbeatTimeout):
             log.info("heartbeat timeout from %s", self.peer)
+        elif isinstance(event, ev.HandshakeTimeout):
+            self._on_handshake_timeout(event)
         # ConnectionClose, ConnectionCloseOk, BadProtocolHeader (W6) and HeartbeatTimeout
         # leave the core CLOSED: _flush() writes what it queued and hangs up.
+
+    def _on_handshake_timeout(self, event: ev.HandshakeTimeout) -> None:
+        limit = self.conn.handshake_timeout
+        reason = f"handshake_timeout: not open after {limit:g} s (state {event.state})"
+        log.info("closing connection %s: %s", self.peer, reason)
+        self.gw.audit.emit("connection_close", self.conn.vhost or "/", user=self.user, peer=self.peer,
+                           reason=reason)
+        self._close_audited = True
+        # RabbitMQ sends nothing and resets the socket (rabbit_net:fast_close); so do we.
+        self._reset()
 
     def _on_start_ok(self, event: Any) -> None:
         self.client_properties = dict(event.client_properties or {})
@@ -294,6 +309,16 @@ class AMQPConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def _reset(self) -> None:
+        """Abort with an RST rather than a FIN (SO_LINGER 0), as RabbitMQ's fast_close."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass  # already gone: the abort below is all that is left to do
+        self._abort()
+
     # -- periodic ---------------------------------------------------------------------------
 
     def tick(self, now_monotonic: float) -> None:
@@ -301,9 +326,6 @@ class AMQPConnection(asyncio.Protocol):
         if self._lost:
             return
         if self.closing_since is not None and now_monotonic - self.closing_since > CLOSE_TIMEOUT:
-            self._abort()
-            return
-        if self.user is None and self.session is None and now_monotonic - self.opened_at > HANDSHAKE_TIMEOUT:
             self._abort()
             return
         for event in self.conn.tick(now_monotonic):
