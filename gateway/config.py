@@ -20,6 +20,13 @@ The users / vhosts / permissions keys use the shape of a RabbitMQ definitions ex
             retention_hours: 168, events: null}
     management: {port: 15672, host: "0.0.0.0"}   # RabbitMQ's management HTTP API + /api/cmq
     metrics: {port: 15692, host: "0.0.0.0"}      # Prometheus /metrics
+    tls:                              # SE2: AMQPS, and HTTPS for management and /metrics
+      certfile: /etc/cmq-gateway/server.pem
+      keyfile: /etc/cmq-gateway/server.key
+      cafile: /etc/cmq-gateway/ca.pem           # RabbitMQ's cacertfile (also accepted)
+      verify: verify_peer                       # or verify_none
+      fail_if_no_peer_cert: false
+      port: 5671                                # on the hosts of `listeners`
 
 With no users at all, the default ``guest``/``guest`` user with full rights on ``/`` exists,
 as in RabbitMQ, and may connect only from loopback.
@@ -43,6 +50,7 @@ __all__ = [
     "GatewayConfig",
     "Limits",
     "Listener",
+    "TLSSettings",
     "default_data_dir",
     "load_config",
 ]
@@ -50,6 +58,7 @@ __all__ = [
 DEFAULT_PORT = 5672
 DEFAULT_MANAGEMENT_PORT = 15672
 DEFAULT_METRICS_PORT = 15692
+DEFAULT_TLS_PORT = 5671
 OFF = -1  # management / metrics explicitly turned off (config `management: off`, `--management-port off`)
 
 
@@ -89,6 +98,27 @@ class AuditSettings:
     events: frozenset[str] | None = None  # None: every event
 
 
+@dataclass(frozen=True, slots=True)
+class TLSSettings:
+    """SE2, with RabbitMQ's ssl_options names (gateway/tls.py builds the SSL context)."""
+
+    certfile: str
+    keyfile: str | None = None  # None: the key is in certfile
+    cafile: str | None = None  # CA bundle for client certificates; RabbitMQ's cacertfile
+    password: str | None = None  # of an encrypted keyfile
+    verify: str = "verify_none"  # or verify_peer: ask for a client certificate
+    fail_if_no_peer_cert: bool = False  # with verify_peer: refuse clients without one
+    port: int = DEFAULT_TLS_PORT  # AMQPS, on the hosts of `listeners`; OFF: no AMQPS listener
+    # Seconds for the TLS handshake itself (RabbitMQ's ssl_handshake_timeout, 5 s); the AMQP
+    # handshake_timeout (SE4) starts once it is done.
+    handshake_timeout: float = 5.0
+    # EXTERNAL login: the user is the client certificate's CN (common_name) or its subject
+    # DN (distinguished_name, RabbitMQ's default).
+    ssl_cert_login_from: str = "common_name"
+    management: bool = True  # serve the management API over HTTPS
+    metrics: bool = True  # serve /metrics over HTTPS
+
+
 @dataclass(slots=True)
 class GatewayConfig:
     listeners: list[Listener] = field(
@@ -108,10 +138,18 @@ class GatewayConfig:
     management_host: str = "0.0.0.0"
     metrics_host: str = "0.0.0.0"
     cluster_name: str = "cmq-gateway"
+    tls: TLSSettings | None = None  # None: no TLS anywhere
 
     @property
     def vhosts(self) -> list[str]:
         return self.users.vhosts
+
+    def tls_listeners(self) -> list[Listener]:
+        """SE2: AMQPS on the port of ``tls``, on every host the plain listeners use."""
+        if self.tls is None or self.tls.port == OFF:
+            return []
+        hosts = list(dict.fromkeys(lst.host for lst in self.listeners)) or ["0.0.0.0", "::"]
+        return [Listener(h, self.tls.port) for h in hosts]
 
     def with_listen(self, host: str | None, port: int | None) -> GatewayConfig:
         """The command line's --host/--port replace the file's listeners."""
@@ -170,6 +208,8 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
         if audit.get("events") is not None:
             audit["events"] = frozenset(str(e) for e in audit["events"])
         cfg.audit = _fill(AuditSettings, audit, "audit")
+    if raw.get("tls") is not None:
+        cfg.tls = _tls(_map(raw, "tls"))
     cfg.management_port = _port_of(raw, "management")
     cfg.metrics_port = _port_of(raw, "metrics")
     for key in ("management", "metrics"):
@@ -212,6 +252,27 @@ def _userdb(raw: Mapping[str, Any]) -> UserDB:
     if not vhosts:
         vhosts = ["/"]
     return UserDB(users, perms, vhosts, frozenset(str(x) for x in loopback))
+
+
+def _tls(section: Mapping[str, Any]) -> TLSSettings:
+    values = dict(section)
+    if "cacertfile" in values:  # RabbitMQ's name for it
+        if "cafile" in values:
+            raise ConfigError("tls: give cafile or cacertfile, not both")
+        values["cafile"] = values.pop("cacertfile")
+    if not values.get("certfile"):
+        raise ConfigError("tls: certfile is required")
+    settings: TLSSettings = _fill(TLSSettings, values, "tls")
+    if settings.verify not in ("verify_none", "verify_peer"):
+        raise ConfigError(f"tls: verify must be verify_none or verify_peer, got {settings.verify!r}")
+    if settings.verify == "verify_peer" and settings.cafile is None:
+        raise ConfigError("tls: verify_peer needs cafile, the CA that signs client certificates")
+    if settings.ssl_cert_login_from not in ("common_name", "distinguished_name"):
+        raise ConfigError("tls: ssl_cert_login_from must be common_name or distinguished_name, "
+                          f"got {settings.ssl_cert_login_from!r}")
+    if settings.port is False or settings.port == "off":
+        settings = dataclasses.replace(settings, port=OFF)
+    return settings
 
 
 def _listener(x: Any) -> Listener:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 from gateway.auth import AuthError, UserDB
 from gateway.protocol import events as ev
 from gateway.protocol.connection import ServerConnection
+from gateway.protocol.sasl import EXTERNAL, offered
 
 if TYPE_CHECKING:
     from gateway.broker import Session
@@ -84,6 +85,8 @@ class AMQPConnection(asyncio.Protocol):
         self.user: str | None = None
         self.vhost: str | None = None
         self.client_properties: dict[str, Any] = {}
+        self.tls = False  # came in on an AMQPS listener (SE2)
+        self.cert_user: str | None = None  # named by a verified client certificate: EXTERNAL
         self.opened_at = time.monotonic()
         self.closing_since: float | None = None  # when we sent connection.close
         self._close_audited = False  # the connection_close record was written already
@@ -105,6 +108,14 @@ class AMQPConnection(asyncio.Protocol):
             self.peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             self.from_loopback = is_loopback(host)
         self.gw.connections.add(self)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:  # the TLS handshake is over: the peer's certificate is known
+            from gateway.tls import peer_username
+
+            self.tls = True
+            tls = self.gw.config.tls
+            self.cert_user = peer_username(ssl_object, tls.ssl_cert_login_from if tls else "common_name")
+            self.conn.mechanisms = offered(external=self.cert_user is not None)
         self.conn.tick(time.monotonic())  # starts the core's handshake deadline (SE4)
 
     def data_received(self, data: bytes) -> None:
@@ -256,11 +267,16 @@ class AMQPConnection(asyncio.Protocol):
     def _on_start_ok(self, event: Any) -> None:
         self.client_properties = dict(event.client_properties or {})
         users: UserDB = self.gw.config.users
+        external = event.mechanism == EXTERNAL and self.cert_user is not None
         try:
-            user = users.authenticate(event.mechanism, event.response, from_loopback=self.from_loopback)
+            if external:
+                assert self.cert_user is not None
+                user = users.authenticate_external(self.cert_user, from_loopback=self.from_loopback)
+            else:
+                user = users.authenticate(event.mechanism, event.response, from_loopback=self.from_loopback)
         except AuthError as e:
             self.gw.audit.emit("auth_failure", "/", peer=self.peer, reason=str(e),
-                               user=_attempted_user(event))
+                               user=self.cert_user if external else _attempted_user(event))
             # W2: authentication_failure_close — a 403 connection.close, not a silent hang-up.
             self._force_close(403, f"ACCESS_REFUSED - {e}")
             return
