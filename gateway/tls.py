@@ -20,7 +20,7 @@ from typing import Any
 
 from gateway.config import ConfigError, TLSSettings
 
-__all__ = ["peer_username", "server_context"]
+__all__ = ["connection_info", "distinguished_name", "peer_username", "server_context"]
 
 # RFC 4514 short names of the subject attributes, as RabbitMQ's rabbit_ssl prints them.
 _SHORT_NAMES = {
@@ -69,14 +69,32 @@ def peer_username(ssl_object: Any, login_from: str) -> str | None:
         return None
     subject = cert.get("subject", ())
     if login_from == "distinguished_name":
-        # rabbit_ssl:peer_cert_subject: the RDNs most specific first, as RFC 4514 orders them.
-        return ",".join("+".join(f"{_SHORT_NAMES.get(k, k)}={_escape(v)}" for k, v in rdn)
-                        for rdn in reversed(subject)) or None
+        return distinguished_name(subject) or None
     for rdn in subject:
         for key, value in rdn:
             if key == "commonName":
                 return str(value)
     return None
+
+
+def distinguished_name(rdns: Any) -> str:
+    """A ``getpeercert()`` subject or issuer as rabbit_ssl prints it: RFC 4514, the RDNs most
+    specific first (``CN=svc,OU=...,O=...``)."""
+    return ",".join("+".join(f"{_SHORT_NAMES.get(k, k)}={_escape(v)}" for k, v in rdn) for rdn in reversed(rdns))
+
+
+def connection_info(ssl_object: Any) -> dict[str, Any]:
+    """The management API's TLS fields of a connection (RabbitMQ's ssl_* and peer_cert_*)."""
+    cipher = ssl_object.cipher()
+    cert = ssl_object.getpeercert() or {}
+    return {
+        "ssl": True,
+        "ssl_protocol": (ssl_object.version() or "").lower() or None,  # "tlsv1.3", as RabbitMQ
+        "ssl_cipher": cipher[0] if cipher else None,
+        "peer_cert_subject": distinguished_name(cert["subject"]) if "subject" in cert else None,
+        "peer_cert_issuer": distinguished_name(cert["issuer"]) if "issuer" in cert else None,
+        "peer_cert_validity": f"{cert['notBefore']} - {cert['notAfter']}" if "notAfter" in cert else None,
+    }
 
 
 def _escape(value: str) -> str:

@@ -87,6 +87,7 @@ class AMQPConnection(asyncio.Protocol):
         self.client_properties: dict[str, Any] = {}
         self.tls = False  # came in on an AMQPS listener (SE2)
         self.cert_user: str | None = None  # named by a verified client certificate: EXTERNAL
+        self.tls_info: dict[str, Any] = {}  # the management API's ssl_* fields (gateway/tls.py)
         self.opened_at = time.monotonic()
         self.closing_since: float | None = None  # when we sent connection.close
         self._close_audited = False  # the connection_close record was written already
@@ -110,9 +111,10 @@ class AMQPConnection(asyncio.Protocol):
         self.gw.connections.add(self)
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:  # the TLS handshake is over: the peer's certificate is known
-            from gateway.tls import peer_username
+            from gateway.tls import connection_info, peer_username
 
             self.tls = True
+            self.tls_info = connection_info(ssl_object)
             tls = self.gw.config.tls
             self.cert_user = peer_username(ssl_object, tls.ssl_cert_login_from if tls else "common_name")
             self.conn.mechanisms = offered(external=self.cert_user is not None)
