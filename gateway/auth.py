@@ -153,6 +153,17 @@ class UserDB:
             raise AuthError(f"user '{username}' can only connect via localhost")
         return user
 
+    def authenticate_external(self, username: str, *, from_loopback: bool) -> User:
+        """EXTERNAL (SE2): the TLS layer vouched for ``username``; the user must still exist,
+        and loopback_users still apply, as RabbitMQ's check_user_login without a password."""
+        user = self.users.get(username)
+        if user is None:
+            raise AuthError("Login was refused using authentication mechanism EXTERNAL. "
+                            "For details see the broker logfile.")
+        if username in self.loopback_users and not from_loopback:
+            raise AuthError(f"user '{username}' can only connect via localhost")
+        return user
+
     def vhost_permission(self, username: str, vhost: str) -> Permission | None:
         """The user's rights on the vhost, None when the vhost is closed to them or unknown."""
         if vhost not in self.vhosts:

@@ -14,6 +14,7 @@ from gateway.config import (
     DEFAULT_MANAGEMENT_PORT,
     DEFAULT_METRICS_PORT,
     DEFAULT_PORT,
+    DEFAULT_TLS_PORT,
     OFF,
     ConfigError,
     default_data_dir,
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=None, metavar="FILE",
                        help="YAML (or JSON) configuration: listeners, data_dir, users, vhosts, "
                             "permissions (a RabbitMQ definitions export works), strict_names, "
-                            "limits, audit; command-line options override it")
+                            "limits, audit, tls; command-line options override it")
     serve.add_argument("--audit-dir", default=None, metavar="DIR",
                        help="directory of the JSON-lines audit log (default: the config's audit.dir, "
                             "else DATA_DIR/audit)")
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=_port_or_off, default=None, metavar="PORT|off",
                        help=f"Prometheus /metrics (default: {DEFAULT_METRICS_PORT}, as RabbitMQ; "
                             "0 picks a free port; off turns it off)")
+    serve.add_argument("--tls-port", type=_port_or_off, default=None, metavar="PORT|off",
+                       help=f"AMQPS (AMQP over TLS) port, on the AMQP hosts (default: {DEFAULT_TLS_PORT}, "
+                            "as RabbitMQ, when the config has a tls section with certfile, keyfile and "
+                            "cafile; 0 picks a free port; off turns it off)")
     serve.add_argument("--salvage", action="store_true", default=None,
                        help="open a store whose confirmed data is damaged: keep every record that "
                             "verifies and copy the damaged bytes aside (config: salvage: true)")
@@ -144,6 +149,12 @@ def _serve(args: argparse.Namespace) -> int:
         config.audit = dataclasses.replace(config.audit, dir=os.path.join(config.data_dir, "audit"))
     if args.salvage:
         config.salvage = True
+    if args.tls_port is not None:
+        if config.tls is None:
+            print("cmq-gateway: --tls-port needs a tls section (certfile, keyfile, ...) in the config",
+                  file=sys.stderr)
+            return 2
+        config.tls = dataclasses.replace(config.tls, port=args.tls_port)
     config.management_port = _operator_port(args.management_port, config.management_port,
                                             DEFAULT_MANAGEMENT_PORT)
     config.metrics_port = _operator_port(args.metrics_port, config.metrics_port, DEFAULT_METRICS_PORT)
@@ -157,6 +168,9 @@ def _serve(args: argparse.Namespace) -> int:
         # line saying which option fixes it, exit 1.
         print(f"cmq-gateway: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:  # found at start, e.g. a TLS certificate that cannot be read
+        print(f"cmq-gateway: {e}", file=sys.stderr)
+        return 2
     except StoreCorruptError as e:
         # Confirmed data is damaged: nothing was changed on disk. One line naming the file
         # and the way out, never a traceback.

@@ -22,6 +22,13 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
             retention_hours: 168, events: null}
     management: {port: 15672, host: "0.0.0.0"}   # or off; RabbitMQ's management HTTP API
     metrics: {port: 15692, host: "0.0.0.0"}      # or off; Prometheus /metrics
+    tls:                              # SE2: AMQPS, and HTTPS for management and /metrics
+      certfile: /etc/cmq-gateway/server.pem
+      keyfile: /etc/cmq-gateway/server.key
+      cafile: /etc/cmq-gateway/ca.pem           # RabbitMQ's cacertfile (also accepted)
+      verify: verify_peer                       # or verify_none
+      fail_if_no_peer_cert: false
+      port: 5671                                # on the hosts of `listeners`
 
 With no users at all, the default ``guest``/``guest`` user with full rights on ``/`` exists,
 as in RabbitMQ, and may connect only from loopback.
@@ -46,6 +53,7 @@ __all__ = [
     "GatewayConfig",
     "Limits",
     "Listener",
+    "TLSSettings",
     "default_data_dir",
     "load_config",
 ]
@@ -53,6 +61,7 @@ __all__ = [
 DEFAULT_PORT = 5672
 DEFAULT_MANAGEMENT_PORT = 15672
 DEFAULT_METRICS_PORT = 15692
+DEFAULT_TLS_PORT = 5671
 OFF = -1  # management / metrics explicitly turned off (config `management: off`, `--management-port off`)
 
 
@@ -78,6 +87,9 @@ class Limits:
     # Fraction of a mark below which connection.unblocked is sent (hysteresis, no flapping).
     low_watermark_ratio: float = 0.8
     max_connections: int = 0  # 0: unlimited
+    # SE4: seconds from accept until connection.open must have been answered (RabbitMQ's
+    # handshake_timeout, 10 s); 0 turns the limit off.
+    handshake_timeout: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +99,27 @@ class AuditSettings:
     rotate_seconds: int = 3600
     retention_hours: int = 168
     events: frozenset[str] | None = None  # None: every event
+
+
+@dataclass(frozen=True, slots=True)
+class TLSSettings:
+    """SE2, with RabbitMQ's ssl_options names (gateway/tls.py builds the SSL context)."""
+
+    certfile: str
+    keyfile: str | None = None  # None: the key is in certfile
+    cafile: str | None = None  # CA bundle for client certificates; RabbitMQ's cacertfile
+    password: str | None = None  # of an encrypted keyfile
+    verify: str = "verify_none"  # or verify_peer: ask for a client certificate
+    fail_if_no_peer_cert: bool = False  # with verify_peer: refuse clients without one
+    port: int = DEFAULT_TLS_PORT  # AMQPS, on the hosts of `listeners`; OFF: no AMQPS listener
+    # Seconds for the TLS handshake itself (RabbitMQ's ssl_handshake_timeout, 5 s); the AMQP
+    # handshake_timeout (SE4) starts once it is done.
+    handshake_timeout: float = 5.0
+    # EXTERNAL login: the user is the client certificate's CN (common_name) or its subject
+    # DN (distinguished_name, RabbitMQ's default).
+    ssl_cert_login_from: str = "common_name"
+    management: bool = True  # serve the management API over HTTPS
+    metrics: bool = True  # serve /metrics over HTTPS
 
 
 @dataclass(slots=True)
@@ -112,10 +145,18 @@ class GatewayConfig:
     # queues, bindings, policies...): imported once the gateway is up, as RabbitMQ's
     # load_definitions does. Empty when the file holds none.
     definitions: dict[str, Any] = field(default_factory=dict)
+    tls: TLSSettings | None = None  # None: no TLS anywhere
 
     @property
     def vhosts(self) -> list[str]:
         return self.users.vhosts
+
+    def tls_listeners(self) -> list[Listener]:
+        """SE2: AMQPS on the port of ``tls``, on every host the plain listeners use."""
+        if self.tls is None or self.tls.port == OFF:
+            return []
+        hosts = list(dict.fromkeys(lst.host for lst in self.listeners)) or ["0.0.0.0", "::"]
+        return [Listener(h, self.tls.port) for h in hosts]
 
     def with_listen(self, host: str | None, port: int | None) -> GatewayConfig:
         """The command line's --host/--port replace the file's listeners."""
@@ -187,6 +228,8 @@ def parse_config(raw: Any) -> GatewayConfig:
     if "events" in audit:
         audit["events"] = frozenset(audit["events"])
     cfg.audit = AuditSettings(**audit)
+    if raw.get("tls") is not None:
+        cfg.tls = _tls(_set(raw["tls"]))
     for key in ("management", "metrics"):
         section = raw.get(key)
         port = section.get("port") if isinstance(section, Mapping) else section
@@ -246,6 +289,21 @@ def _userdb(raw: Mapping[str, Any]) -> UserDB:
         perms[(p["user"], p["vhost"])] = Permission(p["configure"], p["write"], p["read"])
     loopback = raw.get("loopback_users", ["guest"])
     return UserDB(users, perms, vhosts, frozenset(loopback))
+
+
+def _tls(values: dict[str, Any]) -> TLSSettings:
+    """SCHEMA has checked the types; what is left are the rules between keys."""
+    if "cacertfile" in values:  # RabbitMQ's name for it
+        if "cafile" in values:
+            raise ConfigError("config: tls: give cafile or cacertfile, not both")
+        values["cafile"] = values.pop("cacertfile")
+    if not values.get("certfile"):
+        raise ConfigError("config: tls.certfile: required (the server certificate, PEM)")
+    if values.get("verify") == "verify_peer" and values.get("cafile") is None:
+        raise ConfigError("config: tls.verify: verify_peer needs cafile, the CA that signs client certificates")
+    if values.get("port") in (False, "off"):
+        values["port"] = OFF
+    return TLSSettings(**values)
 
 
 def _listener(x: Any) -> Listener:

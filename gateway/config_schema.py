@@ -83,13 +83,15 @@ class Num(Spec):
 
     gt: float | None = None
     hi: float | None = None
+    ge: float | None = None  # an inclusive lower bound, where 0 means "off"
 
     def __post_init__(self) -> None:
-        self.what = "a number" + _range(None, None, self.gt) + (f" and <= {self.hi:g}" if self.hi else "")
+        self.what = ("a number" + _range(self.ge, None, self.gt)
+                     + (f" and <= {self.hi:g}" if self.hi else ""))
 
     def accepts(self, value: Any) -> bool:
         return (type(value) in (int, float) and (self.gt is None or value > self.gt)
-                and (self.hi is None or value <= self.hi))
+                and (self.ge is None or value >= self.ge) and (self.hi is None or value <= self.hi))
 
 
 @dataclass
@@ -254,7 +256,7 @@ LIMITS = Map({
     "low_watermark_ratio": Num(gt=0, hi=1),
     "max_connections": Int(0),
     # Branch alarms.
-    "handshake_timeout": Num(gt=0),
+    "handshake_timeout": Num(ge=0),  # seconds; 0 turns the limit off (SE4)
     "disk_free_limit": Int(0),
     "max_message_size": Int(1, 536870912),
 })
@@ -269,9 +271,15 @@ AUDIT = Map({
 
 TLS = Map({
     "certfile": Str(), "keyfile": Str(), "cafile": Str(),
+    "cacertfile": Str(),  # RabbitMQ's name for cafile
+    "password": Str(),  # of an encrypted keyfile
     "verify": Enum("verify_none", "verify_peer"),
     "fail_if_no_peer_cert": Bool(),
-    "port": PORT,
+    "port": OneOf(PORT, OFF),
+    "handshake_timeout": Num(gt=0),
+    "ssl_cert_login_from": Enum("common_name", "distinguished_name"),
+    "management": Bool(),
+    "metrics": Bool(),
 })
 
 SCHEMA = Map({
@@ -294,7 +302,8 @@ SCHEMA = Map({
     # The rest of a RabbitMQ definitions export (W2: such a file works as-is).
     **{key: Anything() for key in (
         "rabbit_version", "rabbitmq_version", "product_name", "product_version", "topic_permissions",
-        "parameters", "global_parameters", "policies", "queues", "exchanges", "bindings")},
+        "parameters", "global_parameters", "policies", "queues", "exchanges", "bindings",
+        "cmq_http_subscriptions")},
 })
 
 

@@ -21,6 +21,7 @@ broker's flusher makes on its worker thread). Bytes in and out are the transport
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections import defaultdict
@@ -476,11 +477,13 @@ def metrics_app(obj: Any) -> web.Application:
     return app
 
 
-async def start_metrics(obj: Any, host: str = "127.0.0.1", port: int = 15692) -> web.AppRunner:
-    """Serve ``/metrics`` for a Gateway or Broker on (host, port); port 0 picks a free one
-    (``runner.addresses[0][1]``). Stop with ``await runner.cleanup()``."""
+async def start_metrics(obj: Any, host: str = "127.0.0.1", port: int = 15692, *,
+                        ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
+    """Serve ``/metrics`` for a Gateway or Broker on (host, port), over HTTPS with an
+    ``ssl_context`` (SE2); port 0 picks a free one (``runner.addresses[0][1]``). Stop with
+    ``await runner.cleanup()``."""
     runner = web.AppRunner(metrics_app(obj), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     return runner

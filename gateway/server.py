@@ -1,5 +1,8 @@
 """Start and stop the whole gateway: listeners, the broker, the audit log, the periodic tick.
 
+With a ``tls`` section the same AMQP service is also offered over TLS (AMQPS, SE2) on its own
+port, and the management API and /metrics are served over HTTPS.
+
 ``Gateway`` is the in-process API (tests use ``running_gateway`` or, from blocking clients,
 ``gateway_in_thread``); ``run(config)`` is what ``cmq-gateway serve`` calls: uvloop when it is
 installed, SIGTERM/SIGINT for a graceful stop (320 CONNECTION_FORCED to every client, then the
@@ -227,21 +230,38 @@ class Gateway:
         self._servers: list[asyncio.AbstractServer] = []
         self._ticker: asyncio.Task[None] | None = None
         self.addresses: list[tuple[str, int]] = []
+        self.tls_addresses: list[tuple[str, int]] = []  # AMQPS (SE2)
+        self.ssl_context: Any = None  # shared by every TLS listener
         # Bytes read from / written to AMQP clients (metrics: cmq_gateway_*_bytes_total).
         self.bytes_in = 0
         self.bytes_out = 0
         # (name, aiohttp runner) of the management API and /metrics, when served.
         self._operator: list[tuple[str, Any]] = []
         self._locks: list[Any] = []  # DirLocks of the data dir and an audit dir outside it
+        self._https: set[str] = set()  # the names of those served over HTTPS (SE2)
 
     @property
     def port(self) -> int:
-        return self.addresses[0][1]
+        return (self.addresses or self.tls_addresses)[0][1]
+
+    @property
+    def tls_port(self) -> int:
+        return self.tls_addresses[0][1]
 
     async def start(self) -> None:
         from gateway.broker import Broker
 
+        if self.config.tls is not None:
+            from gateway.tls import server_context
+
+            self.ssl_context = server_context(self.config.tls)  # a bad certificate fails fast too
         socks = _bind_all(self.config.listeners)  # before anything else: a taken port fails fast
+        try:
+            tls_socks = _bind_all(self.config.tls_listeners())
+        except BaseException:
+            for s in socks:
+                s.close()
+            raise
         try:
             # The directories' locks before anything in them is touched: a refused second
             # gateway must not close (rename) the running one's open audit file.
@@ -262,13 +282,29 @@ class Gateway:
                 self._servers.append(server)
                 host, port = sock.getsockname()[:2]
                 self.addresses.append((host, port))
+            for sock in tls_socks:
+                await self._serve_tls(sock)
             self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
             await self._start_operator_window()
         except BaseException:
-            for s in socks:
+            for s in socks + tls_socks:
                 s.close()
             await self.stop()  # what did start (the store, the audit log, the locks) is closed
             raise
+
+    async def _serve_tls(self, sock: socket.socket) -> None:
+        assert self.config.tls is not None
+        # SE4: the TLS handshake has its own limit (RabbitMQ's ssl_handshake_timeout); the AMQP
+        # handshake deadline starts when the transport sees the connection, after it.
+        server = await asyncio.get_running_loop().create_server(
+            lambda: AMQPConnection(self), sock=sock, ssl=self.ssl_context,
+            ssl_handshake_timeout=self.config.tls.handshake_timeout or None)
+        self._servers.append(server)
+        self.tls_addresses.append(sock.getsockname()[:2])
+
+    def operator_scheme(self, name: str) -> str:
+        """"https" when the endpoint ``name`` (see operator_addresses) is served over TLS."""
+        return "https" if name in self._https else "http"
 
     def operator_addresses(self) -> list[tuple[str, str]]:
         """("management API" | "metrics", "host:port") of the HTTP endpoints being served."""
@@ -281,18 +317,25 @@ class Gateway:
     async def _start_operator_window(self) -> None:
         """The management API (RabbitMQ's port 15672) and /metrics (15692), when configured."""
         config = self.config
+        tls = config.tls
         if config.management_port is not None:
             from gateway.management import start_management
             where = f"{config.management_host}:{config.management_port} (management API)"
+            ctx = self.ssl_context if tls is not None and tls.management else None
             self._operator.append(("management API", await _operator_listen(
                 where, config.management_port, "management API",
-                start_management(self, config.management_host, config.management_port))))
+                start_management(self, config.management_host, config.management_port, ssl_context=ctx))))
+            if ctx is not None:
+                self._https.add("management API")
         if config.metrics_port is not None:
             from gateway.metrics import start_metrics
             where = f"{config.metrics_host}:{config.metrics_port} (metrics)"
+            ctx = self.ssl_context if tls is not None and tls.metrics else None
             self._operator.append(("metrics", await _operator_listen(
                 where, config.metrics_port, "metrics",
-                start_metrics(self, config.metrics_host, config.metrics_port))))
+                start_metrics(self, config.metrics_host, config.metrics_port, ssl_context=ctx))))
+            if ctx is not None:
+                self._https.add("metrics")
 
     async def stop(self) -> None:
         """Stop accepting, close every client with 320, flush the store, close the audit log."""
@@ -496,8 +539,11 @@ async def _serve(config: GatewayConfig) -> None:
     where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in gw.addresses)
     # One parseable line: scripts (and the restart tests) read the port from it.
     print(f"cmq-gateway: listening on {where} (data dir {config.data_dir})", file=sys.stderr, flush=True)
+    if gw.tls_addresses:
+        where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in gw.tls_addresses)
+        print(f"cmq-gateway: AMQPS (TLS) on {where}", file=sys.stderr, flush=True)
     for name, address in gw.operator_addresses():
-        print(f"cmq-gateway: {name} on http://{address}/", file=sys.stderr, flush=True)
+        print(f"cmq-gateway: {name} on {gw.operator_scheme(name)}://{address}/", file=sys.stderr, flush=True)
     await stop.wait()
     log.info("shutting down")
     await gw.stop()

@@ -22,8 +22,8 @@ restart deliveries to this connection (a slow consumer), and while the gateway i
 memory or store high-water mark (W5) a connection that publishes is sent
 ``connection.blocked`` and no longer read from, until ``connection.unblocked``.
 
-Heartbeats and close timeouts are driven by one periodic ``tick`` from the server for every
-connection, not a timer per connection.
+Heartbeats, the handshake deadline (SE4) and close timeouts are driven by one periodic ``tick``
+from the server for every connection, not a timer per connection.
 """
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import socket
+import struct
 import time
 from typing import TYPE_CHECKING, Any, cast
 
 from gateway.auth import AuthError, UserDB
 from gateway.protocol import events as ev
 from gateway.protocol.connection import ServerConnection
+from gateway.protocol.sasl import EXTERNAL, offered
 
 if TYPE_CHECKING:
     from gateway.broker import Session
@@ -47,8 +50,6 @@ log = logging.getLogger("cmq_gateway.transport")
 
 # A peer that neither answers our connection.close nor hangs up is cut after this long.
 CLOSE_TIMEOUT = 3.0
-# A client that has not finished the handshake by then is cut (RabbitMQ's handshake_timeout).
-HANDSHAKE_TIMEOUT = 10.0
 _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk, ev.ChannelFlow, ev.Method,
                              ev.Content))
 # Events (a publish is one) handled per loop turn before the other connections get theirs,
@@ -75,7 +76,8 @@ class AMQPConnection(asyncio.Protocol):
         limits = gateway.config.limits
         self.conn = ServerConnection(server_properties=gateway.server_properties,
                                      frame_max=limits.frame_max, channel_max=limits.channel_max,
-                                     heartbeat=limits.heartbeat)
+                                     heartbeat=limits.heartbeat,
+                                     handshake_timeout=limits.handshake_timeout)
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.peer = "?"
@@ -83,8 +85,12 @@ class AMQPConnection(asyncio.Protocol):
         self.user: str | None = None
         self.vhost: str | None = None
         self.client_properties: dict[str, Any] = {}
+        self.tls = False  # came in on an AMQPS listener (SE2)
+        self.cert_user: str | None = None  # named by a verified client certificate: EXTERNAL
+        self.tls_info: dict[str, Any] = {}  # the management API's ssl_* fields (gateway/tls.py)
         self.opened_at = time.monotonic()
         self.closing_since: float | None = None  # when we sent connection.close
+        self._close_audited = False  # the connection_close record was written already
         self.publisher = False  # has published: subject to W5 blocking
         self.blocked = False  # connection.blocked was sent / reading paused
         self._reading_paused = False  # transport.pause_reading() is in effect
@@ -103,6 +109,16 @@ class AMQPConnection(asyncio.Protocol):
             self.peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             self.from_loopback = is_loopback(host)
         self.gw.connections.add(self)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:  # the TLS handshake is over: the peer's certificate is known
+            from gateway.tls import connection_info, peer_username
+
+            self.tls = True
+            self.tls_info = connection_info(ssl_object)
+            tls = self.gw.config.tls
+            self.cert_user = peer_username(ssl_object, tls.ssl_cert_login_from if tls else "common_name")
+            self.conn.mechanisms = offered(external=self.cert_user is not None)
+        self.conn.tick(time.monotonic())  # starts the core's handshake deadline (SE4)
 
     def data_received(self, data: bytes) -> None:
         self.gw.bytes_in += len(data)
@@ -179,7 +195,7 @@ class AMQPConnection(asyncio.Protocol):
             except Exception:
                 log.exception("session cleanup failed for %s", self.peer)
             self.session = None
-        if self.user is not None:
+        if self.user is not None and not self._close_audited:
             self.gw.audit.emit("connection_close", self.vhost or "/", user=self.user, peer=self.peer,
                                reason="closed" if exc is None else str(exc))
 
@@ -235,17 +251,34 @@ class AMQPConnection(asyncio.Protocol):
                 self.closing_since = time.monotonic()
         elif isinstance(event, ev.HeartbeatTimeout):
             log.info("heartbeat timeout from %s", self.peer)
+        elif isinstance(event, ev.HandshakeTimeout):
+            self._on_handshake_timeout(event)
         # ConnectionClose, ConnectionCloseOk, BadProtocolHeader (W6) and HeartbeatTimeout
         # leave the core CLOSED: _flush() writes what it queued and hangs up.
+
+    def _on_handshake_timeout(self, event: ev.HandshakeTimeout) -> None:
+        limit = self.conn.handshake_timeout
+        reason = f"handshake_timeout: not open after {limit:g} s (state {event.state})"
+        log.info("closing connection %s: %s", self.peer, reason)
+        self.gw.audit.emit("connection_close", self.conn.vhost or "/", user=self.user, peer=self.peer,
+                           reason=reason)
+        self._close_audited = True
+        # RabbitMQ sends nothing and resets the socket (rabbit_net:fast_close); so do we.
+        self._reset()
 
     def _on_start_ok(self, event: Any) -> None:
         self.client_properties = dict(event.client_properties or {})
         users: UserDB = self.gw.config.users
+        external = event.mechanism == EXTERNAL and self.cert_user is not None
         try:
-            user = users.authenticate(event.mechanism, event.response, from_loopback=self.from_loopback)
+            if external:
+                assert self.cert_user is not None
+                user = users.authenticate_external(self.cert_user, from_loopback=self.from_loopback)
+            else:
+                user = users.authenticate(event.mechanism, event.response, from_loopback=self.from_loopback)
         except AuthError as e:
             self.gw.audit.emit("auth_failure", "/", peer=self.peer, reason=str(e),
-                               user=_attempted_user(event))
+                               user=self.cert_user if external else _attempted_user(event))
             # W2: authentication_failure_close — a 403 connection.close, not a silent hang-up.
             self._force_close(403, f"ACCESS_REFUSED - {e}")
             return
@@ -294,6 +327,16 @@ class AMQPConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def _reset(self) -> None:
+        """Abort with an RST rather than a FIN (SO_LINGER 0), as RabbitMQ's fast_close."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass  # already gone: the abort below is all that is left to do
+        self._abort()
+
     # -- periodic ---------------------------------------------------------------------------
 
     def tick(self, now_monotonic: float) -> None:
@@ -301,9 +344,6 @@ class AMQPConnection(asyncio.Protocol):
         if self._lost:
             return
         if self.closing_since is not None and now_monotonic - self.closing_since > CLOSE_TIMEOUT:
-            self._abort()
-            return
-        if self.user is None and self.session is None and now_monotonic - self.opened_at > HANDSHAKE_TIMEOUT:
             self._abort()
             return
         for event in self.conn.tick(now_monotonic):

@@ -223,13 +223,15 @@ async def _stop_sampler(app: web.Application) -> None:
 
 
 async def start_management(obj: Any, host: str = "127.0.0.1", port: int = 15672, *,
-                           pusher: HttpPusher | None = None) -> web.AppRunner:
+                           pusher: HttpPusher | None = None,
+                           ssl_context: Any = None) -> web.AppRunner:
     """Serve the management API for a Gateway (or a bare Broker) in the running loop, which
-    must be the broker's. Port 0 picks a free port (``runner.addresses[0][1]``); persisted HTTP
-    subscriptions are restored. Stop with ``await runner.cleanup()``."""
+    must be the broker's; over HTTPS with an ``ssl_context`` (an ssl.SSLContext, SE2). Port 0
+    picks a free port (``runner.addresses[0][1]``); persisted HTTP subscriptions are restored.
+    Stop with ``await runner.cleanup()``."""
     app = make_app(obj, pusher)
     app[MGMT].pusher.recover()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     return runner

@@ -270,6 +270,7 @@ def _connection_json(mgmt: Management, conn: Any) -> dict[str, Any]:
         "ssl": False,
         "ssl_protocol": None, "ssl_key_exchange": None, "ssl_cipher": None, "ssl_hash": None,
         "peer_cert_subject": None, "peer_cert_issuer": None, "peer_cert_validity": None,
+        **(getattr(conn, "tls_info", None) or {}),  # SE2: set on AMQPS connections
     }
 
 

@@ -6,7 +6,7 @@ The transport feeds bytes in (``receive_data``), pulls events out (``next_event`
 it needs more bytes or waits for the transport's decision), and writes what
 ``data_to_send`` returns. The broker answers through ``send_*`` / ``close_channel`` /
 ``close``. Nothing here touches a socket or a clock: ``tick(now)`` is called by the
-transport (about once a second) for heartbeats (SPEC W3).
+transport (about once a second) for heartbeats (SPEC W3) and the handshake deadline (SE4).
 
 Connection states (a method on channel 0 moves the connection along the arrows; the two
 states marked * wait on the transport, and ``next_event`` returns None there)::
@@ -62,6 +62,7 @@ from gateway.protocol.events import (
     ConnectionOpen,
     Content,
     Event,
+    HandshakeTimeout,
     HeartbeatTimeout,
     Method,
     ProtocolError,
@@ -110,6 +111,9 @@ _HANDSHAKE = {
     (ConnState.EXPECT_OPEN, C.Connection.Open.index): ConnState.OPENING,
 }
 _WAITING = frozenset((ConnState.AUTHENTICATING, ConnState.OPENING, ConnState.CLOSED))
+# Before OPEN the whole handshake must fit in ``handshake_timeout`` (SE4).
+_HANDSHAKING = frozenset((ConnState.EXPECT_HEADER, ConnState.EXPECT_START_OK, ConnState.AUTHENTICATING,
+                          ConnState.EXPECT_TUNE_OK, ConnState.EXPECT_OPEN, ConnState.OPENING))
 _STATE_NAMES = {  # as rabbit_reader names them in "unexpected method in connection state X"
     ConnState.EXPECT_START_OK: "starting",
     ConnState.EXPECT_TUNE_OK: "tuning",
@@ -130,7 +134,8 @@ class ServerConnection:
 
     def __init__(self, server_properties: Mapping[str, Any] | None = None, *, frame_max: int = 131072,
                  channel_max: int = 2047, heartbeat: int = 60, max_message_size: int = 128 << 20,
-                 mechanisms: str = MECHANISMS, locales: str = "en_US") -> None:
+                 mechanisms: str = MECHANISMS, locales: str = "en_US",
+                 handshake_timeout: float = 10.0) -> None:
         self.server_properties = dict(server_properties or {})  # W1: passed through as given
         self.server_frame_max = frame_max
         self.server_channel_max = channel_max
@@ -138,6 +143,7 @@ class ServerConnection:
         self.max_message_size = max_message_size
         self.mechanisms = mechanisms
         self.locales = locales
+        self.handshake_timeout = handshake_timeout
         # Negotiated values (W3); before tune-ok a frame may be as large as our own limit.
         self.frame_max = frame_max
         self.channel_max = channel_max
@@ -154,6 +160,7 @@ class ServerConnection:
         self._sent = False
         self._last_recv: float | None = None
         self._last_send: float | None = None
+        self._began: float | None = None  # the first tick: the transport calls it on accept
 
     # ------------------------------------------------------------------ properties
 
@@ -646,7 +653,20 @@ class ServerConnection:
 
     def tick(self, now: float) -> list[Event]:
         """W3: queue a heartbeat after one interval of our silence; HeartbeatTimeout (and
-        CLOSED) after two intervals without a byte from the peer."""
+        CLOSED) after two intervals without a byte from the peer. SE4: HandshakeTimeout (and
+        CLOSED, nothing queued) when not OPEN ``handshake_timeout`` seconds after the first tick.
+
+        One deadline for the whole handshake, not one per stage, as RabbitMQ 3.10 does (its
+        ``handshake_timeout`` timer starts at accept): a client that dribbles one method just
+        before each stage's limit would otherwise hold the socket for four limits."""
+        if self._began is None:
+            self._began = now
+        if (self.state in _HANDSHAKING and self.handshake_timeout
+                and now - self._began >= self.handshake_timeout):
+            stuck = self.state
+            self.state = ConnState.CLOSED
+            self._out.clear()
+            return [HandshakeTimeout(stuck.value)]
         if self._last_recv is None or self._last_send is None:
             self._last_recv = self._last_send = now
         if self._received:

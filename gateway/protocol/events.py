@@ -22,6 +22,7 @@ __all__ = [
     "ConnectionOpen",
     "Content",
     "Event",
+    "HandshakeTimeout",
     "HeartbeatTimeout",
     "Method",
     "ProtocolError",
@@ -151,6 +152,14 @@ class HeartbeatTimeout:
 
 
 @dataclass(frozen=True, slots=True)
+class HandshakeTimeout:
+    """SE4: the connection was not open ``handshake_timeout`` seconds after it began; ``state``
+    is the stage it was stuck in (a ``ConnState`` value). Nothing is sent: reset the socket."""
+
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
 class ProtocolError:
     """The peer broke the protocol; connection.close with these values is already queued.
 
@@ -166,4 +175,4 @@ class ProtocolError:
 
 Event = (ProtocolHeaderOK | BadProtocolHeader | StartOk | TuneOk | ConnectionOpen | ChannelOpen
          | ChannelClose | ChannelCloseOk | ChannelFlow | Method | Content | ConnectionClose
-         | ConnectionCloseOk | HeartbeatTimeout | ProtocolError)
+         | ConnectionCloseOk | HeartbeatTimeout | HandshakeTimeout | ProtocolError)

@@ -1,4 +1,5 @@
-"""Decode connection.start-ok responses of the PLAIN and AMQPLAIN mechanisms (SPEC W2).
+"""Decode connection.start-ok responses of the PLAIN and AMQPLAIN mechanisms (SPEC W2), and
+which mechanisms connection.start offers (EXTERNAL, SE2).
 
 The transport authenticates; these only take the response bytes apart.
 """
@@ -9,9 +10,18 @@ import struct
 
 from gateway.protocol.fieldtable import decode_table
 
-__all__ = ["MECHANISMS", "decode_amqplain", "decode_plain", "decode_response"]
+__all__ = ["EXTERNAL", "MECHANISMS", "decode_amqplain", "decode_plain", "decode_response", "offered"]
 
 MECHANISMS = "PLAIN AMQPLAIN"
+# RabbitMQ's rabbitmq_auth_mechanism_ssl: the user is named by the client's TLS certificate and
+# the start-ok response is ignored.
+EXTERNAL = "EXTERNAL"
+
+
+def offered(external: bool) -> str:
+    """connection.start's mechanisms: EXTERNAL only where a verified certificate names a user
+    (RabbitMQ's should_offer), first, as its documentation configures it."""
+    return f"{EXTERNAL} {MECHANISMS}" if external else MECHANISMS
 
 
 def decode_plain(response: bytes) -> tuple[str, str]:

@@ -21,12 +21,14 @@ from tests.integration.differential import blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
-OPERATOR = re.compile(r"(management API|metrics) on http://127\.0\.0\.1:(\d+)/")
+OPERATOR = re.compile(r"(management API|metrics) on https?://127\.0\.0\.1:(\d+)/")
+AMQPS = re.compile(r"AMQPS \(TLS\) on 127\.0\.0\.1:(\d+)")
 
 
 @contextmanager
 def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """`cmq-gateway serve --port 0` on loopback; yields the process and its port."""
+    """`cmq-gateway serve --port 0` on loopback; yields the process and its port (and sets
+    ``proc.operator``, {name: port}, and ``proc.tls_port``, None without a TLS listener)."""
     # The management and metrics ports default to RabbitMQ's 15672/15692 (which the local
     # RabbitMQ's management plugin may hold): free ports here, unless the test names them.
     ports = [] if "--management-port" in extra else ["--management-port", "0", "--metrics-port", "0"]
@@ -36,6 +38,7 @@ def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], 
     assert proc.stderr is not None
     port = None
     proc.operator = {}  # type: ignore[attr-defined]
+    proc.tls_port = None  # type: ignore[attr-defined]
     args = [*ports, *extra]
     # How many "<name> on http://…" lines to wait for: management and metrics unless "off".
     expect_operator = sum(1 for flag in ("--management-port", "--metrics-port")
@@ -43,6 +46,8 @@ def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], 
     for line in proc.stderr:
         if m := LISTENING.search(line):
             port = int(m.group(1))
+        elif m := AMQPS.search(line):
+            proc.tls_port = int(m.group(1))  # type: ignore[attr-defined]
         elif m := OPERATOR.search(line):
             proc.operator[m.group(1)] = int(m.group(2))  # type: ignore[attr-defined]
         if port is not None and len(proc.operator) == expect_operator:  # type: ignore[attr-defined]
