@@ -19,6 +19,7 @@ The users / vhosts / permissions keys use the shape of a RabbitMQ definitions ex
     audit: {dir: /var/log/cmq-gateway, rotate_bytes: 67108864, rotate_seconds: 3600,
             retention_hours: 168, events: null}
     management: {port: 15672, host: "0.0.0.0"}   # RabbitMQ's management HTTP API + /api/cmq
+    push: {allow: ["https://hooks.example.com/*"], allow_addresses: []}   # SE3 (gateway.push_policy)
     metrics: {port: 15692, host: "0.0.0.0"}      # Prometheus /metrics
 
 With no users at all, the default ``guest``/``guest`` user with full rights on ``/`` exists,
@@ -36,6 +37,7 @@ from typing import Any
 import yaml
 
 from gateway.auth import Permission, User, UserDB, hash_password
+from gateway.push_policy import PushPolicy
 
 __all__ = [
     "AuditSettings",
@@ -105,6 +107,8 @@ class GatewayConfig:
     management_host: str = "0.0.0.0"
     metrics_host: str = "0.0.0.0"
     cluster_name: str = "cmq-gateway"
+    # SE3: the URLs HTTP subscriptions may push to; none until an administrator allows some.
+    push: PushPolicy = field(default_factory=PushPolicy)
 
     @property
     def vhosts(self) -> list[str]:
@@ -160,6 +164,11 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
     cfg.cluster_name = str(raw.get("cluster_name", cfg.cluster_name))
     if any(k in raw for k in ("users", "vhosts", "permissions")):
         cfg.users = _userdb(raw)
+    if "push" in raw:
+        try:
+            cfg.push = PushPolicy.parse(_map(raw, "push"))
+        except ValueError as e:
+            raise ConfigError(f"push: {e}") from None
     if "limits" in raw:
         cfg.limits = _fill(Limits, _map(raw, "limits"), "limits")
     if "audit" in raw:
