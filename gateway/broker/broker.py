@@ -631,6 +631,7 @@ class Broker:
         collecting = gc.isenabled()
         gc.disable()
         try:
+            self._recover_accounts()
             try:
                 self._recover_declarations()
             finally:
@@ -642,6 +643,13 @@ class Broker:
         finally:
             if collecting:
                 gc.enable()
+
+    def _recover_accounts(self) -> None:
+        """SE4: users, vhosts and permissions changed over the management API."""
+        users = getattr(self.config, "users", None)
+        if users is not None:
+            from gateway.accounts import Accounts
+            Accounts(users, self).recover()
 
     def _recover_http_subscriptions(self) -> None:
         """D7: persisted HTTP subscriptions come back before the topic-retained messages, so

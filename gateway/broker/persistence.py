@@ -9,6 +9,8 @@ names it belongs to in its value; keys only have to be unique and prefix-searcha
 * ``m/<vhost>/<queue>/<msg_id>``  binary: a persistent message in a durable queue
 * ``t/<vhost>/<exchange>/<msg_id>``  binary: a persistent message a durable topic retains
   for retries (D2), with the subscriptions still owed it
+* ``u/user/<name>``, ``u/vhost/<name>``, ``u/perm/<vhost>/<user>``  JSON: a user, vhost or
+  permission changed at run time, or its tombstone (gateway.accounts, SE4)
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import struct
 from typing import Any
 
 __all__ = [
+    "ACCOUNTS_PREFIX",
     "binding_key",
     "decode_json",
     "decode_message",
@@ -25,10 +28,13 @@ __all__ = [
     "encode_message",
     "exchange_key",
     "message_key",
+    "permission_key",
     "queue_key",
     "decode_retained",
     "encode_retained",
     "retained_key",
+    "user_key",
+    "user_vhost_key",
 ]
 
 _MSG_HEAD = struct.Struct(">BdHHHHI")  # version, enqueue time, 4 name lengths, props length
@@ -49,6 +55,21 @@ def binding_key(vhost: str, source: str, kind: str, dest: str, key: str) -> str:
 
 def message_key(vhost: str, queue: str, msg_id: str) -> str:
     return f"m/{vhost}/{queue}/{msg_id}"
+
+
+ACCOUNTS_PREFIX = "u/"
+
+
+def user_key(name: str) -> str:
+    return f"u/user/{name}"
+
+
+def user_vhost_key(name: str) -> str:
+    return f"u/vhost/{name}"
+
+
+def permission_key(vhost: str, user: str) -> str:
+    return f"u/perm/{vhost}/{user}"
 
 
 def _plain(value: Any) -> Any:

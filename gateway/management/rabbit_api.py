@@ -16,18 +16,23 @@ Vhost names are URL-encoded in paths (``%2F`` is ``/``), as in RabbitMQ (M1).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import math
 import re
+import struct
 import time
 from typing import Any
 from urllib.parse import quote
 
 from aiohttp import web
 
+from gateway.accounts import Accounts
 from gateway.auth import Permission, User, hash_password
 from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
+from gateway.protocol.properties import Properties
 from semantics.names import cmq_name
 
 __all__ = ["COMPAT_VERSION", "add_routes", "queue_json"]
@@ -328,7 +333,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r = app.router
 
     async def overview(request: web.Request) -> web.Response:
-        names = mgmt.vhost_names(request)
+        names = mgmt.visible_vhosts(request[USER])
         queues = _queues(mgmt, request, names)
         c = mgmt.counters
         stats: dict[str, Any] = {}
@@ -384,7 +389,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                 "messages_unacknowledged": unacked, "messages_unacknowledged_details": {"rate": 0.0}}
 
     async def vhosts(request: web.Request) -> web.Response:
-        return web.json_response(_paged(request, [vhost_json(v) for v in mgmt.vhost_names(request)]))
+        return web.json_response(_paged(request, [vhost_json(v) for v in mgmt.visible_vhosts(request[USER])]))
 
     async def vhost(request: web.Request) -> web.Response:
         name = request.match_info["vhost"]
@@ -471,6 +476,41 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         vh.delete_exchange(name, if_unused=request.query.get("if-unused") == "true", user=request[USER].name)
         return web.Response(status=204)
 
+    async def exchange_publish(request: web.Request) -> web.Response:
+        """RabbitMQ's publish over HTTP (write permission: authz), answering ``routed``."""
+        vh = mgmt.vhost(request.match_info["vhost"])
+        name = request.match_info["name"]
+        if name == "amq.default":
+            name = ""
+        if name and name not in vh.exchanges:
+            raise not_found()
+        body = await read_json(request)
+        for key in ("routing_key", "properties", "payload", "payload_encoding"):
+            if key not in body:
+                raise bad_request(f"[{{key_missing,{key}}}]")
+        payload, encoding = body["payload"], body["payload_encoding"]
+        if not isinstance(payload, str):
+            raise bad_request("payload_not_string")
+        if encoding == "string":
+            data = payload.encode()
+        elif encoding == "base64":
+            try:
+                data = base64.b64decode(payload, validate=True)
+            except (binascii.Error, ValueError):
+                raise bad_request("payload is not valid base64")
+        else:
+            raise bad_request(f"{{unsupported_encoding,{encoding}}}")
+        props = body["properties"] or {}
+        if not isinstance(props, dict):
+            raise bad_request("properties must be a JSON object")
+        try:
+            properties = Properties.build(**props)
+        except (TypeError, ValueError, OverflowError, struct.error) as e:
+            raise bad_request(f"properties: {e}")
+        user = request[USER].name
+        out = vh.publish(name, str(body["routing_key"]), properties, data, user=user, peer=request.remote)
+        return web.json_response({"routed": out.routed})
+
     async def bindings(request: web.Request) -> web.Response:
         return web.json_response(_bindings(mgmt, mgmt.vhosts_in(request)))
 
@@ -484,21 +524,29 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         args = jsonable(body.get("arguments") or {})
         return web.Response(status=201, headers={"Location": _properties_key(key, args)})
 
+    def own(request: web.Request, items: list[dict[str, Any]], user_of: Any) -> list[dict[str, Any]]:
+        """SE1: a user's own connections, channels and consumers; all for monitors and
+        administrators (RabbitMQ's filter_user)."""
+        if mgmt.sees_all_connections(request):
+            return items
+        name = request[USER].name
+        return [i for i in items if user_of(i) == name]
+
     async def connections(request: web.Request) -> web.Response:
-        names = set(mgmt.vhost_names(request))
         items = [_connection_json(mgmt, c) for c in mgmt.target.connections]
-        return web.json_response(_paged(request, [c for c in items if c["vhost"] in names]))
+        return web.json_response(_paged(request, own(request, items, lambda c: c["user"])))
 
     async def channels(request: web.Request) -> web.Response:
-        items = [_channel_json(mgmt, ch) for ch in _channels(mgmt, set(mgmt.vhost_names(request)))]
-        return web.json_response(_paged(request, items))
+        items = [_channel_json(mgmt, ch) for ch in _channels(mgmt, set(mgmt.broker.vhosts))]
+        return web.json_response(_paged(request, own(request, items, lambda c: c["user"])))
 
     async def consumers(request: web.Request) -> web.Response:
+        v = request.match_info.get("vhost")
         out = []
-        for v in mgmt.vhosts_in(request):
-            for q in list(mgmt.vhost(v).queues.values()):
+        for name in [v] if v is not None else sorted(mgmt.broker.vhosts):
+            for q in list(mgmt.vhost(name).queues.values()):
                 out.extend(_consumers_of(mgmt, q))
-        return web.json_response(out)
+        return web.json_response(own(request, out, lambda k: k["channel_details"]["user"]))
 
     async def alarms(request: web.Request) -> web.Response:
         alarm = mgmt.target.alarm
@@ -509,13 +557,15 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                                   "alarms": [{"node": NODE, "resource": resource}]}, status=503)
 
     async def definitions_get(request: web.Request) -> web.Response:
-        return web.json_response(export_definitions(mgmt, mgmt.vhosts_in(request)))
+        # A vhost's export holds no users or permissions, as RabbitMQ's.
+        return web.json_response(export_definitions(mgmt, mgmt.vhosts_in(request),
+                                                    with_users="vhost" not in request.match_info))
 
     async def definitions_post(request: web.Request) -> web.Response:
         body = await read_json(request)
         v = request.match_info.get("vhost")
         if v is not None:
-            mgmt.check_vhost(request, v)
+            mgmt.vhost(v)
         import_definitions(mgmt, body, only_vhost=v)
         return web.Response(status=204)
 
@@ -535,6 +585,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_get("/api/exchanges/{vhost}/{name}", exchange)
     r.add_put("/api/exchanges/{vhost}/{name}", exchange_put)
     r.add_delete("/api/exchanges/{vhost}/{name}", exchange_delete)
+    r.add_post("/api/exchanges/{vhost}/{name}/publish", exchange_publish)
     r.add_get("/api/bindings", bindings)
     r.add_get("/api/bindings/{vhost}", bindings)
     r.add_post("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", binding_post)
@@ -552,8 +603,10 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
 # -- definitions (RabbitMQ's export format) ---------------------------------------------------------
 
 
-def export_definitions(mgmt: Management, vhosts: list[str]) -> dict[str, Any]:
-    users = mgmt.target.users
+def export_definitions(mgmt: Management, vhosts: list[str], *, with_users: bool = True) -> dict[str, Any]:
+    """RabbitMQ's export. Only an administrator gets here (authz: the definitions routes),
+    the one place password hashes leave the gateway besides /api/users (SE1)."""
+    users = mgmt.target.users if with_users else None
     out: dict[str, Any] = {
         "rabbit_version": COMPAT_VERSION, "rabbitmq_version": COMPAT_VERSION,
         "product_name": "cmq-gateway", "product_version": COMPAT_VERSION,
@@ -601,14 +654,16 @@ def import_definitions(mgmt: Management, body: dict[str, Any], only_vhost: str |
     def vhost_of(item: dict[str, Any]) -> str:
         return only_vhost if only_vhost is not None else str(item.get("vhost", "/"))
 
+    # SE4: users, vhosts and permissions through Accounts, which journals them in the store.
+    accounts = Accounts(users, broker) if users is not None else None
     try:
         if only_vhost is None:
             for v in body.get("vhosts", []):
                 name = str(v["name"])
                 broker.vhost(name)
-                if users is not None and name not in users.vhosts:
-                    users.vhosts.append(name)
-            if users is not None:
+                if accounts is not None:
+                    accounts.put_vhost(name)
+            if accounts is not None:
                 for u in body.get("users", []):
                     tags = u.get("tags", [])
                     if isinstance(tags, str):
@@ -617,10 +672,10 @@ def import_definitions(mgmt: Management, body: dict[str, Any], only_vhost: str |
                         pw = str(u["password_hash"])
                     else:
                         pw = hash_password(str(u.get("password", "")))
-                    users.users[str(u["name"])] = User(str(u["name"]), pw, tuple(str(t) for t in tags))
+                    accounts.put_user(str(u["name"]), pw, (str(t) for t in tags))
                 for p in body.get("permissions", []):
-                    users.permissions[str(p["user"]), str(p["vhost"])] = Permission(
-                        str(p["configure"]), str(p["write"]), str(p["read"]))
+                    accounts.set_permission(str(p["user"]), str(p["vhost"]), Permission(
+                        str(p["configure"]), str(p["write"]), str(p["read"])))
         for x in body.get("exchanges", []):
             vh = mgmt.vhost(vhost_of(x))
             vh.declare_exchange(str(x["name"]), str(x["type"]), passive=False, durable=bool(x.get("durable", True)),
