@@ -26,6 +26,10 @@ itself (docs/ARCHITECTURE.md); an :class:`HttpPusher` registers :meth:`HttpPushe
 for ``"http"`` when it is created, and is the broker's ``http_pusher`` from then on (a later
 pusher for the same broker takes over its subscriptions).
 
+SE3: a subscription's URL must match the config's ``push.allow`` and its host's addresses be
+public (or in ``push.allow_addresses``), checked when it is created and again at every
+delivery by the client's resolver, on the addresses it connects to (gateway.push_policy).
+
 HTTP subscriptions of durable exchanges are kept in the broker's store under
 ``s/<vhost>/<exchange>/<subscription>`` and come back with :meth:`HttpPusher.recover`, which
 the broker runs while it recovers, before the topic-retained messages, so that a retained
@@ -148,9 +152,8 @@ class HttpPusher:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            resolver = PolicyResolver(self.policy) if self.policy is not None else None
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._pool_size, resolver=resolver),
+                connector=aiohttp.TCPConnector(limit=self._pool_size, resolver=PolicyResolver(lambda: self.policy)),
                 timeout=aiohttp.ClientTimeout(total=self.timeout))
         return self._session
 

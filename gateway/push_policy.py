@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -117,17 +117,20 @@ def _public(a: IPAddress) -> bool:
 
 class PolicyResolver(AbstractResolver):
     """aiohttp's resolver, refusing a host any of whose addresses the policy refuses: the
-    check is on the addresses the client connects to (DNS rebinding, SE3)."""
+    check is on the addresses the client connects to (DNS rebinding, SE3). ``policy`` is
+    asked at each resolution (the pusher's current one)."""
 
-    def __init__(self, policy: PushPolicy) -> None:
+    def __init__(self, policy: Callable[[], PushPolicy | None]) -> None:
         self.policy = policy
         self._inner = DefaultResolver()
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         results = await self._inner.resolve(host, port, family)
+        policy = self.policy()
         try:
-            self.policy.check_addresses([r["host"] for r in results], host)
+            if policy is not None:
+                policy.check_addresses([r["host"] for r in results], host)
         except PushRefused as e:
             raise OSError(str(e)) from None
         return results

@@ -168,6 +168,16 @@ class Broker:
         self._on_durable(durable)
         return durable
 
+    async def flush(self) -> int:
+        """Everything persisted so far is durable when this returns (a management change
+        answered only once it would survive a crash, SE4). On the flusher's thread, so
+        the two never sync at once."""
+        if self._loop is None:
+            return self.sync_now()
+        durable = await self._loop.run_in_executor(self._executor, self.store.sync)
+        self._on_durable(durable)
+        return durable
+
     async def _flush_loop(self) -> None:
         # One executor thread syncs whatever piled up while the last sync ran: group commit.
         assert self._dirty is not None and self._loop is not None

@@ -7,7 +7,7 @@
 Shapes as RabbitMQ's: a user is ``{name, password_hash, hashing_algorithm, tags, limits}``
 (RabbitMQ shows administrators the hash here too), a permission ``{user, vhost, configure,
 write, read}``; PUT answers 201 when it created, 204 when it changed. Every change goes
-through gateway.accounts and so is in the store (SE4). Deleting a user or a vhost closes
+through gateway.accounts into the store and is answered once it is durable (SE4). Deleting a user or a vhost closes
 the AMQP connections that use it (320 CONNECTION_FORCED), as RabbitMQ does.
 """
 
@@ -118,12 +118,14 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         current = acc.users.users.get(name)
         tags = _tags(body.get("tags")) if "tags" in body or current is None else list(current.tags)
         acc.put_user(name, _password_hash(body, current), tags)
+        await mgmt.broker.flush()
         return web.Response(status=204 if current is not None else 201)
 
     async def user_delete(request: web.Request) -> web.Response:
         name = request.match_info["user"]
         if not accounts().delete_user(name):
             raise not_found()
+        await mgmt.broker.flush()
         close_connections(lambda c: c.user == name, "user deleted")
         return web.Response(status=204)
 
@@ -136,6 +138,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
 
     async def vhost_put(request: web.Request) -> web.Response:
         created = accounts().put_vhost(request.match_info["vhost"])
+        await mgmt.broker.flush()
         return web.Response(status=201 if created else 204)
 
     async def vhost_delete(request: web.Request) -> web.Response:
@@ -150,6 +153,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             vh.delete_exchange(xname, if_unused=False)
         del mgmt.broker.vhosts[name]
         accounts().forget_vhost(name)
+        await mgmt.broker.flush()
         return web.Response(status=204)
 
     async def vhost_permissions(request: web.Request) -> web.Response:
@@ -183,12 +187,14 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         perm = Permission(_pattern(body, "configure"), _pattern(body, "write"), _pattern(body, "read"))
         existed = (name, v) in acc.users.permissions
         acc.set_permission(name, v, perm)
+        await mgmt.broker.flush()
         return web.Response(status=204 if existed else 201)
 
     async def permission_delete(request: web.Request) -> web.Response:
         acc, name, v = user_and_vhost(request)
         if not acc.clear_permission(name, v):
             raise not_found()
+        await mgmt.broker.flush()
         return web.Response(status=204)
 
     r.add_get("/api/users", users)

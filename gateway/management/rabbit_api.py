@@ -567,6 +567,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         if v is not None:
             mgmt.vhost(v)
         import_definitions(mgmt, body, only_vhost=v)
+        await mgmt.broker.flush()  # SE4: imported users and permissions are durable
         return web.Response(status=204)
 
     r.add_get("/api/overview", overview)
