@@ -591,6 +591,17 @@ class Broker:
         if q.cmq.delete(receipt, self.clock.now()):
             self._unpersist_msg(q, receipt.message)
 
+    def drop_received(self, q: BrokerQueue, receipt: Q.Receipt, user: str | None = None) -> None:
+        """A received message rejected without requeue outside a channel (the management
+        API's get): deleted, then dead-lettered or discarded (M13)."""
+        m = q.cmq.drop(receipt, self.clock.now())
+        if m is None:
+            return
+        self._unpersist_msg(q, m)
+        if not self._dead_letter_exchange(self.vhosts[q.vhost], q, m, "rejected"):
+            self.audit.emit("discard", q.vhost, queue=q.name, msg_id=m.msg_id, size=m.size, reason="rejected",
+                            user=user)
+
     def ack(self, session: Session, u: Unacked) -> None:
         """M12: CMQ DeleteMessage with this delivery's receipt handle; stale: nothing (Q3)."""
         q = u.queue

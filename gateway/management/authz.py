@@ -110,6 +110,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("PUT", "/api/queues/{vhost}/{name}"): Q_CONFIGURE,
     ("DELETE", "/api/queues/{vhost}/{name}"): Q_CONFIGURE,
     ("DELETE", "/api/queues/{vhost}/{name}/contents"): _on(("read", "queue", "name")),
+    ("POST", "/api/queues/{vhost}/{name}/get"): _on(("read", "queue", "name")),
     ("GET", "/api/queues/{vhost}/{name}/bindings"): VHOST,
     ("GET", "/api/exchanges"): ANY,
     ("GET", "/api/exchanges/{vhost}"): VHOST,
@@ -120,6 +121,9 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/bindings"): ANY,
     ("GET", "/api/bindings/{vhost}"): VHOST,
     ("POST", "/api/bindings/{vhost}/e/{source}/{kind}/{dest}"): BIND,
+    ("GET", "/api/bindings/{vhost}/e/{source}/{kind}/{dest}"): VHOST,
+    ("GET", "/api/bindings/{vhost}/e/{source}/{kind}/{dest}/{props}"): VHOST,
+    ("DELETE", "/api/bindings/{vhost}/e/{source}/{kind}/{dest}/{props}"): BIND,
     ("GET", "/api/connections"): ANY,  # lists filtered: own connections unless monitoring
     ("GET", "/api/channels"): ANY,
     ("GET", "/api/consumers"): ANY,

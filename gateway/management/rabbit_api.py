@@ -40,6 +40,7 @@ __all__ = ["COMPAT_VERSION", "add_routes", "queue_json"]
 # The RabbitMQ management API version whose shapes this follows.
 COMPAT_VERSION = "3.12.0"
 NODE = "cmq-gateway@localhost"
+GET_ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 EXCHANGE_TYPES = [
     {"name": "direct", "description": "CMQ topic filtering by tag (M2)", "enabled": True},
     {"name": "fanout", "description": "CMQ topic, subscriptions without a filter (M4)", "enabled": True},
@@ -437,6 +438,61 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         vh.purge_queue(None, name, request[USER].name)
         return web.Response(status=204)
 
+    async def queue_get(request: web.Request) -> web.Response:
+        """RabbitMQ's "get messages" (read permission: authz): ``count`` CMQ receives, then
+        each received message acked (deleted), requeued (Active again, redelivered next
+        time) or rejected (dead-lettered or dropped), as ``ackmode`` says."""
+        vh, name = existing_queue(request)
+        q = vh.queues[name]
+        body = await read_json(request)
+        for key in ("count", "ackmode", "encoding"):
+            if key not in body:
+                raise bad_request(f"[{{key_missing,{key}}}]")
+        count, mode, encoding = body["count"], body["ackmode"], body["encoding"]
+        truncate = body.get("truncate")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise bad_request("count must be a positive integer")
+        if mode not in GET_ACKMODES:
+            raise bad_request(f"Invalid ackmode: {mode}")
+        if encoding not in ("auto", "base64"):
+            raise bad_request(f"Unsupported encoding: {encoding}")
+        broker, now = mgmt.broker, mgmt.broker.now()
+        receipts: list[Any] = []
+        while len(receipts) < count and (receipt := q.receive(now)) is not None:
+            receipts.append(receipt)
+        out = []
+        for i, receipt in enumerate(receipts):
+            m = receipt.message
+            msg = m.payload
+            data = bytes(getattr(msg, "body", b""))
+            shown = data[:truncate] if isinstance(truncate, int) and not isinstance(truncate, bool) else data
+            text = None
+            if encoding == "auto":
+                try:
+                    text = shown.decode()
+                except UnicodeDecodeError:
+                    text = None
+            props = getattr(msg, "properties", None)
+            out.append({"payload_bytes": len(data), "redelivered": m.receive_count > 1,
+                        "exchange": getattr(msg, "exchange", ""), "routing_key": getattr(msg, "routing_key", ""),
+                        "message_count": q.message_count + len(receipts) - i - 1,
+                        "properties": jsonable(props.as_dict()) if props is not None else {},
+                        "payload": text if text is not None else base64.b64encode(shown).decode(),
+                        "payload_encoding": "string" if text is not None else "base64"})
+        user = request[USER].name
+        for receipt in receipts:
+            m = receipt.message
+            if mode == "ack_requeue_false":
+                broker.settle_deleted(q, receipt)
+                broker.audit.emit("ack", vh.name, queue=q.name, msg_id=m.msg_id, user=user)
+            elif mode.endswith("requeue_true"):
+                q.cmq.release(receipt, now)
+                broker.audit.emit("requeue", vh.name, queue=q.name, msg_id=m.msg_id, user=user)
+            else:
+                broker.drop_received(q, receipt, user)
+        broker.after_queue_change(vh, q)
+        return web.json_response(out)
+
     async def queue_bindings(request: web.Request) -> web.Response:
         vh, name = existing_queue(request)
         out = [b for b in _bindings(mgmt, [vh.name])
@@ -532,6 +588,36 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         name = request[USER].name
         return [i for i in items if user_of(i) == name]
 
+    def pair_bindings(request: web.Request) -> tuple[Any, list[dict[str, Any]]]:
+        """The vhost and the bindings from the path's source to its destination."""
+        m = request.match_info
+        vh = mgmt.vhost(m["vhost"])
+        source = "" if m["source"] == "amq.default" else m["source"]
+        kind = "queue" if m["kind"] == "q" else "exchange"
+        return vh, [b for b in _bindings(mgmt, [vh.name])
+                    if (b["source"], b["destination_type"], b["destination"]) == (source, kind, m["dest"])]
+
+    def one_binding(request: web.Request) -> tuple[Any, dict[str, Any]]:
+        vh, pair = pair_bindings(request)
+        b = next((b for b in pair if b["properties_key"] == request.match_info["props"]), None)
+        if b is None:
+            raise not_found()
+        return vh, b
+
+    async def binding_list(request: web.Request) -> web.Response:
+        return web.json_response(pair_bindings(request)[1])
+
+    async def binding_get(request: web.Request) -> web.Response:
+        return web.json_response(one_binding(request)[1])
+
+    async def binding_delete(request: web.Request) -> web.Response:
+        """RabbitMQ's unbind by properties key (read on the source, write on the
+        destination: authz)."""
+        vh, b = one_binding(request)
+        kind = "q" if b["destination_type"] == "queue" else "x"
+        vh.unbind(None, b["source"], (kind, b["destination"]), b["routing_key"], user=request[USER].name)
+        return web.Response(status=204)
+
     async def connections(request: web.Request) -> web.Response:
         items = [_connection_json(mgmt, c) for c in mgmt.target.connections]
         return web.json_response(_paged(request, own(request, items, lambda c: c["user"])))
@@ -581,6 +667,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_delete("/api/queues/{vhost}/{name}", queue_delete)
     r.add_delete("/api/queues/{vhost}/{name}/contents", queue_purge)
     r.add_get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
+    r.add_post("/api/queues/{vhost}/{name}/get", queue_get)
     r.add_get("/api/exchanges", exchanges)
     r.add_get("/api/exchanges/{vhost}", exchanges)
     r.add_get("/api/exchanges/{vhost}/{name}", exchange)
@@ -590,6 +677,9 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_get("/api/bindings", bindings)
     r.add_get("/api/bindings/{vhost}", bindings)
     r.add_post("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", binding_post)
+    r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", binding_list)
+    r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", binding_get)
+    r.add_delete("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", binding_delete)
     r.add_get("/api/connections", connections)
     r.add_get("/api/channels", channels)
     r.add_get("/api/consumers", consumers)

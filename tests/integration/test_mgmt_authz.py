@@ -99,7 +99,8 @@ def _get_paths(og: OperatorGateway) -> list[str]:
     for r in app.router.routes():
         if r.method == "GET" and r.resource is not None:
             path = r.resource.canonical
-            for key, value in (("vhost", "/"), ("name", "q"), ("exchange", "x"), ("queue", "q"), ("user", "admin")):
+            for key, value in (("vhost", "/"), ("name", "q"), ("exchange", "x"), ("queue", "q"), ("user", "admin"),
+                               ("source", "x"), ("kind", "q"), ("dest", "q"), ("props", "k")):
                 path = path.replace("{" + key + "}", quote(value, safe=""))
             out.append(path)
     return out
@@ -138,7 +139,7 @@ async def test_SE1_no_password_hash_leaves_except_to_an_administrator(og: Operat
 
 async def test_SE1_permission_patterns_apply_to_http_declare_delete_bind_publish_purge(og: OperatorGateway) -> None:
     """Issue 11 item 8: alice (configure ^$) can declare and delete nothing, not even bob's
-    queue; carol (write ^$, read ^$) can neither publish, bind into a queue, nor purge. The
+    queue; carol (write ^$, read ^$) can neither publish, bind into a queue, get, nor purge. The
     refusal is RabbitMQ's 401 not_authorised naming the access."""
     assert (await call(og, "PUT", "/api/queues/%2F/bobs", "bob", {"durable": True}))[0] == 201
     assert (await call(og, "PUT", "/api/exchanges/%2F/bx", "bob", {"type": "direct"}))[0] == 201
@@ -150,7 +151,9 @@ async def test_SE1_permission_patterns_apply_to_http_declare_delete_bind_publish
         ("POST", "/api/exchanges/%2F/bx/publish", "carol",
          {"routing_key": "k", "properties": {}, "payload": "x", "payload_encoding": "string"}),
         ("POST", "/api/bindings/%2F/e/bx/q/bobs", "carol", {"routing_key": "k"}),
+        ("DELETE", "/api/bindings/%2F/e/bx/q/bobs/k", "carol", None),
         ("DELETE", "/api/queues/%2F/bobs/contents", "carol", None),
+        ("POST", "/api/queues/%2F/bobs/get", "carol", {"count": 1, "ackmode": "ack_requeue_false", "encoding": "auto"}),
         ("DELETE", "/api/cmq/queues/%2F/bobs/messages", "carol", None),
     ]
     for method, path, user, body in refused:
@@ -165,6 +168,15 @@ async def test_SE1_permission_patterns_apply_to_http_declare_delete_bind_publish
                                 {"routing_key": "k", "properties": {}, "payload": "hi", "payload_encoding": "string"})
     assert (status, routed) == (200, {"routed": True})
     assert vh.queues["bobs"].cmq.active == 1
+    # alice reads it (read .*): requeued first, then acked away.
+    get = {"count": 5, "ackmode": "ack_requeue_true", "encoding": "auto"}
+    status, got = await call(og, "POST", "/api/queues/%2F/bobs/get", "alice", get)
+    assert status == 200
+    assert [(m["payload"], m["redelivered"], m["exchange"], m["routing_key"]) for m in got] == [("hi", False, "bx", "k")]
+    status, got = await call(og, "POST", "/api/queues/%2F/bobs/get", "alice", {**get, "ackmode": "ack_requeue_false"})
+    assert (status, got[0]["redelivered"], vh.queues["bobs"].cmq.active) == (200, True, 0)
+    assert (await call(og, "DELETE", "/api/bindings/%2F/e/bx/q/bobs/k", "alice"))[0] == 204  # unbind
+    assert (await call(og, "GET", "/api/bindings/%2F/e/bx/q/bobs", "alice"))[1] == []
     assert (await call(og, "DELETE", "/api/queues/%2F/bobs", "bob"))[0] == 204
 
 

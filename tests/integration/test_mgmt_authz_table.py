@@ -74,6 +74,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/api/exchanges/{vhost}/{name}/publish"):
         {"routing_key": "k", "properties": {}, "payload": "hi", "payload_encoding": "string"},
     ("POST", "/api/bindings/{vhost}/e/{source}/{kind}/{dest}"): {"routing_key": "k"},
+    ("POST", "/api/queues/{vhost}/{name}/get"): {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"},
     ("PUT", "/api/cmq/topics/{vhost}/{exchange}/attributes"): {"maxMsgSize": 65536},
     ("POST", "/api/cmq/topics/{vhost}/{exchange}/subscriptions"):
         {"subscriptionName": "hook2", "endpoint": NOWHERE},
@@ -116,13 +117,14 @@ def reset(og: OperatorGateway) -> None:
         for name in ("hook", "hook2"):
             og.pusher.unsubscribe(v, "x", name)
         og.pusher.subscribe(v, "x", "hook", NOWHERE)
+        vh.bind(None, "x", ("q", "q"), "k", {})
 
 
 def concrete(path: str, vhost: str) -> str:
     """The route's path with every parameter naming an object reset() made."""
     name = "hook" if "/subscriptions/" in path else "x" if path.startswith("/api/exchanges") else "q"
     values = {"vhost": vhost, "name": name, "exchange": "x", "queue": "q", "source": "x", "kind": "q",
-              "dest": "q", "user": "victim"}
+              "dest": "q", "user": "victim", "props": "k"}
     for key, value in values.items():
         path = path.replace("{" + key + "}", quote(value, safe=""))
     return path
