@@ -17,7 +17,7 @@ from gateway.config import (
     default_data_dir,
     load_config,
 )
-from semantics.store import StoreCorruptError, StoreLockedError
+from semantics.store import StoreCorruptError, StoreFormatError, StoreLockedError
 
 __all__ = ["build_parser", "main"]
 
@@ -152,7 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
               "--salvage (or salvage: true in the config) to keep every record that verifies "
               "and set the damaged bytes aside", file=sys.stderr)
         return 3
-    except StoreLockedError as e:
+    except (StoreLockedError, StoreFormatError) as e:
         print(f"cmq-gateway: {e}", file=sys.stderr)
         return 1
     return 0

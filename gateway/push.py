@@ -49,6 +49,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway.broker import persistence as P
 from gateway.push_policy import PolicyResolver, PushPolicy, PushRefused
 from semantics.names import validate_topic_name
 from semantics.retry import DEFAULT_STRATEGY, NotifyStrategy
@@ -62,7 +63,6 @@ log = logging.getLogger("cmq_gateway.push")
 PUSH_TIMEOUT = 15.0
 USER_AGENT = "Qcloud Notification Service Agent"
 FORMATS = ("JSON", "SIMPLIFIED")
-STORE_PREFIX = "s/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ class HttpSubscription:
 
     @property
     def key(self) -> str:
-        return f"{STORE_PREFIX}{self.vhost}/{self.exchange}/{self.name}"
+        return P.subscription_key(self.vhost, self.exchange, self.name)
 
 
 def _body_text(body: bytes) -> str:
@@ -229,7 +229,7 @@ class HttpPusher:
     def recover(self) -> int:
         """Re-create the persisted HTTP subscriptions (after the broker recovered its exchanges)."""
         count = 0
-        for key, raw in list(self.broker.store.items(STORE_PREFIX)):
+        for key, raw in list(self.broker.store.items(P.SUBSCRIPTIONS_PREFIX)):
             r = json.loads(raw)
             if (r["vhost"], r["exchange"], r["name"]) in self.subscriptions:
                 continue

@@ -11,6 +11,7 @@ fi
 # Spark needs a Java runtime; install one if the machine has none (Debian/Ubuntu).
 if ! command -v java >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Java 17 for the Spark tests (apt-get install openjdk-17-jre-headless)" >&2
     apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
   else
     echo "Java 17 is required for the Spark tests" >&2; exit 1
@@ -18,7 +19,11 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 # The differential management tests compare with RabbitMQ's own management API (port 15672):
 # enable its plugin when the machine's RabbitMQ runs without it.
+# This changes the machine's RabbitMQ (the plugin stays enabled after the run): say so.
 if command -v rabbitmq-plugins >/dev/null 2>&1 && ! (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null; then
+  echo "test.sh: enabling RabbitMQ's management plugin (rabbitmq-plugins enable rabbitmq_management):" \
+       "the differential management tests compare with it on 127.0.0.1:15672; it stays enabled;" \
+       "undo with 'rabbitmq-plugins disable rabbitmq_management'" >&2
   rabbitmq-plugins enable rabbitmq_management >/dev/null
   for _ in $(seq 60); do
     (exec 3<>/dev/tcp/127.0.0.1/15672) 2>/dev/null && break

@@ -43,8 +43,47 @@ def _session(master: str | None):  # type: ignore[no-untyped-def]
     return builder.getOrCreate()
 
 
+def _bad_input(args: argparse.Namespace) -> str | None:
+    """Checked before Spark starts (which takes seconds), each as one line."""
+    from gateway.audit.layout import list_files
+    from spark.times import parse_time
+
+    if args.command == "demo":
+        if next(iter(list_files(args.audit_dir, include_open=True)), None) is not None:
+            return (f"cmq-audit demo: {args.audit_dir} already holds an audit log; a second demo would "
+                    f"add to it: remove it or choose another --audit-dir")
+        return None
+    if not os.path.isdir(args.audit_dir):
+        return f"cmq-audit report: --audit-dir {args.audit_dir}: no such directory"
+    times = {}
+    for flag, value in (("--from", args.start), ("--to", args.end)):
+        if value is not None:
+            try:
+                times[flag] = parse_time(value)
+            except ValueError as e:
+                return f"cmq-audit report: {flag} {e}"
+    if len(times) == 2 and times["--from"] >= times["--to"]:
+        return f"cmq-audit report: --from {args.start} is not before --to {args.end}"
+    return None
+
+
+def _missing_extra() -> str | None:
+    """The one line to print when the Spark extra is not installed (the base install lacks it)."""
+    import importlib.util
+
+    missing = [m for m in ("pyspark", "pyarrow", "pandas", "matplotlib") if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (f"cmq-audit: {', '.join(missing)} not installed: install the Spark extra with "
+            f"pip install 'cmq-gateway[spark]' (from a checkout: pip install '.[spark]')")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = _bad_input(args) or (_missing_extra() if args.command == "report" else None)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     if args.command == "demo":
         from spark.demo import write_demo_log
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import InputPartition
 
 from gateway.audit import layout
-from spark.lines import Parsed, find_line_start, parse_lines, read_bytes
+from spark.lines import Parsed, find_line_start, last_line_end, parse_lines, read_bytes
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -30,6 +30,7 @@ class FileRange(InputPartition):
     start: int
     end: int
     closed_end: bool  # the range runs to the end of a closed file: a partial last line is torn
+    from_open: bool = False  # read from the file the gateway is still writing (column open_file)
 
 
 def split(root: str, af: layout.AuditFile, start: int, end: int, closed_end: bool,
@@ -40,17 +41,22 @@ def split(root: str, af: layout.AuditFile, start: int, end: int, closed_end: boo
         cut = end
         if end - at > max_bytes:
             cut = min(end, find_line_start(af.path, at + max_bytes, end))
-        yield FileRange(root, af.key, af.dt, af.hour, at, cut, closed_end and cut == end)
+        yield FileRange(root, af.key, af.dt, af.hour, at, cut, closed_end and cut == end, af.is_open)
         at = cut
 
 
 def plan_batch(root: str, pushdown: Pushdown, max_bytes: int) -> list[FileRange]:
-    """Closed files only: a batch query reads what is final.  Folders and files ruled out by
-    the pushed filters are never listed or opened."""
+    """Closed files, and the file a running gateway is writing up to its last complete line, so
+    that operators see the log while it grows.  Files are append-only and known by one key
+    whatever their name, so a file listed open and renamed before it is read still yields the
+    same bytes, each line once.  Folders and files ruled out by the pushed filters are never
+    listed or opened."""
     out: list[FileRange] = []
-    for af in layout.list_files(root, keep_folder=pushdown.keep_folder):
-        if af.size and pushdown.keep_file(af.key):
-            out.extend(split(root, af, 0, af.size, True, max_bytes))
+    for af in layout.list_files(root, include_open=True, keep_folder=pushdown.keep_folder):
+        if not af.size or not pushdown.keep_file(af.key):
+            continue
+        end = last_line_end(root, af.key, af.size) if af.is_open else af.size
+        out.extend(split(root, af, 0, end, not af.is_open, max_bytes))
     return out
 
 
@@ -79,6 +85,7 @@ def to_batches(part: FileRange, parsed: Parsed, schema: StructType, pushdown: Pu
     table = table.append_column("dt", pa.array([part.dt] * n, pa.string()))
     table = table.append_column("hour", pa.array([part.hour] * n, pa.int32()))
     table = table.append_column("file", pa.array([part.key] * n, pa.string()))
+    table = table.append_column("open_file", pa.array([part.from_open] * n, pa.bool_()))
     target = arrow_schema(schema)
     table = table.select(target.names).cast(target)
     yield from table.to_batches(max_chunksize=max_rows)

@@ -1,8 +1,9 @@
 """The typed schema of audit records as the ``cmq-audit`` source returns them (A2, A4).
 
-``JSON_COLUMNS`` are the record's own fields, in ``spark/SCHEMA.md`` order; ``dt``, ``hour``
-and ``file`` are added by the reader from the file's place in the layout.  Imports of pyarrow
-stay inside functions: this module is imported on the driver before Spark is up.
+``JSON_COLUMNS`` are the record's own fields, in ``spark/SCHEMA.md`` order; ``dt``, ``hour``,
+``file`` and ``open_file`` are added by the reader from the file's place in the layout.
+Imports of pyarrow stay inside functions: this module is imported on the driver before Spark
+is up.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql.types import (
     ArrayType,
+    BooleanType,
     DataType,
     DoubleType,
     IntegerType,
@@ -58,7 +60,9 @@ JSON_COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("dropped", _L),
 )
 
-LAYOUT_COLUMNS: tuple[tuple[str, DataType], ...] = (("dt", _S), ("hour", _I), ("file", _S))
+# open_file: the row came from the file a running gateway is still writing (more may follow).
+LAYOUT_COLUMNS: tuple[tuple[str, DataType], ...] = (
+    ("dt", _S), ("hour", _I), ("file", _S), ("open_file", BooleanType()))
 
 AUDIT_SCHEMA = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS + LAYOUT_COLUMNS])
 

@@ -25,7 +25,6 @@ keeps it per scan).  With ``pushFilters=true`` use one DataFrame per filtered qu
 
 from __future__ import annotations
 
-import datetime as _dt
 import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -44,6 +43,7 @@ from pyspark.sql.types import StructType
 from spark.plan import FileRange, plan_batch, read_range, skipped_batch, to_batches
 from spark.pushdown import Pushdown
 from spark.schema import AUDIT_SCHEMA, SKIPPED_SCHEMA
+from spark.times import parse_time
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -88,21 +88,13 @@ def read_partition(part: object, schema: StructType, output: str,
     yield from to_batches(part, parsed, schema, pushdown)
 
 
-def _parse_time(text: str) -> _dt.datetime:
-    try:
-        return _dt.datetime.fromtimestamp(float(text), _dt.UTC)
-    except ValueError:
-        t = _dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-        return t if t.tzinfo is not None else t.replace(tzinfo=_dt.UTC)
-
-
 def option_filters(options: dict[str, str]) -> list[Filter]:
     """The pruning options as the filters they stand for."""
     out: list[Filter] = []
     if options.get("from"):
-        out.append(GreaterThanOrEqual(("ts",), _parse_time(options["from"])))
+        out.append(GreaterThanOrEqual(("ts",), parse_time(options["from"])))
     if options.get("to"):
-        out.append(LessThan(("ts",), _parse_time(options["to"])))
+        out.append(LessThan(("ts",), parse_time(options["to"])))
     for col in ("event", "vhost", "topic", "queue"):
         if options.get(col):
             out.append(In((col,), tuple(v.strip() for v in options[col].split(","))))

@@ -31,6 +31,7 @@ from semantics.limits import TOPIC_LIFECYCLE_SECONDS
 from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store, StoreFailedError
 from semantics.store.store import COMPACT_MIN_BYTES
+from semantics.store.versioning import upgrade
 from semantics.waiters import Waiters
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class Broker:
                                 salvage=bool(getattr(self.config, "salvage", False)),
                                 compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)))
         self._log_recovery()
+        self._upgrade_store()
         self.vhosts: dict[str, VHost] = {}
         for name in getattr(self.config, "vhosts", None) or ["/"]:
             self.vhost(name)
@@ -215,6 +217,22 @@ class Broker:
             return
         log.info("store.recovery records=%d seconds=%.3f set_aside_bytes=%d aside=%s damaged=%d",
                  r.records, r.seconds, r.torn_bytes, r.aside_path, len(r.damaged))
+
+    def _upgrade_store(self) -> None:
+        """Keys written by an older layout are rewritten before anything reads them; a newer
+        layout is refused (StoreFormatError) before anything is changed."""
+        try:
+            done = upgrade(self.store, P.FORMAT_VERSION, {0: P.rekey_v0})
+        except BaseException:
+            self.store.close()
+            raise
+        if done.found != done.version:
+            log.info("store.upgrade key format %d -> %d: %d records rekeyed",
+                     done.found, done.version, done.renamed)
+            try:
+                self.store.maybe_compact()  # the rekeyed records were written twice
+            except OSError:
+                log.warning("store compaction after the upgrade failed; retried after a sync", exc_info=True)
 
     def _on_durable(self, durable: int) -> None:
         for ch in list(self.confirm_waiters):
@@ -442,7 +460,7 @@ class Broker:
                 self._get_answered(ch, q, None)  # type: ignore[arg-type]
         if q.durable:
             self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
-            prefix = f"m/{vh.name}/{q.name}/"
+            prefix = P.queue_messages_prefix(vh.name, q.name)
             for key in [k for k, _ in self.store.items(prefix)]:
                 self.unpersist(key)
 
@@ -675,24 +693,24 @@ class Broker:
     def _recover_http_subscriptions(self) -> None:
         """D7: persisted HTTP subscriptions come back before the topic-retained messages, so
         that a message still owed only to an HTTP endpoint is retained and pushed again."""
-        if next(self.store.items("s/"), None) is None:
+        if next(self.store.items(P.SUBSCRIPTIONS_PREFIX), None) is None:
             return
         from gateway.push import HttpPusher
         HttpPusher.of(self).recover()
 
     def _recover_declarations(self) -> None:
         store = self.store
-        for _, raw in store.items("x/"):
+        for _, raw in store.items(P.EXCHANGES_PREFIX):
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
             if r["name"] not in vh.exchanges:
                 vh.exchanges[r["name"]] = _exchange(vh.name, r)
-        for _, raw in store.items("q/"):
+        for _, raw in store.items(P.QUEUES_PREFIX):
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
             vh.declare_queue(None, r["name"], passive=False, durable=True, exclusive=False,
                              auto_delete=r["auto_delete"], arguments=r["arguments"])
-        for _, raw in store.items("b/"):
+        for _, raw in store.items(P.BINDINGS_PREFIX):
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
             with contextlib.suppress(Exception):
@@ -702,7 +720,7 @@ class Broker:
         from gateway.protocol.properties import Properties
 
         store = self.store
-        records = [P.decode_message(raw) for _, raw in store.items("m/")]
+        records = [P.decode_message(raw) for _, raw in store.items(P.MESSAGES_PREFIX)]
         records.sort(key=lambda r: r["enqueue_time"])
         touched: dict[BrokerQueue, VHost] = {}
         for r in records:
@@ -727,7 +745,7 @@ class Broker:
         from gateway.broker.vhost import PublishOutcome
         from gateway.protocol.properties import Properties
 
-        records = [(key, P.decode_retained(raw)) for key, raw in self.store.items("t/")]
+        records = [(key, P.decode_retained(raw)) for key, raw in self.store.items(P.RETAINED_PREFIX)]
         records.sort(key=lambda kr: kr[1]["published_at"])
         for key, r in records:
             vh = self.vhosts.get(r["vhost"])

@@ -1,7 +1,10 @@
-"""What the broker journals in the store, under the keys of docs/ARCHITECTURE.md.
+"""What the broker journals in the store, and under which keys (the one place they are built).
 
 Names may hold any byte (and the vhost ``/`` holds a slash), so every record repeats the
-names it belongs to in its value; keys only have to be unique and prefix-searchable.
+names it belongs to in its value, and every key component is escaped by
+semantics.store.keys (``%`` -> ``%25``, ``/`` -> ``%2F``; see there why): no two objects
+share a key, and a scan prefix (``*_PREFIX``, :func:`queue_messages_prefix`) matches only
+the keys of the objects it names.
 
 * ``x/<vhost>/<exchange>``  JSON: the durable exchange's declaration
 * ``q/<vhost>/<queue>``     JSON: the durable queue's declaration
@@ -9,18 +12,35 @@ names it belongs to in its value; keys only have to be unique and prefix-searcha
 * ``m/<vhost>/<queue>/<msg_id>``  binary: a persistent message in a durable queue
 * ``t/<vhost>/<exchange>/<msg_id>``  binary: a persistent message a durable topic retains
   for retries (D2), with the subscriptions still owed it
+* ``s/<vhost>/<exchange>/<subscription>``  JSON: an HTTP subscription (D7, gateway.push)
 * ``u/user/<name>``, ``u/vhost/<name>``, ``u/perm/<vhost>/<user>``  JSON: a user, vhost or
-  permission changed at run time, or its tombstone (gateway.accounts, SE4)
+  permission changed at run time, or its tombstone (gateway.accounts, SE4); layout 0 never
+  had them
+* ``meta/format``  the key layout version (semantics.store.versioning): 1 since the
+  components are escaped; 0 (no such key) wrote them raw, and is migrated on open by
+  :func:`rekey_v0`, which takes the names from the values because raw keys may collide.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import struct
 from typing import Any
 
+from semantics.store.keys import escape, key_prefix, make_key
+from semantics.store.versioning import FORMAT_KEY
+
 __all__ = [
     "ACCOUNTS_PREFIX",
+    "BINDINGS_PREFIX",
+    "EXCHANGES_PREFIX",
+    "FORMAT_KEY",
+    "FORMAT_VERSION",
+    "MESSAGES_PREFIX",
+    "QUEUES_PREFIX",
+    "RETAINED_PREFIX",
+    "SUBSCRIPTIONS_PREFIX",
     "binding_key",
     "decode_json",
     "decode_message",
@@ -30,9 +50,12 @@ __all__ = [
     "message_key",
     "permission_key",
     "queue_key",
+    "queue_messages_prefix",
+    "rekey_v0",
     "decode_retained",
     "encode_retained",
     "retained_key",
+    "subscription_key",
     "user_key",
     "user_vhost_key",
 ]
@@ -41,35 +64,71 @@ _MSG_HEAD = struct.Struct(">BdHHHHI")  # version, enqueue time, 4 name lengths, 
 _RET_HEAD = struct.Struct(">BII")  # version, JSON length, props length
 
 
+log = logging.getLogger("cmq_gateway.broker")
+
+FORMAT_VERSION = 1
+
+EXCHANGES_PREFIX = key_prefix("x")
+QUEUES_PREFIX = key_prefix("q")
+BINDINGS_PREFIX = key_prefix("b")
+MESSAGES_PREFIX = key_prefix("m")
+RETAINED_PREFIX = key_prefix("t")
+SUBSCRIPTIONS_PREFIX = key_prefix("s")
+ACCOUNTS_PREFIX = key_prefix("u")
+
+
 def exchange_key(vhost: str, name: str) -> str:
-    return f"x/{vhost}/{name}"
+    return make_key("x", vhost, name)
 
 
 def queue_key(vhost: str, name: str) -> str:
-    return f"q/{vhost}/{name}"
+    return make_key("q", vhost, name)
 
 
 def binding_key(vhost: str, source: str, kind: str, dest: str, key: str) -> str:
-    return f"b/{vhost}/{source}/{kind}/{dest}/{key}"
+    return make_key("b", vhost, source, kind, dest, key)
+
+
+def queue_messages_prefix(vhost: str, queue: str) -> str:
+    """The scan prefix of exactly one queue's messages."""
+    return key_prefix("m", vhost, queue)
+
+
+# Persistent publish and ack build a message key each: a queue's prefix is escaped once and
+# found with two dict lookups (no tuple to allocate). Bounded per vhost so that a churn of
+# uniquely named queues cannot grow it without end.
+_queue_prefixes: dict[str, dict[str, str]] = {}
+_QUEUE_PREFIXES_MAX = 4096
 
 
 def message_key(vhost: str, queue: str, msg_id: str) -> str:
-    return f"m/{vhost}/{queue}/{msg_id}"
+    """``make_key("m", vhost, queue, msg_id)``, with the prefix cached (the hot path)."""
+    try:
+        prefix = _queue_prefixes[vhost][queue]
+    except KeyError:
+        queues = _queue_prefixes.setdefault(vhost, {})
+        if len(queues) >= _QUEUE_PREFIXES_MAX:
+            queues.clear()
+        prefix = queues[queue] = key_prefix("m", vhost, queue)
+    if "%" in msg_id or "/" in msg_id:
+        msg_id = escape(msg_id)
+    return prefix + msg_id
 
 
-ACCOUNTS_PREFIX = "u/"
+def subscription_key(vhost: str, exchange: str, name: str) -> str:
+    return make_key("s", vhost, exchange, name)
 
 
 def user_key(name: str) -> str:
-    return f"u/user/{name}"
+    return make_key("u", "user", name)
 
 
 def user_vhost_key(name: str) -> str:
-    return f"u/vhost/{name}"
+    return make_key("u", "vhost", name)
 
 
 def permission_key(vhost: str, user: str) -> str:
-    return f"u/perm/{vhost}/{user}"
+    return make_key("u", "perm", vhost, user)
 
 
 def _plain(value: Any) -> Any:
@@ -117,7 +176,7 @@ def decode_message(raw: bytes) -> dict[str, Any]:
 
 
 def retained_key(vhost: str, exchange: str, msg_id: str) -> str:
-    return f"t/{vhost}/{exchange}/{msg_id}"
+    return make_key("t", vhost, exchange, msg_id)
 
 
 def encode_retained(vhost: str, exchange: str, msg_id: str, published_at: float, owed: list[str],
@@ -136,3 +195,34 @@ def decode_retained(raw: bytes) -> dict[str, Any]:
     out["properties"] = raw[pos:pos + lp]
     out["body"] = raw[pos + lp:]
     return out
+
+
+def _named_key(key: str, value: bytes) -> str | None:
+    kind = key[:2]
+    if kind in ("x/", "q/"):
+        r = decode_json(value)
+        return make_key(key[0], r["vhost"], r["name"])
+    if kind == "b/":
+        r = decode_json(value)
+        return binding_key(r["vhost"], r["source"], r["kind"], r["dest"], r["key"])
+    if kind == "m/":
+        m = decode_message(value)
+        return make_key("m", m["vhost"], m["queue"], m["msg_id"])
+    if kind == "t/":
+        t = decode_retained(value)
+        return retained_key(t["vhost"], t["exchange"], t["msg_id"])
+    if kind == "s/":
+        r = decode_json(value)
+        return subscription_key(r["vhost"], r["exchange"], r["name"])
+    return None
+
+
+def rekey_v0(key: str, value: bytes) -> str | None:
+    """Layout 0 -> 1: the escaped key of a record, from the names its value repeats (a raw
+    key may have been shared by two objects; the value names the one that wrote last). A
+    record whose value does not decode stays where it is, as recovery always treated it."""
+    try:
+        return _named_key(key, value)
+    except (ValueError, KeyError, TypeError, struct.error, IndexError):
+        log.warning("store key %r: value unreadable, left under its old key", key)
+        return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .errors import StoreClosedError, StoreCorruptError, StoreError, StoreFailedError, StoreLockedError
 from .recovery import RecoveryReport
 from .store import Store
+from .versioning import StoreFormatError
 
 __all__ = [
     "RecoveryReport",
@@ -18,5 +19,6 @@ __all__ = [
     "StoreCorruptError",
     "StoreError",
     "StoreFailedError",
+    "StoreFormatError",
     "StoreLockedError",
 ]

@@ -18,6 +18,7 @@ import pytest
 
 from gateway.auth import Permission, User, UserDB, hash_password
 from gateway.broker import Broker, BrokerConfig
+from gateway.broker import persistence as P
 from gateway.protocol.properties import Properties
 from gateway.push import HttpPusher
 from gateway.server import gateway_in_thread
@@ -125,7 +126,7 @@ async def test_D2_D7_retained_message_owed_only_to_http_subscription_survives_re
         assert (first["msgId"], first["msgBody"]) == (out.msg_id, "owed")
         topic = vh.exchanges["orders"].topic
         assert topic.state(out.msg_id)["hook"].status.value == "retrying"
-        assert [k for k, _ in b.store.items("t/")] == [f"t///orders/{out.msg_id}"]
+        assert [k for k, _ in b.store.items(P.RETAINED_PREFIX)] == [P.retained_key("/", "orders", out.msg_id)]
         await b.close()
 
         b2 = await Broker.open(str(tmp_path), clock=clock, config=config)
@@ -133,7 +134,7 @@ async def test_D2_D7_retained_message_owed_only_to_http_subscription_survives_re
         await asyncio.wait_for(b2.http_pusher.idle(), WAIT)
         assert (again["msgId"], again["msgBody"], again["subscriptionName"]) == (out.msg_id, "owed", "hook")
         assert b2.vhosts["/"].exchanges["orders"].topic.state(out.msg_id) == {}  # delivered: gone (D2)
-        assert list(b2.store.items("t/")) == []
+        assert list(b2.store.items(P.RETAINED_PREFIX)) == []
         assert len(endpoint.requests) == 2
         await b2.close()
     finally:

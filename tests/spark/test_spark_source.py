@@ -134,3 +134,38 @@ def test_A4_file_deleted_before_read_yields_nothing(spark, tmp_path: Path) -> No
     left = [Path(f.path).read_bytes().count(b"\n") for f in list_files(str(tmp_path))]
     assert sum(left) < 10
     assert [sum(b.num_rows for b in reader.read(p)) for p in parts] == [0, *left]
+
+
+def test_A4_batch_reads_the_open_file_of_a_running_gateway_whole_lines_once(spark, tmp_path: Path) -> None:
+    """A4: operators read the log while the gateway writes it: the batch reader takes the open
+    file up to its last complete line, marks those rows open_file, and after rotation reads
+    the same records once more, no more, from the closed file."""
+    now = [H10 + 1]
+    audit = AuditLog(str(tmp_path), clock=lambda: now[0])
+    try:
+        for i in range(150):
+            audit.emit("publish", "/", topic="t", msg_id=f"msg-{i:04d}", size=i)
+        assert audit.flush(timeout=30)
+        (af,) = list(list_files(str(tmp_path), include_open=True))
+        assert af.is_open
+        live = spark.read.format("cmq-audit").load(str(tmp_path))
+        rows = live.select("msg_id", "open_file").collect()
+        assert sorted(r.msg_id for r in rows) == [f"msg-{i:04d}" for i in range(150)]
+        assert {r.open_file for r in rows} == {True}
+    finally:
+        audit.close()
+    closed = spark.read.format("cmq-audit").load(str(tmp_path)).select("msg_id", "open_file").collect()
+    assert len(closed) == 150 and {r.open_file for r in closed} == {False}
+
+
+def test_A4_batch_never_reads_half_a_line_of_an_open_file(spark, tmp_path: Path) -> None:
+    """A4: the line the writer is in the middle of is left for the next read, not skipped as
+    torn and not returned half."""
+    write(tmp_path, H10, 3, 1.0)
+    (af,) = list(list_files(str(tmp_path)))
+    folder = Path(af.path).parent
+    whole = Path(af.path).read_bytes()
+    Path(af.path).unlink()
+    (folder / f".{Path(af.path).name}.open").write_bytes(whole + b'{"v":1,"ts":"2024-05-01T10:00:09Z","ev')
+    assert spark.read.format("cmq-audit").load(str(tmp_path)).count() == 3
+    assert spark.read.format("cmq-audit").option("output", "skipped").load(str(tmp_path)).count() == 0

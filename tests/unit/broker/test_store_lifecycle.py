@@ -74,7 +74,8 @@ async def test_M14_put_delete_cycles_compact_the_journal_and_reopen_recovers_liv
 
 async def test_store_recovery_is_logged_at_start_up(tmp_path, caplog) -> None:
     """semantics.store: the recovery report (records, seconds, bytes set aside) is logged as
-    store.recovery when the broker opens a data dir."""
+    store.recovery when the broker opens a data dir (three records: two queues and the key
+    format version)."""
     b = await Broker.open(str(tmp_path), clock=ManualClock(), config=BrokerConfig(fsync=False))
     vh = b.vhost("/")
     for name in ("q1", "q2"):
@@ -84,7 +85,7 @@ async def test_store_recovery_is_logged_at_start_up(tmp_path, caplog) -> None:
     with caplog.at_level(logging.INFO, logger="cmq_gateway.broker"):
         b2 = await Broker.open(str(tmp_path), clock=ManualClock(), config=BrokerConfig(fsync=False))
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("store.recovery")]
-    assert line.startswith("store.recovery records=2 seconds=")
+    assert line.startswith("store.recovery records=3 seconds=")
     assert line.endswith(" set_aside_bytes=0 aside=None damaged=0")
     await b2.close()
 
