@@ -319,3 +319,34 @@ async def test_SE3_with_no_push_allow_no_http_subscription_is_created(endpoint: 
         status, body = await subscribe(og, f"http://127.0.0.1:{port}/notify")
         assert (status, body["error"]) == (403, "access_refused")
         assert "push.allow" in body["reason"]
+
+
+async def test_SE1_deleting_a_user_or_vhost_closes_their_connections(og: OperatorGateway) -> None:
+    """As RabbitMQ: a deleted user's (or vhost's) AMQP connections are closed with 320
+    CONNECTION_FORCED, so a removed account keeps no access."""
+    closed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    conn = await aio_pika.connect(amqp(og, "bob"))
+    conn.close_callbacks.add(lambda _, exc: closed.done() or closed.set_result(exc))
+    other = await aio_pika.connect(amqp(og, "mgr"))
+    try:
+        assert (await call(og, "DELETE", "/api/users/bob", "admin"))[0] == 204
+        exc = await asyncio.wait_for(closed, WAIT)
+        assert "320" in str(exc) or "CONNECTION_FORCED" in str(exc)
+        assert not other.is_closed
+        assert (await call(og, "GET", "/api/whoami", "bob"))[0] == 401
+        with pytest.raises(aio_pika.exceptions.ProbableAuthenticationError):
+            await aio_pika.connect(amqp(og, "bob"))
+        assert (await call(og, "PUT", "/api/vhosts/v2", "admin"))[0] == 201
+        assert (await call(og, "PUT", "/api/permissions/v2/mgr", "admin",
+                           {"configure": ".*", "write": ".*", "read": ".*"}))[0] == 201
+        in_v2 = await aio_pika.connect(f"amqp://mgr:{PASSWORD}@127.0.0.1:{og.gateway.port}/v2")
+        gone: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        in_v2.close_callbacks.add(lambda _, exc: gone.done() or gone.set_result(exc))
+        await (await in_v2.channel()).declare_queue("doomed", durable=True)
+        assert (await call(og, "DELETE", "/api/vhosts/v2", "admin"))[0] == 204
+        assert "CONNECTION_FORCED" in str(await asyncio.wait_for(gone, WAIT))
+        assert "v2" not in og.broker.vhosts and not og.broker.store.get("q/v2/doomed")
+        assert (await call(og, "GET", "/api/vhosts/v2", "admin"))[0] == 404
+        assert not other.is_closed
+    finally:
+        await other.close()
