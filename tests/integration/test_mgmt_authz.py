@@ -13,6 +13,7 @@ from urllib.parse import quote
 import aio_pika
 import aio_pika.exceptions
 import aiohttp
+import aiormq.exceptions
 import pytest
 import pytest_asyncio
 from aiohttp import web
@@ -350,3 +351,18 @@ async def test_SE1_deleting_a_user_or_vhost_closes_their_connections(og: Operato
         assert not other.is_closed
     finally:
         await other.close()
+
+
+async def test_SE1_a_permission_changed_over_http_binds_open_connections(og: OperatorGateway) -> None:
+    """An administrator narrows mgr's configure pattern over HTTP: mgr's open connection
+    declares by the new pattern from then on (403 ACCESS_REFUSED, W2)."""
+    conn = await aio_pika.connect(amqp(og, "mgr"))
+    try:
+        ch = await conn.channel()
+        await ch.declare_queue("before", auto_delete=True)
+        assert (await call(og, "PUT", "/api/permissions/%2F/mgr", "admin",
+                           {"configure": "^$", "write": ".*", "read": ".*"}))[0] == 204
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await ch.declare_queue("after", auto_delete=True)
+    finally:
+        await conn.close()
