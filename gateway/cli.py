@@ -7,6 +7,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from gateway.config import (
     DEFAULT_MANAGEMENT_PORT,
@@ -33,8 +34,15 @@ Stop with SIGTERM or Ctrl-C: the gateway stops accepting, closes every connectio
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, like every other start-up error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cmq-gateway",
         description="A RabbitMQ-compatible AMQP 0-9-1 gateway with Tencent Cloud CMQ semantics.",
     )
@@ -48,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="address to listen on, for AMQP and the management and metrics "
                             "ports (default: every IPv4 and IPv6 address, 0.0.0.0 and ::, or the "
                             "config file's listeners)")
-    serve.add_argument("--port", type=int, default=None,
+    serve.add_argument("--port", type=_port, default=None,
                        help=f"TCP port to listen on (default: {DEFAULT_PORT}, or the config file's "
                             "listeners; 0 picks a free port and prints it)")
     serve.add_argument("--data-dir", default=None, metavar="DIR",
@@ -77,12 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _port_or_off(value: str) -> int:
-    if value.lower() == "off":
-        return OFF
+    return OFF if value.lower() == "off" else _port(value, "neither a port number nor 'off'")
+
+
+def _port(value: str, what: str = "not a port number") -> int:
     try:
         port = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is neither a port number nor 'off'") from None
+        raise argparse.ArgumentTypeError(f"{value!r} is {what}") from None
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is out of range 0-65535")
     return port
@@ -94,7 +104,7 @@ def _operator_port(cli: int | None, configured: int | None, default: int) -> int
     return None if port == OFF else port
 
 
-def _register_perf(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _register_perf(sub: Any) -> None:
     try:
         from gateway.perf.cli import register  # type: ignore[import-not-found,unused-ignore]
     except ImportError:  # the perf tool is optional and may not be installed
@@ -114,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.server import ListenError, run
+    from gateway.server import ListenError, StartupError, run
 
     try:
         config = load_config(args.config).with_listen(args.host, args.port)
@@ -140,8 +150,9 @@ def _serve(args: argparse.Namespace) -> int:
         config.management_host = config.metrics_host = args.host
     try:
         run(config)
-    except ListenError as e:
-        # A taken port is an operator's mistake, not a crash: one line, exit 1.
+    except (ListenError, StartupError) as e:
+        # A taken port or an unusable directory is an operator's mistake, not a crash: one
+        # line saying which option fixes it, exit 1.
         print(f"cmq-gateway: {e}", file=sys.stderr)
         return 1
     except StoreCorruptError as e:

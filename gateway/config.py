@@ -1,14 +1,16 @@
 """The gateway's configuration: one YAML (or JSON) file, every key optional.
 
-The users / vhosts / permissions keys use the shape of a RabbitMQ definitions export
+Every key, its type and range are in ``gateway.config_schema.SCHEMA``; the whole file is
+checked before anything starts, and a wrong key is one line naming its path. The users /
+vhosts / permissions keys use the shape of a RabbitMQ definitions export
 (``rabbitmqctl export_definitions``), so such a file can be used as-is (W2)::
 
-    listeners: [{host: "0.0.0.0", port: 5672}, {host: "::", port: 5672}]
+    listeners: [{host: "0.0.0.0", port: 5672}, {host: "::", port: 5672}]   # or [5672]
     data_dir: /var/lib/cmq-gateway
     strict_names: false               # L2
     salvage: false                    # open a damaged store, setting the damage aside
     users:
-      - {name: alice, password_hash: "<base64>", hashing_algorithm: rabbit_password_hashing_sha256}
+      - {name: alice, password_hash: "<from an export>", hashing_algorithm: rabbit_password_hashing_sha256}
       - {name: bob, password: "plain text is hashed on load"}
     vhosts: [{name: "/"}, {name: orders}]      # or plain strings
     permissions:
@@ -18,9 +20,9 @@ The users / vhosts / permissions keys use the shape of a RabbitMQ definitions ex
              memory_high_watermark: 1073741824, store_high_watermark: 10737418240}
     audit: {dir: /var/log/cmq-gateway, rotate_bytes: 67108864, rotate_seconds: 3600,
             retention_hours: 168, events: null}
-    management: {port: 15672, host: "0.0.0.0"}   # RabbitMQ's management HTTP API + /api/cmq
+    management: {port: 15672, host: "0.0.0.0"}   # or off; RabbitMQ's management HTTP API
+    metrics: {port: 15692, host: "0.0.0.0"}      # or off; Prometheus /metrics
     push: {allow: ["https://hooks.example.com/*"], allow_addresses: []}   # SE3 (gateway.push_policy)
-    metrics: {port: 15692, host: "0.0.0.0"}      # Prometheus /metrics
 
 With no users at all, the default ``guest``/``guest`` user with full rights on ``/`` exists,
 as in RabbitMQ, and may connect only from loopback.
@@ -37,6 +39,7 @@ from typing import Any
 import yaml
 
 from gateway.auth import Permission, User, UserDB, hash_password
+from gateway.config_schema import SchemaError, validate
 from gateway.push_policy import PushPolicy
 
 __all__ = [
@@ -143,122 +146,105 @@ def load_config(path: str | None) -> GatewayConfig:
         return GatewayConfig()
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f) or {}
+            raw = yaml.safe_load(f)
     except OSError as e:
-        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+        raise ConfigError(f"config: cannot read {path}: {(e.strerror or str(e)).lower()}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config: {path} is not UTF-8 text (byte {e.start})") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config {path} is not valid YAML: {e}") from None
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"config {path}: the top level must be a mapping")
-    return parse_config(raw)
+        raise ConfigError(f"config: {path} is not valid YAML: {_yaml_problem(e)}") from None
+    return parse_config({} if raw is None else raw)
 
 
-def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one line: the problem and where."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(e, "context", None)
+    return f"{problem}{where}" + (f" ({context})" if context else "")
+
+
+def parse_config(raw: Any) -> GatewayConfig:
+    """The configuration of a parsed file; ConfigError (one line) unless SCHEMA holds."""
+    try:
+        validate(raw)
+    except SchemaError as e:
+        raise ConfigError(f"config: {e}") from None
+    raw = _set(raw)
     cfg = GatewayConfig()
     if "listeners" in raw:
-        cfg.listeners = [_listener(x) for x in _list(raw, "listeners")]
-    if raw.get("data_dir") is not None:
-        cfg.data_dir = str(raw["data_dir"])
-    cfg.strict_names = bool(raw.get("strict_names", False))
-    cfg.salvage = bool(raw.get("salvage", False))
-    cfg.cluster_name = str(raw.get("cluster_name", cfg.cluster_name))
+        cfg.listeners = [_listener(x) for x in raw["listeners"]]
+    cfg.data_dir = raw.get("data_dir")
+    cfg.strict_names = raw.get("strict_names", False)
+    cfg.salvage = raw.get("salvage", False)
+    cfg.cluster_name = raw.get("cluster_name", cfg.cluster_name)
     if any(k in raw for k in ("users", "vhosts", "permissions")):
         cfg.users = _userdb(raw)
-    if "push" in raw:
-        try:
-            cfg.push = PushPolicy.parse(_map(raw, "push"))
-        except ValueError as e:
-            raise ConfigError(f"push: {e}") from None
-    if "limits" in raw:
-        cfg.limits = _fill(Limits, _map(raw, "limits"), "limits")
-    if "audit" in raw:
-        audit = dict(_map(raw, "audit"))
-        if audit.get("events") is not None:
-            audit["events"] = frozenset(str(e) for e in audit["events"])
-        cfg.audit = _fill(AuditSettings, audit, "audit")
-    cfg.management_port = _port_of(raw, "management")
-    cfg.metrics_port = _port_of(raw, "metrics")
+    if raw.get("push") is not None:
+        cfg.push = PushPolicy.parse(raw["push"])  # the schema checked its shape and networks
+    cfg.limits = Limits(**_known(Limits, raw.get("limits", {})))
+    audit = _set(raw.get("audit", {}))
+    if "events" in audit:
+        audit["events"] = frozenset(audit["events"])
+    cfg.audit = AuditSettings(**audit)
     for key in ("management", "metrics"):
         section = raw.get(key)
+        port = section.get("port") if isinstance(section, Mapping) else section
+        setattr(cfg, f"{key}_port", None if port is None else OFF if port in (False, "off") else port)
         if isinstance(section, Mapping) and section.get("host") is not None:
-            setattr(cfg, f"{key}_host", str(section["host"]))
+            setattr(cfg, f"{key}_host", section["host"])
     return cfg
 
 
+def _known(cls: Any, section: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys ``cls`` holds: SCHEMA already names the keys other branches are adding
+    (handshake_timeout, disk_free_limit, max_message_size), their fields come with them."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in _set(section).items() if k in names}
+
+
+def _set(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys given a value: null is the default (YAML's `key:` with nothing after it)."""
+    return {k: v for k, v in section.items() if v is not None}
+
+
 def _userdb(raw: Mapping[str, Any]) -> UserDB:
-    vhosts: list[str] = []
-    for v in _list(raw, "vhosts"):
-        vhosts.append(str(v["name"]) if isinstance(v, Mapping) else str(v))
+    vhosts = [v if isinstance(v, str) else v["name"] for v in raw.get("vhosts", [])]
     users: dict[str, User] = {}
-    for u in _list(raw, "users"):
-        if not isinstance(u, Mapping) or "name" not in u:
-            raise ConfigError(f"users: each entry needs a name, got {u!r}")
-        name = str(u["name"])
-        if "password_hash" in u:
-            algo = str(u.get("hashing_algorithm", "rabbit_password_hashing_sha256"))
-            if algo != "rabbit_password_hashing_sha256":
-                raise ConfigError(f"user {name!r}: hashing algorithm {algo} is not supported")
-            pw_hash = str(u["password_hash"])
-        elif "password" in u:
-            pw_hash = hash_password(str(u["password"]))
+    for i, u in enumerate(raw.get("users", [])):
+        name = u["name"]
+        if u.get("password_hash") is not None:
+            pw_hash = u["password_hash"]
+        elif u.get("password") is not None:
+            pw_hash = hash_password(u["password"])
         else:
-            raise ConfigError(f"user {name!r} has neither password_hash nor password")
-        tags = u.get("tags", [])
+            raise ConfigError(f"config: users[{i}]: user {name!r} needs password or password_hash")
+        tags = u.get("tags") or []
         if isinstance(tags, str):  # RabbitMQ exports tags as "a,b" before 3.12
             tags = [t for t in tags.split(",") if t]
-        users[name] = User(name, pw_hash, tuple(str(t) for t in tags))
-    perms: dict[tuple[str, str], Permission] = {}
-    for p in _list(raw, "permissions"):
-        try:
-            key = (str(p["user"]), str(p["vhost"]))
-            perms[key] = Permission(str(p["configure"]), str(p["write"]), str(p["read"]))
-        except (KeyError, TypeError):
-            raise ConfigError(f"permissions: need user, vhost, configure, write, read; got {p!r}")
-    loopback = raw.get("loopback_users", ["guest"])
+        users[name] = User(name, pw_hash, tuple(tags))
     if not vhosts:
         vhosts = ["/"]
-    return UserDB(users, perms, vhosts, frozenset(str(x) for x in loopback))
+    perms: dict[tuple[str, str], Permission] = {}
+    if not users:
+        # Vhosts without users: RabbitMQ's guest stays, or nobody at all could log in.
+        default = UserDB.default()
+        users = dict(default.users)
+        if "/" in vhosts:
+            perms.update(default.permissions)
+    for i, p in enumerate(raw.get("permissions", [])):
+        # A permission naming a user or vhost that does not exist grants nothing: a typo.
+        for key, known in (("user", list(users)), ("vhost", vhosts)):
+            if p[key] not in known:
+                raise ConfigError(f"config: permissions[{i}].{key}: {p[key]!r} is not in {key}s "
+                                  f"({', '.join(known)})")
+        perms[(p["user"], p["vhost"])] = Permission(p["configure"], p["write"], p["read"])
+    loopback = raw.get("loopback_users", ["guest"])
+    return UserDB(users, perms, vhosts, frozenset(loopback))
 
 
 def _listener(x: Any) -> Listener:
     if isinstance(x, Mapping):
-        return Listener(str(x.get("host", "0.0.0.0")), int(x.get("port", DEFAULT_PORT)))
-    if isinstance(x, int):
-        return Listener("0.0.0.0", x)
-    raise ConfigError(f"listeners: expected {{host, port}}, got {x!r}")
-
-
-def _port_of(raw: Mapping[str, Any], key: str) -> int | None:
-    section = raw.get(key)
-    if section is None:
-        return None
-    if section is False or section == "off":
-        return OFF
-    if isinstance(section, Mapping):
-        return None if section.get("port") is None else int(section["port"])
-    return int(section)
-
-
-def _fill(cls: Any, values: Mapping[str, Any], where: str) -> Any:
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(values) - set(known)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
-    try:
-        return cls(**{k: v for k, v in values.items()})
-    except TypeError as e:
-        raise ConfigError(f"{where}: {e}") from None
-
-
-def _list(raw: Mapping[str, Any], key: str) -> list[Any]:
-    value = raw.get(key) or []
-    if not isinstance(value, list):
-        raise ConfigError(f"{key}: expected a list")
-    return value
-
-
-def _map(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = raw.get(key) or {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{key}: expected a mapping")
-    return value
+        return Listener(x.get("host") or "0.0.0.0", x.get("port", DEFAULT_PORT))
+    return Listener("0.0.0.0", x)

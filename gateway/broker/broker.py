@@ -81,7 +81,7 @@ class Broker:
         self.emit_fields = fields_emitter(sink)
 
     def __init__(self, data_dir: str | None, *, clock: Clock, audit: Any, config: Any,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, lock: Any = None) -> None:
         self.data_dir = data_dir
         self.clock = clock
         self.audit = audit if audit is not None else NullAudit()  # sets emit_row/emit_fields too
@@ -91,7 +91,8 @@ class Broker:
         self.exchange_exchange_bindings = True
         self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True),
                                 salvage=bool(getattr(self.config, "salvage", False)),
-                                compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)))
+                                compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)),
+                                lock=lock)
         self._log_recovery()
         self._upgrade_store()
         self.vhosts: dict[str, VHost] = {}
@@ -121,10 +122,11 @@ class Broker:
 
     @classmethod
     async def open(cls, data_dir: str | None, *, clock: Clock | None = None, audit: Any = None,
-                   config: Any = None) -> Broker:
-        """Open the store under ``data_dir``, recover durable state and start the flusher."""
+                   config: Any = None, lock: Any = None) -> Broker:
+        """Open the store under ``data_dir``, recover durable state and start the flusher.
+        ``lock``: the data dir's DirLock when the caller took it first (Store.open)."""
         loop = asyncio.get_running_loop()
-        broker = cls(data_dir, clock=clock or SystemClock(), audit=audit, config=config, loop=loop)
+        broker = cls(data_dir, clock=clock or SystemClock(), audit=audit, config=config, loop=loop, lock=lock)
         broker._recover()
         broker._flusher = loop.create_task(broker._flush_loop())
         return broker

@@ -84,11 +84,12 @@ class DirLock:
     """An exclusive ``flock`` on ``<dir>/LOCK``: two processes must never append to one journal.
 
     The kernel drops the lock when the process dies, so a SIGKILLed gateway never leaves a
-    stale lock behind.
+    stale lock behind. ``name``: another lock file, for a directory others read (the audit
+    log's ``.lock`` is hidden from Spark's file sources, which skip dot files).
     """
 
-    def __init__(self, directory: str) -> None:
-        self._fd = os.open(os.path.join(directory, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
+    def __init__(self, directory: str, name: str = "LOCK") -> None:
+        self._fd = os.open(os.path.join(directory, name), os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -54,7 +54,8 @@ class Store:
     """See the module docstring; open with :meth:`Store.open`."""
 
     def __init__(self, directory: str | None, *, fsync: bool = True, salvage: bool = False,
-                 compact_min_bytes: int = COMPACT_MIN_BYTES, compact_ratio: float = COMPACT_RATIO) -> None:
+                 compact_min_bytes: int = COMPACT_MIN_BYTES, compact_ratio: float = COMPACT_RATIO,
+                 lock: DirLock | None = None) -> None:
         self._dir = directory
         self._fsync = fsync
         self._compact_min_bytes = compact_min_bytes
@@ -81,11 +82,14 @@ class Store:
             self._segment = 0
             return
         os.makedirs(directory, exist_ok=True)
-        self._dirlock = DirLock(directory)
+        # A lock handed in stays its taker's to release (the gateway locks the data dir
+        # before it opens the audit log there, so that a refused second one touches nothing).
+        self._dirlock = DirLock(directory) if lock is None else None
         try:
             found = recover(directory, salvage=salvage, do_fsync=fsync)
         except BaseException:
-            self._dirlock.release()
+            if self._dirlock is not None:
+                self._dirlock.release()
             raise
         self._map = found.data
         self._lsn = self._durable = found.last_lsn
@@ -102,14 +106,16 @@ class Store:
 
     @classmethod
     def open(cls, path: str | None, *, fsync: bool = True, salvage: bool = False,
-             compact_min_bytes: int = COMPACT_MIN_BYTES, compact_ratio: float = COMPACT_RATIO) -> Store:
+             compact_min_bytes: int = COMPACT_MIN_BYTES, compact_ratio: float = COMPACT_RATIO,
+             lock: DirLock | None = None) -> Store:
         """Open (creating or recovering) the store in directory ``path``; ``None``: in memory.
 
         ``fsync=False`` skips every fsync (tests, benchmarks): sync() then only reaches the OS.
         ``salvage=True`` opens despite corruption of durable data (see recovery.py).
+        ``lock``: a DirLock on ``path`` the caller already holds (and releases after close()).
         """
         return cls(path, fsync=fsync, salvage=salvage, compact_min_bytes=compact_min_bytes,
-                   compact_ratio=compact_ratio)
+                   compact_ratio=compact_ratio, lock=lock)
 
     # -- the event loop side ---------------------------------------------------------------
 

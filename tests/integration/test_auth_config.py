@@ -86,5 +86,5 @@ def test_W2_definitions_export_loads(tmp_path) -> None:
 def test_config_rejects_unknown_limit(tmp_path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("limits: {heartbeats: 5}\n")
-    with pytest.raises(ConfigError, match=r"limits: unknown keys \['heartbeats'\]"):
+    with pytest.raises(ConfigError, match=r"^config: limits: unknown key 'heartbeats' \(did you mean 'heartbeat'\?\)$"):
         load_config(str(path))
