@@ -134,6 +134,15 @@ class Management:
         """The vhost (404 when missing); the user's right to it was checked by its rule."""
         return self.vhost(name)
 
+    def connection_named(self, name: str) -> Any:
+        """The AMQP connection of that management name (RabbitMQ's "peer -> local"), or None."""
+        from gateway.management.rabbit_api import connection_name
+        return next((c for c in self.target.connections if connection_name(c) == name), None)
+
+    def connection_user(self, name: str) -> str | None:
+        conn = self.connection_named(name)
+        return None if conn is None else str(conn.user)
+
     def sees_all_connections(self, request: web.Request) -> bool:
         user = request.get(USER)
         return user is None or authz.is_monitor(user)
@@ -197,6 +206,11 @@ def _authorize(mgmt: Management, request: web.Request, user: User, rule: authz.R
         raise not_authorised("This route has no authorization rule (SE1)")
     if not authz.has_tag(user, rule.tag):
         raise not_authorised(authz.TAG_REASONS.get(rule.tag, "Not management user"))
+    if rule.owner:
+        owner = mgmt.connection_user(request.match_info["name"])
+        needed = "monitoring" if request.method in ("GET", "HEAD") else "administrator"
+        if owner is not None and owner != user.name and not authz.has_tag(user, needed):
+            raise not_authorised("User not authorised to access object")
     vhost = request.match_info.get("vhost")
     if not rule.vhost or vhost is None or vhost not in mgmt.broker.vhosts:
         return  # no vhost to check, or a missing one: the handler answers 404

@@ -10,6 +10,8 @@ same path (``rabbit_web_dispatch_access_control``):
   management user", as RabbitMQ.
 * ``vhost``: the path's ``{vhost}`` must be one the user may log in to over AMQP
   (``is_authorized_vhost``); administrators pass whatever their permissions.
+* ``owner``: the path names a connection; its own user may read and close it, others need
+  monitoring to read it and administrator to close it.
 * ``access``: the user's configure / write / read pattern on the vhost must match the named
   queue or exchange, as RabbitMQ's channel checks them for the same operation made over AMQP
   (declare and delete: configure; publish: write on the exchange; get and purge: read on the
@@ -36,7 +38,7 @@ from aiohttp import web
 
 from gateway.auth import Access, User
 
-__all__ = ["ADMIN", "ANY", "DENY", "OPEN", "RULES", "VHOST", "Check", "Rule", "check_table", "rule_for",
+__all__ = ["ADMIN", "ANY", "DENY", "OPEN", "OWNER", "RULES", "VHOST", "Check", "Rule", "check_table", "rule_for",
            "has_tag", "is_admin", "is_monitor", "unruled_routes"]
 
 Tag = Literal["none", "management", "policymaker", "monitoring", "administrator"]
@@ -66,12 +68,16 @@ class Rule:
     tag: Tag = "management"
     vhost: bool = False
     access: tuple[Check, ...] = ()
+    # The path's {name} is a connection: its own user may read and close it; otherwise
+    # reading needs monitoring and closing administrator (RabbitMQ's is_authorized_user).
+    owner: bool = False
 
 
 OPEN = Rule("none")
 ANY = Rule()
 VHOST = Rule(vhost=True)
 ADMIN = Rule("administrator")
+OWNER = Rule(owner=True)
 # Served without an entry (check_table stops that at start-up): refused to everyone.
 DENY = Rule("administrator")
 
@@ -125,6 +131,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/bindings/{vhost}/e/{source}/{kind}/{dest}/{props}"): VHOST,
     ("DELETE", "/api/bindings/{vhost}/e/{source}/{kind}/{dest}/{props}"): BIND,
     ("GET", "/api/connections"): ANY,  # lists filtered: own connections unless monitoring
+    ("GET", "/api/connections/{name}"): OWNER,
+    ("DELETE", "/api/connections/{name}"): OWNER,
     ("GET", "/api/channels"): ANY,
     ("GET", "/api/consumers"): ANY,
     ("GET", "/api/consumers/{vhost}"): ANY,

@@ -35,7 +35,7 @@ from gateway.management.app import USER, ApiError, Management, bad_request, json
 from gateway.protocol.properties import Properties
 from semantics.names import cmq_name
 
-__all__ = ["COMPAT_VERSION", "add_routes", "queue_json"]
+__all__ = ["COMPAT_VERSION", "add_routes", "connection_name", "queue_json"]
 
 # The RabbitMQ management API version whose shapes this follows.
 COMPAT_VERSION = "3.12.0"
@@ -233,6 +233,9 @@ def _conn_name(conn: Any) -> str:
         return str(conn.peer)
     local = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return f"{conn.peer} -> {local}"
+
+
+connection_name = _conn_name
 
 
 def _conn_of_session(mgmt: Management, session: Any) -> Any:
@@ -622,6 +625,24 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         items = [_connection_json(mgmt, c) for c in mgmt.target.connections]
         return web.json_response(_paged(request, own(request, items, lambda c: c["user"])))
 
+    def named_connection(request: web.Request) -> Any:
+        conn = mgmt.connection_named(request.match_info["name"])
+        if conn is None:
+            raise not_found()
+        return conn
+
+    async def connection(request: web.Request) -> web.Response:
+        return web.json_response(_connection_json(mgmt, named_connection(request)))
+
+    async def connection_delete(request: web.Request) -> web.Response:
+        """Close it with 320 CONNECTION_FORCED; the reason from ``X-Reason``, as RabbitMQ."""
+        conn = named_connection(request)
+        close = getattr(conn, "close_forced", None)
+        if close is None:
+            raise bad_request("this connection cannot be closed from here")
+        close(request.headers.get("X-Reason", "Closed via management plugin"))
+        return web.Response(status=204)
+
     async def channels(request: web.Request) -> web.Response:
         items = [_channel_json(mgmt, ch) for ch in _channels(mgmt, set(mgmt.broker.vhosts))]
         return web.json_response(_paged(request, own(request, items, lambda c: c["user"])))
@@ -681,6 +702,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", binding_get)
     r.add_delete("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", binding_delete)
     r.add_get("/api/connections", connections)
+    r.add_get("/api/connections/{name}", connection)
+    r.add_delete("/api/connections/{name}", connection_delete)
     r.add_get("/api/channels", channels)
     r.add_get("/api/consumers", consumers)
     r.add_get("/api/consumers/{vhost}", consumers)

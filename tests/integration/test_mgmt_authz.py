@@ -366,3 +366,32 @@ async def test_SE1_a_permission_changed_over_http_binds_open_connections(og: Ope
             await ch.declare_queue("after", auto_delete=True)
     finally:
         await conn.close()
+
+
+async def test_SE1_a_connection_is_read_by_its_user_or_a_monitor_and_closed_by_its_user_or_an_admin(
+        og: OperatorGateway) -> None:
+    """RabbitMQ's is_authorized_user: GET /api/connections/{name} for its own user and
+    monitors, DELETE for its own user and administrators (320 CONNECTION_FORCED)."""
+    conns = [await aio_pika.connect(amqp(og, "bob")) for _ in range(2)]
+    loop = asyncio.get_running_loop()
+    closed = [loop.create_future() for _ in conns]
+    for conn, done in zip(conns, closed, strict=True):
+        conn.close_callbacks.add(lambda _, exc, done=done: done.done() or done.set_result(exc))
+    try:
+        _, items = await call(og, "GET", "/api/connections", "bob")
+        names = [quote(c["name"], safe="") for c in items]
+        assert len(names) == 2
+        for viewer, want in (("bob", 200), ("mon", 200), ("admin", 200), ("mgr", 401), ("pol", 401)):
+            status, body = await call(og, "GET", f"/api/connections/{names[0]}", viewer)
+            assert status == want, viewer
+            if want == 200:
+                assert body["user"] == "bob"
+        for closer, want in (("mgr", 401), ("mon", 401), ("admin", 204)):
+            assert (await call(og, "DELETE", f"/api/connections/{names[0]}", closer))[0] == want, closer
+        assert (await call(og, "DELETE", f"/api/connections/{names[1]}", "bob"))[0] == 204
+        for exc in await asyncio.wait_for(asyncio.gather(*closed), WAIT):
+            assert "CONNECTION_FORCED" in str(exc) and "Closed via management plugin" in str(exc)
+        assert (await call(og, "GET", "/api/connections/nobody", "mgr"))[0] == 404
+    finally:
+        for conn in conns:
+            await conn.close()
