@@ -2,7 +2,9 @@
 
 Passwords are stored as ``rabbit_password_hashing_sha256`` hashes: base64 of a 4-byte random
 salt followed by SHA-256(salt + UTF-8 password). That is what ``rabbitmqctl
-export_definitions`` writes, so exported users log in here unchanged.
+export_definitions`` writes, so exported users log in here unchanged. Hashes made by
+RabbitMQ's other modules (``rabbit_password_hashing_sha512``, ``rabbit_password_hashing_md5``)
+are the same with another digest, told apart by their length, so they log in too.
 
 Permissions are three regular expressions per (user, vhost): configure, write, read. As in
 RabbitMQ they are searched (not anchored) in the resource name, the empty pattern grants
@@ -30,6 +32,7 @@ __all__ = [
     "UserDB",
     "check_password",
     "hash_password",
+    "hashing_algorithm",
     "parse_response",
 ]
 
@@ -46,15 +49,31 @@ def hash_password(password: str, *, salt: bytes | None = None) -> str:
     return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
 
 
+# RabbitMQ's password hashing modules, by the length of their digest.
+HASHING_ALGORITHMS = {32: "rabbit_password_hashing_sha256", 64: "rabbit_password_hashing_sha512",
+                      16: "rabbit_password_hashing_md5"}
+_DIGESTS = {32: hashlib.sha256, 64: hashlib.sha512, 16: hashlib.md5}
+
+
+def hashing_algorithm(password_hash: str) -> str | None:
+    """The RabbitMQ hashing module that made ``password_hash``, or None when it is none of them."""
+    try:
+        raw = base64.b64decode(password_hash, validate=True)
+    except ValueError:
+        return None
+    return HASHING_ALGORITHMS.get(len(raw) - 4)
+
+
 def check_password(password: str, password_hash: str) -> bool:
     try:
         raw = base64.b64decode(password_hash, validate=True)
     except ValueError:
         return False
-    if len(raw) != 4 + 32:
+    digest_of = _DIGESTS.get(len(raw) - 4)
+    if digest_of is None:
         return False
     salt, digest = raw[:4], raw[4:]
-    return hmac.compare_digest(digest, hashlib.sha256(salt + password.encode()).digest())
+    return hmac.compare_digest(digest, digest_of(salt + password.encode()).digest())
 
 
 def parse_response(mechanism: str, response: str | bytes) -> tuple[str, str]:

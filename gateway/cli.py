@@ -1,4 +1,5 @@
-"""The ``cmq-gateway`` command: ``serve`` runs the gateway; ``perf`` (gateway.perf) loads it."""
+"""The ``cmq-gateway`` command: ``serve`` runs the gateway; ``perf`` (gateway.perf) loads it;
+``import-definitions`` / ``export-definitions`` (gateway.management.cli) move a RabbitMQ estate."""
 
 from __future__ import annotations
 
@@ -81,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="open a store whose confirmed data is damaged: keep every record that "
                             "verifies and copy the damaged bytes aside (config: salvage: true)")
     _register_perf(sub)
+    from gateway.management.cli import register as register_definitions
+    register_definitions(sub)  # import-definitions, export-definitions
     return parser
 
 

@@ -112,6 +112,10 @@ class GatewayConfig:
     cluster_name: str = "cmq-gateway"
     # SE3: the URLs HTTP subscriptions may push to; none until an administrator allows some.
     push: PushPolicy = field(default_factory=PushPolicy)
+    # The topology part of a RabbitMQ definitions export given as the config (exchanges,
+    # queues, bindings, policies...): imported once the gateway is up, as RabbitMQ's
+    # load_definitions does. Empty when the file holds none.
+    definitions: dict[str, Any] = field(default_factory=dict)
 
     @property
     def vhosts(self) -> list[str]:
@@ -183,6 +187,7 @@ def parse_config(raw: Any) -> GatewayConfig:
         cfg.users = _userdb(raw)
     if raw.get("push") is not None:
         cfg.push = PushPolicy.parse(raw["push"])  # the schema checked its shape and networks
+    cfg.definitions = {k: raw[k] for k in TOPOLOGY_KINDS if raw.get(k)}
     cfg.limits = Limits(**_known(Limits, raw.get("limits", {})))
     audit = _set(raw.get("audit", {}))
     if "events" in audit:
@@ -202,6 +207,11 @@ def _known(cls: Any, section: Mapping[str, Any]) -> dict[str, Any]:
     (handshake_timeout, disk_free_limit, max_message_size), their fields come with them."""
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in _set(section).items() if k in names}
+
+
+# What a definitions export holds beyond users, vhosts and permissions.
+TOPOLOGY_KINDS = ("topic_permissions", "parameters", "global_parameters", "policies", "exchanges",
+                  "queues", "bindings", "cmq_http_subscriptions")
 
 
 def _set(section: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,8 +13,6 @@ A null value is the key's default, wherever it appears (YAML's ``key:`` with not
 
 from __future__ import annotations
 
-import base64
-import binascii
 import difflib
 import ipaddress
 import re
@@ -23,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.audit import EVENTS
+from gateway.auth import HASHING_ALGORITHMS, hashing_algorithm
 
 __all__ = ["SCHEMA", "SchemaError", "validate"]
 
@@ -223,10 +222,7 @@ def _is_network(text: str) -> bool:
 
 
 def _is_rabbit_hash(text: str) -> bool:
-    try:
-        return len(base64.b64decode(text, validate=True)) == 4 + 32
-    except (binascii.Error, ValueError):
-        return False
+    return hashing_algorithm(text) is not None
 
 
 PORT = Int(0, 65535)
@@ -238,9 +234,9 @@ PROFILE = Enum("compatible", "cmq")
 USER = Map({
     "name": Str(),
     "password": Str(),
-    "password_hash": Str("RabbitMQ's base64 salted SHA-256 (as rabbitmqctl export_definitions "
-                         "writes it; or give password: instead)", _is_rabbit_hash),
-    "hashing_algorithm": Enum("rabbit_password_hashing_sha256"),
+    "password_hash": Str("RabbitMQ's base64 salted SHA-256, SHA-512 or MD5 (as rabbitmqctl "
+                         "export_definitions writes it; or give password: instead)", _is_rabbit_hash),
+    "hashing_algorithm": Enum(*sorted(HASHING_ALGORITHMS.values())),
     "tags": OneOf(ListOf(Str()), Str()),  # RabbitMQ exports "a,b" before 3.12
     "limits": Anything(),  # RabbitMQ's per-user limits: exported, not enforced here
 }, required=("name",))

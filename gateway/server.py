@@ -462,6 +462,19 @@ def _logs_held_until_started() -> Iterator[None]:
                         handler.handle(record)
 
 
+def _load_definitions(gw: Gateway, definitions: dict[str, Any]) -> None:
+    """A definitions export given as the config brings its topology, as RabbitMQ's
+    load_definitions does; what cannot be imported is said on stderr, never dropped silently.
+    Importing is idempotent, so a restart with the same file changes nothing."""
+    from gateway.management.app import Management
+    from gateway.management.cli import render
+    from gateway.management.definitions import import_definitions
+
+    report = import_definitions(Management(gw), definitions)
+    for line in render(report).splitlines():
+        print(f"cmq-gateway: definitions: {line}", file=sys.stderr, flush=True)
+
+
 async def _serve(config: GatewayConfig) -> None:
     gw = Gateway(config)
     with _logs_held_until_started():
@@ -474,6 +487,8 @@ async def _serve(config: GatewayConfig) -> None:
             # be read, ...): the operator's to fix, so one line rather than a traceback.
             where = f" {e.filename}" if e.filename else ""
             raise StartupError(f"cannot start:{where}: {(e.strerror or str(e)).lower()}") from None
+    if config.definitions:
+        _load_definitions(gw, config.definitions)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -701,7 +701,12 @@ class Broker:
         HttpPusher.of(self).recover()
 
     def _recover_declarations(self) -> None:
+        from gateway.broker.policies import Policy
+
         store = self.store
+        for _, raw in store.items(P.POLICIES_PREFIX):
+            policy = Policy.from_json(P.decode_json(raw))
+            self.vhost(policy.vhost).policies[policy.name] = policy  # before the queues they shape
         for _, raw in store.items(P.EXCHANGES_PREFIX):
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
@@ -717,6 +722,9 @@ class Broker:
             vh = self.vhost(r["vhost"])
             with contextlib.suppress(Exception):
                 vh.bind(None, r["source"], (r["kind"], r["dest"]), r["key"], r["arguments"])
+        for vh in self.vhosts.values():
+            if vh.policies:
+                vh.apply_policies()
 
     def _recover_messages(self, now: float) -> None:
         from gateway.protocol.properties import Properties

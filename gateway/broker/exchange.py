@@ -20,6 +20,7 @@ from typing import Any
 
 from gateway.broker.errors import precondition
 from gateway.broker.headers_match import headers_match, valid_x_match
+from gateway.broker.policies import Policy, exchange_alternate
 from semantics.errors import LimitError
 from semantics.limits import MAX_SUBSCRIPTIONS, TOPIC_MAX_MSG_SIZE_DEFAULT
 from semantics.matching import validate_tags
@@ -71,7 +72,7 @@ class Exchange:
     """One AMQP exchange in one vhost, served as a CMQ topic (headers: matched here, M5)."""
 
     __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "bindings",
-                 "topic", "vhost", "on_tick")
+                 "topic", "vhost", "on_tick", "policy")
 
     def __init__(self, vhost: str, name: str, type: str, *, durable: bool = False,
                  auto_delete: bool = False, internal: bool = False,
@@ -86,6 +87,7 @@ class Exchange:
         self.bindings: dict[Dest, Binding] = {}
         self.topic: Topic | None = None
         self.on_tick: Any = None  # set by the broker: runs the topic's retries and expiry
+        self.policy: Policy | None = None  # the RabbitMQ policy applied (VHost.apply_policies)
         if type != "headers":
             # T5: tag filtering for direct and fanout (fanout subscriptions have no tags),
             # routing-key filtering for topic. The CMQ topic name is the L2 mapping of ours.
@@ -108,6 +110,8 @@ class Exchange:
     @property
     def alternate(self) -> str | None:
         ae = self.arguments.get("alternate-exchange")
+        if ae is None:
+            return exchange_alternate(self.policy)  # the argument wins over a policy, as in RabbitMQ
         return ae.decode() if isinstance(ae, bytes) else ae
 
     # -- bindings (M8) ---------------------------------------------------------------------

@@ -10,6 +10,7 @@ the keys of the objects it names.
 * ``q/<vhost>/<queue>``     JSON: the durable queue's declaration
 * ``b/<vhost>/<source>/<kind>/<dest>/<key>``  JSON: one binding key of a durable pair
 * ``m/<vhost>/<queue>/<msg_id>``  binary: a persistent message in a durable queue
+* ``p/<vhost>/<policy>``  JSON: a RabbitMQ policy, as definitions spell it
 * ``t/<vhost>/<exchange>/<msg_id>``  binary: a persistent message a durable topic retains
   for retries (D2), with the subscriptions still owed it
 * ``s/<vhost>/<exchange>/<subscription>``  JSON: an HTTP subscription (D7, gateway.push)
@@ -38,6 +39,7 @@ __all__ = [
     "FORMAT_KEY",
     "FORMAT_VERSION",
     "MESSAGES_PREFIX",
+    "POLICIES_PREFIX",
     "QUEUES_PREFIX",
     "RETAINED_PREFIX",
     "SUBSCRIPTIONS_PREFIX",
@@ -49,6 +51,7 @@ __all__ = [
     "exchange_key",
     "message_key",
     "permission_key",
+    "policy_key",
     "queue_key",
     "queue_messages_prefix",
     "rekey_v0",
@@ -75,6 +78,7 @@ MESSAGES_PREFIX = key_prefix("m")
 RETAINED_PREFIX = key_prefix("t")
 SUBSCRIPTIONS_PREFIX = key_prefix("s")
 ACCOUNTS_PREFIX = key_prefix("u")
+POLICIES_PREFIX = key_prefix("p")
 
 
 def exchange_key(vhost: str, name: str) -> str:
@@ -87,6 +91,10 @@ def queue_key(vhost: str, name: str) -> str:
 
 def binding_key(vhost: str, source: str, kind: str, dest: str, key: str) -> str:
     return make_key("b", vhost, source, kind, dest, key)
+
+
+def policy_key(vhost: str, name: str) -> str:
+    return make_key("p", vhost, name)
 
 
 def queue_messages_prefix(vhost: str, queue: str) -> str:

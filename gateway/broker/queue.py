@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.broker.arguments import QueueArgs
 from gateway.broker.consumers import Consumer
 from gateway.broker.message import Message
+from gateway.broker.policies import Policy
 from semantics.queue import CmqQueue, QueueMessage, Receipt
 from semantics.queue_attrs import QueueAttributes
 from semantics.waiters import Waiters
@@ -37,6 +38,7 @@ class BrokerQueue:
         self.arguments = arguments
         self.qargs = qargs
         self.attrs = attrs
+        self.policy: Policy | None = None  # the RabbitMQ policy applied (VHost._queue_settings)
         self.cmq = cmq
         self.consumers: list[Consumer] = []
         self._rr = 0              # round-robin position among consumers (M11)

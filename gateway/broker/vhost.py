@@ -31,6 +31,7 @@ from gateway.broker.errors import (
 )
 from gateway.broker.exchange import EXCHANGE_TYPES, Dest, Exchange, message_tags, sub_label, sub_name
 from gateway.broker.message import Message
+from gateway.broker.policies import Policy, choose, queue_arguments
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import REPLY_PREFIX
 from semantics.errors import CMQError, LimitError
@@ -77,6 +78,7 @@ class VHost:
         self.name = name
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, BrokerQueue] = {}
+        self.policies: dict[str, Policy] = {}
         for xname, xtype in STANDARD_EXCHANGES:
             self.exchanges[xname] = Exchange(name, xname, xtype, durable=True)
 
@@ -143,6 +145,7 @@ class VHost:
             cmq_name(name, "topic", strict=True)  # L2: 406 unless already a valid CMQ name
         ex = Exchange(self.name, name, type, durable=durable, auto_delete=auto_delete,
                       internal=internal, arguments=args)
+        ex.policy = choose(self.policies.values(), "exchange", name)
         self.exchanges[name] = ex
         if durable:
             self.broker.persist(P.exchange_key(self.name, name), P.encode_json(
@@ -208,15 +211,59 @@ class VHost:
             self.broker.touch_queue(existing)
             return existing
         check_rabbit_args(args, name, self.name)
-        qargs = parse_queue_args(args)
-        attrs = QueueAttributes(**qargs.attrs)
+        policy, qargs, attrs = self._queue_settings(name, args)
         q = self._make_queue(name, durable=durable, owner=session if exclusive else None,
                              auto_delete=auto_delete, arguments=args, qargs=qargs, attrs=attrs)
+        q.policy = policy
         if durable and not exclusive:
             self.broker.persist(P.queue_key(self.name, name), P.encode_json(
                 {"vhost": self.name, "name": name, "auto_delete": auto_delete, "arguments": args}))
         self._emit("queue_declare", queue=name, user=user)
         return q
+
+    def _queue_settings(self, name: str, args: dict[str, Any]) -> tuple[Policy | None, Any, QueueAttributes]:
+        """The policy that applies to the queue and what the queue behaves by: its arguments
+        with the policy's keys resolved in. A policy whose values this queue cannot take (a
+        CMQ range, L8/Q8) does not apply to it; the declare itself stands, as in RabbitMQ."""
+        policy = choose(self.policies.values(), "queue", name, args)
+        if policy is not None:
+            try:
+                qargs = parse_queue_args(queue_arguments(args, policy))
+                return policy, qargs, QueueAttributes(**qargs.attrs)
+            except CMQError:
+                pass
+        qargs = parse_queue_args(args)
+        return None, qargs, QueueAttributes(**qargs.attrs)
+
+    # -- policies (M7) -----------------------------------------------------------------------
+
+    def set_policy(self, policy: Policy) -> None:
+        """Add or replace a policy; it applies at once to the objects it matches, and to
+        every object declared later (as RabbitMQ's policies do)."""
+        self.policies[policy.name] = policy
+        self.broker.persist(P.policy_key(self.name, policy.name), P.encode_json(policy.to_json()))
+        self.apply_policies()
+
+    def delete_policy(self, name: str) -> bool:
+        if self.policies.pop(name, None) is None:
+            return False
+        self.broker.unpersist(P.policy_key(self.name, name), missing_ok=True)
+        self.apply_policies()
+        return True
+
+    def apply_policies(self) -> None:
+        """Every queue and exchange again under the policy that now applies to it."""
+        for ex in self.exchanges.values():
+            ex.policy = choose(self.policies.values(), "exchange", ex.name)
+        now = self.broker.now()
+        for q in list(self.queues.values()):
+            policy, qargs, attrs = self._queue_settings(q.name, q.arguments)
+            if policy == q.policy and attrs == q.attrs and qargs == q.qargs:
+                continue
+            q.policy, q.qargs, q.attrs = policy, qargs, attrs
+            q.cmq.set_attributes(attrs, now)
+            self.broker.touch_queue(q)
+            self.broker.after_queue_change(self, q)
 
     def _make_queue(self, name: str, *, durable: bool, owner: Session | None, auto_delete: bool,
                     arguments: dict[str, Any], qargs: Any, attrs: QueueAttributes) -> BrokerQueue:

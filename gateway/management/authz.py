@@ -38,7 +38,7 @@ from aiohttp import web
 
 from gateway.auth import Access, User
 
-__all__ = ["ADMIN", "ANY", "DENY", "OPEN", "OWNER", "RULES", "VHOST", "Check", "Rule", "check_table", "rule_for",
+__all__ = ["ADMIN", "ANY", "DENY", "OPEN", "OWNER", "POLICIES", "RULES", "VHOST", "Check", "Rule", "check_table", "rule_for",
            "has_tag", "is_admin", "is_monitor", "unruled_routes"]
 
 Tag = Literal["none", "management", "policymaker", "monitoring", "administrator"]
@@ -78,6 +78,7 @@ ANY = Rule()
 VHOST = Rule(vhost=True)
 ADMIN = Rule("administrator")
 OWNER = Rule(owner=True)
+POLICIES = Rule("policymaker", vhost=True)  # RabbitMQ's is_authorized_policies
 # Served without an entry (check_table stops that at start-up): refused to everyone.
 DENY = Rule("administrator")
 
@@ -136,6 +137,11 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/channels"): ANY,
     ("GET", "/api/consumers"): ANY,
     ("GET", "/api/consumers/{vhost}"): ANY,
+    ("GET", "/api/policies"): ANY,
+    ("GET", "/api/policies/{vhost}"): VHOST,
+    ("GET", "/api/policies/{vhost}/{name}"): POLICIES,
+    ("PUT", "/api/policies/{vhost}/{name}"): POLICIES,
+    ("DELETE", "/api/policies/{vhost}/{name}"): POLICIES,
     ("GET", "/api/definitions"): ADMIN,
     ("GET", "/api/definitions/{vhost}"): ADMIN,
     ("POST", "/api/definitions"): ADMIN,

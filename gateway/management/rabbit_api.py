@@ -29,9 +29,9 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from gateway.accounts import Accounts
-from gateway.auth import Permission, User, hash_password
-from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
+from gateway.auth import User
+from gateway.management import definitions
+from gateway.management.app import USER, Management, bad_request, jsonable, not_found, read_json
 from gateway.protocol.properties import Properties
 from semantics.names import cmq_name
 
@@ -78,9 +78,9 @@ def queue_json(mgmt: Management, vhost: str, q: Any) -> dict[str, Any]:
         "node": NODE,
         "state": "running",
         "type": "classic",
-        "policy": None,
+        "policy": q.policy.name if q.policy is not None else None,
         "operator_policy": None,
-        "effective_policy_definition": {},
+        "effective_policy_definition": dict(q.policy.definition) if q.policy is not None else {},
         "exclusive_consumer_tag": exclusive_tag,
         "single_active_consumer_tag": None,
         "consumers": len(q.consumers),
@@ -164,6 +164,8 @@ def _exchange_json(mgmt: Management, vhost: str, ex: Any | None, name: str = "")
            "auto_delete": ex.auto_delete, "internal": ex.internal, "arguments": jsonable(ex.arguments),
            "user_who_performed_action": "rmq-internal" if ex.name.startswith("amq.") else "",
            "message_stats": stats}
+    if ex.policy is not None:
+        out["policy"] = ex.policy.name
     if ex.topic is not None:
         topic = ex.topic
         out["cmq"] = {"topicName": topic.name, "filterType": topic.filter_type.value,
@@ -664,18 +666,10 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                                   "alarms": [{"node": NODE, "resource": resource}]}, status=503)
 
     async def definitions_get(request: web.Request) -> web.Response:
-        # A vhost's export holds no users or permissions, as RabbitMQ's.
-        return web.json_response(export_definitions(mgmt, mgmt.vhosts_in(request),
-                                                    with_users="vhost" not in request.match_info))
+        return await definitions.definitions_get(mgmt, request)
 
     async def definitions_post(request: web.Request) -> web.Response:
-        body = await read_json(request)
-        v = request.match_info.get("vhost")
-        if v is not None:
-            mgmt.vhost(v)
-        import_definitions(mgmt, body, only_vhost=v)
-        await mgmt.broker.flush()  # SE4: imported users and permissions are durable
-        return web.Response(status=204)
+        return await definitions.definitions_post(mgmt, request)
 
     r.add_get("/api/overview", overview)
     r.add_get("/api/whoami", whoami)
@@ -712,108 +706,4 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_get("/api/definitions/{vhost}", definitions_get)
     r.add_post("/api/definitions", definitions_post)
     r.add_post("/api/definitions/{vhost}", definitions_post)
-
-
-# -- definitions (RabbitMQ's export format) ---------------------------------------------------------
-
-
-def export_definitions(mgmt: Management, vhosts: list[str], *, with_users: bool = True) -> dict[str, Any]:
-    """RabbitMQ's export. Only an administrator gets here (authz: the definitions routes),
-    the one place password hashes leave the gateway besides /api/users (SE1)."""
-    users = mgmt.target.users if with_users else None
-    out: dict[str, Any] = {
-        "rabbit_version": COMPAT_VERSION, "rabbitmq_version": COMPAT_VERSION,
-        "product_name": "cmq-gateway", "product_version": COMPAT_VERSION,
-        "users": [], "vhosts": [{"name": v} for v in vhosts], "permissions": [],
-        "topic_permissions": [], "parameters": [], "global_parameters": [], "policies": [],
-        "queues": [], "exchanges": [], "bindings": [],
-        # Gateway extension: HTTP(S) subscriptions (D7), which AMQP bindings cannot express.
-        "cmq_http_subscriptions": [],
-    }
-    if users is not None:
-        out["users"] = [{"name": u.name, "password_hash": u.password_hash,
-                         "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": list(u.tags),
-                         "limits": {}} for u in users.users.values()]
-        out["permissions"] = [{"user": u, "vhost": v, "configure": p.configure, "write": p.write,
-                               "read": p.read} for (u, v), p in users.permissions.items() if v in vhosts]
-    for v in vhosts:
-        vh = mgmt.vhost(v)
-        for q in vh.queues.values():
-            if q.exclusive_owner is None:
-                out["queues"].append({"name": q.name, "vhost": v, "durable": q.durable,
-                                      "auto_delete": q.auto_delete, "arguments": jsonable(q.arguments)})
-        for ex in vh.exchanges.values():
-            if not ex.name.startswith("amq."):
-                out["exchanges"].append({"name": ex.name, "vhost": v, "type": ex.type, "durable": ex.durable,
-                                         "auto_delete": ex.auto_delete, "internal": ex.internal,
-                                         "arguments": jsonable(ex.arguments)})
-    out["bindings"] = [{k: b[k] for k in ("source", "vhost", "destination", "destination_type",
-                                          "routing_key", "arguments")}
-                       for b in _bindings(mgmt, vhosts) if b["source"] != ""]
-    for (v, x, name), s in sorted(mgmt.pusher.subscriptions.items()):
-        if v in vhosts:
-            out["cmq_http_subscriptions"].append({
-                "vhost": v, "exchange": x, "name": name, "endpoint": s.url,
-                "notify_strategy": s.notify_strategy, "notify_content_format": s.content_format,
-                "filters": list(s.filters)})
-    return out
-
-
-def import_definitions(mgmt: Management, body: dict[str, Any], only_vhost: str | None = None) -> None:
-    """RabbitMQ's import: vhosts, users, permissions, exchanges, queues, bindings, in that
-    order; an object that already exists must be equivalent (the broker's redeclare rules)."""
-    broker = mgmt.broker
-    users = mgmt.target.users
-
-    def vhost_of(item: dict[str, Any]) -> str:
-        return only_vhost if only_vhost is not None else str(item.get("vhost", "/"))
-
-    # SE4: users, vhosts and permissions through Accounts, which journals them in the store.
-    accounts = Accounts(users, broker) if users is not None else None
-    try:
-        if only_vhost is None:
-            for v in body.get("vhosts", []):
-                name = str(v["name"])
-                broker.vhost(name)
-                if accounts is not None:
-                    accounts.put_vhost(name)
-            if accounts is not None:
-                for u in body.get("users", []):
-                    tags = u.get("tags", [])
-                    if isinstance(tags, str):
-                        tags = [t for t in tags.split(",") if t]
-                    if "password_hash" in u:
-                        pw = str(u["password_hash"])
-                    else:
-                        pw = hash_password(str(u.get("password", "")))
-                    accounts.put_user(str(u["name"]), pw, (str(t) for t in tags))
-                for p in body.get("permissions", []):
-                    accounts.set_permission(str(p["user"]), str(p["vhost"]), Permission(
-                        str(p["configure"]), str(p["write"]), str(p["read"])))
-        for x in body.get("exchanges", []):
-            vh = mgmt.vhost(vhost_of(x))
-            vh.declare_exchange(str(x["name"]), str(x["type"]), passive=False, durable=bool(x.get("durable", True)),
-                                auto_delete=bool(x.get("auto_delete", False)),
-                                internal=bool(x.get("internal", False)), arguments=x.get("arguments") or {})
-        for q in body.get("queues", []):
-            vh = mgmt.vhost(vhost_of(q))
-            vh.declare_queue(None, str(q["name"]), passive=False, durable=bool(q.get("durable", True)),
-                             exclusive=False, auto_delete=bool(q.get("auto_delete", False)),
-                             arguments=q.get("arguments") or {})
-        for b in body.get("bindings", []):
-            vh = mgmt.vhost(vhost_of(b))
-            kind = "q" if b.get("destination_type", "queue") == "queue" else "x"
-            vh.bind(None, str(b["source"]), (kind, str(b["destination"])), str(b.get("routing_key", "")),
-                    b.get("arguments") or {})
-        for s in body.get("cmq_http_subscriptions", []):
-            v = vhost_of(s)
-            if (v, s["exchange"], s["name"]) not in mgmt.pusher.subscriptions:
-                mgmt.pusher.subscribe(v, str(s["exchange"]), str(s["name"]), str(s["endpoint"]),
-                                      notify_strategy=str(s.get("notify_strategy", "EXPONENTIAL_DECAY_RETRY")),
-                                      content_format=str(s.get("notify_content_format", "JSON")),
-                                      filters=[str(f) for f in s.get("filters", [])])
-    except (KeyError, TypeError, ValueError) as e:
-        raise bad_request(f"definitions: {e!r}")
-    except ApiError:
-        raise
-
+    definitions.add_policy_routes(app, mgmt)

@@ -54,6 +54,8 @@ DOCUMENTED_TAG = {
     ("GET", "/api/consumers"): "management",
     ("GET", "/api/queues/{vhost}/{name}"): "management",
     ("PUT", "/api/queues/{vhost}/{name}"): "management",
+    ("GET", "/api/policies"): "management",
+    ("PUT", "/api/policies/{vhost}/{name}"): "policymaker",
     ("GET", "/api/cmq/openapi.json"): "none",
 }
 # RabbitMQ's tag inclusion: administrator does all policymaker and monitoring do, which do
@@ -76,6 +78,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/api/bindings/{vhost}/e/{source}/{kind}/{dest}"): {"routing_key": "k"},
     ("POST", "/api/queues/{vhost}/{name}/get"): {"count": 1, "ackmode": "ack_requeue_true", "encoding": "auto"},
     ("PUT", "/api/cmq/topics/{vhost}/{exchange}/attributes"): {"maxMsgSize": 65536},
+    ("PUT", "/api/policies/{vhost}/{name}"): {"pattern": "^q$", "definition": {"max-length": 10}},
     ("POST", "/api/cmq/topics/{vhost}/{exchange}/subscriptions"):
         {"subscriptionName": "hook2", "endpoint": NOWHERE},
     ("POST", "/api/cmq/queues/{vhost}/{queue}/rewind"): {"rewindTo": 0},

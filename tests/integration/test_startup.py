@@ -107,8 +107,8 @@ def test_every_key_of_the_schema_is_checked_at_its_own_path() -> None:
         said[key] = str(e.value)
     assert said == {
         "listeners": "config: listeners[1].port: expected an integer 0..65535, got '5672'",
-        "users": "config: users[0].password_hash: expected RabbitMQ's base64 salted SHA-256 (as rabbitmqctl "
-                 "export_definitions writes it; or give password: instead), got '<base64>'",
+        "users": "config: users[0].password_hash: expected RabbitMQ's base64 salted SHA-256, SHA-512 or MD5 "
+                 "(as rabbitmqctl export_definitions writes it; or give password: instead), got '<base64>'",
         "vhosts": "config: vhosts[0].profile: expected one of compatible, cmq, got 'rabbit'",
         "permissions": "config: permissions[0].configure: expected a regular expression, got '('",
         "audit": "config: audit.events[0]: expected one of " + ", ".join(sorted(_events())) +
@@ -282,3 +282,19 @@ def test_A3_second_serve_is_refused_before_touching_the_running_audit_log(tmp_pa
                   "every publish in the audit log")
         assert proc.poll() is None
         assert _audit_files(audit)[closed_name].startswith(before[open_name])
+
+
+def test_W2_sha512_and_md5_users_of_an_export_are_taken_by_the_config() -> None:
+    """RabbitMQ's other hashing modules pass the config check and log in (an export of a node
+    configured with rabbit_password_hashing_sha512 is a valid config)."""
+    import base64
+    import hashlib
+
+    salt = b"\x09\x08\x07\x06"
+    for digest, algorithm in ((hashlib.sha512, "rabbit_password_hashing_sha512"),
+                              (hashlib.md5, "rabbit_password_hashing_md5")):
+        h = base64.b64encode(salt + digest(salt + b"pw").digest()).decode()
+        cfg = parse_config({"users": [{"name": "u", "password_hash": h, "hashing_algorithm": algorithm}],
+                            "permissions": [{"user": "u", "vhost": "/", "configure": ".*", "write": ".*",
+                                             "read": ".*"}]})
+        assert cfg.users.authenticate("PLAIN", "\x00u\x00pw", from_loopback=False).name == "u"
