@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=None, metavar="FILE",
                        help="YAML (or JSON) configuration: listeners, data_dir, users, vhosts, "
                             "permissions (a RabbitMQ definitions export works), strict_names, "
-                            "limits, audit, tls; command-line options override it")
+                            "limits, audit, tls, push (the URLs HTTP subscriptions may reach); "
+                            "command-line options override it")
     serve.add_argument("--audit-dir", default=None, metavar="DIR",
                        help="directory of the JSON-lines audit log (default: the config's audit.dir, "
                             "else DATA_DIR/audit)")

@@ -29,6 +29,7 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
       verify: verify_peer                       # or verify_none
       fail_if_no_peer_cert: false
       port: 5671                                # on the hosts of `listeners`
+    push: {allow: ["https://hooks.example.com/*"], allow_addresses: []}   # SE3 (gateway.push_policy)
 
 With no users at all, the default ``guest``/``guest`` user with full rights on ``/`` exists,
 as in RabbitMQ, and may connect only from loopback.
@@ -46,6 +47,7 @@ import yaml
 
 from gateway.auth import Permission, User, UserDB, hash_password
 from gateway.config_schema import SchemaError, validate
+from gateway.push_policy import PushPolicy
 
 __all__ = [
     "AuditSettings",
@@ -141,6 +143,8 @@ class GatewayConfig:
     management_host: str = "0.0.0.0"
     metrics_host: str = "0.0.0.0"
     cluster_name: str = "cmq-gateway"
+    # SE3: the URLs HTTP subscriptions may push to; none until an administrator allows some.
+    push: PushPolicy = field(default_factory=PushPolicy)
     # The topology part of a RabbitMQ definitions export given as the config (exchanges,
     # queues, bindings, policies...): imported once the gateway is up, as RabbitMQ's
     # load_definitions does. Empty when the file holds none.
@@ -222,6 +226,8 @@ def parse_config(raw: Any) -> GatewayConfig:
     cfg.cluster_name = raw.get("cluster_name", cfg.cluster_name)
     if any(k in raw for k in ("users", "vhosts", "permissions")):
         cfg.users = _userdb(raw)
+    if raw.get("push") is not None:
+        cfg.push = PushPolicy.parse(raw["push"])  # the schema checked its shape and networks
     cfg.definitions = {k: raw[k] for k in TOPOLOGY_KINDS if raw.get(k)}
     cfg.limits = Limits(**_known(Limits, raw.get("limits", {})))
     audit = _set(raw.get("audit", {}))

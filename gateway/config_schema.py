@@ -14,6 +14,7 @@ A null value is the key's default, wherever it appears (YAML's ``key:`` with not
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -214,6 +215,14 @@ def _is_regex(text: str) -> bool:
     return True
 
 
+def _is_network(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        return False
+    return True
+
+
 def _is_rabbit_hash(text: str) -> bool:
     return hashing_algorithm(text) is not None
 
@@ -298,7 +307,9 @@ SCHEMA = Map({
     "metrics": OPERATOR_PORT,
     "tls": TLS,  # branch tls-timeouts
     "profile": PROFILE,  # branch profiles
-    "push": Map({"allow": ListOf(Str())}),  # branch mgmt-authz
+    # SE3 (gateway.push_policy): URL globs, and the private networks pushes may reach anyway.
+    "push": Map({"allow": ListOf(Str()), "allow_addresses": ListOf(Str("an IP network such as 10.1.0.0/16",
+                                                                        _is_network))}),
     # The rest of a RabbitMQ definitions export (W2: such a file works as-is).
     **{key: Anything() for key in (
         "rabbit_version", "rabbitmq_version", "product_name", "product_version", "topic_permissions",

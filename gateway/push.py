@@ -26,6 +26,10 @@ itself (docs/ARCHITECTURE.md); an :class:`HttpPusher` registers :meth:`HttpPushe
 for ``"http"`` when it is created, and is the broker's ``http_pusher`` from then on (a later
 pusher for the same broker takes over its subscriptions).
 
+SE3: a subscription's URL must match the config's ``push.allow`` and its host's addresses be
+public (or in ``push.allow_addresses``), checked when it is created and again at every
+delivery by the client's resolver, on the addresses it connects to (gateway.push_policy).
+
 HTTP subscriptions of durable exchanges are kept in the broker's store under
 ``s/<vhost>/<exchange>/<subscription>`` and come back with :meth:`HttpPusher.recover`, which
 the broker runs while it recovers, before the topic-retained messages, so that a retained
@@ -46,6 +50,7 @@ from typing import Any
 import aiohttp
 
 from gateway.broker import persistence as P
+from gateway.push_policy import PolicyResolver, PushPolicy, PushRefused
 from semantics.names import validate_topic_name
 from semantics.retry import DEFAULT_STRATEGY, NotifyStrategy
 from semantics.topic import FilterType, Subscription, Topic, TopicMessage
@@ -115,8 +120,12 @@ def notify_request(sub: HttpSubscription, topic: Topic, tmsg: TopicMessage) -> t
 class HttpPusher:
     """Pushes topic messages to HTTP(S) subscriptions of one broker."""
 
-    def __init__(self, broker: Any, *, timeout: float = PUSH_TIMEOUT, pool_size: int = 100) -> None:
+    def __init__(self, broker: Any, *, timeout: float = PUSH_TIMEOUT, pool_size: int = 100,
+                 policy: PushPolicy | None = None) -> None:
         self.broker = broker
+        # SE3: where pushes may go, from the gateway's config. A broker without one (embedded,
+        # unit tests) restricts nothing, as it checks no AMQP permissions either.
+        self.policy = policy if policy is not None else getattr(getattr(broker, "config", None), "push", None)
         self.timeout = timeout
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
@@ -144,7 +153,7 @@ class HttpPusher:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._pool_size),
+                connector=aiohttp.TCPConnector(limit=self._pool_size, resolver=PolicyResolver(lambda: self.policy)),
                 timeout=aiohttp.ClientTimeout(total=self.timeout))
         return self._session
 
@@ -171,9 +180,14 @@ class HttpPusher:
                   filters: Iterable[str] = (), owner: str = "", persist: bool = True) -> HttpSubscription:
         """Create an HTTP subscription on the exchange's topic. Raises CMQError (L1 name, L3/L4
         filters, L5 the 501st subscription, M8 a duplicate), KeyError for a missing exchange,
-        ValueError for a bad URL, strategy or format."""
+        ValueError for a bad URL, strategy or format, PushRefused (a ValueError) for a URL
+        the push policy does not allow (SE3; its host's addresses are checked by
+        :meth:`check_endpoint` and at each delivery). A restored subscription (``persist``
+        False) is not refused here: delivery checks it."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint {url!r} is not an http:// or https:// URL (D7)")
+        if persist and self.policy is not None:
+            self.policy.check_url(url)
         strategy = NotifyStrategy(notify_strategy)
         if content_format not in FORMATS:
             raise ValueError(f"notifyContentFormat {content_format!r} is not JSON or SIMPLIFIED")
@@ -194,6 +208,11 @@ class HttpPusher:
         self.broker.audit.emit("bind", vhost, topic=exchange, subscription=name, routing_key=url,
                                tags=list(sub.filters), policy=strategy.value)
         return record
+
+    async def check_endpoint(self, url: str) -> None:
+        """SE3 before a subscription is created: the URL and every address of its host."""
+        if self.policy is not None:
+            await self.policy.check(url)
 
     def unsubscribe(self, vhost: str, exchange: str, name: str) -> bool:
         record = self.subscriptions.pop((vhost, exchange, name), None)
@@ -259,11 +278,13 @@ class HttpPusher:
         status: int | None = None
         self.sent += 1
         try:
+            if self.policy is not None:
+                self.policy.check_url(record.url)  # the config may have changed; names: PolicyResolver
             async with self._client().post(record.url, data=body, headers=headers,
                                            allow_redirects=False) as resp:
                 status = resp.status
                 await resp.read()
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError, PushRefused) as e:
             log.info("push of %s to %s failed: %s", tmsg.msg_id, record.url, e)
         ok = status == 200  # D7: success only on HTTP status 200
         if ok:

@@ -316,7 +316,11 @@ class AMQPConnection(asyncio.Protocol):
 
     def close_for_shutdown(self) -> None:
         """Graceful shutdown: 320 CONNECTION_FORCED, as RabbitMQ does on stop."""
-        self._force_close(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
+        self.close_forced("shutdown")
+
+    def close_forced(self, reason: str) -> None:
+        """320 CONNECTION_FORCED with RabbitMQ's wording (shutdown, a deleted user or vhost)."""
+        self._force_close(320, f"CONNECTION_FORCED - broker forced connection closure with reason '{reason}'")
         self._flush()
 
     def _hang_up(self) -> None:

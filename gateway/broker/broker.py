@@ -172,6 +172,16 @@ class Broker:
         self._on_durable(durable)
         return durable
 
+    async def flush(self) -> int:
+        """Everything persisted so far is durable when this returns (a management change
+        answered only once it would survive a crash, SE4). On the flusher's thread, so
+        the two never sync at once."""
+        if self._loop is None:
+            return self.sync_now()
+        durable = await self._loop.run_in_executor(self._executor, self.store.sync)
+        self._on_durable(durable)
+        return durable
+
     async def _flush_loop(self) -> None:
         # One executor thread syncs whatever piled up while the last sync ran: group commit.
         assert self._dirty is not None and self._loop is not None
@@ -601,6 +611,17 @@ class Broker:
         if q.cmq.delete(receipt, self.clock.now()):
             self._unpersist_msg(q, receipt.message)
 
+    def drop_received(self, q: BrokerQueue, receipt: Q.Receipt, user: str | None = None) -> None:
+        """A received message rejected without requeue outside a channel (the management
+        API's get): deleted, then dead-lettered or discarded (M13)."""
+        m = q.cmq.drop(receipt, self.clock.now())
+        if m is None:
+            return
+        self._unpersist_msg(q, m)
+        if not self._dead_letter_exchange(self.vhosts[q.vhost], q, m, "rejected"):
+            self.audit.emit("discard", q.vhost, queue=q.name, msg_id=m.msg_id, size=m.size, reason="rejected",
+                            user=user)
+
     def ack(self, session: Session, u: Unacked) -> None:
         """M12: CMQ DeleteMessage with this delivery's receipt handle; stale: nothing (Q3)."""
         q = u.queue
@@ -651,6 +672,7 @@ class Broker:
         collecting = gc.isenabled()
         gc.disable()
         try:
+            self._recover_accounts()
             try:
                 self._recover_declarations()
             finally:
@@ -662,6 +684,13 @@ class Broker:
         finally:
             if collecting:
                 gc.enable()
+
+    def _recover_accounts(self) -> None:
+        """SE4: users, vhosts and permissions changed over the management API."""
+        users = getattr(self.config, "users", None)
+        if users is not None:
+            from gateway.accounts import Accounts
+            Accounts(users, self).recover()
 
     def _recover_http_subscriptions(self) -> None:
         """D7: persisted HTTP subscriptions come back before the topic-retained messages, so

@@ -14,6 +14,9 @@ the keys of the objects it names.
 * ``t/<vhost>/<exchange>/<msg_id>``  binary: a persistent message a durable topic retains
   for retries (D2), with the subscriptions still owed it
 * ``s/<vhost>/<exchange>/<subscription>``  JSON: an HTTP subscription (D7, gateway.push)
+* ``u/user/<name>``, ``u/vhost/<name>``, ``u/perm/<vhost>/<user>``  JSON: a user, vhost or
+  permission changed at run time, or its tombstone (gateway.accounts, SE4); layout 0 never
+  had them
 * ``meta/format``  the key layout version (semantics.store.versioning): 1 since the
   components are escaped; 0 (no such key) wrote them raw, and is migrated on open by
   :func:`rekey_v0`, which takes the names from the values because raw keys may collide.
@@ -30,6 +33,7 @@ from semantics.store.keys import escape, key_prefix, make_key
 from semantics.store.versioning import FORMAT_KEY
 
 __all__ = [
+    "ACCOUNTS_PREFIX",
     "BINDINGS_PREFIX",
     "EXCHANGES_PREFIX",
     "FORMAT_KEY",
@@ -46,6 +50,7 @@ __all__ = [
     "encode_message",
     "exchange_key",
     "message_key",
+    "permission_key",
     "policy_key",
     "queue_key",
     "queue_messages_prefix",
@@ -54,6 +59,8 @@ __all__ = [
     "encode_retained",
     "retained_key",
     "subscription_key",
+    "user_key",
+    "user_vhost_key",
 ]
 
 _MSG_HEAD = struct.Struct(">BdHHHHI")  # version, enqueue time, 4 name lengths, props length
@@ -70,6 +77,7 @@ BINDINGS_PREFIX = key_prefix("b")
 MESSAGES_PREFIX = key_prefix("m")
 RETAINED_PREFIX = key_prefix("t")
 SUBSCRIPTIONS_PREFIX = key_prefix("s")
+ACCOUNTS_PREFIX = key_prefix("u")
 POLICIES_PREFIX = key_prefix("p")
 
 
@@ -117,6 +125,18 @@ def message_key(vhost: str, queue: str, msg_id: str) -> str:
 
 def subscription_key(vhost: str, exchange: str, name: str) -> str:
     return make_key("s", vhost, exchange, name)
+
+
+def user_key(name: str) -> str:
+    return make_key("u", "user", name)
+
+
+def user_vhost_key(name: str) -> str:
+    return make_key("u", "vhost", name)
+
+
+def permission_key(vhost: str, user: str) -> str:
+    return make_key("u", "perm", vhost, user)
 
 
 def _plain(value: Any) -> Any:

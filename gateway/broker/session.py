@@ -47,7 +47,7 @@ class Session:
         # checks them. A broker without a user database (embedded, tests) checks nothing.
         users = getattr(broker.config, "users", None)
         self.check_access = users is not None
-        self.permission = users.vhost_permission(user, vhost) if users is not None else None
+        self._users = users
         self._writable: dict[str, bool] = {}  # basic.publish: write permission per exchange
         broker.sessions.add(self)
 
@@ -59,9 +59,11 @@ class Session:
         """W2: 403 ACCESS_REFUSED (a channel error, as RabbitMQ) unless the user's ``access``
         pattern on this vhost matches the resource name (the default exchange is
         ``amq.default``)."""
-        if not self.check_access:
+        if self._users is None:
             return
-        perm = self.permission
+        # Looked up at each check (a dict lookup), so permissions an administrator changes
+        # over the management API bind open connections too (SE1); publish keeps its cache.
+        perm = self._users.vhost_permission(self.user, self.vhost_name)
         if perm is None or not perm.allows(access, name):
             raise access_refused(f"access to {kind} '{name or 'amq.default'}' in vhost '{self.vhost_name}' "
                                  f"refused for user '{self.user}'", "W2")

@@ -22,18 +22,15 @@ from typing import Any
 from aiohttp import web
 
 from gateway.auth import User, check_password
+from gateway.management import authz
 from gateway.metrics import Counters, RateTracker, Target, attach
 from gateway.push import HttpPusher
 from gateway.transport import is_loopback
 from semantics.errors import CMQError
 
-__all__ = ["MGMT", "USER", "Management", "make_app", "start_management"]
+__all__ = ["MGMT", "USER", "Management", "make_app", "not_authorised", "start_management"]
 
 REALM = 'Basic realm="RabbitMQ Management"'
-MANAGEMENT_TAGS = frozenset({"administrator", "management", "monitoring", "policymaker"})
-WRITE_TAGS = frozenset({"administrator", "management", "policymaker"})
-# Users that see every vhost, as RabbitMQ's administrator and monitoring tags.
-ALL_VHOST_TAGS = frozenset({"administrator", "monitoring"})
 RATE_SAMPLE_SECONDS = 5.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -105,28 +102,50 @@ class Management:
             raise not_found()
         return vh
 
-    def vhost_names(self, request: web.Request) -> list[str]:
-        """The vhosts this user may see (all for administrator/monitoring, else permitted)."""
-        user = request.get(USER)
+    def login_vhosts(self, user: User | None) -> list[str]:
+        """The vhosts whose objects the user sees: all for administrators, else those they
+        may log in to over AMQP (RabbitMQ's ``filter_vhost``; monitors are no exception)."""
         names = sorted(self.broker.vhosts)
-        if user is None or set(user.tags) & ALL_VHOST_TAGS:
+        if user is None or authz.is_admin(user):
             return names
         users = self.target.users
-        return [v for v in names if users is not None and (user.name, v) in users.permissions]
+        return [v for v in names if users is not None and users.vhost_permission(user.name, v) is not None]
+
+    def visible_vhosts(self, user: User | None) -> list[str]:
+        """The vhosts the user may know of: all for administrators and monitors (RabbitMQ's
+        ``list_visible_vhosts``), else their login vhosts."""
+        if user is None or authz.is_monitor(user):
+            return sorted(self.broker.vhosts)
+        return self.login_vhosts(user)
+
+    def vhost_names(self, request: web.Request) -> list[str]:
+        return self.login_vhosts(request.get(USER))
 
     def vhosts_in(self, request: web.Request) -> list[str]:
-        """The path's ``{vhost}`` (checked), or every vhost the user may see."""
+        """The path's ``{vhost}`` (404 when missing), or every vhost the user sees objects in.
+        Whether the user may use the path's vhost is the route's rule (authz)."""
         v = request.match_info.get("vhost")
         if v is None:
             return self.vhost_names(request)
-        self.check_vhost(request, v)
+        self.vhost(v)
         return [v]
 
     def check_vhost(self, request: web.Request, name: str) -> Any:
-        vh = self.vhost(name)
-        if name not in self.vhost_names(request):
-            raise ApiError(401, "not_authorised", f"User not authorised to access virtual host {name}")
-        return vh
+        """The vhost (404 when missing); the user's right to it was checked by its rule."""
+        return self.vhost(name)
+
+    def connection_named(self, name: str) -> Any:
+        """The AMQP connection of that management name (RabbitMQ's "peer -> local"), or None."""
+        from gateway.management.rabbit_api import connection_name
+        return next((c for c in self.target.connections if connection_name(c) == name), None)
+
+    def connection_user(self, name: str) -> str | None:
+        conn = self.connection_named(name)
+        return None if conn is None else str(conn.user)
+
+    def sees_all_connections(self, request: web.Request) -> bool:
+        user = request.get(USER)
+        return user is None or authz.is_monitor(user)
 
 
 MGMT: web.AppKey[Management] = web.AppKey("mgmt", Management)
@@ -134,16 +153,24 @@ SAMPLER: web.AppKey[asyncio.Task[None]] = web.AppKey("sampler", asyncio.Task)
 USER: web.RequestKey[User] = web.RequestKey("user", User)
 
 
+def not_authorised(reason: str) -> ApiError:
+    """RabbitMQ's refusal of a logged-in user (``not_authorised``, 401, no realm header)."""
+    return ApiError(401, "not_authorised", reason)
+
+
 def _auth_middleware(mgmt: Management) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            if not request.path.startswith("/api/cmq/openapi"):
-                request[USER] = _login(mgmt, request)
+            rule = authz.rule_for(request)
+            if rule is None or rule.tag != "none":
+                user = request[USER] = _login(mgmt, request)
+                if rule is not None:
+                    _authorize(mgmt, request, user, rule)
                 await mgmt.counters.sync()  # message_stats exact up to this request
             return await handler(request)
         except ApiError as e:
-            headers = {"WWW-Authenticate": REALM} if e.status == 401 else None
+            headers = {"WWW-Authenticate": REALM} if e.error == "not_authorized" else None
             return web.json_response({"error": e.error, "reason": e.reason}, status=e.status, headers=headers)
         except CMQError as e:
             status = 404 if e.reply_code == 404 else 400
@@ -166,12 +193,36 @@ def _login(mgmt: Management, request: web.Request) -> Any:
     if user is None or not check_password(password, user.password_hash):
         raise ApiError(401, "not_authorized", "Not Authorized")
     if name in users.loopback_users and not is_loopback(request.remote or ""):
-        raise ApiError(401, "not_authorized", "User can only log in via localhost")
-    if not set(user.tags) & MANAGEMENT_TAGS:
-        raise ApiError(401, "not_authorized", "Not management user")
-    if request.method not in ("GET", "HEAD") and not set(user.tags) & WRITE_TAGS:
-        raise ApiError(401, "not_authorized", "Not authorised")
+        raise not_authorised("User can only log in via localhost")
+    if not authz.has_tag(user, "management"):
+        raise not_authorised("Not management user")
     return user
+
+
+def _authorize(mgmt: Management, request: web.Request, user: User, rule: authz.Rule) -> None:
+    """SE1: the route's rule (gateway.management.authz), in RabbitMQ's order: the tag, the
+    path's vhost, then the permission on each named resource."""
+    if rule is authz.DENY:
+        raise not_authorised("This route has no authorization rule (SE1)")
+    if not authz.has_tag(user, rule.tag):
+        raise not_authorised(authz.TAG_REASONS.get(rule.tag, "Not management user"))
+    if rule.owner:
+        owner = mgmt.connection_user(request.match_info["name"])
+        needed = "monitoring" if request.method in ("GET", "HEAD") else "administrator"
+        if owner is not None and owner != user.name and not authz.has_tag(user, needed):
+            raise not_authorised("User not authorised to access object")
+    vhost = request.match_info.get("vhost")
+    if not rule.vhost or vhost is None or vhost not in mgmt.broker.vhosts:
+        return  # no vhost to check, or a missing one: the handler answers 404
+    if not authz.is_admin(user) and vhost not in mgmt.login_vhosts(user):
+        raise not_authorised("User not authorised to access virtual host")
+    users = mgmt.target.users
+    perm = users.vhost_permission(user.name, vhost) if users is not None else None
+    for check in rule.access:
+        kind, name = authz.resource_of(check, request.match_info)
+        if perm is None or not perm.allows(check.access, name):
+            raise not_authorised(f"ACCESS_REFUSED - {check.access} access to {kind} '{name or 'amq.default'}' "
+                                 f"in vhost '{vhost}' refused for user '{user.name}' (SE1)")
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
@@ -188,13 +239,15 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 
 def make_app(obj: Any, pusher: HttpPusher | None = None) -> web.Application:
     """The aiohttp application for a Gateway or Broker (see ``start_management``)."""
-    from gateway.management import cmq_api, rabbit_api
+    from gateway.management import accounts_api, cmq_api, rabbit_api
 
     mgmt = Management(obj, pusher)
     app = web.Application(middlewares=[_auth_middleware(mgmt)])
     app[MGMT] = mgmt
     rabbit_api.add_routes(app, mgmt)
+    accounts_api.add_routes(app, mgmt)
     cmq_api.add_routes(app, mgmt)
+    authz.check_table(app)
     app.on_startup.append(_start_sampler)
     app.on_cleanup.append(_stop_sampler)
     return app

@@ -26,8 +26,9 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.management.app import USER, Management, bad_request, jsonable, not_found, read_json
+from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
 from gateway.management.openapi import openapi_document
+from gateway.push_policy import PushRefused
 from semantics.errors import CMQError
 from semantics.limits import TOPIC_LIFECYCLE_SECONDS
 from semantics.names import cmq_name
@@ -172,12 +173,15 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         if filters is not None and (not isinstance(filters, list) or not all(isinstance(f, str) for f in filters)):
             raise bad_request("filterTag / bindingKey must be a list of strings")
         try:
+            await mgmt.pusher.check_endpoint(endpoint)  # SE3: the URL and its addresses
             mgmt.pusher.subscribe(vh.name, ex.name, name, endpoint,
                                   notify_strategy=str(body.get("notifyStrategy", "EXPONENTIAL_DECAY_RETRY")),
                                   content_format=str(body.get("notifyContentFormat", "JSON")),
                                   filters=filters or [], owner=str(body.get("topicOwner", "")))
         except CMQError:
             raise
+        except PushRefused as e:
+            raise ApiError(403, "access_refused", str(e))
         except ValueError as e:
             raise bad_request(str(e))
         sub = ex.topic.subscription(name)

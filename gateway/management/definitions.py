@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.accounts import Accounts
 from gateway.auth import HASHING_ALGORITHMS, Permission, User, hash_password, hashing_algorithm
 from gateway.broker.arguments import CMQ_ATTRS
 from gateway.broker.exchange import EXCHANGE_TYPES, X_MAX_MESSAGE_SIZE
@@ -107,8 +108,10 @@ def _reason(e: Exception) -> tuple[str, str | None]:
 # -- export --------------------------------------------------------------------------------------
 
 
-def export_definitions(mgmt: Management, vhosts: list[str]) -> dict[str, Any]:
-    users = mgmt.target.users
+def export_definitions(mgmt: Management, vhosts: list[str], *, with_users: bool = True) -> dict[str, Any]:
+    """RabbitMQ's export. Only an administrator gets here (authz: the definitions routes),
+    the one place password hashes leave the gateway besides /api/users (SE1)."""
+    users = mgmt.target.users if with_users else None
     out: dict[str, Any] = {
         "rabbit_version": COMPAT_VERSION, "rabbitmq_version": COMPAT_VERSION,
         "product_name": "cmq-gateway", "product_version": COMPAT_VERSION,
@@ -193,7 +196,14 @@ class _Import:
         self.only_vhost = only_vhost
         self.report = report
         self.users_db = mgmt.target.users
+        # SE4: users, vhosts and permissions through Accounts, which journals them in the store.
+        self.accounts = Accounts(self.users_db, mgmt.broker) if self.users_db is not None else None
         self.policy_names: list[tuple[str, str]] = []
+
+    def _accounts(self) -> Accounts:
+        if self.accounts is None:
+            raise ValueError("this gateway has no user database")
+        return self.accounts
 
     def items(self, kind: str) -> list[Any]:
         return list(self.body.get(kind) or [])
@@ -231,8 +241,8 @@ class _Import:
             broker = self.mgmt.broker
             known = name in broker.vhosts and (self.users_db is None or name in self.users_db.vhosts)
             broker.vhost(name)
-            if self.users_db is not None and name not in self.users_db.vhosts:
-                self.users_db.vhosts.append(name)
+            if self.accounts is not None:
+                self.accounts.put_vhost(name)  # SE4: journaled
             return not known
         self.each("vhosts", lambda raw: {"name": raw.get("name")}, action)
 
@@ -269,7 +279,8 @@ class _Import:
                                  "are not enforced by the gateway")
             user = User(name, pw, tuple(str(t) for t in tags))
             old = db.users.get(name)
-            db.users[name] = user
+            if old != user:
+                self._accounts().put_user(name, pw, user.tags)  # SE4: journaled
             return old != user
         self.each("users", lambda raw: {"name": raw.get("name")}, action)
 
@@ -285,7 +296,8 @@ class _Import:
                 raise ValueError(f"no vhost '{vhost}'")
             perm = Permission(str(raw["configure"]), str(raw["write"]), str(raw["read"]))
             old = db.permissions.get((user, vhost))
-            db.permissions[user, vhost] = perm
+            if old != perm:
+                self._accounts().set_permission(user, vhost, perm)  # SE4: journaled
             return old != perm
         self.each("permissions", lambda raw: {"user": raw.get("user"), "vhost": raw.get("vhost")}, action)
 
@@ -435,7 +447,9 @@ class _Import:
 
 
 async def definitions_get(mgmt: Management, request: web.Request) -> web.Response:
-    return web.json_response(export_definitions(mgmt, mgmt.vhosts_in(request)))
+    # A vhost's export holds no users or permissions, as RabbitMQ's.
+    return web.json_response(export_definitions(mgmt, mgmt.vhosts_in(request),
+                                                with_users="vhost" not in request.match_info))
 
 
 async def definitions_post(mgmt: Management, request: web.Request) -> web.Response:
@@ -446,8 +460,9 @@ async def definitions_post(mgmt: Management, request: web.Request) -> web.Respon
     if v is not None:
         mgmt.check_vhost(request, v)
     user = request.get(USER)
-    return web.json_response(import_definitions(mgmt, body, only_vhost=v,
-                                                user=None if user is None else user.name))
+    report = import_definitions(mgmt, body, only_vhost=v, user=None if user is None else user.name)
+    await mgmt.broker.flush()  # SE4: imported users and permissions are durable when answered
+    return web.json_response(report)
 
 
 def add_policy_routes(app: web.Application, mgmt: Management) -> None:

@@ -30,7 +30,8 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
 
 
 _ERRORS = {"400": _json(_ref("Error"), "A CMQ limit or rule refused it (names the rule)"),
-           "401": {"description": "Missing or wrong login, or not a management user"},
+           "401": {"description": "Missing or wrong login, not a management user, a vhost the user may "
+                                  "not use, or a configure/write/read permission refused (SE1)"},
            "404": _json(_ref("Error"), "No such vhost, exchange, queue or subscription")}
 
 
@@ -102,7 +103,10 @@ def openapi_document() -> dict[str, Any]:
         "/api/cmq/topics/{vhost}/{exchange}/subscriptions": {
             "get": _op("The topic's subscriptions with waiting counts and head state (D4, D9)",
                        {"200": _json({"type": "array", "items": _ref("Subscription")})}, [_VHOST, _EXCHANGE]),
-            "post": _op("Create an HTTP(S) subscription (D7)", {"201": _json(_ref("Subscription"), "Created")},
+            "post": _op("Create an HTTP(S) subscription (D7)", {
+                "201": _json(_ref("Subscription"), "Created"),
+                "403": _json(_ref("Error"), "SE3: the endpoint matches no push.allow pattern, or its host is at a "
+                                            "loopback, link-local, private or unspecified address")},
                         [_VHOST, _EXCHANGE], _ref("NewSubscription"))},
         "/api/cmq/topics/{vhost}/{exchange}/subscriptions/{name}": {"delete": _op(
             "Remove an HTTP(S) subscription", {"204": {"description": "Removed"}}, [_VHOST, _EXCHANGE, _SUB])},

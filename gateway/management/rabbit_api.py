@@ -16,10 +16,13 @@ Vhost names are URL-encoded in paths (``%2F`` is ``/``), as in RabbitMQ (M1).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import math
 import re
+import struct
 import time
 from typing import Any
 from urllib.parse import quote
@@ -29,13 +32,15 @@ from aiohttp import web
 from gateway.auth import User
 from gateway.management import definitions
 from gateway.management.app import USER, Management, bad_request, jsonable, not_found, read_json
+from gateway.protocol.properties import Properties
 from semantics.names import cmq_name
 
-__all__ = ["COMPAT_VERSION", "add_routes", "queue_json"]
+__all__ = ["COMPAT_VERSION", "add_routes", "connection_name", "queue_json"]
 
 # The RabbitMQ management API version whose shapes this follows.
 COMPAT_VERSION = "3.12.0"
 NODE = "cmq-gateway@localhost"
+GET_ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 EXCHANGE_TYPES = [
     {"name": "direct", "description": "CMQ topic filtering by tag (M2)", "enabled": True},
     {"name": "fanout", "description": "CMQ topic, subscriptions without a filter (M4)", "enabled": True},
@@ -232,6 +237,9 @@ def _conn_name(conn: Any) -> str:
     return f"{conn.peer} -> {local}"
 
 
+connection_name = _conn_name
+
+
 def _conn_of_session(mgmt: Management, session: Any) -> Any:
     for conn in mgmt.target.connections:
         if getattr(conn, "session", None) is session or conn is session:
@@ -332,7 +340,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r = app.router
 
     async def overview(request: web.Request) -> web.Response:
-        names = mgmt.vhost_names(request)
+        names = mgmt.visible_vhosts(request[USER])
         queues = _queues(mgmt, request, names)
         c = mgmt.counters
         stats: dict[str, Any] = {}
@@ -388,7 +396,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                 "messages_unacknowledged": unacked, "messages_unacknowledged_details": {"rate": 0.0}}
 
     async def vhosts(request: web.Request) -> web.Response:
-        return web.json_response(_paged(request, [vhost_json(v) for v in mgmt.vhost_names(request)]))
+        return web.json_response(_paged(request, [vhost_json(v) for v in mgmt.visible_vhosts(request[USER])]))
 
     async def vhost(request: web.Request) -> web.Response:
         name = request.match_info["vhost"]
@@ -436,6 +444,61 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         vh.purge_queue(None, name, request[USER].name)
         return web.Response(status=204)
 
+    async def queue_get(request: web.Request) -> web.Response:
+        """RabbitMQ's "get messages" (read permission: authz): ``count`` CMQ receives, then
+        each received message acked (deleted), requeued (Active again, redelivered next
+        time) or rejected (dead-lettered or dropped), as ``ackmode`` says."""
+        vh, name = existing_queue(request)
+        q = vh.queues[name]
+        body = await read_json(request)
+        for key in ("count", "ackmode", "encoding"):
+            if key not in body:
+                raise bad_request(f"[{{key_missing,{key}}}]")
+        count, mode, encoding = body["count"], body["ackmode"], body["encoding"]
+        truncate = body.get("truncate")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise bad_request("count must be a positive integer")
+        if mode not in GET_ACKMODES:
+            raise bad_request(f"Invalid ackmode: {mode}")
+        if encoding not in ("auto", "base64"):
+            raise bad_request(f"Unsupported encoding: {encoding}")
+        broker, now = mgmt.broker, mgmt.broker.now()
+        receipts: list[Any] = []
+        while len(receipts) < count and (receipt := q.receive(now)) is not None:
+            receipts.append(receipt)
+        out = []
+        for i, receipt in enumerate(receipts):
+            m = receipt.message
+            msg = m.payload
+            data = bytes(getattr(msg, "body", b""))
+            shown = data[:truncate] if isinstance(truncate, int) and not isinstance(truncate, bool) else data
+            text = None
+            if encoding == "auto":
+                try:
+                    text = shown.decode()
+                except UnicodeDecodeError:
+                    text = None
+            props = getattr(msg, "properties", None)
+            out.append({"payload_bytes": len(data), "redelivered": m.receive_count > 1,
+                        "exchange": getattr(msg, "exchange", ""), "routing_key": getattr(msg, "routing_key", ""),
+                        "message_count": q.message_count + len(receipts) - i - 1,
+                        "properties": jsonable(props.as_dict()) if props is not None else {},
+                        "payload": text if text is not None else base64.b64encode(shown).decode(),
+                        "payload_encoding": "string" if text is not None else "base64"})
+        user = request[USER].name
+        for receipt in receipts:
+            m = receipt.message
+            if mode == "ack_requeue_false":
+                broker.settle_deleted(q, receipt)
+                broker.audit.emit("ack", vh.name, queue=q.name, msg_id=m.msg_id, user=user)
+            elif mode.endswith("requeue_true"):
+                q.cmq.release(receipt, now)
+                broker.audit.emit("requeue", vh.name, queue=q.name, msg_id=m.msg_id, user=user)
+            else:
+                broker.drop_received(q, receipt, user)
+        broker.after_queue_change(vh, q)
+        return web.json_response(out)
+
     async def queue_bindings(request: web.Request) -> web.Response:
         vh, name = existing_queue(request)
         out = [b for b in _bindings(mgmt, [vh.name])
@@ -475,6 +538,41 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         vh.delete_exchange(name, if_unused=request.query.get("if-unused") == "true", user=request[USER].name)
         return web.Response(status=204)
 
+    async def exchange_publish(request: web.Request) -> web.Response:
+        """RabbitMQ's publish over HTTP (write permission: authz), answering ``routed``."""
+        vh = mgmt.vhost(request.match_info["vhost"])
+        name = request.match_info["name"]
+        if name == "amq.default":
+            name = ""
+        if name and name not in vh.exchanges:
+            raise not_found()
+        body = await read_json(request)
+        for key in ("routing_key", "properties", "payload", "payload_encoding"):
+            if key not in body:
+                raise bad_request(f"[{{key_missing,{key}}}]")
+        payload, encoding = body["payload"], body["payload_encoding"]
+        if not isinstance(payload, str):
+            raise bad_request("payload_not_string")
+        if encoding == "string":
+            data = payload.encode()
+        elif encoding == "base64":
+            try:
+                data = base64.b64decode(payload, validate=True)
+            except (binascii.Error, ValueError):
+                raise bad_request("payload is not valid base64")
+        else:
+            raise bad_request(f"{{unsupported_encoding,{encoding}}}")
+        props = body["properties"] or {}
+        if not isinstance(props, dict):
+            raise bad_request("properties must be a JSON object")
+        try:
+            properties = Properties.build(**props)
+        except (TypeError, ValueError, OverflowError, struct.error) as e:
+            raise bad_request(f"properties: {e}")
+        user = request[USER].name
+        out = vh.publish(name, str(body["routing_key"]), properties, data, user=user, peer=request.remote)
+        return web.json_response({"routed": out.routed})
+
     async def bindings(request: web.Request) -> web.Response:
         return web.json_response(_bindings(mgmt, mgmt.vhosts_in(request)))
 
@@ -488,21 +586,77 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         args = jsonable(body.get("arguments") or {})
         return web.Response(status=201, headers={"Location": _properties_key(key, args)})
 
+    def own(request: web.Request, items: list[dict[str, Any]], user_of: Any) -> list[dict[str, Any]]:
+        """SE1: a user's own connections, channels and consumers; all for monitors and
+        administrators (RabbitMQ's filter_user)."""
+        if mgmt.sees_all_connections(request):
+            return items
+        name = request[USER].name
+        return [i for i in items if user_of(i) == name]
+
+    def pair_bindings(request: web.Request) -> tuple[Any, list[dict[str, Any]]]:
+        """The vhost and the bindings from the path's source to its destination."""
+        m = request.match_info
+        vh = mgmt.vhost(m["vhost"])
+        source = "" if m["source"] == "amq.default" else m["source"]
+        kind = "queue" if m["kind"] == "q" else "exchange"
+        return vh, [b for b in _bindings(mgmt, [vh.name])
+                    if (b["source"], b["destination_type"], b["destination"]) == (source, kind, m["dest"])]
+
+    def one_binding(request: web.Request) -> tuple[Any, dict[str, Any]]:
+        vh, pair = pair_bindings(request)
+        b = next((b for b in pair if b["properties_key"] == request.match_info["props"]), None)
+        if b is None:
+            raise not_found()
+        return vh, b
+
+    async def binding_list(request: web.Request) -> web.Response:
+        return web.json_response(pair_bindings(request)[1])
+
+    async def binding_get(request: web.Request) -> web.Response:
+        return web.json_response(one_binding(request)[1])
+
+    async def binding_delete(request: web.Request) -> web.Response:
+        """RabbitMQ's unbind by properties key (read on the source, write on the
+        destination: authz)."""
+        vh, b = one_binding(request)
+        kind = "q" if b["destination_type"] == "queue" else "x"
+        vh.unbind(None, b["source"], (kind, b["destination"]), b["routing_key"], user=request[USER].name)
+        return web.Response(status=204)
+
     async def connections(request: web.Request) -> web.Response:
-        names = set(mgmt.vhost_names(request))
         items = [_connection_json(mgmt, c) for c in mgmt.target.connections]
-        return web.json_response(_paged(request, [c for c in items if c["vhost"] in names]))
+        return web.json_response(_paged(request, own(request, items, lambda c: c["user"])))
+
+    def named_connection(request: web.Request) -> Any:
+        conn = mgmt.connection_named(request.match_info["name"])
+        if conn is None:
+            raise not_found()
+        return conn
+
+    async def connection(request: web.Request) -> web.Response:
+        return web.json_response(_connection_json(mgmt, named_connection(request)))
+
+    async def connection_delete(request: web.Request) -> web.Response:
+        """Close it with 320 CONNECTION_FORCED; the reason from ``X-Reason``, as RabbitMQ."""
+        conn = named_connection(request)
+        close = getattr(conn, "close_forced", None)
+        if close is None:
+            raise bad_request("this connection cannot be closed from here")
+        close(request.headers.get("X-Reason", "Closed via management plugin"))
+        return web.Response(status=204)
 
     async def channels(request: web.Request) -> web.Response:
-        items = [_channel_json(mgmt, ch) for ch in _channels(mgmt, set(mgmt.vhost_names(request)))]
-        return web.json_response(_paged(request, items))
+        items = [_channel_json(mgmt, ch) for ch in _channels(mgmt, set(mgmt.broker.vhosts))]
+        return web.json_response(_paged(request, own(request, items, lambda c: c["user"])))
 
     async def consumers(request: web.Request) -> web.Response:
+        v = request.match_info.get("vhost")
         out = []
-        for v in mgmt.vhosts_in(request):
-            for q in list(mgmt.vhost(v).queues.values()):
+        for name in [v] if v is not None else sorted(mgmt.broker.vhosts):
+            for q in list(mgmt.vhost(name).queues.values()):
                 out.extend(_consumers_of(mgmt, q))
-        return web.json_response(out)
+        return web.json_response(own(request, out, lambda k: k["channel_details"]["user"]))
 
     async def alarms(request: web.Request) -> web.Response:
         alarm = mgmt.target.alarm
@@ -529,15 +683,22 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_delete("/api/queues/{vhost}/{name}", queue_delete)
     r.add_delete("/api/queues/{vhost}/{name}/contents", queue_purge)
     r.add_get("/api/queues/{vhost}/{name}/bindings", queue_bindings)
+    r.add_post("/api/queues/{vhost}/{name}/get", queue_get)
     r.add_get("/api/exchanges", exchanges)
     r.add_get("/api/exchanges/{vhost}", exchanges)
     r.add_get("/api/exchanges/{vhost}/{name}", exchange)
     r.add_put("/api/exchanges/{vhost}/{name}", exchange_put)
     r.add_delete("/api/exchanges/{vhost}/{name}", exchange_delete)
+    r.add_post("/api/exchanges/{vhost}/{name}/publish", exchange_publish)
     r.add_get("/api/bindings", bindings)
     r.add_get("/api/bindings/{vhost}", bindings)
     r.add_post("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", binding_post)
+    r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", binding_list)
+    r.add_get("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", binding_get)
+    r.add_delete("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}/{props}", binding_delete)
     r.add_get("/api/connections", connections)
+    r.add_get("/api/connections/{name}", connection)
+    r.add_delete("/api/connections/{name}", connection_delete)
     r.add_get("/api/channels", channels)
     r.add_get("/api/consumers", consumers)
     r.add_get("/api/consumers/{vhost}", consumers)

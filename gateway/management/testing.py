@@ -17,8 +17,12 @@ from typing import Any
 from gateway.management.app import start_management
 from gateway.metrics import start_metrics
 from gateway.push import HttpPusher
+from gateway.push_policy import PushPolicy
 
-__all__ = ["OperatorGateway", "operator_gateway"]
+__all__ = ["LOOPBACK_PUSH", "OperatorGateway", "operator_gateway"]
+
+# SE3 refuses loopback endpoints; tests that push to a local HTTP server allow them explicitly.
+LOOPBACK_PUSH = PushPolicy(allow=("http://127.0.0.1:*",), allow_addresses=("127.0.0.0/8",))
 
 
 @dataclass

@@ -17,7 +17,7 @@ import aiohttp
 import pytest_asyncio
 from aiohttp import web
 
-from gateway.management.testing import OperatorGateway, operator_gateway
+from gateway.management.testing import LOOPBACK_PUSH, OperatorGateway, operator_gateway
 from semantics.clock import ManualClock
 from semantics.retry import exp_decay_schedule
 
@@ -102,7 +102,7 @@ async def setup_factory() -> AsyncIterator[Any]:
         clock = ManualClock()
         sub = Subscriber(clock, fail_first, fail_status)
         runner = await _serve(sub)
-        cm = operator_gateway(clock=clock)
+        cm = operator_gateway(clock=clock, push=LOOPBACK_PUSH)
         og = await cm.__aenter__()
         http = aiohttp.ClientSession(headers=AUTH)
         conn = await aio_pika.connect(og.amqp_url)

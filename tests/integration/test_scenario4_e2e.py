@@ -51,7 +51,7 @@ import aio_pika
 import aiohttp
 from aiohttp import web
 
-from gateway.management.testing import operator_gateway
+from gateway.management.testing import LOOPBACK_PUSH, operator_gateway
 from semantics.clock import ManualClock
 from semantics.retry import exp_decay_schedule
 
@@ -120,7 +120,7 @@ async def test_D2_D3_D6_D7_D8_D9_scenario_4_amqp_and_http_subscribers_end_to_end
     b = Endpoint(clock, lambda n: 91 <= n <= 120 or n > 200)
     runners = [await serve(a), await serve(b)]
     try:
-        async with operator_gateway(clock=clock) as og, aiohttp.ClientSession(auth=AUTH) as http:
+        async with operator_gateway(clock=clock, push=LOOPBACK_PUSH) as og, aiohttp.ClientSession(auth=AUTH) as http:
             broker = og.broker
             api = f"{og.management_url}/api/cmq/topics/%2F/{TOPIC}"
 

@@ -1,0 +1,211 @@
+"""RabbitMQ's user, vhost and permission paths (administrators only: authz.RULES; SE1, SE4).
+
+* ``GET /api/users``, ``GET|PUT|DELETE /api/users/{user}``, ``GET /api/users/{user}/permissions``
+* ``PUT|DELETE /api/vhosts/{vhost}``, ``GET /api/vhosts/{vhost}/permissions``
+* ``GET /api/permissions``, ``GET|PUT|DELETE /api/permissions/{vhost}/{user}``
+
+Shapes as RabbitMQ's: a user is ``{name, password_hash, hashing_algorithm, tags, limits}``
+(RabbitMQ shows administrators the hash here too), a permission ``{user, vhost, configure,
+write, read}``; PUT answers 201 when it created, 204 when it changed. Every change goes
+through gateway.accounts into the store and is answered once it is durable (SE4). Deleting a user or a vhost closes
+the AMQP connections that use it (320 CONNECTION_FORCED), as RabbitMQ does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Any
+
+from aiohttp import web
+
+from gateway.accounts import Accounts
+from gateway.auth import Permission, User, hash_password
+from gateway.management.app import Management, bad_request, not_found, read_json
+
+__all__ = ["add_routes", "user_json"]
+
+HASHING = "rabbit_password_hashing_sha256"
+
+
+def user_json(u: User) -> dict[str, Any]:
+    return {"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": HASHING,
+            "tags": list(u.tags), "limits": {}}
+
+
+def _perm_json(user: str, vhost: str, p: Permission) -> dict[str, Any]:
+    return {"user": user, "vhost": vhost, "configure": p.configure, "write": p.write, "read": p.read}
+
+
+def _tags(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):  # "administrator,management", as rabbitmqadmin sends
+        return [t.strip() for t in value.split(",") if t.strip()]
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return [t.strip() for t in value if t.strip()]
+    raise bad_request("tags must be a comma-separated string or a list of strings")
+
+
+def _password_hash(body: dict[str, Any], current: User | None) -> str:
+    if "password" in body:
+        if not isinstance(body["password"], str):
+            raise bad_request("password must be a string")
+        return hash_password(body["password"])
+    if "password_hash" in body:
+        algorithm = body.get("hashing_algorithm", HASHING)
+        if algorithm != HASHING:
+            raise bad_request(f"hashing algorithm {algorithm} is not supported")
+        value = body["password_hash"]
+        try:
+            ok = isinstance(value, str) and len(base64.b64decode(value, validate=True)) == 36
+        except (binascii.Error, ValueError):
+            ok = False
+        if not ok:
+            raise bad_request("password_hash must be a base64 salted SHA-256 hash (36 bytes)")
+        return str(value)
+    if current is not None:
+        return current.password_hash
+    raise bad_request("password or password_hash must be set")
+
+
+def _pattern(body: dict[str, Any], key: str) -> str:
+    if key not in body:
+        raise bad_request(f"[{{key_missing,{key}}}]")
+    value = body[key]
+    if not isinstance(value, str):
+        raise bad_request(f"{key} must be a regular expression string")
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise bad_request(f"{key}: invalid regular expression {value!r}: {e}")
+    return value
+
+
+def add_routes(app: web.Application, mgmt: Management) -> None:
+    r = app.router
+
+    def accounts() -> Accounts:
+        users = mgmt.target.users
+        if users is None:
+            raise not_found()
+        return Accounts(users, mgmt.broker)
+
+    def close_connections(which: Any, reason: str) -> None:
+        for conn in mgmt.target.connections:
+            if which(conn) and hasattr(conn, "close_forced"):
+                conn.close_forced(reason)
+
+    # -- users -------------------------------------------------------------------------------
+
+    async def users(request: web.Request) -> web.Response:
+        return web.json_response([user_json(u) for _, u in sorted(accounts().users.users.items())])
+
+    def existing_user(request: web.Request) -> User:
+        u = accounts().users.users.get(request.match_info["user"])
+        if u is None:
+            raise not_found()
+        return u
+
+    async def user(request: web.Request) -> web.Response:
+        return web.json_response(user_json(existing_user(request)))
+
+    async def user_put(request: web.Request) -> web.Response:
+        acc = accounts()
+        name = request.match_info["user"]
+        body = await read_json(request)
+        current = acc.users.users.get(name)
+        tags = _tags(body.get("tags")) if "tags" in body or current is None else list(current.tags)
+        acc.put_user(name, _password_hash(body, current), tags)
+        await mgmt.broker.flush()
+        return web.Response(status=204 if current is not None else 201)
+
+    async def user_delete(request: web.Request) -> web.Response:
+        name = request.match_info["user"]
+        if not accounts().delete_user(name):
+            raise not_found()
+        await mgmt.broker.flush()
+        close_connections(lambda c: c.user == name, "user deleted")
+        return web.Response(status=204)
+
+    async def user_permissions(request: web.Request) -> web.Response:
+        u = existing_user(request)
+        perms = accounts().users.permissions
+        return web.json_response([_perm_json(u.name, v, p) for (n, v), p in sorted(perms.items()) if n == u.name])
+
+    # -- vhosts ------------------------------------------------------------------------------
+
+    async def vhost_put(request: web.Request) -> web.Response:
+        created = accounts().put_vhost(request.match_info["vhost"])
+        await mgmt.broker.flush()
+        return web.Response(status=201 if created else 204)
+
+    async def vhost_delete(request: web.Request) -> web.Response:
+        name = request.match_info["vhost"]
+        vh = mgmt.vhost(name)
+        close_connections(lambda c: c.vhost == name, f"vhost '{name}' is deleted")
+        for key in [k for k in mgmt.pusher.subscriptions if k[0] == name]:
+            mgmt.pusher.unsubscribe(*key)
+        for qname in list(vh.queues):
+            vh.delete_queue(None, qname, if_unused=False, if_empty=False, reason="vhost_deleted")
+        for xname in [x for x in vh.exchanges if x and not x.startswith("amq.")]:
+            vh.delete_exchange(xname, if_unused=False)
+        del mgmt.broker.vhosts[name]
+        accounts().forget_vhost(name)
+        await mgmt.broker.flush()
+        return web.Response(status=204)
+
+    async def vhost_permissions(request: web.Request) -> web.Response:
+        v = mgmt.vhost(request.match_info["vhost"]).name
+        perms = accounts().users.permissions
+        return web.json_response([_perm_json(u, v, p) for (u, pv), p in sorted(perms.items()) if pv == v])
+
+    # -- permissions -------------------------------------------------------------------------
+
+    async def permissions(request: web.Request) -> web.Response:
+        perms = accounts().users.permissions
+        return web.json_response([_perm_json(u, v, p) for (u, v), p in sorted(perms.items())])
+
+    def user_and_vhost(request: web.Request) -> tuple[Accounts, str, str]:
+        acc = accounts()
+        name, v = request.match_info["user"], request.match_info["vhost"]
+        if name not in acc.users.users or v not in acc.users.vhosts:
+            raise not_found()
+        return acc, name, v
+
+    async def permission(request: web.Request) -> web.Response:
+        acc, name, v = user_and_vhost(request)
+        p = acc.users.permissions.get((name, v))
+        if p is None:
+            raise not_found()
+        return web.json_response(_perm_json(name, v, p))
+
+    async def permission_put(request: web.Request) -> web.Response:
+        acc, name, v = user_and_vhost(request)
+        body = await read_json(request)
+        perm = Permission(_pattern(body, "configure"), _pattern(body, "write"), _pattern(body, "read"))
+        existed = (name, v) in acc.users.permissions
+        acc.set_permission(name, v, perm)
+        await mgmt.broker.flush()
+        return web.Response(status=204 if existed else 201)
+
+    async def permission_delete(request: web.Request) -> web.Response:
+        acc, name, v = user_and_vhost(request)
+        if not acc.clear_permission(name, v):
+            raise not_found()
+        await mgmt.broker.flush()
+        return web.Response(status=204)
+
+    r.add_get("/api/users", users)
+    r.add_get("/api/users/{user}", user)
+    r.add_put("/api/users/{user}", user_put)
+    r.add_delete("/api/users/{user}", user_delete)
+    r.add_get("/api/users/{user}/permissions", user_permissions)
+    r.add_put("/api/vhosts/{vhost}", vhost_put)
+    r.add_delete("/api/vhosts/{vhost}", vhost_delete)
+    r.add_get("/api/vhosts/{vhost}/permissions", vhost_permissions)
+    r.add_get("/api/permissions", permissions)
+    r.add_get("/api/permissions/{vhost}/{user}", permission)
+    r.add_put("/api/permissions/{vhost}/{user}", permission_put)
+    r.add_delete("/api/permissions/{vhost}/{user}", permission_delete)
