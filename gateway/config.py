@@ -119,7 +119,7 @@ class TLSSettings:
     handshake_timeout: float = 5.0
     # EXTERNAL login: the user is the client certificate's CN (common_name) or its subject
     # DN (distinguished_name, RabbitMQ's default).
-    ssl_cert_login_from: str = "common_name"
+    ssl_cert_login_from: str = "distinguished_name"
     management: bool = True  # serve the management API over HTTPS
     metrics: bool = True  # serve /metrics over HTTPS
 

@@ -116,7 +116,7 @@ class AMQPConnection(asyncio.Protocol):
             self.tls = True
             self.tls_info = connection_info(ssl_object)
             tls = self.gw.config.tls
-            self.cert_user = peer_username(ssl_object, tls.ssl_cert_login_from if tls else "common_name")
+            self.cert_user = peer_username(ssl_object, tls.ssl_cert_login_from if tls else "distinguished_name")
             self.conn.mechanisms = offered(external=self.cert_user is not None)
         self.conn.tick(time.monotonic())  # starts the core's handshake deadline (SE4)
 

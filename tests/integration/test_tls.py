@@ -124,15 +124,18 @@ def test_SE2_external_offered_only_with_a_verified_certificate(certs: Certs) -> 
 
 
 def test_SE2_external_login_with_pika(certs: Certs) -> None:
-    """The user is the certificate's CN; 'svc' has a password nobody knows."""
-    with tls_gateway(certs, verify="verify_peer", fail_if_no_peer_cert=True) as gw:
+    """With ssl_cert_login_from: common_name the user is the certificate's CN; 'svc' has a
+    password nobody knows."""
+    with tls_gateway(certs, verify="verify_peer", fail_if_no_peer_cert=True,
+                     ssl_cert_login_from="common_name") as gw:
         conn = _pika(gw.tls_port, certs.client_context(certs.client), pika.credentials.ExternalCredentials())
         assert _users_logged_in(gw) == ["svc"]
         assert _round_trip(conn) == b"over tls"
 
 
 def test_SE2_external_login_with_aio_pika(certs: Certs) -> None:
-    with tls_gateway(certs, verify="verify_peer", fail_if_no_peer_cert=True) as gw:
+    with tls_gateway(certs, verify="verify_peer", fail_if_no_peer_cert=True,
+                     ssl_cert_login_from="common_name") as gw:
 
         async def aio() -> list[str | None]:
             url = f"amqps://localhost:{gw.tls_port}/?auth=external&cafile={certs.ca}&certfile={certs.client}"
@@ -157,7 +160,8 @@ def test_SE2_external_login_from_the_distinguished_name(certs: Certs) -> None:
 
 
 def test_SE2_external_for_an_unknown_user_is_refused_and_audited(certs: Certs, tmp_path: Path) -> None:
-    with tls_gateway(certs, verify="verify_peer", audit=AuditSettings(dir=str(tmp_path))) as gw, \
+    with tls_gateway(certs, verify="verify_peer", audit=AuditSettings(dir=str(tmp_path)),
+                     ssl_cert_login_from="common_name") as gw, \
             pytest.raises(pika.exceptions.ProbableAuthenticationError) as refused:
         _pika(gw.tls_port, certs.client_context(certs.nobody), pika.credentials.ExternalCredentials())
     assert "(403) 'ACCESS_REFUSED - Login was refused using authentication mechanism EXTERNAL" in str(refused.value)
