@@ -6,11 +6,12 @@ The users / vhosts / permissions keys use the shape of a RabbitMQ definitions ex
     listeners: [{host: "0.0.0.0", port: 5672}, {host: "::", port: 5672}]
     data_dir: /var/lib/cmq-gateway
     strict_names: false               # L2
+    profile: compatible               # PF1: compatible (RabbitMQ's sizes, CMQ's reported) or cmq
     salvage: false                    # open a damaged store, setting the damage aside
     users:
       - {name: alice, password_hash: "<base64>", hashing_algorithm: rabbit_password_hashing_sha256}
       - {name: bob, password: "plain text is hashed on load"}
-    vhosts: [{name: "/"}, {name: orders}]      # or plain strings
+    vhosts: [{name: "/"}, {name: orders, profile: cmq}]  # or plain strings; profile: PF1
     permissions:
       - {user: alice, vhost: "/", configure: ".*", write: ".*", read: ".*"}
     loopback_users: [guest]           # users that may connect from loopback only
@@ -93,6 +94,8 @@ class GatewayConfig:
     )
     data_dir: str | None = None
     strict_names: bool = False
+    profile: str = "compatible"  # PF1: "compatible" (the default) or "cmq"
+    vhost_profiles: dict[str, str] = field(default_factory=dict)  # PF1: per-vhost overrides
     salvage: bool = False  # the store opens despite damaged confirmed data (semantics.store)
     users: UserDB = field(default_factory=UserDB.default)
     limits: Limits = field(default_factory=Limits)
@@ -156,6 +159,11 @@ def parse_config(raw: Mapping[str, Any]) -> GatewayConfig:
     if raw.get("data_dir") is not None:
         cfg.data_dir = str(raw["data_dir"])
     cfg.strict_names = bool(raw.get("strict_names", False))
+    if raw.get("profile") is not None:
+        cfg.profile = _profile(raw["profile"], "profile")
+    cfg.vhost_profiles = {str(v["name"]): _profile(v["profile"], f"vhosts: {v['name']!r}: profile")
+                          for v in _list(raw, "vhosts")
+                          if isinstance(v, Mapping) and "name" in v and v.get("profile") is not None}
     cfg.salvage = bool(raw.get("salvage", False))
     cfg.cluster_name = str(raw.get("cluster_name", cfg.cluster_name))
     if any(k in raw for k in ("users", "vhosts", "permissions")):
@@ -209,6 +217,15 @@ def _userdb(raw: Mapping[str, Any]) -> UserDB:
     if not vhosts:
         vhosts = ["/"]
     return UserDB(users, perms, vhosts, frozenset(str(x) for x in loopback))
+
+
+def _profile(value: Any, where: str) -> str:
+    """PF1: ``compatible`` or ``cmq``."""
+    from semantics.profile import profile_named
+    try:
+        return profile_named(str(value)).name
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _listener(x: Any) -> Listener:

@@ -56,6 +56,11 @@ JSON_COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("policy", _S),
     ("conn", _S),
     ("dropped", _L),
+    # limit_exceeded (PF4): nullable like every field; older records simply lack them.
+    ("rule", _S),
+    ("value", _L),
+    ("limit", _L),
+    ("object", _S),
 )
 
 LAYOUT_COLUMNS: tuple[tuple[str, DataType], ...] = (("dt", _S), ("hour", _I), ("file", _S))
