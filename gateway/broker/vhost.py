@@ -110,18 +110,25 @@ class VHost:
             self.breach(e, f"{'exchange' if kind == 'topic' else 'queue'}:{name}", user, peer)
 
     def report_filters(self, exchange: str, topic: Topic, sub: str, filters: tuple[str, ...] | list[str],
-                       user: str | None, peer: str | None) -> None:
-        """PF4: a subscription's tags (L3) or binding keys (L4) past CMQ's limits, reported."""
+                       new: tuple[str, ...] | list[str], user: str | None, peer: str | None) -> None:
+        """PF4: a subscription's ``filters`` past CMQ's count (L3 tags, L4 binding keys), and
+        each of its ``new`` filters past CMQ's size, reported (once each, not on every bind)."""
         reported = self.profile.reported
         if reported is None or not filters:
             return
         distinct = tuple(dict.fromkeys(filters))
-        if topic.filter_type is FilterType.TAG:
-            err = tags_breach(distinct, reported, what=f"subscription {sub!r}")
-        else:
-            err = binding_keys_breach(distinct, reported)
-        if err is not None:
-            self.broker.report_breach(self.name, err, f"binding:{exchange}->{sub}", user, peer)
+        tags = topic.filter_type is FilterType.TAG
+        most = reported.max_tags if tags else reported.max_binding_keys
+        errors = []
+        if most is not None and len(distinct) > most:
+            errors.append(tags_breach(distinct, reported, what=f"subscription {sub!r}") if tags
+                          else binding_keys_breach(distinct, reported))
+        for value in dict.fromkeys(new):
+            errors.append(tags_breach((value,), reported, what=f"subscription {sub!r}") if tags
+                          else key_breach(value, reported, what="binding key"))
+        for err in errors:
+            if err is not None:
+                self.broker.report_breach(self.name, err, f"binding:{exchange}->{sub}", user, peer)
 
     def _report_message(self, ex: Exchange, tags: tuple[str, ...], routing_key: str, user: str | None,
                         peer: str | None) -> None:
@@ -339,7 +346,7 @@ class VHost:
         if not changed:
             return
         if ex.topic is not None and ex.type != "fanout" and self.profile.reported is not None:
-            self.report_filters(ex.name, ex.topic, sub_name(dest), binding.keys, user, peer)
+            self.report_filters(ex.name, ex.topic, sub_name(dest), binding.keys, (key,), user, peer)
         if durable:
             self.broker.persist(P.binding_key(self.name, source, dest[0], dest[1], key), P.encode_json(
                 {"vhost": self.name, "source": source, "kind": dest[0], "dest": dest[1], "key": key,

@@ -93,7 +93,7 @@ def test_L5_501st_subscription_refused(gateway_url: str, unique: str) -> None:
 def test_L3_L4_tag_and_key_limits_refused(cmq_gateway_url: str, unique: str) -> None:
     """L3: at most 5 tags, each at most 16 characters; L4: keys at most 64 bytes / 15 dots,
     at most 5 binding keys per subscription. Each is a 406 naming the rule in the cmq profile
-    (PF2); test_profiles.py has the same inputs passing and reported in compatible (PF4)."""
+    (PF2); test_profiles_wire.py has the same inputs passing and reported in compatible (PF4)."""
     with blocking(cmq_gateway_url) as conn:
         faults = {}
         ch = conn.channel()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pamqp import commands as C
 
-from tests.unit.broker.helpers import Client, declare, deliveries
+from tests.unit.broker.helpers import Client, declare, deliveries, small_and_big_behind_fanout
 
 
 def _close_of(methods):
@@ -188,11 +188,7 @@ async def test_M7_x_expires_waits_while_the_queue_has_a_consumer(broker):
 @pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_L6_a_queue_behind_a_topic_refuses_a_body_above_its_max_msg_size(broker):
     """L6: refused before anything is enqueued, in any queue the message reaches."""
-    c = Client(broker)
-    c.open_channel()
-    declare(c, C.Exchange.Declare(exchange="f", exchange_type="fanout"),
-            C.Queue.Declare(queue="small", arguments={"x-cmq-max-msg-size": 2048}), C.Queue.Declare(queue="big"),
-            C.Queue.Bind(queue="small", exchange="f"), C.Queue.Bind(queue="big", exchange="f"))
+    c = small_and_big_behind_fanout(broker)
     c.publish(1, "f", "", b"x" * 2048)
     c.publish(1, "f", "", b"x" * 2049)
     assert _close_of(c.methods()) == (
