@@ -39,6 +39,11 @@ __all__ = [
 S = TypeVar("S", bound=Hashable)
 
 
+def _shown(value: str, most: int = 64) -> str:
+    """A tag or key as a refusal quotes it: whole up to ``most`` characters, else its start."""
+    return repr(value) if len(value) <= most else repr(value[:most]) + "..."
+
+
 def tags_breach(tags: tuple[str, ...], limits: Limits = CMQ_LIMITS, *, what: str = "message") -> LimitError | None:
     """L3: the first limit distinct ``tags`` break (count, then each tag's length), or None.
     ``value``/``limit`` are the numbers compared (for the migration report, PF4)."""
@@ -48,12 +53,12 @@ def tags_breach(tags: tuple[str, ...], limits: Limits = CMQ_LIMITS, *, what: str
     chars, size_max = limits.max_tag_chars, limits.max_tag_bytes
     for tag in tags:
         if chars is not None and len(tag) > chars:
-            return LimitError("L3", f"{what} filter tag {tag!r} is {len(tag)} characters, more than "
+            return LimitError("L3", f"{what} filter tag {_shown(tag)} is {len(tag)} characters, more than "
                               f"{chars}", value=len(tag), limit=chars)
         if size_max is not None and len(tag) * 4 > size_max:  # may hold more than size_max bytes
             size = len(tag.encode("utf-8"))
             if size > size_max:
-                return LimitError("L3", f"{what} filter tag {tag[:32]!r}... is {size} bytes, more than "
+                return LimitError("L3", f"{what} filter tag {_shown(tag)} is {size} bytes, more than "
                                   f"{size_max}", value=size, limit=size_max)
     return None
 
@@ -72,14 +77,13 @@ def key_breach(key: str, limits: Limits = CMQ_LIMITS, *, what: str = "routing ke
     """L4: the limit a routing or binding key breaks (bytes, then dots), or None."""
     size = len(key) if key.isascii() else len(key.encode("utf-8"))
     if size > limits.max_key_bytes:
-        shown = key if size <= 80 else key[:64] + "..."
-        return LimitError("L4", f"{what} {shown!r} is {size} bytes, more than {limits.max_key_bytes}",
+        return LimitError("L4", f"{what} {_shown(key)} is {size} bytes, more than {limits.max_key_bytes}",
                           value=size, limit=limits.max_key_bytes)
     dots_max = limits.max_key_dots
     if dots_max is not None:
         dots = key.count(".")
         if dots > dots_max:
-            return LimitError("L4", f"{what} {key!r} has {dots} dots, more than {dots_max}",
+            return LimitError("L4", f"{what} {_shown(key)} has {dots} dots, more than {dots_max}",
                               value=dots, limit=dots_max)
     return None
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import pytest_asyncio
 from gateway.config import AuditSettings
 from gateway.management.testing import OperatorGateway, operator_gateway
 from tests.integration.differential import PROPERTY_FIELDS, blocking, typed
+from tests.integration.test_process import serve
 
 AUTH = aiohttp.BasicAuth("guest", "guest")
 
@@ -198,3 +201,46 @@ def test_PF5_properties_delivered_as_published_as_rabbitmq(rabbitmq_url: str, ga
     gateway = _delivered_properties(gateway_url, unique)
     assert gateway == _delivered_properties(rabbitmq_url, unique)
     assert gateway[0]["message_id"] == ("NoneType", None)
+
+
+# -- the command line and the config (a real `cmq-gateway serve`) --------------------------------
+
+
+def _bind_fault(url: str, unique: str) -> object:
+    """None when a 65-byte binding key binds (compatible), else the fault (cmq: L4)."""
+    with blocking(url) as conn:
+        ch = conn.channel()
+        ch.exchange_declare(unique, "topic", auto_delete=True)
+        ch.queue_declare(unique, exclusive=True)
+        try:
+            ch.queue_bind(unique, unique, "k" * 65)
+        except pika.exceptions.ChannelClosedByBroker as e:
+            return e.reply_code, e.reply_text.endswith("(CMQ limit L4)")
+        return None
+
+
+def test_PF1_profile_from_the_command_line_and_per_vhost_from_the_config(tmp_path: Path, unique: str) -> None:
+    """PF1: --profile overrides the config's ``profile:``; a vhost's own ``profile`` overrides
+    both; connection.start shows the gateway's."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        "profile: compatible\n"
+        "users: [{name: guest, password: guest, tags: administrator}]\n"
+        "vhosts: [{name: /}, {name: loose, profile: compatible}]\n"
+        "permissions:\n"
+        "  - {user: guest, vhost: /, configure: '.*', write: '.*', read: '.*'}\n"
+        "  - {user: guest, vhost: loose, configure: '.*', write: '.*', read: '.*'}\n")
+    with serve(tmp_path / "data", "--config", str(config), "--profile", "cmq") as (_proc, port):
+        with blocking(f"amqp://guest:guest@127.0.0.1:{port}/%2F") as conn:
+            assert conn._impl.server_properties["cmq_profile"] == "cmq"  # type: ignore[attr-defined]
+        assert _bind_fault(f"amqp://guest:guest@127.0.0.1:{port}/%2F", unique) == (406, True)
+        assert _bind_fault(f"amqp://guest:guest@127.0.0.1:{port}/loose", unique) is None
+
+
+def test_PF1_an_unknown_profile_is_a_config_error(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.yaml"
+    config.write_text("vhosts: [{name: /, profile: strict}]\n")
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0",
+                           "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "vhosts: '/': profile: unknown profile 'strict': expected one of cmq, compatible" in done.stderr

@@ -202,3 +202,21 @@ async def test_PF5_cmq_profile_always_adds_receive_metadata(broker: Broker) -> N
     declare(c, C.Queue.Declare(queue="q"))
     published = _published_properties(headers={"app": "x", "n": 7}, delivery_mode=2)
     assert all(p != published for p in _consume_and_get(c, "q"))
+
+
+@pytest.mark.profile("cmq")
+async def test_M16_cmq_refusals_quoting_255_byte_names_and_keys_fit_a_reply_text(strict: Broker) -> None:
+    """M16/PF2: a refusal that quotes a 255-byte name (L2) is cut to the 255 bytes of a short
+    string and still names the rule; a 200-byte tag (L3) is quoted by its start (before: an
+    exception while encoding channel.close)."""
+    c = Client(strict)
+    c.open_channel()
+    closes = [m for m in declare(c, C.Queue.Declare(queue="q." + "n" * 253)) if isinstance(m, C.Channel.Close)]
+    c.open_channel(2)
+    declare(c, C.Exchange.Declare(exchange="direct-x", exchange_type="direct"), channel=2)
+    c.publish(2, "direct-x", "t" * 200, b"x")
+    closes += [m for m in c.methods() if isinstance(m, C.Channel.Close)]
+    assert [(m.reply_code, m.reply_text[-18:]) for m in closes] == [(406, "... (CMQ limit L2)"),
+                                                                    (406, " 16 (CMQ limit L3)")]
+    assert "filter tag '" + "t" * 64 + "'... is 200 characters" in closes[1].reply_text
+    assert all(len(m.reply_text.encode()) <= 255 for m in closes)
