@@ -30,7 +30,7 @@ from semantics import topic as T
 from semantics.clock import Clock, SystemClock
 from semantics.errors import LimitError
 from semantics.limits import TOPIC_LIFECYCLE_SECONDS
-from semantics.profile import DEFAULT_PROFILE, Profile, profile_named
+from semantics.profile import COMPATIBLE, DEFAULT_PROFILE, Profile, profile_named
 from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store, StoreFailedError
 from semantics.store.store import COMPACT_MIN_BYTES
@@ -96,6 +96,7 @@ class Broker:
         self.vhost_profiles: dict[str, Profile] = {
             str(v): profile_named(p) for v, p in (getattr(self.config, "vhost_profiles", None) or {}).items()}
         self.limit_report = LimitReport()  # PF4: the migration report
+        self._recovering = False
         # Advertised in connection.start capabilities (W1): exchange.bind works (M8).
         self.exchange_exchange_bindings = True
         self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True),
@@ -154,7 +155,9 @@ class Broker:
     # -- profiles (PF1-PF4) ------------------------------------------------------------------
 
     def profile_of(self, vhost: str) -> Profile:
-        """PF1: the vhost's own profile, else the gateway's."""
+        """PF1: the vhost's own profile, else the gateway's (compatible while recovering)."""
+        if self._recovering:
+            return COMPATIBLE
         return self.vhost_profiles.get(vhost, self.profile)
 
     def set_vhost_profile(self, vhost: str, profile: str | Profile | None) -> Profile:
@@ -667,6 +670,13 @@ class Broker:
         message and frees none, so each collection only walked the growing backlog again
         (3x10^5 messages: 5.0 -> 3.0 s). It runs again, as before, once they are all back."""
         strict, self.strict_names = self.strict_names, False  # L2 is checked when declared, not now
+        # PF1: so are the profile's limits. What the store gives back was accepted when it was
+        # declared or published, maybe under the other profile: it comes back under
+        # compatible's (a breach of a CMQ limit is reported, never dropped), and each vhost
+        # takes its own profile once everything is back.
+        self._recovering = True
+        for vh in self.vhosts.values():
+            vh.set_profile(COMPATIBLE)
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -681,6 +691,9 @@ class Broker:
         finally:
             if collecting:
                 gc.enable()
+            self._recovering = False
+            for name, vh in self.vhosts.items():
+                vh.set_profile(self.profile_of(name))
 
     def _recover_http_subscriptions(self) -> None:
         """D7: persisted HTTP subscriptions come back before the topic-retained messages, so

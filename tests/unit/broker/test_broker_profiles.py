@@ -220,3 +220,34 @@ async def test_M16_cmq_refusals_quoting_255_byte_names_and_keys_fit_a_reply_text
                                                                     (406, " 16 (CMQ limit L3)")]
     assert "filter tag '" + "t" * 64 + "'... is 200 characters" in closes[1].reply_text
     assert all(len(m.reply_text.encode()) <= 255 for m in closes)
+
+
+async def test_PF1_state_accepted_in_compatible_survives_a_restart_in_cmq(tmp_path: Any) -> None:
+    """PF1: a limit applies to what is declared or published, never to what the store gives
+    back: six binding keys and a 100 KB retained-free message accepted in compatible are all
+    there after a restart in cmq (they are reported, as in compatible), and only a new
+    breach is refused."""
+    audit = Recorder()
+    first = await Broker.open(str(tmp_path), clock=ManualClock(), config=BrokerConfig(profile="compatible"))
+    c = Client(first)
+    c.open_channel()
+    declare(c, C.Exchange.Declare(exchange="t", exchange_type="topic", durable=True),
+            C.Queue.Declare(queue="tq", durable=True),
+            *(C.Queue.Bind(queue="tq", exchange="t", routing_key=f"k{i}") for i in range(6)))
+    c.publish(1, "t", "k5", b"b" * 100_000, delivery_mode=2)
+    first.sync_now()
+    await first.close()
+    second = await Broker.open(str(tmp_path), clock=ManualClock(), audit=audit, config=BrokerConfig(profile="cmq"))
+    try:
+        assert second.vhosts["/"].exchanges["t"].bindings[("q", "tq")].keys == [f"k{i}" for i in range(6)]
+        assert second.vhosts["/"].profile.name == "cmq"
+        assert [(r["rule"], r["value"], r["user"]) for r in audit.of("limit_exceeded")] == [("L4", 6, None)]
+        c = Client(second)
+        c.open_channel()
+        c.send(1, C.Basic.Get(queue="tq", no_ack=True))
+        assert [len(body) for _, _, body in deliveries(c.read())] == [100_000]
+        c.send(1, C.Queue.Bind(queue="tq", exchange="t", routing_key="k6"))
+        [close] = [m for m in c.methods() if isinstance(m, C.Channel.Close)]
+        assert close.reply_text.endswith("has 7 binding keys, more than 5 (CMQ limit L4)")
+    finally:
+        await second.close()
