@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import select
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -332,10 +333,24 @@ class AMQPConnection(asyncio.Protocol):
             self._abort()
             return
         if self.blocked:
+            if self._peer_hung_up():
+                self._abort()  # what it held (a partial body) is let go in connection_lost
+                return
             self.conn.reading_paused()
         for event in self.conn.tick(now_monotonic):
             self._dispatch(event)
         self._flush()
+
+    def _peer_hung_up(self) -> bool:
+        """A blocked connection is not read from, so its peer's FIN goes unseen (and its
+        heartbeats do not count): ask the kernel instead (POLLRDHUP is set even while
+        unread bytes wait), so that a dead publisher does not hold its memory for ever."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or not hasattr(select, "POLLRDHUP"):
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        return bool(poller.poll(0))
 
     def set_blocked(self, blocked: bool) -> None:
         """W5: the gateway crossed its high-water mark (True) or dropped below it (False)."""

@@ -19,7 +19,6 @@ from typing import Any
 
 import pika
 import pika.exceptions
-import pytest
 
 from tests.integration.test_process import serve
 from tests.small_disk import FILLER, fill, free, small_disk
@@ -198,7 +197,3 @@ def test_W5_disk_alarm_follows_the_free_space_not_the_store_size(tmp_path: Path)
         assert _health(proc) == (200, {"status": "ok"})
         pub.close()
 
-
-@pytest.fixture(autouse=True)
-def _no_leftover_filler(tmp_path: Path) -> None:
-    assert not (tmp_path / "disk" / FILLER).exists()
