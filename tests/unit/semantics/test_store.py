@@ -184,6 +184,29 @@ def test_W5_store_opens_on_a_full_disk(tmp_path) -> None:
             assert again.sync() == 2
 
 
+def test_W5_torn_tail_on_a_full_disk_is_cut_off_without_its_copy(tmp_path) -> None:
+    """The torn last batch (never confirmed) is normally copied aside before it is cut off;
+    on a full disk there is no room for the copy, and the store still opens."""
+    with small_disk(tmp_path / "disk") as disk:
+        s = Store.open(os.fspath(disk / "store"))
+        s.put("a", b"1")
+        s.sync()
+        s.close()
+        segment = disk / "store" / "journal-00000001.log"
+        good = segment.stat().st_size
+        s2 = Store.open(os.fspath(disk / "store"))
+        s2.put("b", b"2" * 50_000)
+        s2.sync()
+        s2.close()
+        with open(segment, "r+b") as f:
+            f.truncate(good + 30_000)  # the second batch, torn
+        fill(disk)
+        with Store.open(os.fspath(disk / "store")) as again:
+            assert (again.get("a"), again.get("b")) == (b"1", None)
+            assert (again.recovery.torn_bytes, again.recovery.aside_path) == (30_000, None)
+        assert segment.stat().st_size == good
+
+
 # -- compaction --------------------------------------------------------------------------------
 
 BATCH_OF_ONE = BATCH_HEADER.size + RECORD_HEADER.size + 1 + 100  # key "k", 100-byte value
