@@ -107,9 +107,13 @@ class Broker:
         self.endpoint_hooks: dict[str, Callable[[Any, Any, Any], bool | None]] = {}
         self.http_pusher: Any = None  # gateway.push.HttpPusher, once HTTP subscriptions exist
         self.confirm_waiters: set[Channel] = set()
-        # True while the store cannot write (W5, M14): persistent messages for durable queues
-        # are refused (basic.nack) instead of being taken; everything else keeps working in
-        # memory, acks included, and the store retries until writes succeed again.
+        # True while the store cannot write (W5, M14). The guarantee, for a persistent message
+        # to a durable queue: basic.ack only once it is on disk (fsynced); basic.nack only for
+        # a message the gateway never took (published while read-only: not enqueued, so never
+        # stored later); a confirm that waited on the write that failed keeps waiting, and is
+        # an ack once the retried write succeeds (or a nack if the gateway stops first, its
+        # message then dropped). Everything else keeps working in memory, acks included: their
+        # deletes are journalled when the store resumes.
         self.read_only = False
         self.on_store_change: Callable[[bool], None] = lambda failed: None  # the server's disk alarm
         self.scheduler = Scheduler(clock, loop, on_ran=self._flush_sessions)
