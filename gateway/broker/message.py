@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.memory import HELD, MESSAGE_OVERHEAD
+from gateway.memory import HELD, MESSAGE_OVERHEAD, HeldMemory
 
 __all__ = ["Message"]
 
@@ -36,8 +36,8 @@ class Message:
         self.published_at = published_at
         self.tags = tags
 
-    def __del__(self) -> None:
-        HELD.messages -= self.held
+    def __del__(self, _held: HeldMemory = HELD) -> None:  # bound now: safe at interpreter exit
+        _held.messages -= self.held
 
     @property
     def headers(self) -> dict[str, Any] | None:
