@@ -512,6 +512,19 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     async def alarms(request: web.Request) -> web.Response:
         return alarms_check("in the cluster")
 
+    def node_json() -> dict[str, Any]:
+        """W5: the one node, with RabbitMQ's resource fields (mem_used: the bytes the broker
+        holds, gateway/memory.py; mem_rss and store_failed are the gateway's own)."""
+        return {"name": NODE, "type": "disc", "running": True, **mgmt.target.resources()}
+
+    async def nodes(request: web.Request) -> web.Response:
+        return web.json_response([node_json()])
+
+    async def node(request: web.Request) -> web.Response:
+        if request.match_info["name"] != NODE:
+            raise not_found()
+        return web.json_response(node_json())
+
     async def local_alarms(request: web.Request) -> web.Response:
         return alarms_check("on the node")  # one node: the same alarms, RabbitMQ's other wording
 
@@ -551,6 +564,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_get("/api/consumers/{vhost}", consumers)
     r.add_get("/api/health/checks/alarms", alarms)
     r.add_get("/api/health/checks/local-alarms", local_alarms)
+    r.add_get("/api/nodes", nodes)
+    r.add_get("/api/nodes/{name}", node)
     r.add_get("/api/definitions", definitions_get)
     r.add_get("/api/definitions/{vhost}", definitions_get)
     r.add_post("/api/definitions", definitions_post)
