@@ -543,6 +543,8 @@ class VHost:
             matched = len(result.matched)
             if result.retained:
                 out.routed = True  # D2: kept by the topic until its subscriptions settle
+                if self.broker.read_only and ex.durable and msg.persistent:
+                    out.rejected = True  # not journalled while the store fails: not confirmed
                 lsn = self.broker.journal_retained(self, ex, msg)
                 if lsn > out.lsn:
                     out.lsn = lsn
@@ -630,13 +632,23 @@ class VHost:
             self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="expired",
                        policy="dead_letter_cycle")
             return
+        persist = q.durable and msg.persistent
+        if persist and self.broker.read_only:
+            # W5/M14: the store cannot write (disk full or read-only): the gateway does not
+            # take a message it would have to keep on disk; never enqueued, so never stored
+            # later behind the basic.nack the publisher gets under confirms.
+            out.routed = True
+            out.rejected = True
+            self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="rejected",
+                       policy="store_failed")
+            return
         ttl = msg.ttl
         expires_at = None if ttl is None else now + (delay or 0.0) + ttl
         qmsg = q.send(msg, now, delay, expires_at)
         out.routed = True
         msg_id = qmsg.msg_id
         self.broker.emit_row(ENQUEUE, self.name, (q.name, msg_id, len(msg.body), via, subscription))
-        if q.durable and msg.persistent:
+        if persist:
             lsn = self.broker.persist(P.message_key(self.name, q.name, msg_id), P.encode_message(
                 self.name, q.name, msg_id, now, msg.exchange, msg.routing_key,
                 msg.properties.raw, msg.body))
