@@ -47,6 +47,11 @@ log = logging.getLogger("cmq_gateway.transport")
 
 # A peer that neither answers our connection.close nor hangs up is cut after this long.
 CLOSE_TIMEOUT = 3.0
+# After close-ok to the peer's connection.close, the peer closes the socket (a client that
+# is still writing would get EPIPE if we did, and some wait for the EOF they cause); one that
+# does not is cut after this long, or after its heartbeat interval if shorter (rabbit_reader's
+# CLOSING_TIMEOUT).
+LINGER_TIMEOUT = 30.0
 # A client that has not finished the handshake by then is cut (RabbitMQ's handshake_timeout).
 HANDSHAKE_TIMEOUT = 10.0
 _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk, ev.ChannelFlow, ev.Method,
@@ -85,6 +90,7 @@ class AMQPConnection(asyncio.Protocol):
         self.client_properties: dict[str, Any] = {}
         self.opened_at = time.monotonic()
         self.closing_since: float | None = None  # when we sent connection.close
+        self.lingering_since: float | None = None  # when we sent close-ok to the peer's close
         self.publisher = False  # has published: subject to W5 blocking
         self.blocked = False  # connection.blocked was sent / reading paused
         self._reading_paused = False  # transport.pause_reading() is in effect
@@ -207,7 +213,7 @@ class AMQPConnection(asyncio.Protocol):
         if out:
             self.gw.bytes_out += len(out)
             self.transport.write(out)
-        if self.conn.closed:
+        if self.conn.closed and self.lingering_since is None:
             self._hang_up()
 
     # -- events -----------------------------------------------------------------------------
@@ -235,8 +241,20 @@ class AMQPConnection(asyncio.Protocol):
                 self.closing_since = time.monotonic()
         elif isinstance(event, ev.HeartbeatTimeout):
             log.info("heartbeat timeout from %s", self.peer)
-        # ConnectionClose, ConnectionCloseOk, BadProtocolHeader (W6) and HeartbeatTimeout
-        # leave the core CLOSED: _flush() writes what it queued and hangs up.
+        elif isinstance(event, ev.ConnectionClose):
+            self._linger()
+        # ConnectionCloseOk, BadProtocolHeader (W6) and HeartbeatTimeout leave the core
+        # CLOSED: _flush() writes what it queued and hangs up.
+
+    def _linger(self) -> None:
+        """The peer closed the connection: the session ends now (its exclusive queues go, as
+        RabbitMQ deletes them before close-ok), the socket when the peer hangs up (tick)."""
+        self.lingering_since = time.monotonic()
+        if self.session is not None:
+            try:
+                self.session.on_connection_lost()
+            finally:
+                self.session = None
 
     def _on_start_ok(self, event: Any) -> None:
         self.client_properties = dict(event.client_properties or {})
@@ -283,6 +301,9 @@ class AMQPConnection(asyncio.Protocol):
 
     def close_for_shutdown(self) -> None:
         """Graceful shutdown: 320 CONNECTION_FORCED, as RabbitMQ does on stop."""
+        if self.lingering_since is not None:
+            self._hang_up()  # the peer had closed already; it need not be waited for now
+            return
         self._force_close(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
         self._flush()
 
@@ -302,6 +323,12 @@ class AMQPConnection(asyncio.Protocol):
             return
         if self.closing_since is not None and now_monotonic - self.closing_since > CLOSE_TIMEOUT:
             self._abort()
+            return
+        if self.lingering_since is not None:
+            heartbeat = self.conn.heartbeat
+            limit = heartbeat if 0 < heartbeat < LINGER_TIMEOUT else LINGER_TIMEOUT
+            if now_monotonic - self.lingering_since > limit:
+                self._hang_up()
             return
         if self.user is None and self.session is None and now_monotonic - self.opened_at > HANDSHAKE_TIMEOUT:
             self._abort()

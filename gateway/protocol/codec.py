@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from pamqp import commands, frame
+from pamqp import commands, encode
 
 __all__ = [
     "FRAME_BODY",
@@ -35,6 +35,8 @@ __all__ = [
     "encode_deliver",
     "encode_get_ok",
     "encode_method",
+    "fit_reply_text",
+    "method",
     "method_ids",
     "shortstr",
 ]
@@ -98,10 +100,68 @@ def method_ids(method: Any) -> tuple[int, int]:
 
 
 def encode_method(channel: int, method: Any) -> bytes:
-    """One method frame. basic.ack is hand-written; the rest is pamqp's."""
-    if method.index == _ACK_INDEX:
+    """One method frame. basic.ack is hand-written; the rest is encoded with pamqp's field
+    encoders, but not through ``Frame.marshal``: that validates as a client library would,
+    refusing the non-ASCII queue and exchange names AMQP allows (a shortstr is any UTF-8) and
+    RabbitMQ echoes back in declare-ok or basic.return."""
+    index = method.index
+    if index == _ACK_INDEX:
         return encode_ack(channel, method.delivery_tag, method.multiple)
-    return frame.marshal(method, channel)
+    args = _encode_arguments(method)
+    return FRAME_HEAD.pack(FRAME_METHOD, channel, 4 + len(args)) + _INDEX.pack(index) + args + _END
+
+
+def method(cls: Any, **fields: Any) -> Any:
+    """A method to send, built without pamqp's validation (its constructor runs it): names
+    echoed back to a client (declare-ok's queue, basic.return's exchange) may hold any UTF-8
+    up to 255 bytes, where pamqp allows ASCII and 127-character exchange names."""
+    m = cls()
+    for name, value in fields.items():
+        setattr(m, name, value)
+    return m
+
+
+# Short strings of ours that may outgrow 255 bytes: a reply text quotes names of up to 255.
+_REPLY_TEXT = "reply_text"
+_TRUNCATED = b"..."
+
+
+def fit_reply_text(text: str) -> str:
+    """A reply text cut to a shortstr as RabbitMQ cuts it (the first 252 bytes and "...",
+    rabbit_binary_generator), but on a UTF-8 character boundary so that it still decodes."""
+    data = text.encode("utf-8")
+    if len(data) <= 255:
+        return text
+    return data[:255 - len(_TRUNCATED)].decode("utf-8", "ignore") + _TRUNCATED.decode()
+
+
+def _encode_arguments(method: Any) -> bytes:
+    """pamqp's ``Frame.marshal`` without its ``validate()``; a long reply text is cut to fit.
+    Consecutive bits pack into one octet, as AMQP 0-9-1 requires."""
+    out: list[bytes] = []
+    bits = -1  # the octet being packed, or -1 outside a run of bits
+    offset = 0
+    for name in method.__slots__:
+        kind = method.amqp_type(name)
+        value = getattr(method, name, 0)
+        if kind == "bit":
+            if bits < 0:
+                bits, offset = 0, 0
+            bits = encode.bit(value, bits, offset)
+            offset += 1
+            if offset == 8:
+                out.append(encode.octet(bits))
+                bits = -1
+            continue
+        if bits >= 0:
+            out.append(encode.octet(bits))
+            bits = -1
+        if name == _REPLY_TEXT and isinstance(value, str):
+            value = fit_reply_text(value)
+        out.append(encode.by_type(value, kind))
+    if bits >= 0:
+        out.append(encode.octet(bits))
+    return b"".join(out)
 
 
 def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
