@@ -59,11 +59,16 @@ def message_tags(routing_key: str, headers: Mapping[str, Any] | None) -> tuple[s
     """M2: the routing key is the message's tag; ``x-cmq-tags`` adds more (validated, L3)."""
     tags: list[str] = [routing_key] if routing_key else []
     extra = headers.get("x-cmq-tags") if headers else None
-    if extra:
+    if extra is not None and not (isinstance(extra, str | bytes | list) and not extra):
         if isinstance(extra, str | bytes):
             extra = [extra]
+        if not isinstance(extra, list) or not all(isinstance(t, str | bytes) for t in extra):
+            # A client's mistake, not a header to ignore: the message would silently miss
+            # every subscription its tags were meant to reach.
+            raise precondition(f"header x-cmq-tags must be an array of strings (CMQ rule M2), got {extra!r:.80}", rule="M2",
+                               value=extra)
         for t in extra:
-            tags.append(t.decode() if isinstance(t, bytes) else str(t))
+            tags.append(t.decode("utf-8", "replace") if isinstance(t, bytes) else t)
     return validate_tags(tags) if tags else ()
 
 
