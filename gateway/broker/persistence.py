@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+from decimal import Decimal
 from typing import Any
 
 __all__ = [
@@ -52,7 +53,8 @@ def message_key(vhost: str, queue: str, msg_id: str) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """Field-table values as JSON can hold them (bytes and timestamps become text)."""
+    """Field-table values as JSON can hold them (bytes and decimals become text, timestamps
+    numbers)."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -61,6 +63,8 @@ def _plain(value: Any) -> Any:
         return value.decode("utf-8", "replace")
     if hasattr(value, "isoformat"):
         return value.timestamp()
+    if isinstance(value, Decimal):
+        return str(value)  # exact digits; JSON has no decimal type
     return value
 
 

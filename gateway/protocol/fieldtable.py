@@ -108,7 +108,10 @@ def decode_value(buf: bytes | bytearray | memoryview, pos: int) -> tuple[Any, in
         if tag == 0x74:  # t
             return bool(v), end
         if tag == 0x54:  # T
-            return datetime.datetime.fromtimestamp(v, tz=datetime.UTC), end
+            try:
+                return datetime.datetime.fromtimestamp(v, tz=datetime.UTC), end
+            except (OverflowError, ValueError, OSError):
+                return v, end  # past what a datetime holds (year 9999): its seconds, as sent
         return v, end
     if tag in _LONG_TAGS:
         (n,) = _U32.unpack_from(buf, pos)
