@@ -16,6 +16,8 @@ from typing import Any
 
 from pamqp import commands, encode
 
+from gateway.protocol import fieldtable
+
 __all__ = [
     "FRAME_BODY",
     "FRAME_END",
@@ -238,42 +240,57 @@ def decode_method(buf: bytes | bytearray, start: int, end: int) -> Any:
         raise KeyError(index)
     method = cls()
     try:
-        # pamqp neither reports how much it read nor notices a short string cut short:
-        # measure the arguments first, as RabbitMQ's exact binary match does.
-        if _arguments_end(method, buf, start + 4, end) != end:
-            raise ValueError("trailing bytes after the method arguments")
-        method.unmarshal(bytes(buf[start + 4:end]))
+        _unmarshal(method, buf, start + 4, end)
     except (struct.error, IndexError, TypeError, KeyError) as exc:
         raise ValueError(str(exc)) from exc
     return method
 
 
-_WIDTH = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
+_FIXED = {"octet": struct.Struct(">B"), "short": struct.Struct(">H"), "long": _INDEX,
+          "longlong": _U64, "timestamp": _U64}
 
 
-def _arguments_end(method: Any, buf: bytes | bytearray, pos: int, end: int) -> int:
-    """Where the arguments of ``method`` end in ``buf`` (ValueError if past ``end``)."""
-    in_bits = 0
+def _unmarshal(method: Any, buf: bytes | bytearray, pos: int, end: int) -> None:
+    """Set the arguments of ``method`` from ``buf[pos:end]`` (ValueError unless they fill it
+    exactly, as RabbitMQ's binary match requires). Not pamqp's ``unmarshal``: it neither
+    notices a short string cut short nor reads every table RabbitMQ reads (a timestamp past
+    year 9999, a key that is not UTF-8); tables go through our own field-table decoder."""
+    bits = -1  # the octet of the current run of bits, -1 outside one
+    nbits = 0
     for name in method.__slots__:
         kind = method.amqp_type(name)
+        value: Any
         if kind == "bit":
-            if in_bits == 0 or in_bits == 8:
+            if bits < 0 or nbits == 8:
+                bits, nbits = buf[pos], 0
                 pos += 1
-                in_bits = 0
-            in_bits += 1
-            continue
-        in_bits = 0
-        if kind == "shortstr":
-            pos += 1 + buf[pos]
-        elif kind in ("longstr", "table"):
-            pos += 4 + _INDEX.unpack_from(buf, pos)[0]
+            value = bool(bits >> nbits & 1)
+            nbits += 1
         else:
-            pos += _WIDTH[kind]
+            bits = -1
+            if kind == "shortstr":
+                n = buf[pos]
+                value = bytes(buf[pos + 1:pos + 1 + n]).decode("utf-8")
+                pos += 1 + n
+            elif kind == "longstr":
+                (n,) = _INDEX.unpack_from(buf, pos)
+                raw = bytes(buf[pos + 4:pos + 4 + n])
+                pos += 4 + n
+                try:
+                    value = raw.decode("utf-8")  # as pamqp: text when it is UTF-8
+                except UnicodeDecodeError:
+                    value = raw
+            elif kind == "table":
+                value, pos = fieldtable.decode_table(buf, pos)
+            else:
+                fixed = _FIXED[kind]
+                (value,) = fixed.unpack_from(buf, pos)
+                pos += fixed.size
         if pos > end:
             raise ValueError("method arguments run past the frame")
-    if pos > end:
-        raise ValueError("method arguments run past the frame")
-    return pos
+        setattr(method, name, value)
+    if pos != end:
+        raise ValueError("trailing bytes after the method arguments")
 
 
 def decode_content_header(buf: bytes | bytearray, start: int, end: int) -> tuple[int, int, int, bytes]:
