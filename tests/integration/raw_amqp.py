@@ -14,10 +14,11 @@ from typing import Any
 
 from pamqp import body as B
 from pamqp import commands as C
+from pamqp import encode
 from pamqp import frame as F
 from pamqp import header as H
 
-__all__ = ["Closed", "RawClient", "address", "method"]
+__all__ = ["Closed", "RawClient", "Raw", "address", "method", "method_frame"]
 
 
 class Closed(Exception):
@@ -45,6 +46,39 @@ def method(cls: type, **fields: Any) -> Any:
 
 
 _UNCHECKED: dict[type, type] = {}
+
+
+class Raw(bytes):
+    """A method argument already encoded (a table with its 4-byte length, a shortstr with
+    its length octet): field types pamqp never writes (short-short, float, unsigned), names
+    that are not UTF-8, malformed nestings."""
+
+
+def method_frame(channel: int, m: Any) -> bytes:
+    """A method frame for ``m`` (a pamqp method), unvalidated; a Raw goes in as is."""
+    out: list[bytes] = []
+    bits = offset = 0
+    in_bits = False
+    for name in m.__slots__:
+        kind = m.amqp_type(name)
+        value = getattr(m, name, 0)
+        if kind == "bit":
+            if not in_bits:
+                bits, offset, in_bits = 0, 0, True
+            bits = encode.bit(value, bits, offset)
+            offset += 1
+            if offset == 8:
+                out.append(encode.octet(bits))
+                in_bits = False
+            continue
+        if in_bits:
+            out.append(encode.octet(bits))
+            in_bits = False
+        out.append(bytes(value) if isinstance(value, Raw) else encode.by_type(value, kind))
+    if in_bits:
+        out.append(encode.octet(bits))
+    payload = struct.pack(">I", m.index) + b"".join(out)
+    return struct.pack(">BHI", 1, channel, len(payload)) + payload + b"\xce"
 
 
 class RawClient:
