@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.broker.arguments import text
 from gateway.broker.errors import precondition
 from gateway.broker.headers_match import headers_match, valid_x_match
 from semantics.errors import LimitError
@@ -95,6 +96,9 @@ class Exchange:
             # T5: tag filtering for direct and fanout (fanout subscriptions have no tags),
             # routing-key filtering for topic. The CMQ topic name is the L2 mapping of ours.
             size = self.arguments.get(X_MAX_MESSAGE_SIZE, TOPIC_MAX_MSG_SIZE_DEFAULT)
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise precondition(f"{X_MAX_MESSAGE_SIZE} {size!r:.40} is not an integer (CMQ rule L6)",
+                                   rule="L6", value=size)
             self.topic = Topic(cmq_name(name or "amq.default", "topic"),
                                FilterType.ROUTING_KEY if type == "topic" else FilterType.TAG,
                                max_message_size=size)
@@ -113,7 +117,7 @@ class Exchange:
     @property
     def alternate(self) -> str | None:
         ae = self.arguments.get("alternate-exchange")
-        return ae.decode() if isinstance(ae, bytes) else ae
+        return text(ae) if isinstance(ae, str | bytes) else None
 
     # -- bindings (M8) ---------------------------------------------------------------------
 
@@ -135,7 +139,7 @@ class Exchange:
                                  value=len(self.bindings) + 1, limit=MAX_SUBSCRIPTIONS)
         strategy = args.get("x-cmq-notify-strategy")
         if isinstance(strategy, bytes):
-            strategy = strategy.decode()
+            strategy = text(strategy)
         if strategy is not None and strategy not in ("BACKOFF_RETRY", "EXPONENTIAL_DECAY_RETRY"):
             raise precondition(f"x-cmq-notify-strategy {strategy!r} is not BACKOFF_RETRY or "
                                "EXPONENTIAL_DECAY_RETRY", rule="M8", value=strategy)
