@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import struct
 import urllib.parse
+from types import SimpleNamespace
 from typing import Any
 
+from pamqp import base, encode
 from pamqp import body as B
 from pamqp import commands as C
-from pamqp import encode
 from pamqp import frame as F
 from pamqp import header as H
 
@@ -117,7 +118,8 @@ class RawClient:
         return await self.frame()
 
     def send(self, channel: int, *frames: Any) -> None:
-        self.writer.write(b"".join(F.marshal(fr, channel) for fr in frames))
+        self.writer.write(b"".join(method_frame(channel, fr) if isinstance(fr, base.Frame) else F.marshal(fr, channel)
+                                   for fr in frames))
 
     def send_raw(self, data: bytes) -> None:
         self.writer.write(data)
@@ -142,8 +144,13 @@ class RawClient:
             rest = await self.reader.readexactly(size + 1)
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             raise Closed() from e
-        _, channel, value = F.unmarshal(head + rest)
-        return channel, value
+        ftype, channel = head[0], struct.unpack(">H", head[1:3])[0]
+        if ftype == 2:  # not decoded: a broker may echo back properties pamqp cannot read
+            return channel, SimpleNamespace(name="ContentHeader", body_size=struct.unpack(">Q", rest[4:12])[0],
+                                            properties=rest[12:-1])
+        if ftype == 3:
+            return channel, SimpleNamespace(name="ContentBody", value=rest[:-1])
+        return channel, F.unmarshal(head + rest)[2]
 
     async def until(self, *names: str, timeout: float = 10) -> list[Any]:
         """Frames up to and including the first whose name is in ``names`` (hang guard only)."""
