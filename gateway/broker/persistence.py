@@ -18,6 +18,8 @@ import struct
 from decimal import Decimal
 from typing import Any
 
+from gateway.protocol.fieldtable import Typed
+
 __all__ = [
     "binding_key",
     "decode_json",
@@ -63,6 +65,8 @@ def _plain(value: Any) -> Any:
         return value.decode("utf-8", "replace")
     if hasattr(value, "isoformat"):
         return value.timestamp()
+    if isinstance(value, Typed):
+        return _plain(value.value)
     if isinstance(value, Decimal):
         return str(value)  # exact digits; JSON has no decimal type
     return value
