@@ -229,7 +229,10 @@ def step(draw: st.DrawFn) -> tuple[Any, tuple[bytes, bytes] | None]:
     return m, None
 
 
-MARKER = C.Exchange.Declare(exchange="amq.direct", exchange_type="direct", passive=True)
+def marker(n: int) -> Any:
+    """Sent after each method: its declare-ok, whose queue name no other reply carries, shows
+    that every answer to the method has arrived (a broker answers a channel in order)."""
+    return C.Queue.Declare(queue=f"fuzz-marker-{n}", exclusive=True, auto_delete=True)
 
 
 def content_frames(channel: int, props: bytes, body: bytes) -> bytes:
@@ -248,6 +251,7 @@ class Session:
         self.url = url
         self.client: RawClient | None = None
         self.channel = 0
+        self.sent = 0
 
     async def connect(self) -> RawClient:
         self.client = await RawClient.open(self.url)
@@ -260,7 +264,9 @@ class Session:
         data = method_frame(self.channel, m)
         if content is not None:
             data += content_frames(self.channel, *content)
-        c.send_raw(data + method_frame(self.channel, MARKER))
+        self.sent += 1
+        done = f"fuzz-marker-{self.sent}"
+        c.send_raw(data + method_frame(self.channel, marker(self.sent)))
         while True:
             try:
                 async with asyncio.timeout(15):  # hang guard
@@ -284,7 +290,7 @@ class Session:
                 self.channel += 1
                 await c.channel(self.channel)
                 return
-            if name == "Exchange.DeclareOk":
+            if name == "Queue.DeclareOk" and f.queue == done:
                 event(f"{m.name}: ok")
                 return
 
@@ -316,8 +322,8 @@ def fuzz_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield f"amqp://guest:guest@127.0.0.1:{gw.port}/%2F"
 
 
-def _args(*entries: tuple[str, bytes]) -> Raw:
-    return Raw(longstr(b"".join(shortstr(k.encode()) + v for k, v in entries)))
+def _args(*entries: tuple[str | bytes, bytes]) -> Raw:
+    return Raw(longstr(b"".join(shortstr(k if isinstance(k, bytes) else k.encode()) + v for k, v in entries)))
 
 
 NAN = b"d" + struct.pack(">d", float("nan"))
@@ -363,6 +369,12 @@ REGRESSIONS = [
     [_declare_x("ñ-x", _args()), _publish("ñ-x", "unrouted", _args())],
     [(method(C.Queue.Declare, queue="é" * 120, passive=True, durable=False, exclusive=False,
              auto_delete=False, nowait=False, arguments=_args()), None)],
+    *([_declare_q("f-dl", _args(("x-dead-letter-exchange", b"S" + longstr(b"ex.fanout")))),
+       _publish("", "f-dl", _args(("x-death", death))),
+       (method(C.Basic.Get, queue="f-dl", no_ack=False), None),
+       (method(C.Basic.Reject, delivery_tag=Raw(struct.pack(">Q", 1)), requeue=False), None)]
+      for death in (b"I\x00\x00\x00\x05",  # not an array
+                    b"A" + longstr(b"F" + _args(("time", HUGE_TIME), (b"\xff", b"t\x01"))))),
 ]
 
 
