@@ -243,7 +243,7 @@ def content_frames(channel: int, props: bytes, body: bytes) -> bytes:
     return out
 
 
-class Session:
+class FuzzClient:
     """A raw client that survives the refusals the fuzzed methods cause (each outcome is a
     hypothesis event: ``--hypothesis-show-statistics`` shows what the examples reached)."""
 
@@ -391,7 +391,7 @@ def _with_regressions(test: Any) -> Any:
 @given(steps=st.lists(step(), min_size=1, max_size=10))
 def test_M16_fuzzed_methods_never_get_541(fuzz_url: str, steps: list[tuple[Any, Any]]) -> None:
     async def scenario() -> None:
-        session = Session(fuzz_url)
+        session = FuzzClient(fuzz_url)
         try:
             for m in TOPOLOGY:
                 await session.run(m, None)
