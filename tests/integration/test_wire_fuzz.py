@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from pamqp import commands as C
 
 from gateway.server import gateway_in_thread
-from tests.integration.raw_amqp import Closed, Raw, RawClient, method, method_frame
+from tests.integration.raw_asyncio_amqp import Closed, Raw, RawClient, method, method_frame
 
 TEXT = st.text(alphabet=st.characters(exclude_categories=("Cs",)))
 # The arguments each method knows (x-cmq-polling-wait-seconds left out: a basic.get would

@@ -17,7 +17,7 @@ import pytest
 from pamqp import commands as C
 
 from tests.integration.differential import blocking, expect_fault
-from tests.integration.raw_amqp import RawClient, address, method
+from tests.integration.raw_asyncio_amqp import RawClient, address, method
 
 pytestmark = pytest.mark.rabbitmq
 
