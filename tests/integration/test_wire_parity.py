@@ -316,3 +316,27 @@ def test_M2_x_cmq_tags_that_is_not_an_array_of_strings_is_406(gateway_url: str, 
         assert conn.is_open
     assert e.value.reply_code == 406
     assert "x-cmq-tags must be an array of strings (CMQ rule M2)" in e.value.reply_text
+
+
+async def test_M14_Q5_confirm_of_a_publish_held_behind_a_long_poll_goes_out(gateway_url: str, unique: str) -> None:
+    """Gateway only (Q5 long-polling get): a confirmed publish held behind a waiting basic.get
+    runs when another connection's publish answers the get; its basic.ack, now sent at the end
+    of that other connection's turn, still reaches this client."""
+    waiting = await RawClient.open(gateway_url)
+    other = await RawClient.open(gateway_url)
+    try:
+        await waiting.channel(1)
+        await waiting.call(1, C.Queue.Declare(queue=unique, arguments={"x-cmq-polling-wait-seconds": 30}),
+                           "Queue.DeclareOk")
+        await waiting.call(1, C.Confirm.Select(), "Confirm.SelectOk")
+        waiting.send(1, C.Basic.Get(queue=unique, no_ack=True))
+        waiting.publish(1, "", f"{unique}-nowhere", b"held behind the get")
+        await other.channel(1)
+        other.publish(1, "", unique, b"answer")
+        frames = await waiting.until("Basic.Ack", timeout=20)  # hang guard
+    finally:
+        await waiting.aclose()
+        await other.aclose()
+    names = [f.name for f in frames]
+    assert names[0] == "Basic.GetOk" and names[-1] == "Basic.Ack"
+    assert (frames[-1].delivery_tag, frames[-1].multiple) == (1, False)
