@@ -11,6 +11,7 @@ check them byte for byte against pamqp on random inputs. Everything else goes th
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any
 
@@ -128,13 +129,22 @@ _REPLY_TEXT = "reply_text"
 _TRUNCATED = b"..."
 
 
+# The rule a gateway refusal names, at the end of its text: "... (CMQ limit L3)".
+_RULE_SUFFIX = re.compile(r" \(CMQ (?:limit|rule) [A-Z]+[0-9]+\)$")
+
+
 def fit_reply_text(text: str) -> str:
     """A reply text cut to a shortstr as RabbitMQ cuts it (the first 252 bytes and "...",
-    rabbit_binary_generator), but on a UTF-8 character boundary so that it still decodes."""
+    rabbit_binary_generator), but on a UTF-8 character boundary so that it still decodes;
+    a CMQ rule named at the end is kept (cut from the middle instead), since the rule is what
+    the client needs to read."""
     data = text.encode("utf-8")
     if len(data) <= 255:
         return text
-    return data[:255 - len(_TRUNCATED)].decode("utf-8", "ignore") + _TRUNCATED.decode()
+    m = _RULE_SUFFIX.search(text)
+    suffix = m.group(0).encode() if m else b""
+    head = data[:255 - len(_TRUNCATED) - len(suffix)].decode("utf-8", "ignore")
+    return head + _TRUNCATED.decode() + suffix.decode()
 
 
 def _encode_arguments(method: Any) -> bytes:
