@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyspark
 import pytest
+import requests
 import yaml
 
 from tests.integration.test_process import serve
@@ -93,6 +94,10 @@ def test_report_through_spark_submit_on_a_standalone_cluster(cluster: tuple[str,
     (user,) = yaml.safe_load(config.read_text())["users"]
     with serve(tmp_path / "data", "--config", str(config), "--audit-dir", str(audit_dir)) as (proc, port):
         W.run_workload(port, user["name"], user["password"])
+        # compose/README.md: the management API takes the same user.
+        api = f"http://127.0.0.1:{proc.operator['management API']}/api/whoami"  # type: ignore[attr-defined]
+        whoami = requests.get(api, auth=(user["name"], user["password"]), timeout=30)
+        assert (whoami.status_code, whoami.json()["name"]) == (200, user["name"])
         proc.send_signal(signal.SIGTERM)  # a clean stop: every record written, the file closed
         assert proc.wait(timeout=HANG) == 0
     submit = subprocess.run(
