@@ -346,8 +346,9 @@ def write_report(spark: SparkSession, audit_dir: str, out_dir: str, *, start: st
          lambda: analyses.events_over_time(df, seconds), lambda p: _timeline(p, seconds, span)),
         ("funnel", "Delivery funnel", "Per topic and subscription: distinct messages published, routed, "
          "delivered, acked, dead-lettered and discarded. Messages sent through the default exchange "
-         f"are under {analyses.DEFAULT_EXCHANGE}, one row per queue; a topic's row “before routing” holds "
-         "what was discarded before any subscription took it.",
+         f"are under {analyses.DEFAULT_EXCHANGE}, its queues as subscriptions. In the plot each topic's own "
+         "row has its messages published and those discarded before any subscription took them (in the "
+         "table: the row without a subscription).",
          lambda: analyses.funnel(df), _funnel),
         ("retries", "Retries by policy", "Retry records per attempt number and retry policy.",
          lambda: analyses.retries_by_policy(df), _retries),
