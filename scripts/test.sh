@@ -17,6 +17,15 @@ if ! command -v java >/dev/null 2>&1; then
     echo "Java 17 is required for the Spark tests" >&2; exit 1
   fi
 fi
+# The report test renders the HTML page in headless Chromium; install it the same way.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Chromium for the Spark report's page test (apt-get install chromium)" >&2
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    echo "Chromium is required for the Spark report's page test" >&2; exit 1
+  fi
+fi
 # The differential management tests compare with RabbitMQ's own management API (port 15672):
 # enable its plugin when the machine's RabbitMQ runs without it.
 # This changes the machine's RabbitMQ (the plugin stays enabled after the run): say so.

@@ -8,10 +8,13 @@ from the message's ``enqueue`` record for that queue.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 __all__ = [
+    "DEFAULT_EXCHANGE",
     "DISCARD_REASONS",
     "auth_failures",
     "busiest_publishers",
@@ -21,24 +24,47 @@ __all__ = [
     "limits_exceeded",
     "retries_by_policy",
     "stale_and_redeliveries",
+    "time_span",
 ]
 
+# The "topic" of a message published to AMQP's default exchange "" (its records have none).
+DEFAULT_EXCHANGE = "(default exchange)"
 DISCARD_REASONS = ("no_match", "retries_exhausted", "expired", "rejected", "too_large", "max_length")
 
 
 def _with_subscription(df: DataFrame) -> DataFrame:
-    """Fill ``topic``/``subscription`` of queue-side records from the ``enqueue`` record."""
+    """Fill ``topic``/``subscription`` of queue-side records from the ``enqueue`` record.
+
+    A ``dead_letter`` record names where the message went (the DLX as ``topic``, or CMQ's
+    dead-letter queue as ``subscription``); here it takes the place it was dead-lettered from,
+    so that the funnel counts it on the subscription that gave it up."""
     enq = (
         df.where(F.col("event") == "enqueue")
         .select("msg_id", "queue", F.col("topic").alias("_t"), F.col("subscription").alias("_s"))
         .dropDuplicates(["msg_id", "queue"])
     )
+    dead = F.col("event") == "dead_letter"
     return (
         df.join(enq, ["msg_id", "queue"], "left")
-        .withColumn("topic", F.coalesce("topic", "_t"))
-        .withColumn("subscription", F.coalesce("subscription", "_s"))
+        .withColumns({
+            "topic": F.when(dead, F.col("_t")).otherwise(F.coalesce("topic", "_t")),
+            "subscription": F.when(dead, F.col("_s")).otherwise(F.coalesce("subscription", "_s")),
+        })
         .drop("_t", "_s")
     )
+
+
+def _by_source(df: DataFrame) -> DataFrame:
+    """Every message record with the topic and subscription it travelled by: as
+    ``_with_subscription``, and a message published to the default exchange (no topic: AMQP's
+    ``""`` exchange sends it straight to the queue named by its routing key) is on
+    ``(DEFAULT_EXCHANGE, <queue>)``."""
+    d = _with_subscription(df)
+    direct = F.col("topic").isNull() & F.col("queue").isNotNull()
+    return d.withColumns({  # both from the columns as they were
+        "topic": F.when(direct, F.lit(DEFAULT_EXCHANGE)).otherwise(F.col("topic")),
+        "subscription": F.when(direct, F.col("queue")).otherwise(F.col("subscription")),
+    })
 
 
 def _count_msgs(cond: Column) -> Column:
@@ -47,28 +73,40 @@ def _count_msgs(cond: Column) -> Column:
 
 def funnel(df: DataFrame) -> DataFrame:
     """Per topic and subscription: published → routed → delivered → acked, or discarded (by
-    reason).  Counts are distinct messages; ``published`` is the topic's total, repeated on each
-    of its subscriptions; discards before routing (no_match, too_large) are on the row whose
-    subscription is NULL."""
-    d = _with_subscription(df.where(F.col("topic").isNotNull() | F.col("queue").isNotNull()))
+    reason).  Counts are distinct messages.  ``published`` is the topic's total, repeated on
+    each of its subscriptions; for the default exchange (topic ``DEFAULT_EXCHANGE``, the queue
+    as subscription) it is the messages published to that queue.  ``routed`` counts a message
+    that a subscription took (``route``) or that reached the queue (``enqueue``).  Discards
+    before routing (no_match, too_large) are on the row whose subscription is NULL."""
+    d = _by_source(df.where(F.col("topic").isNotNull() | F.col("queue").isNotNull()))
     ev = F.col("event")
-    published = d.where(ev == "publish").groupBy("topic").agg(F.count_distinct("msg_id").alias("published"))
+    pub = d.where(ev == "publish")
+    topic_published = (
+        pub.where(F.col("topic") != DEFAULT_EXCHANGE).groupBy("topic")
+        .agg(F.count_distinct("msg_id").alias("_topic_published"))
+    )
+    queue_published = (
+        pub.where(F.col("topic") == DEFAULT_EXCHANGE).groupBy("topic", "subscription")
+        .agg(F.count_distinct("msg_id").alias("_queue_published"))
+    )
     per_sub = d.where(ev.isin("route", "enqueue", "deliver", "ack", "discard", "dead_letter")).groupBy(
         "topic", "subscription"
     ).agg(
-        _count_msgs(ev == "route").alias("routed"),
+        _count_msgs(ev.isin("route", "enqueue")).alias("routed"),
         _count_msgs(ev == "deliver").alias("delivered"),
         _count_msgs(ev == "ack").alias("acked"),
         _count_msgs(ev == "dead_letter").alias("dead_lettered"),
         _count_msgs(ev == "discard").alias("discarded"),
         *[_count_msgs((ev == "discard") & (F.col("reason") == r)).alias(f"discarded_{r}") for r in DISCARD_REASONS],
     )
+    counts = ["routed", "delivered", "acked", "dead_lettered", "discarded", *[f"discarded_{r}" for r in DISCARD_REASONS]]
+    # A queue that was published to and never reached (nothing else recorded) still has its row.
+    rows = per_sub.join(queue_published, ["topic", "subscription"], "full").join(topic_published, "topic", "left")
     return (
-        per_sub.join(published, "topic", "left")
-        .where(F.col("topic").isNotNull())
-        .select("topic", "subscription", F.coalesce("published", F.lit(0)).alias("published"),
-                "routed", "delivered", "acked", "dead_lettered", "discarded",
-                *[f"discarded_{r}" for r in DISCARD_REASONS])
+        rows.where(F.col("topic").isNotNull())
+        .select("topic", "subscription",
+                F.coalesce("_queue_published", "_topic_published", F.lit(0)).alias("published"),
+                *[F.coalesce(c, F.lit(0)).alias(c) for c in counts])
         .orderBy("topic", F.col("subscription").asc_nulls_first())
     )
 
@@ -85,10 +123,11 @@ def retries_by_policy(df: DataFrame) -> DataFrame:
 
 def latency_percentiles(df: DataFrame, by: str = "topic") -> DataFrame:
     """End-to-end latency (publish → ack) percentiles in ms, per ``by`` and overall (``by``
-    NULL).  ``latency_ms`` of the ack record is used when the broker wrote it, else the
-    difference of the ack and publish timestamps."""
+    NULL, the first row; messages of the default exchange are under ``DEFAULT_EXCHANGE``).
+    ``latency_ms`` of the ack record is used when the broker wrote it, else the difference of
+    the ack and publish timestamps."""
     pub = df.where(F.col("event") == "publish").groupBy("msg_id").agg(F.min("ts").alias("pub_ts"))
-    filled = _with_subscription(df.where(F.col("event").isin("enqueue", "ack")))
+    filled = _by_source(df.where(F.col("event").isin("enqueue", "ack")))
     acks = filled.where(F.col("event") == "ack").join(pub, "msg_id", "left")
     lat = F.coalesce(
         F.col("latency_ms"),
@@ -153,11 +192,21 @@ def busiest_publishers(df: DataFrame, top: int = 20) -> DataFrame:
     )
 
 
-def events_over_time(df: DataFrame, bucket: str = "minute") -> DataFrame:
-    """Record counts per time bucket and event (the report's timeline)."""
-    return (
-        df.groupBy(F.date_trunc(bucket, "ts").alias("t"), "event").count().orderBy("t", "event")
-    )
+def events_over_time(df: DataFrame, seconds: int = 60) -> DataFrame:
+    """Record counts per time bucket of ``seconds`` (``t``, its start) and event (the
+    report's timeline)."""
+    bucket = F.window("ts", f"{seconds} seconds").start.alias("t")
+    return df.groupBy(bucket, "event").count().orderBy("t", "event")
+
+
+def time_span(df: DataFrame) -> tuple[datetime | None, datetime | None]:
+    """The first and last ``ts`` as naive UTC datetimes (None, None without records)."""
+    # As microseconds: a collected timestamp would be in the Python process's local zone.
+    row = df.agg(F.min(F.unix_micros("ts")).alias("first"), F.max(F.unix_micros("ts")).alias("last")).first()
+
+    def utc(us: int | None) -> datetime | None:
+        return None if us is None else datetime.fromtimestamp(us / 1e6, UTC).replace(tzinfo=None)
+    return (utc(row["first"]), utc(row["last"])) if row is not None else (None, None)
 
 
 def limits_exceeded(df: DataFrame) -> DataFrame:

@@ -35,7 +35,9 @@ def _session(master: str | None):  # type: ignore[no-untyped-def]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName("cmq-audit report").config("spark.sql.session.timeZone", "UTC")
+    # Spark's console progress bars would mix into the report's one-line-per-step progress.
+    builder = (SparkSession.builder.appName("cmq-audit report").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.showConsoleProgress", "false"))
     if master:
         builder = builder.master(master)
     elif not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not under spark-submit, which sets the master

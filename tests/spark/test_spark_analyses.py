@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from gateway.audit import AuditLog
 from spark import analyses
+from spark.report import timeline_seconds
 
 pytestmark = pytest.mark.spark
 
@@ -42,14 +44,23 @@ def test_A4_funnel_retries_latency_and_auth(spark, tmp_path: Path) -> None:
         at(6.0, "deliver", queue="q1", msg_id="m3", attempt=2)
         at(6.1, "stale_ack", queue="q1", msg_id="m3")
         at(6.5, "ack", queue="q1", msg_id="m3", latency_ms=1500.0)
+        # m4: on s1, rejected to the dead-letter exchange "dlx" (the record names the DLX).
+        at(6.6, "publish", topic="t", msg_id="m4", user="bob", peer="10.0.0.2:6000", size=40)
+        at(6.6, "route", topic="t", subscription="s1", msg_id="m4")
+        at(6.6, "enqueue", topic="t", subscription="s1", queue="q1", msg_id="m4")
+        at(6.7, "deliver", queue="q1", msg_id="m4", attempt=1)
+        at(6.8, "dead_letter", queue="q1", msg_id="m4", topic="dlx", reason="rejected")
         at(7, "auth_failure", user="root", peer="203.0.113.9:4000", reason="bad password")
         at(8, "auth_failure", user="root", peer="203.0.113.9:4001", reason="bad password")
 
     df = spark.read.format("cmq-audit").load(str(tmp_path)).cache()
     funnel = {(r.subscription): r.asDict() for r in analyses.funnel(df).collect()}
+    # m4's dead_letter counts on the subscription that gave it up, not on a ("dlx", "s1") row.
+    assert {r.topic for r in analyses.funnel(df).collect()} == {"t"}
     assert set(funnel) == {None, "s1", "s2"}
     s1, s2, pre = funnel["s1"], funnel["s2"], funnel[None]
-    assert (s1["published"], s1["routed"], s1["delivered"], s1["acked"], s1["discarded"]) == (3, 2, 2, 2, 0)
+    assert (s1["published"], s1["routed"], s1["delivered"], s1["acked"], s1["discarded"], s1["dead_lettered"]) == (
+        4, 3, 3, 2, 0, 1)
     assert (s2["routed"], s2["delivered"], s2["acked"], s2["discarded_retries_exhausted"]) == (1, 0, 0, 1)
     assert (pre["discarded"], pre["discarded_no_match"]) == (1, 1)
 
@@ -61,13 +72,21 @@ def test_A4_funnel_retries_latency_and_auth(spark, tmp_path: Path) -> None:
     assert lat[None][0] == 2 and lat["t"][0] == 2
     assert lat["t"][1] == pytest.approx(1500.0)
     (q1,) = analyses.stale_and_redeliveries(df).collect()
-    assert (q1.queue, q1.deliveries, q1.redeliveries, q1.stale_acks) == ("q1", 3, 1, 1)
+    assert (q1.queue, q1.deliveries, q1.redeliveries, q1.stale_acks) == ("q1", 4, 1, 1)
 
     (auth,) = analyses.auth_failures(df).collect()
     assert (auth.user, auth.host, auth.failures) == ("root", "203.0.113.9", 2)
     pubs = [(r.user, r.host, r.messages, r.bytes) for r in analyses.busiest_publishers(df).collect()]
-    assert pubs == [("alice", "10.0.0.1", 2, 30), ("bob", "10.0.0.2", 1, 30)]
+    assert pubs == [("alice", "10.0.0.1", 2, 30), ("bob", "10.0.0.2", 2, 70)]
     df.unpersist()
+
+
+@pytest.mark.parametrize(("seconds", "bucket"), [(0, 1), (6, 1), (90, 1), (91, 2), (400, 5), (3600, 60),
+                                                 (86400, 1800), (40 * 86400, 12 * 3600), (200 * 86400, 7 * 86400)])
+def test_A4_timeline_bucket_follows_the_span(seconds: float, bucket: int) -> None:
+    """A few seconds of log get seconds (one minute bucket drew nothing over a 4-year axis)."""
+    first = datetime(2024, 5, 1, 10)
+    assert timeline_seconds(first, first + timedelta(seconds=seconds)) == bucket
 
 
 def _limit_records(audit_dir: Path) -> None:
@@ -100,6 +119,7 @@ def test_PF4_the_report_page_has_the_migration_report(spark, tmp_path: Path) -> 
     _limit_records(tmp_path / "audit")
     page = Path(write_report(spark, str(tmp_path / "audit"), str(tmp_path / "out"), progress=lambda _: None))
     text = page.read_text(encoding="utf-8")
-    assert "Migration report: CMQ limits exceeded" in text and "src='08.png'" in text
-    assert (tmp_path / "out" / "08.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Migration report: CMQ limits exceeded" in text
+    [png] = (tmp_path / "out").glob("*limits*.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"src='{png.name}'" in text
     assert "exchange:orders" in text and "queue:big" in text

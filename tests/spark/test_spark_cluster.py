@@ -1,0 +1,128 @@
+"""The compose path without Docker (issue 12 item 8): a Spark standalone master and worker from
+pyspark's own launcher, a real ``cmq-gateway serve`` with compose/gateway.yaml, and the report
+through ``spark-submit --master spark://…`` with compose/submit_report.py; the counts are exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pyspark
+import pytest
+import requests
+import yaml
+
+from tests.integration.test_process import serve
+from tests.spark import real_log as W
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+SPARK_HOME = Path(pyspark.__file__).resolve().parent
+HANG = 300  # seconds: guards a hang only
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    # Executors run the reader's Python code: this interpreter (pyarrow and the project) and
+    # this checkout's packages ahead of any installed copy.
+    return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+@contextmanager
+def _daemon(log: Path, *args: str, ready: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``spark-class ARGS`` until the log shows ``ready``; stopped (its own process group) after."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG
+        while ready not in log.read_text(errors="replace"):
+            assert proc.poll() is None, f"{args[0]} exited: {log.read_text(errors='replace')[-3000:]}"
+            assert time.monotonic() < deadline, f"{args[0]} not ready: {log.read_text(errors='replace')[-3000:]}"
+            time.sleep(0.2)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the group holds only this daemon and its children
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """``spark://127.0.0.1:PORT`` of a master with one registered worker, and the worker's
+    work directory (where each application's executors leave their logs)."""
+    tmp = tmp_path_factory.mktemp("spark-cluster")
+    port = _free_port()
+    url = f"spark://127.0.0.1:{port}"
+    with ExitStack() as stack:
+        stack.enter_context(_daemon(
+            tmp / "master.log", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+            "--port", str(port), "--webui-port", str(_free_port()), ready=f"Starting Spark master at {url}"))
+        stack.enter_context(_daemon(
+            tmp / "worker.log", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+            "--port", str(_free_port()), "--webui-port", str(_free_port()), "--cores", "2",
+            "--memory", "1536m", "--work-dir", str(tmp / "work"), ready="Successfully registered with master"))
+        yield url, tmp / "work"
+
+
+def test_report_through_spark_submit_on_a_standalone_cluster(cluster: tuple[str, Path], tmp_path: Path) -> None:
+    url, work = cluster
+    audit_dir, out = tmp_path / "audit", tmp_path / "report"
+    config = ROOT / "compose" / "gateway.yaml"
+    (user,) = yaml.safe_load(config.read_text())["users"]
+    with serve(tmp_path / "data", "--config", str(config), "--audit-dir", str(audit_dir)) as (proc, port):
+        W.run_workload(port, user["name"], user["password"])
+        # compose/README.md: the management API takes the same user.
+        api = f"http://127.0.0.1:{proc.operator['management API']}/api/whoami"  # type: ignore[attr-defined]
+        whoami = requests.get(api, auth=(user["name"], user["password"]), timeout=30)
+        assert (whoami.status_code, whoami.json()["name"]) == (200, user["name"])
+        proc.send_signal(signal.SIGTERM)  # a clean stop: every record written, the file closed
+        assert proc.wait(timeout=HANG) == 0
+    submit = subprocess.run(
+        [str(SPARK_HOME / "bin" / "spark-submit"), "--master", url,
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
+         "--conf", "spark.executor.memory=768m", "--conf", "spark.sql.shuffle.partitions=4",
+         str(ROOT / "compose" / "submit_report.py"), "report", "--audit-dir", str(audit_dir), "--out", str(out)],
+        capture_output=True, text=True, timeout=2 * HANG, env=_env(), cwd=tmp_path)
+    assert submit.returncode == 0, submit.stderr[-5000:]
+    # The job ran on the cluster: an application with executors on this worker.
+    (app,) = [p for p in work.iterdir() if re.fullmatch(r"app-[\d-]+", p.name)]
+    assert list(app.glob("*/stderr")), f"no executor ran in {app}"
+
+    got = json.loads((out / "report.json").read_text())
+    events: dict[str, int] = {}
+    for row in got["sections"]["timeline"]["rows"]:
+        events[row["event"]] = events.get(row["event"], 0) + row["count"]
+    assert events == W.EVENTS
+    assert (got["records"], got["records_from_open_files"], got["skipped_lines"]) == (sum(W.EVENTS.values()), 0, 0)
+    s = got["sections"]
+    funnel = {(r["topic"], r["subscription"]): tuple(r[c] for c in W.FUNNEL_COLUMNS) for r in s["funnel"]["rows"]}
+    assert funnel == W.FUNNEL
+    assert [(r["user"], r["host"], r["failures"]) for r in s["auth_failures"]["rows"]] == [
+        (user["name"], "127.0.0.1", 1)]
+    assert [(r["user"], r["messages"], r["bytes"]) for r in s["publishers"]["rows"]] == [
+        (user["name"], W.PUBLISHED, W.BYTES)]
+    assert {r["topic"]: r["acks"] for r in s["latency"]["rows"]} == W.LATENCY_ACKS
+    assert (out / "index.html").is_file()

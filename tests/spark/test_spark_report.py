@@ -1,0 +1,191 @@
+"""The report's numbers on a real gateway's log and on the demo log, and its page as a browser
+shows it (A4, issue 12 item 6)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gateway.config import AuditSettings
+from gateway.server import gateway_in_thread
+from spark import analyses
+from spark.demo import write_demo_log
+from spark.report import write_report
+from tests.spark import real_log as W
+
+pytestmark = pytest.mark.spark
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def real_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The audit directory of a gateway (stopped again) that served the workload of real_log."""
+    audit_dir = str(tmp_path_factory.mktemp("real-audit"))
+    with gateway_in_thread(port=0, hosts=("127.0.0.1",), audit=AuditSettings(dir=audit_dir)) as gw:
+        W.run_workload(gw.port, "guest", "guest")
+    return audit_dir
+
+
+@pytest.fixture(scope="module")
+def real_report(spark, real_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("real-report")
+    write_report(spark, real_dir, str(out), progress=lambda _msg: None)
+    return out
+
+
+def _numbers(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def test_A4_analyses_count_what_was_sent_to_a_real_gateway(spark, real_dir: str) -> None:
+    df = spark.read.format("cmq-audit").load(real_dir).cache()
+    funnel = {(r.topic, r.subscription): tuple(r[c] for c in W.FUNNEL_COLUMNS)
+              for r in analyses.funnel(df).collect()}
+    assert funnel == W.FUNNEL  # the default exchange's 150 messages are counted on their queue
+    stale = {r.queue: (r.deliveries, r.redeliveries, r.requeues, r.visibility_expiries, r.stale_acks)
+             for r in analyses.stale_and_redeliveries(df).collect()}
+    assert stale == W.REDELIVERIES
+    lat = {r.topic: r.acks for r in analyses.latency_percentiles(df).collect()}
+    assert lat == W.LATENCY_ACKS  # one row per topic and one total: no two rows named alike
+    assert [(r.user, r.host, r.failures) for r in analyses.auth_failures(df).collect()] == [
+        ("guest", "127.0.0.1", 1)]
+    assert [(r.user, r.host, r.messages, r.bytes) for r in analyses.busiest_publishers(df).collect()] == [
+        ("guest", "127.0.0.1", W.PUBLISHED, W.BYTES)]
+    assert analyses.retries_by_policy(df).count() == 0
+    timeline = Counter()
+    for r in analyses.events_over_time(df, 1).collect():
+        timeline[r.event] += r["count"]
+    assert dict(timeline) == W.EVENTS
+    df.unpersist()
+
+
+def test_A4_report_json_holds_the_real_logs_numbers(real_report: Path, real_dir: str) -> None:
+    got = _numbers(real_report)
+    assert (got["records"], got["skipped_lines"], got["audit_dir"]) == (sum(W.EVENTS.values()), 0, real_dir)
+    s = got["sections"]
+    events = Counter()
+    for row in s["timeline"]["rows"]:
+        events[row["event"]] += row["count"]
+    assert dict(events) == W.EVENTS
+    # A few seconds of log: buckets of a second, not one bucket of a minute (or an empty plot).
+    assert got["timeline_seconds"] == 1
+    funnel = {(r["topic"], r["subscription"]): tuple(r[c] for c in W.FUNNEL_COLUMNS) for r in s["funnel"]["rows"]}
+    assert funnel == W.FUNNEL
+    assert s["funnel"]["summary"] == (
+        f"{W.PUBLISHED} messages published: {W.EU + W.US + W.UNROUTED} to topic events; "
+        f"{W.WORK} through the default exchange to 1 queue. Discarded before routing: {W.UNROUTED} no_match.")
+    assert {r["topic"]: r["acks"] for r in s["latency"]["rows"]} == W.LATENCY_ACKS
+    assert s["latency"]["summary"].startswith(f"{sum(W.ACKS.values())} acks: p50 ")
+    assert s["redeliveries"]["summary"] == (
+        f"{sum(W.DELIVERIES.values())} deliveries on 3 queues: {W.NACKED} redeliveries, {W.NACKED} requeues, "
+        "all on queue work; no visibility expiries or stale acks.")
+    assert s["auth_failures"]["summary"] == "1 failed login: 1 failure for guest from 127.0.0.1."
+    assert s["publishers"]["summary"].startswith(
+        f"{W.PUBLISHED} messages published, all by guest @ 127.0.0.1 ({W.BYTES:,} bytes")
+
+
+def test_A4_no_data_is_said_in_words_not_drawn(real_report: Path) -> None:
+    """The real log has no retries: the section says so and has no image; one queue with
+    redeliveries, one failed login and one publisher are sentences, not one-bar plots."""
+    s = _numbers(real_report)["sections"]
+    assert (s["retries"]["png"], s["retries"]["summary"]) == (None, "No retries in this range.")
+    assert [k for k, v in s.items() if v["png"]] == ["timeline", "funnel", "latency"]
+    page = (real_report / "index.html").read_text()
+    assert "No retries in this range." in page
+    assert "<img" not in page.split("id='retries'")[1].split("<h2")[0]
+
+
+def test_A4_an_empty_range_is_words_only(spark, real_dir: str, tmp_path: Path) -> None:
+    write_report(spark, real_dir, str(tmp_path), start="2001-01-01T00:00:00Z", end="2001-01-02T00:00:00Z",
+                 progress=lambda _msg: None)
+    got = _numbers(tmp_path)
+    assert got["records"] == 0
+    assert {k: v["png"] for k, v in got["sections"].items()} == dict.fromkeys(got["sections"])
+    assert got["sections"]["timeline"]["summary"] == "No records in this range."
+    assert not list(tmp_path.glob("*.png"))
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("the page test needs Chromium: apt-get install -y chromium (scripts/test.sh does)")
+    return found
+
+
+def _browse(html: Path, *mode: str) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run(
+            [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+             *mode, html.as_uri()],
+            capture_output=True, text=True, timeout=180, check=True)
+
+
+def _pixels(png: Path) -> object:
+    import matplotlib.image as mpimg
+
+    return (mpimg.imread(png)[:, :, :3] * 255).round().astype(int)
+
+
+def _count_color(pixels: object, rgb: tuple[int, int, int], tol: int = 6) -> int:
+    import numpy as np
+
+    return int((np.abs(pixels - np.array(rgb)).max(axis=2) <= tol).sum())  # type: ignore[operator]
+
+
+def test_A4_report_page_shows_in_headless_chromium(real_report: Path, tmp_path: Path) -> None:
+    page = real_report / "index.html"
+    dom = _browse(page, "--dump-dom").stdout
+    assert "CMQ gateway audit report" in dom
+    srcs = re.findall(r"<img src=\"([^\"]+)\"", dom)
+    assert srcs == [v["png"] for v in _numbers(real_report)["sections"].values() if v["png"]]
+    for src in srcs:
+        data = (real_report / src).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 10_000, src
+    # The funnel's "routed" blue is drawn nowhere but in the images: on the screenshot, it
+    # shows that the browser loaded and painted them.
+    shot = tmp_path / "page.png"
+    _browse(page, f"--screenshot={shot}", "--window-size=1280,4000", "--hide-scrollbars")
+    pixels = _pixels(shot)
+    assert _count_color(pixels, (0x5B, 0x8D, 0xEF)) > 2000
+    assert _count_color(pixels, (255, 255, 255)) < pixels.shape[0] * pixels.shape[1]  # type: ignore[attr-defined]
+
+
+def test_A4_demo_report_auth_failures_and_publishers(spark, tmp_path: Path) -> None:
+    """On the demo log: the password-guessing host stands out, publishers have their hosts,
+    and the numbers are those of the log's own lines."""
+    audit_dir, out = tmp_path / "audit", tmp_path / "report"
+    write_demo_log(str(audit_dir), 2400)
+    lines = [json.loads(line) for p in sorted(audit_dir.rglob("*.jsonl")) for line in p.read_text().splitlines()]
+    write_report(spark, str(audit_dir), str(out), progress=lambda _msg: None)
+    got = _numbers(out)
+    s = got["sections"]
+    assert got["records"] == len(lines)
+    failures = Counter(r["user"] for r in lines if r["event"] == "auth_failure")
+    guessed = sum(1 for r in lines if r["event"] == "auth_failure" and r["peer"].startswith("198.51.100.23:"))
+    assert guessed == failures["admin"] >= 3
+    assert s["auth_failures"]["summary"].startswith(
+        f"{sum(failures.values())} failed logins: {guessed} failures for admin from 198.51.100.23")
+    assert s["auth_failures"]["png"] is not None
+    pubs = Counter((r["user"], r["peer"].rsplit(":", 1)[0]) for r in lines if r["event"] == "publish")
+    assert {(r["user"], r["host"]): r["messages"] for r in s["publishers"]["rows"]} == dict(pubs)
+    published = Counter(r.get("topic") or analyses.DEFAULT_EXCHANGE for r in lines if r["event"] == "publish")
+    funnel_published: dict[str, int] = Counter()
+    for r in s["funnel"]["rows"]:
+        if r["topic"] == analyses.DEFAULT_EXCHANGE:
+            funnel_published[r["topic"]] += r["published"]
+        else:
+            funnel_published[r["topic"]] = r["published"]
+    assert dict(funnel_published) == dict(published)
+    assert {k for k, v in s.items() if v["png"] is None} == set()  # the demo has something everywhere
+    for v in s.values():
+        assert os.path.getsize(out / v["png"]) > 10_000
