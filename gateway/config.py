@@ -8,11 +8,12 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
     listeners: [{host: "0.0.0.0", port: 5672}, {host: "::", port: 5672}]   # or [5672]
     data_dir: /var/lib/cmq-gateway
     strict_names: false               # L2
+    profile: compatible               # PF1: compatible (RabbitMQ's sizes, CMQ's reported) or cmq
     salvage: false                    # open a damaged store, setting the damage aside
     users:
       - {name: alice, password_hash: "<from an export>", hashing_algorithm: rabbit_password_hashing_sha256}
       - {name: bob, password: "plain text is hashed on load"}
-    vhosts: [{name: "/"}, {name: orders}]      # or plain strings
+    vhosts: [{name: "/"}, {name: orders, profile: cmq}]  # or plain strings; profile: PF1
     permissions:
       - {user: alice, vhost: "/", configure: ".*", write: ".*", read: ".*"}
     loopback_users: [guest]           # users that may connect from loopback only
@@ -131,6 +132,8 @@ class GatewayConfig:
     )
     data_dir: str | None = None
     strict_names: bool = False
+    profile: str = "compatible"  # PF1: "compatible" (the default) or "cmq"
+    vhost_profiles: dict[str, str] = field(default_factory=dict)  # PF1: per-vhost overrides
     salvage: bool = False  # the store opens despite damaged confirmed data (semantics.store)
     users: UserDB = field(default_factory=UserDB.default)
     limits: Limits = field(default_factory=Limits)
@@ -224,6 +227,9 @@ def parse_config(raw: Any) -> GatewayConfig:
     cfg.strict_names = raw.get("strict_names", False)
     cfg.salvage = raw.get("salvage", False)
     cfg.cluster_name = raw.get("cluster_name", cfg.cluster_name)
+    cfg.profile = raw.get("profile", cfg.profile)  # the schema checked: compatible or cmq
+    cfg.vhost_profiles = {v["name"]: v["profile"] for v in raw.get("vhosts", [])
+                          if isinstance(v, Mapping) and v.get("profile") is not None}
     if any(k in raw for k in ("users", "vhosts", "permissions")):
         cfg.users = _userdb(raw)
     if raw.get("push") is not None:

@@ -189,13 +189,18 @@ class Counters:
                 out[k[1]] += n
         return out
 
-    @property
-    def discarded(self) -> dict[tuple[str, str], int]:
+    def _by_vhost_and(self, event: str) -> dict[tuple[str, str], int]:
+        """(vhost, the one field the count key holds) -> records of ``event``."""
         out: dict[tuple[str, str], int] = defaultdict(int)
         for k, n in self._items():
-            if k[0] == "discard":
+            if k[0] == event:
                 out[k[1], k[2]] += n
         return out
+
+    @property
+    def discarded(self) -> dict[tuple[str, str], int]:
+        """(vhost, reason) -> discard records."""
+        return self._by_vhost_and("discard")
 
     @property
     def retries(self) -> dict[tuple[str, str, int], int]:
@@ -204,6 +209,11 @@ class Counters:
             if k[0] == "retry":
                 out[k[1], k[2], k[3]] += n
         return out
+
+    @property
+    def limits_exceeded(self) -> dict[tuple[str, str], int]:
+        """(vhost, rule) -> breaches of CMQ limits reported in the compatible profile (PF4)."""
+        return self._by_vhost_and("limit_exceeded")
 
     def count(self, event: str, vhost: str | None = None) -> int:
         return sum(n for k, n in self._items() if k[0] == event and (vhost is None or k[1] == vhost))
@@ -408,6 +418,10 @@ def render(obj: Any, counters: Counters) -> str:
     w.family("cmq_gateway_retries", "counter", "Topic delivery retries scheduled, by notify strategy "
              "and attempt number (D5, D6).",
              [({"vhost": v, "policy": p, "attempt": a}, n) for (v, p, a), n in sorted(c.retries.items())])
+
+    w.family("cmq_gateway_limit_exceeded", "counter", "Breaches of a CMQ limit let through and reported "
+             "in the compatible profile, by rule (PF4; the cmq profile refuses them).",
+             [({"vhost": v, "rule": r}, n) for (v, r), n in sorted(c.limits_exceeded.items())])
 
     retained: list[tuple[dict[str, object], float]] = []
     waiting: list[tuple[dict[str, object], float]] = []

@@ -90,8 +90,11 @@ def _version() -> str:
         return "0.0.0"
 
 
-def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool) -> dict[str, Any]:
-    """W1: what connection.start advertises; the capabilities are exactly those that work."""
+def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool,
+                      profile: str = "compatible") -> dict[str, Any]:
+    """W1: what connection.start advertises; the capabilities are exactly those that work.
+    ``cmq_profile`` (PF1) is the gateway's profile: connection.start comes before the client
+    names its vhost, so a vhost's own profile is shown by the management API instead."""
     capabilities = {
         "publisher_confirms": True,
         "basic.nack": True,
@@ -108,6 +111,7 @@ def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool) ->
         "platform": f"Python {platform.python_version()}",
         "cluster_name": cluster_name,
         "information": "AMQP 0-9-1 with Tencent Cloud CMQ semantics",
+        "cmq_profile": profile,
         "capabilities": capabilities,
     }
 
@@ -275,7 +279,8 @@ class Gateway:
             self.broker = await Broker.open(self.config.data_dir, **kwargs)
             self.server_properties = server_properties(
                 self.config.cluster_name,
-                exchange_exchange_bindings=bool(getattr(self.broker, "exchange_exchange_bindings", False)))
+                exchange_exchange_bindings=bool(getattr(self.broker, "exchange_exchange_bindings", False)),
+                profile=self.broker.profile.name)
             loop = asyncio.get_running_loop()
             for sock in socks:
                 server = await loop.create_server(lambda: AMQPConnection(self), sock=sock)

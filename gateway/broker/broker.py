@@ -19,6 +19,7 @@ from gateway.broker import persistence as P
 from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
+from gateway.broker.limit_report import LimitReport
 from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import ReplyRouter
@@ -27,7 +28,9 @@ from gateway.broker.vhost import VHost
 from semantics import queue as Q
 from semantics import topic as T
 from semantics.clock import Clock, SystemClock
+from semantics.errors import LimitError
 from semantics.limits import TOPIC_LIFECYCLE_SECONDS
+from semantics.profile import COMPATIBLE, DEFAULT_PROFILE, Profile, profile_named
 from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store, StoreFailedError
 from semantics.store.store import COMPACT_MIN_BYTES
@@ -51,6 +54,8 @@ class BrokerConfig:
 
     vhosts: list[str] = field(default_factory=lambda: ["/"])
     strict_names: bool = False
+    profile: str = DEFAULT_PROFILE.name  # PF1: "compatible" or "cmq"
+    vhost_profiles: dict[str, str] = field(default_factory=dict)  # PF1: per-vhost overrides
     fsync: bool = True
     salvage: bool = False  # open a store with damaged confirmed data, setting the damage aside
     compact_min_bytes: int = COMPACT_MIN_BYTES  # the journal is compacted above this size
@@ -87,6 +92,12 @@ class Broker:
         self.audit = audit if audit is not None else NullAudit()  # sets emit_row/emit_fields too
         self.config = config if config is not None else BrokerConfig()
         self.strict_names = bool(getattr(self.config, "strict_names", False))  # L2
+        # PF1: the gateway's profile, and the vhosts that override it.
+        self.profile = profile_named(getattr(self.config, "profile", None))
+        self.vhost_profiles: dict[str, Profile] = {
+            str(v): profile_named(p) for v, p in (getattr(self.config, "vhost_profiles", None) or {}).items()}
+        self.limit_report = LimitReport()  # PF4: the migration report
+        self._recovering = False
         # Advertised in connection.start capabilities (W1): exchange.bind works (M8).
         self.exchange_exchange_bindings = True
         self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True),
@@ -139,11 +150,42 @@ class Broker:
     def vhost(self, name: str) -> VHost:
         vh = self.vhosts.get(name)
         if vh is None:
-            vh = self.vhosts[name] = VHost(self, name)
+            vh = self.vhosts[name] = VHost(self, name, self.profile_of(name))
         return vh
 
-    def new_cmq_queue(self, name: str, attrs: QueueAttributes) -> Q.CmqQueue:
-        return Q.CmqQueue(name, attrs)
+    def new_cmq_queue(self, name: str, attrs: QueueAttributes, refuse_size: bool = True) -> Q.CmqQueue:
+        return Q.CmqQueue(name, attrs, refuse_size=refuse_size)
+
+    # -- profiles (PF1-PF4) ------------------------------------------------------------------
+
+    def profile_of(self, vhost: str) -> Profile:
+        """PF1: the vhost's own profile, else the gateway's (compatible while recovering)."""
+        if self._recovering:
+            return COMPATIBLE
+        return self.vhost_profiles.get(vhost, self.profile)
+
+    def set_vhost_profile(self, vhost: str, profile: str | Profile | None) -> Profile:
+        """PF1: override (None: drop the override of) one vhost's profile, from now on."""
+        if profile is None:
+            self.vhost_profiles.pop(vhost, None)
+        else:
+            self.vhost_profiles[vhost] = profile_named(profile)
+        chosen = self.profile_of(vhost)
+        self.vhost(vhost).set_profile(chosen)
+        return chosen
+
+    def report_breach(self, vhost: str, err: LimitError, object: str, user: str | None,
+                      peer: str | None) -> None:
+        """PF4: a breach the cmq profile would refuse, let through: one audit record
+        ``limit_exceeded`` (rule, value, limit, object, user, peer; reason: the refusal text)
+        and an entry in the migration report."""
+        value = err.value if isinstance(err.value, int) and not isinstance(err.value, bool) else None
+        limit = err.limit if isinstance(err.limit, int) and not isinstance(err.limit, bool) else None
+        self.emit_fields("limit_exceeded", vhost, {"rule": err.rule, "value": value, "limit": limit,
+                                                   "object": object, "user": user, "peer": peer,
+                                                   "reason": err.reply_text})
+        self.limit_report.record(vhost, err.rule, object, user, peer, value, limit, err.reply_text,
+                                 self.clock.now())
 
     # -- the store and group commit (M14) ----------------------------------------------------
 
@@ -669,6 +711,13 @@ class Broker:
         message and frees none, so each collection only walked the growing backlog again
         (3x10^5 messages: 5.0 -> 3.0 s). It runs again, as before, once they are all back."""
         strict, self.strict_names = self.strict_names, False  # L2 is checked when declared, not now
+        # PF1: so are the profile's limits. What the store gives back was accepted when it was
+        # declared or published, maybe under the other profile: it comes back under
+        # compatible's (a breach of a CMQ limit is reported, never dropped), and each vhost
+        # takes its own profile once everything is back.
+        self._recovering = True
+        for vh in self.vhosts.values():
+            vh.set_profile(COMPATIBLE)
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -684,6 +733,9 @@ class Broker:
         finally:
             if collecting:
                 gc.enable()
+            self._recovering = False
+            for name, vh in self.vhosts.items():
+                vh.set_profile(self.profile_of(name))
 
     def _recover_accounts(self) -> None:
         """SE4: users, vhosts and permissions changed over the management API."""
@@ -711,7 +763,7 @@ class Broker:
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
             if r["name"] not in vh.exchanges:
-                vh.exchanges[r["name"]] = _exchange(vh.name, r)
+                vh.exchanges[r["name"]] = _exchange(vh, r)
         for _, raw in store.items(P.QUEUES_PREFIX):
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
@@ -807,7 +859,7 @@ class Broker:
         self._executor.shutdown(wait=True)
 
 
-def _exchange(vhost: str, r: dict[str, Any]) -> Exchange:
+def _exchange(vh: VHost, r: dict[str, Any]) -> Exchange:
     from gateway.broker.exchange import Exchange
-    return Exchange(vhost, r["name"], r["type"], durable=True, auto_delete=r["auto_delete"],
-                    internal=r["internal"], arguments=r["arguments"])
+    return Exchange(vh.name, r["name"], r["type"], durable=True, auto_delete=r["auto_delete"],
+                    internal=r["internal"], arguments=r["arguments"], limits=vh.profile.enforced)

@@ -158,6 +158,13 @@ RULES: dict[tuple[str, str], Rule] = {
         _on(("configure", "exchange", "exchange"), ("read", "exchange", "exchange")),
     ("DELETE", "/api/cmq/topics/{vhost}/{exchange}/subscriptions/{name}"):
         _on(("configure", "exchange", "exchange"), ("read", "exchange", "exchange")),
+    # PF4: the migration report, scoped to the vhosts the user may see; clearing it and
+    # changing a vhost's profile (PF1) are the administrator's.
+    ("GET", "/api/cmq/limits"): ANY,
+    ("GET", "/api/cmq/limits/{vhost}"): VHOST,
+    ("DELETE", "/api/cmq/limits/{vhost}"): ADMIN,
+    ("GET", "/api/cmq/vhosts/{vhost}/profile"): VHOST,
+    ("PUT", "/api/cmq/vhosts/{vhost}/profile"): ADMIN,
     ("GET", "/api/cmq/queues"): ANY,
     ("GET", "/api/cmq/queues/{vhost}"): VHOST,
     ("GET", "/api/cmq/queues/{vhost}/{queue}"): VHOST,

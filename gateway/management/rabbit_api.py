@@ -366,6 +366,9 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             "product_name": "cmq-gateway",
             "product_version": getattr(gw, "server_properties", {}).get("version", "0.0.0"),
             "cluster_name": getattr(config, "cluster_name", "cmq-gateway"),
+            # PF1: the gateway's profile, and the vhosts that override it.
+            "cmq_profile": mgmt.broker.profile.name,
+            "cmq_vhost_profiles": {v: mgmt.broker.profile_of(v).name for v in names},
             "node": NODE,
             "rates_mode": "basic",
             "exchange_types": EXCHANGE_TYPES,
@@ -395,7 +398,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                 "tracing": False, "default_queue_type": "classic", "cluster_state": {NODE: "running"},
                 "messages": ready + unacked, "messages_details": {"rate": 0.0},
                 "messages_ready": ready, "messages_ready_details": {"rate": 0.0},
-                "messages_unacknowledged": unacked, "messages_unacknowledged_details": {"rate": 0.0}}
+                "messages_unacknowledged": unacked, "messages_unacknowledged_details": {"rate": 0.0},
+                "cmq_profile": mgmt.broker.profile_of(name).name}  # PF1
 
     async def vhosts(request: web.Request) -> web.Response:
         return web.json_response(_paged(request, [vhost_json(v) for v in mgmt.visible_vhosts(request[USER])]))

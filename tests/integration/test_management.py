@@ -173,7 +173,9 @@ async def test_definitions_export_then_import_into_a_fresh_gateway(og: OperatorG
 
 async def test_L6_topic_max_message_size_changed_through_the_api(og: OperatorGateway,
                                                                   http: aiohttp.ClientSession) -> None:
-    """L6: MaximumMessageSize is changeable after creation; outside 1 KB-1024 KB is refused."""
+    """L6: MaximumMessageSize is changeable after creation; outside 1 KB-1024 KB is refused,
+    and in the cmq profile (PF2) so is a larger body (compatible reports it: test_profiles_wire)."""
+    og.broker.set_vhost_profile("/", "cmq")
     conn = await aio_pika.connect(og.amqp_url)
     async with conn:
         ch = await conn.channel()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from pamqp import body as B
 from pamqp import commands as C
 from pamqp import header
@@ -150,6 +151,7 @@ async def test_Q5_held_ack_runs_after_the_get_answer(broker: Broker) -> None:
     assert (len(q.cmq), c.session.channels[1].unacked) == (0, {})
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_Q5_channel_closed_while_waiting_leaves_the_message_for_the_next(broker: Broker) -> None:
     c, p, nxt = _clients(broker, 3)
     c.send(1, C.Basic.Get(queue="lp"))
@@ -178,6 +180,7 @@ async def test_Q5_connection_lost_while_waiting_cancels_the_waiter(broker: Broke
     assert _got(nxt.read()) == [(1, "Basic.GetOk", b"kept")]
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_Q5_delay_end_visibility_end_and_requeue_serve_a_waiting_get(broker: Broker) -> None:
     c, p = _clients(broker, 2, wait=30, **{"x-cmq-visibility-timeout": 10})
     # Delay end (Q4).
