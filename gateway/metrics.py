@@ -21,6 +21,7 @@ broker's flusher makes on its worker thread). Bytes in and out are the transport
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import threading
 import time
@@ -40,6 +41,7 @@ __all__ = [
     "Target",
     "attach",
     "render",
+    "serve_app",
     "start_metrics",
 ]
 
@@ -510,12 +512,26 @@ def metrics_app(obj: Any) -> web.Application:
 
 
 async def start_metrics(obj: Any, host: str = "127.0.0.1", port: int = 15692, *,
-                        ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
+                        ssl_context: ssl.SSLContext | None = None,
+                        sockets: list[socket.socket] | None = None) -> web.AppRunner:
     """Serve ``/metrics`` for a Gateway or Broker on (host, port), over HTTPS with an
-    ``ssl_context`` (SE2); port 0 picks a free one (``runner.addresses[0][1]``). Stop with
+    ``ssl_context`` (SE2); port 0 picks a free one (``runner.addresses[0][1]``). ``sockets``
+    (bound and listening) are served instead of (host, port). Stop with
     ``await runner.cleanup()``."""
-    runner = web.AppRunner(metrics_app(obj), access_log=None)
+    return await serve_app(metrics_app(obj), host, port, ssl_context, sockets)
+
+
+async def serve_app(app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None,
+                    sockets: list[socket.socket] | None) -> web.AppRunner:
+    """An operator HTTP application served on ``sockets``, or else on (host, port)."""
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    await site.start()
+    try:
+        if sockets is None:
+            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+        for sock in sockets or ():
+            await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner
