@@ -25,9 +25,9 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from importlib import metadata
 from typing import Any
 
+from gateway import version
 from gateway.audit import AuditLog, NullAudit
 from gateway.config import GatewayConfig, Listener
 from gateway.transport import AMQPConnection
@@ -86,13 +86,6 @@ def _listen_reason(e: OSError, port: int, serves: str) -> str:
     return (e.strerror or str(e)).lower()
 
 
-def _version() -> str:
-    try:
-        return metadata.version("cmq-gateway")
-    except metadata.PackageNotFoundError:
-        return "0.0.0"
-
-
 def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool,
                       profile: str = "compatible") -> dict[str, Any]:
     """W1: what connection.start advertises; the capabilities are exactly those that work.
@@ -110,7 +103,7 @@ def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool,
         capabilities["exchange_exchange_bindings"] = True
     return {
         "product": "cmq-gateway",
-        "version": _version(),
+        "version": version(),
         "platform": f"Python {platform.python_version()}",
         "cluster_name": cluster_name,
         "information": "AMQP 0-9-1 with Tencent Cloud CMQ semantics",
