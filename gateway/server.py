@@ -164,6 +164,15 @@ def _within(path: str, directory: str | None) -> bool:
     return os.path.commonpath([path, directory]) == directory
 
 
+async def _operator_listen(where: str, port: int, serves: str, starting: Any) -> Any:
+    """A taken port of an HTTP endpoint that binds its own socket is the same one-line error
+    as a taken AMQP port (the management API and /metrics bind theirs with _operator_sockets)."""
+    try:
+        return await starting
+    except OSError as e:
+        raise ListenError(e.errno, f"cannot listen on {where}: {_listen_reason(e, port, serves)}") from None
+
+
 def _operator_sockets(host: str | None, port: int, serves: str) -> list[socket.socket]:
     """The management API's or /metrics' sockets: on ``host``, or with none configured on
     every IPv4 and IPv6 address (0.0.0.0 and ::, one port), as the AMQP listeners by default.

@@ -40,10 +40,10 @@ ENDPOINTS = [
 ]
 
 
-def start(data_dir: str) -> tuple[subprocess.Popen[str], int, dict[str, int]]:
+def start(data_dir: str, root: Path) -> tuple[subprocess.Popen[str], int, dict[str, int]]:
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                              "--management-port", "0", "--metrics-port", "0", "--data-dir", data_dir],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                            cwd=root, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     port, operator = None, {}
     for line in proc.stderr:
@@ -85,9 +85,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--queues", type=int, default=1000)
     ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--root", type=Path, default=ROOT,
+                    help="the checkout whose gateway runs (default: this one; another commit's to compare)")
     args = ap.parse_args()
     data_dir = tempfile.mkdtemp(prefix="bench-management-")
-    proc, port, operator = start(data_dir)
+    proc, port, operator = start(data_dir, args.root)
     try:
         declare(port, args.queues)
         session = requests.Session()
