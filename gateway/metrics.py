@@ -314,6 +314,27 @@ class Target:
             return str(getattr(self.gateway, "block_reason", "") or "resource alarm")
         return None
 
+    @property
+    def alarm_resources(self) -> list[str]:
+        """W5: RabbitMQ's names ("memory", "disk") of the alarms in effect."""
+        alarms = getattr(self.gateway, "alarms", None)
+        return list(alarms.resources) if alarms is not None else []
+
+    def resources(self) -> dict[str, Any]:
+        """W5: what the alarms are decided on, under RabbitMQ's node field names (mem_used is
+        the memory the broker holds, gateway/memory.py; mem_rss the process's resident set)."""
+        from gateway.alarms import rss_bytes
+        gw = self.gateway
+        alarms = getattr(gw, "alarms", None)
+        limits = getattr(getattr(gw, "config", None), "limits", None)
+        if alarms is None or limits is None:
+            return {}
+        held = alarms.held_bytes(self.broker)
+        return {"mem_used": held, "mem_rss": rss_bytes(), "mem_limit": limits.memory_high_watermark,
+                "mem_alarm": alarms.memory, "disk_free": alarms.disk_free,
+                "disk_free_limit": limits.disk_free_limit, "disk_free_alarm": alarms.disk,
+                "store_failed": bool(getattr(self.broker, "read_only", False))}
+
 
 def attach(obj: Any) -> Counters:
     """The broker's Counters (made once; calling again returns the same one), and the store's
@@ -474,7 +495,21 @@ def render(obj: Any, counters: Counters) -> str:
     w.family("cmq_gateway_channels", "gauge", "Open AMQP channels.",
              [({}, sum(len(s.channels) for s in sessions))])
     w.family("cmq_gateway_resource_alarm", "gauge", "1 while publishers are blocked by a memory or "
-             "store high-water mark (W5).", [({}, 1 if target.alarm else 0)])
+             "disk alarm (W5).", [({}, 1 if target.alarm else 0)])
+    res = target.resources()
+    if res:
+        for key, metric, text in (
+                ("mem_used", "cmq_gateway_memory_held_bytes", "Bytes the broker holds: messages, partial "
+                 "bodies, unsent output, the store's map (W5: compared with memory_high_watermark)."),
+                ("mem_rss", "cmq_gateway_memory_rss_bytes", "Resident memory of the process."),
+                ("mem_limit", "cmq_gateway_memory_high_watermark_bytes", "The memory alarm's mark (W5)."),
+                ("disk_free", "cmq_gateway_disk_free_bytes", "Free bytes of the data directory's file system."),
+                ("disk_free_limit", "cmq_gateway_disk_free_limit_bytes", "The disk alarm's limit (W5)."),
+                ("store_failed", "cmq_gateway_store_failed", "1 while the store cannot write (it retries).")):
+            if res[key] is not None:
+                w.family(metric, "gauge", text, [({}, int(res[key]))])
+        w.family("cmq_gateway_alarm", "gauge", "1 while the resource's alarm is in effect (W5).",
+                 [({"resource": r}, int(res[k])) for r, k in (("memory", "mem_alarm"), ("disk", "disk_free_alarm"))])
 
     name = "cmq_gateway_store_commit_seconds"
     w.lines.append(f"# HELP {name} Time of one group commit (write + fsync) of the store (M14).")

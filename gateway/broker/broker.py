@@ -46,6 +46,9 @@ __all__ = ["Broker", "BrokerConfig"]
 
 log = logging.getLogger("cmq_gateway.broker")
 
+# How often a failed store write is retried (a full disk may get room back at any time).
+STORE_RETRY_SECONDS = 1.0
+
 
 @dataclass
 class BrokerConfig:
@@ -118,6 +121,15 @@ class Broker:
         self.endpoint_hooks: dict[str, Callable[[Any, Any, Any], bool | None]] = {}
         self.http_pusher: Any = None  # gateway.push.HttpPusher, once HTTP subscriptions exist
         self.confirm_waiters: set[Channel] = set()
+        # True while the store cannot write (W5, M14). The guarantee, for a persistent message
+        # to a durable queue: basic.ack only once it is on disk (fsynced); basic.nack only for
+        # a message the gateway never took (published while read-only: not enqueued, so never
+        # stored later); a confirm that waited on the write that failed keeps waiting, and is
+        # an ack once the retried write succeeds (or a nack if the gateway stops first, its
+        # message then dropped). Everything else keeps working in memory, acks included: their
+        # deletes are journalled when the store resumes.
+        self.read_only = False
+        self.on_store_change: Callable[[bool], None] = lambda failed: None  # the server's disk alarm
         self.scheduler = Scheduler(clock, loop, on_ran=self._flush_sessions)
         self._loop = loop
         self._dirty = asyncio.Event() if loop is not None else None
@@ -228,16 +240,32 @@ class Broker:
         # One executor thread syncs whatever piled up while the last sync ran: group commit.
         assert self._dirty is not None and self._loop is not None
         while not self._closed:
-            await self._dirty.wait()
+            if not self.read_only:
+                await self._dirty.wait()
             self._dirty.clear()
             try:
                 durable = await self._loop.run_in_executor(self._executor, self._sync_and_compact)
             except StoreFailedError as e:
-                # The disk let us down: nothing unconfirmed may be acked now (M14).
-                log.error("%s; the confirms still waiting are nacked", e)
-                self._fail_confirms()
-                return
+                self._store_failed(e)
+                # The batch is pending again in the store: retried until the disk takes it.
+                await asyncio.sleep(STORE_RETRY_SECONDS)
+                continue
+            if self.read_only:
+                self._store_resumed()
             self._on_durable(durable)
+
+    def _store_failed(self, e: StoreFailedError) -> None:
+        """W5/M14: the disk refused a write. Confirms still waiting stay waiting (their
+        messages are kept in memory and written by a later retry; see ``read_only``)."""
+        if not self.read_only:
+            log.error("%s; publishes of persistent messages are refused until the store can write again", e)
+            self.read_only = True
+            self.on_store_change(True)
+
+    def _store_resumed(self) -> None:
+        log.warning("store writes again: resource alarm for the store cleared")
+        self.read_only = False
+        self.on_store_change(False)
 
     def _sync_and_compact(self) -> int:
         """The worker thread's turn: sync, then compact if the journal has grown enough
@@ -250,7 +278,7 @@ class Broker:
         return durable
 
     def _fail_confirms(self) -> None:
-        """StoreFailedError (M14): every confirm still waiting for the fsync is a basic.nack."""
+        """The store failed at close: every confirm still waiting is a basic.nack (M14)."""
         for ch in list(self.confirm_waiters):
             ch.fail_pending_confirms()
         self.confirm_waiters.clear()
@@ -354,8 +382,8 @@ class Broker:
     def journal_retained(self, vh: VHost, ex: Exchange, msg: Message) -> int:
         """A persistent message a durable topic keeps for retries is journaled, with the
         subscriptions still owed it, so that a confirmed message survives a restart (M14)."""
-        if not (ex.durable and msg.persistent):
-            return 0
+        if not (ex.durable and msg.persistent) or self.read_only:
+            return 0  # read-only: refused (basic.nack), so never journalled later either
         return self._rejournal_retained(vh, ex, msg.msg_id, msg)
 
     def _rejournal_retained(self, vh: VHost, ex: Exchange, msg_id: str, msg: Message | None = None) -> int:
@@ -850,12 +878,17 @@ class Broker:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._flusher
+        synced = True
         try:
             self.sync_now()
-        except StoreFailedError:
+        except StoreFailedError as e:
+            # Stopping on a disk that still refuses writes: what was never confirmed is lost,
+            # and the confirms still waiting say so (no later attempt may store them).
+            log.error("%s; stopping with unconfirmed changes not written", e)
+            synced = False
             self._fail_confirms()
         with contextlib.suppress(StoreFailedError):
-            self.store.close()
+            self.store.close(sync=synced)
         self._executor.shutdown(wait=True)
 
 

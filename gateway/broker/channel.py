@@ -208,8 +208,10 @@ class Channel:
             self.session.conn.send_method(self.number, C.Basic.Ack(delivery_tag=seq, multiple=False))
 
     def fail_pending_confirms(self) -> None:
-        """The store failed (StoreFailedError): what still waits for an fsync will never be
-        durable, so each such confirm is a basic.nack, in publish order (M14)."""
+        """The broker stops while the store still cannot write (StoreFailedError at close):
+        what still waits for an fsync will never be durable, so each such confirm is a
+        basic.nack, in publish order (M14). While running, a failed write is retried instead
+        and its confirms keep waiting (see Broker.read_only)."""
         pending, self.pending_confirms = self.pending_confirms, deque()
         if self.closing or not pending:
             return

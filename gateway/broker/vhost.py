@@ -105,10 +105,17 @@ class VHost:
         self.broker.report_breach(self.name, err, object, user, peer)
 
     def _check_name(self, name: str, kind: Kind, user: str | None, peer: str | None) -> None:
-        """L2 under strict_names: a name that is not already a valid CMQ name."""
+        """L1/L2: a name that is not already a valid CMQ name is refused in the cmq profile
+        (strict names are part of it, PF2) or with ``strict_names``, and reported in the
+        compatible one (PF4): it is what a migration must rename. Not while recovering: what
+        the store gives back was checked when it was declared."""
+        if self.broker._recovering:
+            return
         try:
             cmq_name(name, kind, strict=True)
         except LimitError as e:
+            if self.broker.strict_names:
+                raise
             self.breach(e, f"{'exchange' if kind == 'topic' else 'queue'}:{name}", user, peer)
 
     def report_filters(self, exchange: str, topic: Topic, sub: str, filters: tuple[str, ...] | list[str],
@@ -205,8 +212,7 @@ class VHost:
         existing = self.exchanges.get(name)
         if existing is not None:
             return self._redeclare(existing, type, durable, auto_delete, internal, args)
-        if self.broker.strict_names:
-            self._check_name(name, "topic", user, peer)  # L2: 406 unless already a valid CMQ name
+        self._check_name(name, "topic", user, peer)  # L2: a name CMQ could not hold
         ex = Exchange(self.name, name, type, durable=durable, auto_delete=auto_delete,
                       internal=internal, arguments=args, limits=self.profile.enforced)
         ex.policy = choose(self.policies.values(), "exchange", name)
@@ -258,8 +264,8 @@ class VHost:
             # Server-named: amq.gen-..., which clients expect; it maps to a valid CMQ name (L2)
             # and so is allowed under strict_names too.
             name = server_name or new_name("amq.gen-")
-        elif self.broker.strict_names and name not in self.queues:
-            self._check_name(name, "queue", user, peer)  # L2: 406 unless already a valid CMQ name
+        elif name not in self.queues:
+            self._check_name(name, "queue", user, peer)  # L2: a name CMQ could not hold
         args = dict(arguments or {})
         existing = self.queues.get(name)
         if existing is not None:
@@ -537,6 +543,8 @@ class VHost:
             matched = len(result.matched)
             if result.retained:
                 out.routed = True  # D2: kept by the topic until its subscriptions settle
+                if self.broker.read_only and ex.durable and msg.persistent:
+                    out.rejected = True  # not journalled while the store fails: not confirmed
                 lsn = self.broker.journal_retained(self, ex, msg)
                 if lsn > out.lsn:
                     out.lsn = lsn
@@ -624,13 +632,23 @@ class VHost:
             self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="expired",
                        policy="dead_letter_cycle")
             return
+        persist = q.durable and msg.persistent
+        if persist and self.broker.read_only:
+            # W5/M14: the store cannot write (disk full or read-only): the gateway does not
+            # take a message it would have to keep on disk; never enqueued, so never stored
+            # later behind the basic.nack the publisher gets under confirms.
+            out.routed = True
+            out.rejected = True
+            self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="rejected",
+                       policy="store_failed")
+            return
         ttl = msg.ttl
         expires_at = None if ttl is None else now + (delay or 0.0) + ttl
         qmsg = q.send(msg, now, delay, expires_at)
         out.routed = True
         msg_id = qmsg.msg_id
         self.broker.emit_row(ENQUEUE, self.name, (q.name, msg_id, len(msg.body), via, subscription))
-        if q.durable and msg.persistent:
+        if persist:
             lsn = self.broker.persist(P.message_key(self.name, q.name, msg_id), P.encode_message(
                 self.name, q.name, msg_id, now, msg.exchange, msg.routing_key,
                 msg.properties.raw, msg.body))

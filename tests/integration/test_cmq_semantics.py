@@ -98,7 +98,7 @@ def test_L3_L4_tag_and_key_limits_refused(cmq_gateway_url: str, unique: str) -> 
         faults = {}
         ch = conn.channel()
         ch.exchange_declare(unique, "direct")
-        ch.exchange_declare(unique + ".t", "topic")
+        ch.exchange_declare(unique + "-t", "topic")
         ch.queue_declare(unique)
 
         def attempt(label: str, action) -> None:  # type: ignore[no-untyped-def]
@@ -111,11 +111,11 @@ def test_L3_L4_tag_and_key_limits_refused(cmq_gateway_url: str, unique: str) -> 
         attempt("tag too long", lambda: ch.queue_bind(unique, unique, "t" * 17))
         attempt("six tags", lambda: (ch.basic_publish(unique, "a", b"x", pika.BasicProperties(
             headers={"x-cmq-tags": ["b", "c", "d", "e", "f"]})), ch.queue_declare(unique, passive=True)))
-        attempt("key too long", lambda: ch.queue_bind(unique, unique + ".t", "k" * 65))
-        attempt("sixteen dots", lambda: ch.queue_bind(unique, unique + ".t", "." .join("a" * 17)))
+        attempt("key too long", lambda: ch.queue_bind(unique, unique + "-t", "k" * 65))
+        attempt("sixteen dots", lambda: ch.queue_bind(unique, unique + "-t", "." .join("a" * 17)))
         for k in ("k1", "k2", "k3", "k4", "k5"):
-            ch.queue_bind(unique, unique + ".t", k)
-        attempt("sixth binding key", lambda: ch.queue_bind(unique, unique + ".t", "k6"))
+            ch.queue_bind(unique, unique + "-t", k)
+        attempt("sixth binding key", lambda: ch.queue_bind(unique, unique + "-t", "k6"))
     assert faults == {label: ("channel", 406, "PRECONDITION_FAILED") for label in
                       ("tag too long", "six tags", "key too long", "sixteen dots", "sixth binding key")}
 

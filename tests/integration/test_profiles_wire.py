@@ -77,16 +77,18 @@ async def test_PF4_cmq_refusals_pass_and_are_reported_in_compatible(og: Operator
         ("L3", "binding:ex->q:q1", 17, 16), ("L3", "exchange:ex", 6, 5), ("L3", "exchange:ex", 17, 16),
         ("L4", "binding:ex.t->q:q1", 65, 64), ("L4", "binding:ex.t->q:q1", 16, 15),
         ("L4", "binding:ex.t->q:q1", 6, 5), ("L4", "binding:ex.t->q:q1", 7, 5), ("L4", "binding:ex.t->q:q1", 8, 5),
-        ("L6", "exchange:ex.t", 70_000, 65536), ("L6", "queue:q1", 70_000, 65536)])
+        ("L6", "exchange:ex.t", 70_000, 65536), ("L6", "queue:q1", 70_000, 65536),
+        # L1/L2: names CMQ could not hold (too short, or a dot) are reported too.
+        ("L2", "exchange:ex", 2, 64), ("L2", "exchange:ex.t", 4, 64), ("L2", "queue:q1", 2, 64)])
     assert all(r["user"] == "guest" and r["peer"].startswith("127.0.0.1:") and r["v"] == 1 for r in records)
     async with aiohttp.ClientSession(auth=AUTH) as http:
         async with http.get(f"{og.metrics_url}/metrics") as r:
             text = await r.text()
         counts = {m.group(1): int(m.group(2)) for m in re.finditer(
             r'cmq_gateway_limit_exceeded_total\{vhost="/",rule="(L\d)"\} (\d+)', text)}
-        assert counts == {"L3": 3, "L4": 5, "L6": 2}
+        assert counts == {"L2": 3, "L3": 3, "L4": 5, "L6": 2}
         report = await _get(http, f"{og.management_url}/api/cmq/limits/%2F")
-        assert (report["vhost"], report["profile"], sorted(report["rules"])) == ("/", "compatible", ["L3", "L4", "L6"])
+        assert (report["vhost"], report["profile"], sorted(report["rules"])) == ("/", "compatible", ["L2", "L3", "L4", "L6"])
         l4 = report["rules"]["L4"]
         assert (l4["count"], l4["objects"], l4["users"]) == (5, ["binding:ex.t->q:q1"], ["guest"])
         [entry] = l4["entries"]
@@ -243,4 +245,5 @@ def test_PF1_an_unknown_profile_is_a_config_error(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--config", str(config), "--port", "0",
                            "--data-dir", str(tmp_path / "data")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "vhosts: '/': profile: unknown profile 'strict': expected one of cmq, compatible" in done.stderr
+    assert done.stderr == ("cmq-gateway: config: vhosts[0].profile: expected one of compatible, cmq, "
+                           "got 'strict'\n")
