@@ -261,7 +261,7 @@ LIMITS = Map({
     "channel_max": Int(0, 65535),
     "heartbeat": Int(0, 65535),
     "memory_high_watermark": BYTES,
-    "store_high_watermark": BYTES,
+    "store_high_watermark": Int(0),  # an optional quota on the store's files; 0: none
     "low_watermark_ratio": Num(gt=0, hi=1),
     "max_connections": Int(0),
     # Branch alarms.

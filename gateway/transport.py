@@ -54,6 +54,11 @@ log = logging.getLogger("cmq_gateway.transport")
 
 # A peer that neither answers our connection.close nor hangs up is cut after this long.
 CLOSE_TIMEOUT = 3.0
+# After close-ok to the peer's connection.close, the peer closes the socket (a client that
+# is still writing would get EPIPE if we did, and some wait for the EOF they cause); one that
+# does not is cut after this long, or after its heartbeat interval if shorter (rabbit_reader's
+# CLOSING_TIMEOUT).
+LINGER_TIMEOUT = 30.0
 _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk, ev.ChannelFlow, ev.Method,
                              ev.Content))
 # Events (a publish is one) handled per loop turn before the other connections get theirs,
@@ -95,6 +100,7 @@ class AMQPConnection(asyncio.Protocol):
         self.opened_at = time.monotonic()
         self.closing_since: float | None = None  # when we sent connection.close
         self._close_audited = False  # the connection_close record was written already
+        self.lingering_since: float | None = None  # when we sent close-ok to the peer's close
         self.publisher = False  # has published: subject to W5 blocking
         self.blocked = False  # connection.blocked was sent / reading paused
         self._reading_paused = False  # transport.pause_reading() is in effect
@@ -249,7 +255,7 @@ class AMQPConnection(asyncio.Protocol):
         if out:
             self.gw.bytes_out += len(out)
             self.transport.write(out)
-        if self.conn.closed:
+        if self.conn.closed and self.lingering_since is None:
             self._hang_up()
 
     # -- events -----------------------------------------------------------------------------
@@ -279,8 +285,20 @@ class AMQPConnection(asyncio.Protocol):
             log.info("heartbeat timeout from %s", self.peer)
         elif isinstance(event, ev.HandshakeTimeout):
             self._on_handshake_timeout(event)
-        # ConnectionClose, ConnectionCloseOk, BadProtocolHeader (W6) and HeartbeatTimeout
-        # leave the core CLOSED: _flush() writes what it queued and hangs up.
+        elif isinstance(event, ev.ConnectionClose):
+            self._linger()
+        # ConnectionCloseOk, BadProtocolHeader (W6) and HeartbeatTimeout leave the core
+        # CLOSED: _flush() writes what it queued and hangs up.
+
+    def _linger(self) -> None:
+        """The peer closed the connection: the session ends now (its exclusive queues go, as
+        RabbitMQ deletes them before close-ok), the socket when the peer hangs up (tick)."""
+        self.lingering_since = time.monotonic()
+        if self.session is not None:
+            try:
+                self.session.on_connection_lost()
+            finally:
+                self.session = None
 
     def _on_handshake_timeout(self, event: ev.HandshakeTimeout) -> None:
         limit = self.conn.handshake_timeout
@@ -346,6 +364,9 @@ class AMQPConnection(asyncio.Protocol):
 
     def close_forced(self, reason: str) -> None:
         """320 CONNECTION_FORCED with RabbitMQ's wording (shutdown, a deleted user or vhost)."""
+        if self.lingering_since is not None:
+            self._hang_up()  # the peer had closed already; it need not be waited for now
+            return
         self._force_close(320, f"CONNECTION_FORCED - broker forced connection closure with reason '{reason}'")
         self._flush()
 
@@ -375,6 +396,12 @@ class AMQPConnection(asyncio.Protocol):
             return
         if self.closing_since is not None and now_monotonic - self.closing_since > CLOSE_TIMEOUT:
             self._abort()
+            return
+        if self.lingering_since is not None:
+            heartbeat = self.conn.heartbeat
+            limit = heartbeat if 0 < heartbeat < LINGER_TIMEOUT else LINGER_TIMEOUT
+            if now_monotonic - self.lingering_since > limit:
+                self._hang_up()
             return
         if self.blocked:
             if self._peer_hung_up():

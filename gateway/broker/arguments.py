@@ -7,6 +7,7 @@ semantics.queue_attrs (L6-L8, Q8), which raises LimitError naming the rule.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,8 @@ from typing import Any
 from semantics.errors import PRECONDITION_FAILED, CMQError
 
 __all__ = ["EXCHANGE_EQUIVALENCE", "QUEUE_EQUIVALENCE", "RECEIVE_METADATA", "QueueArgs", "amqp_type",
-           "check_rabbit_args", "equivalent_args", "parse_queue_args", "receive_metadata", "rewind_to"]
+           "check_rabbit_args", "equivalent_args", "parse_queue_args", "receive_metadata", "rewind_to", "text",
+           "utf8"]
 
 # x-cmq-* argument -> semantics.queue_attrs.QueueAttributes field (SPEC M7).
 CMQ_ATTRS = {
@@ -45,14 +47,32 @@ class QueueArgs:
 
 
 def _int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise CMQError("M7", f"invalid arg '{name}' for queue: {value!r} is not a number",
                        reply_code=PRECONDITION_FAILED, value=value)
     return int(value)
 
 
-def _str(name: str, value: Any) -> str:
+def text(value: str | bytes) -> str:
+    """A field's text: a longstr that is not UTF-8 decodes to bytes, compared as text here
+    (with U+FFFD where it is not UTF-8), never raising."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def utf8(value: Any) -> bool:
+    """Whether ``value`` is text: a str, or bytes that are UTF-8 (RabbitMQ's longstr; our
+    field-table decoder gives bytes for a byte array and for a longstr that is not UTF-8)."""
     if isinstance(value, bytes):
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+    return isinstance(value, str)
+
+
+def _str(name: str, value: Any) -> str:
+    if isinstance(value, bytes) and utf8(value):
         return value.decode()
     if not isinstance(value, str):
         raise CMQError("M7", f"invalid arg '{name}' for queue: {value!r} is not a string",
@@ -105,11 +125,11 @@ def check_rabbit_args(arguments: Mapping[str, Any] | None, queue: str, vhost: st
         if rule == "priority" and v > 255:
             raise bad(arg, f"{{max_value_exceeded,{v}}}")
     for arg in _STRING_ARGS:
-        if arg in arguments and not isinstance(arguments[arg], str | bytes):
+        if arg in arguments and not utf8(arguments[arg]):
             raise CMQError("M16", f"invalid type '{amqp_type(arguments[arg])}' for arg '{arg}' in queue "
                            f"'{queue}' in vhost '{vhost}'", reply_code=PRECONDITION_FAILED, value=arguments[arg])
     overflow = arguments.get("x-overflow")
-    if overflow is not None and _text(overflow) not in ("drop-head", "reject-publish", "reject-publish-dlx"):
+    if overflow is not None and text(overflow) not in ("drop-head", "reject-publish", "reject-publish-dlx"):
         raise bad("x-overflow", "invalid_overflow")
     if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
         raise bad("x-dead-letter-routing-key", "routing_key_but_no_dlx_defined")
@@ -132,10 +152,6 @@ def receive_metadata(arguments: Mapping[str, Any] | None) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in ("true", "1", "yes")
     return value is True or (type(value) is int and value == 1)
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def parse_queue_args(arguments: Mapping[str, Any] | None) -> QueueArgs:
@@ -188,7 +204,7 @@ def rewind_to(arguments: Mapping[str, Any] | None) -> float | None:
         value = arguments["x-stream-offset"]
         if hasattr(value, "timestamp"):
             return float(value.timestamp())
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
             return float(value)
         raise CMQError("M15", f"x-stream-offset {value!r} is not a timestamp; only a rewind to a "
                        "time is supported", value=value)

@@ -130,6 +130,7 @@ class Broker:
         # deletes are journalled when the store resumes.
         self.read_only = False
         self.on_store_change: Callable[[bool], None] = lambda failed: None  # the server's disk alarm
+        self._confirms_ready: list[Channel] = []  # channels with acks to send at end_batch()
         self.scheduler = Scheduler(clock, loop, on_ran=self._flush_sessions)
         self._loop = loop
         self._dirty = asyncio.Event() if loop is not None else None
@@ -219,6 +220,16 @@ class Broker:
 
     def wait_durable(self, ch: Channel) -> None:
         self.confirm_waiters.add(ch)
+
+    def confirm_ready(self, ch: Channel) -> None:
+        """M14: ``ch`` has confirms with nothing to wait for. Inside a transport turn they
+        are sent at end_batch(), coalesced as RabbitMQ coalesces them (one basic.ack
+        multiple=true for a burst instead of one frame per message); outside one, now."""
+        if self._batch_depth:
+            self._confirms_ready.append(ch)
+        else:
+            ch.send_ready_confirms()
+            ch.session.request_flush()
 
     def sync_now(self) -> int:
         """Sync on the calling thread and send the confirms it releases (tests, close)."""
@@ -434,6 +445,10 @@ class Broker:
 
     def end_batch(self) -> None:
         self._batch_depth -= 1
+        if self._confirms_ready and not self._batch_depth:
+            ready, self._confirms_ready = self._confirms_ready, []
+            for ch in ready:
+                ch.send_ready_confirms()
         if self._replays and not self._batch_depth:
             self._run_replays()  # its own end_batch() dispatches what is pending
             return

@@ -36,6 +36,10 @@ class Channel:
         self.publish_seq = 0
         # (seq, lsn) in seq order (M14); lsn 0: nothing to wait for, -1: a nack.
         self.pending_confirms: deque[tuple[int, int]] = deque()
+        # Confirms ready now (nothing to wait for), sent as one basic.ack at the end of the
+        # transport's turn: the last ready seq and how many (M14, RabbitMQ's multiple=true).
+        self.ready_seq = 0
+        self.ready_count = 0
         self.tx = False
         self.committing = False  # tx.commit running: deliveries it frees go out after commit-ok
         self.reply_key: str | None = None  # direct reply-to: this channel's reply consumer
@@ -84,9 +88,8 @@ class Channel:
             conn.send_deliver(self.number, consumer.tag, tag, redelivered, msg.exchange,
                               msg.routing_key, props, msg.body)
         else:
-            conn.send_content(self.number, C.Basic.GetOk(
-                delivery_tag=tag, redelivered=redelivered, exchange=msg.exchange,
-                routing_key=msg.routing_key, message_count=get_count or 0), properties, msg.body)
+            conn.send_get_ok(self.number, tag, redelivered, msg.exchange, msg.routing_key, get_count or 0,
+                             props, msg.body)
         no_ack = consumer.no_ack if consumer is not None else get_count is None
         s = self.session
         s.broker.emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(msg.body)))
@@ -173,8 +176,7 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None:
             return
         if self.session.supports("consumer_cancel_notify") and not self.closing:
-            self.session.conn.send_method(self.number, C.Basic.Cancel(consumer_tag=consumer.tag, nowait=True))
-            self.session.request_flush()
+            self.session.notify_cancel(self, consumer.tag)
 
     def close(self) -> None:
         """Forget the channel: consumers cancelled, unacked messages Active again (M13)."""
@@ -188,6 +190,7 @@ class Channel:
             self.cancel(tag)
         self.requeue_all()
         self.pending_confirms.clear()
+        self.ready_count = 0
         self.session.broker.confirm_waiters.discard(self)
 
     # -- confirms (M14) ----------------------------------------------------------------------
@@ -203,15 +206,28 @@ class Channel:
             # Keeps the order; goes out with the batch. A nack is kept as a negative lsn.
             self.pending_confirms.append((seq, -1 if nack else 0))
         elif nack:
+            self.send_ready_confirms()  # the acks before it go first
             self.session.conn.send_method(self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
         else:
-            self.session.conn.send_method(self.number, C.Basic.Ack(delivery_tag=seq, multiple=False))
+            self.ready_seq = seq
+            self.ready_count += 1
+            if self.ready_count == 1:
+                broker.confirm_ready(self)
+
+    def send_ready_confirms(self) -> None:
+        """The ready confirms as one basic.ack (multiple=true when they are several)."""
+        count = self.ready_count
+        if count:
+            self.ready_count = 0
+            if not self.closing:
+                self.session.conn.send_ack(self.number, self.ready_seq, count > 1)
 
     def fail_pending_confirms(self) -> None:
         """The broker stops while the store still cannot write (StoreFailedError at close):
         what still waits for an fsync will never be durable, so each such confirm is a
         basic.nack, in publish order (M14). While running, a failed write is retried instead
         and its confirms keep waiting (see Broker.read_only)."""
+        self.send_ready_confirms()
         pending, self.pending_confirms = self.pending_confirms, deque()
         if self.closing or not pending:
             return
@@ -227,6 +243,7 @@ class Channel:
         """The store is durable up to ``durable``: ack the confirms waiting for it, coalesced
         into basic.ack multiple=true, a nack on the way sent on its own in its place.
         Returns True while some still wait."""
+        self.send_ready_confirms()
         pending = self.pending_confirms
         send = self.session.conn.send_method
         last = 0

@@ -66,7 +66,7 @@ def dead_letter_properties(props: Any, *, reason: str, queue: str, exchange: str
                            routing_keys: Sequence[str], now: float) -> Properties:
     """The properties of ``props`` as the dead-letter exchange receives them."""
     headers = props.headers or {}
-    deaths = [dict(d) for d in headers.get("x-death") or () if isinstance(d, dict)]
+    deaths = [dict(d) for d in _history(headers) if isinstance(d, dict)]
     entry = next((d for d in deaths if d.get("queue") == queue and d.get("reason") == reason), None)
     if entry is not None:
         deaths.remove(entry)
@@ -93,10 +93,16 @@ def cycling_queues(props: Properties) -> frozenset[str]:
     rather than loop "fully automatically", i.e. when the queue is in its x-death history with
     no ``rejected`` death on the way back to it (a rejection is a consumer's choice)."""
     out: set[str] = set()
-    for d in (props.headers or {}).get("x-death") or ():
+    for d in _history(props.headers or {}):
         if not isinstance(d, dict) or d.get("reason") == "rejected":
             break
         queue = d.get("queue")
         if isinstance(queue, str):
             out.add(queue)
     return frozenset(out)
+
+
+def _history(headers: Any) -> list[Any]:
+    """The x-death array; a publisher's x-death that is not one is no history (not a 541)."""
+    deaths = headers.get("x-death")
+    return deaths if isinstance(deaths, list) else []

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.broker.arguments import text
 from gateway.broker.errors import precondition
 from gateway.broker.headers_match import headers_match, valid_x_match
 from gateway.broker.policies import Policy, exchange_alternate
@@ -63,11 +64,16 @@ def message_tags(routing_key: str, headers: Mapping[str, Any] | None,
     against the profile's enforced ``limits``)."""
     tags: list[str] = [routing_key] if routing_key else []
     extra = headers.get("x-cmq-tags") if headers else None
-    if extra:
+    if extra is not None and not (isinstance(extra, str | bytes | list) and not extra):
         if isinstance(extra, str | bytes):
             extra = [extra]
+        if not isinstance(extra, list) or not all(isinstance(t, str | bytes) for t in extra):
+            # A client's mistake, not a header to ignore: the message would silently miss
+            # every subscription its tags were meant to reach.
+            raise precondition(f"header x-cmq-tags must be an array of strings (CMQ rule M2), got {extra!r:.80}", rule="M2",
+                               value=extra)
         for t in extra:
-            tags.append(t.decode() if isinstance(t, bytes) else str(t))
+            tags.append(t.decode("utf-8", "replace") if isinstance(t, bytes) else t)
     return validate_tags(tags, limits=limits) if tags else ()
 
 
@@ -95,6 +101,9 @@ class Exchange:
             # T5: tag filtering for direct and fanout (fanout subscriptions have no tags),
             # routing-key filtering for topic. The CMQ topic name is the L2 mapping of ours.
             size = self.arguments.get(X_MAX_MESSAGE_SIZE, TOPIC_MAX_MSG_SIZE_DEFAULT)
+            if isinstance(size, bool) or not isinstance(size, int):
+                raise precondition(f"{X_MAX_MESSAGE_SIZE} {size!r:.40} is not an integer (CMQ rule L6)",
+                                   rule="L6", value=size)
             self.topic = Topic(cmq_name(name or "amq.default", "topic"),
                                FilterType.ROUTING_KEY if type == "topic" else FilterType.TAG,
                                max_message_size=size, limits=limits)
@@ -115,7 +124,7 @@ class Exchange:
         ae = self.arguments.get("alternate-exchange")
         if ae is None:
             return exchange_alternate(self.policy)  # the argument wins over a policy, as in RabbitMQ
-        return ae.decode() if isinstance(ae, bytes) else ae
+        return text(ae) if isinstance(ae, str | bytes) else None
 
     # -- bindings (M8) ---------------------------------------------------------------------
 
@@ -137,7 +146,7 @@ class Exchange:
                                  value=len(self.bindings) + 1, limit=MAX_SUBSCRIPTIONS)
         strategy = args.get("x-cmq-notify-strategy")
         if isinstance(strategy, bytes):
-            strategy = strategy.decode()
+            strategy = text(strategy)
         if strategy is not None and strategy not in ("BACKOFF_RETRY", "EXPONENTIAL_DECAY_RETRY"):
             raise precondition(f"x-cmq-notify-strategy {strategy!r} is not BACKOFF_RETRY or "
                                "EXPONENTIAL_DECAY_RETRY", rule="M8", value=strategy)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.broker.arguments import text
+
 __all__ = ["headers_match", "valid_x_match"]
 
 _MODES = ("all", "any", "all-with-x", "any-with-x")
@@ -17,15 +19,11 @@ _MODES = ("all", "any", "all-with-x", "any-with-x")
 
 def valid_x_match(binding_args: Mapping[str, Any]) -> bool:
     mode = binding_args.get("x-match", "all")
-    if isinstance(mode, bytes):
-        mode = mode.decode()
-    return mode in _MODES
+    return isinstance(mode, str | bytes) and text(mode) in _MODES
 
 
 def headers_match(binding_args: Mapping[str, Any], headers: Mapping[str, Any] | None) -> bool:
-    mode = binding_args.get("x-match", "all")
-    if isinstance(mode, bytes):
-        mode = mode.decode()
+    mode = text(binding_args.get("x-match", "all"))  # valid_x_match() checked it at bind
     with_x = mode.endswith("-with-x")
     want_all = mode.startswith("all")
     headers = headers or {}

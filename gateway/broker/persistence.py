@@ -27,8 +27,10 @@ from __future__ import annotations
 import json
 import logging
 import struct
+from decimal import Decimal
 from typing import Any
 
+from gateway.protocol.fieldtable import Typed
 from semantics.store.keys import escape, key_prefix, make_key
 from semantics.store.versioning import FORMAT_KEY
 
@@ -140,7 +142,8 @@ def permission_key(vhost: str, user: str) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """Field-table values as JSON can hold them (bytes and timestamps become text)."""
+    """Field-table values as JSON can hold them (bytes and decimals become text, timestamps
+    numbers)."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -149,6 +152,10 @@ def _plain(value: Any) -> Any:
         return value.decode("utf-8", "replace")
     if hasattr(value, "isoformat"):
         return value.timestamp()
+    if isinstance(value, Typed):
+        return _plain(value.value)
+    if isinstance(value, Decimal):
+        return str(value)  # exact digits; JSON has no decimal type
     return value
 
 

@@ -14,6 +14,7 @@ from gateway.broker.consumers import Consumer
 from gateway.broker.errors import NO_ROUTE, NOT_IMPLEMENTED, ConnectionFault, access_refused, precondition
 from gateway.broker.reply_to import REPLY_QUEUE
 from gateway.broker.vhost import new_name
+from gateway.protocol.codec import method as method_of
 from semantics.errors import REPLY_NAMES, CMQError
 
 if TYPE_CHECKING:
@@ -49,6 +50,8 @@ class Session:
         self.check_access = users is not None
         self._users = users
         self._writable: dict[str, bool] = {}  # basic.publish: write permission per exchange
+        self._in_method = False  # a method's handler runs: the cancels it causes wait for it
+        self._cancels: list[tuple[Channel, str]] = []
         broker.sessions.add(self)
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -109,12 +112,35 @@ class Session:
                 handler = _HANDLERS.get(method.name)
                 if handler is None:
                     raise ConnectionFault("M16", f"method {method.name} is not implemented", reply_code=540)
-                handler(self, ch, method)
+                self._in_method = True
+                try:
+                    handler(self, ch, method)
+                finally:
+                    self._in_method = False
+                    if self._cancels:
+                        self._send_cancels()
         except ConnectionFault as e:
             cls, mid = _ids(method)
             self.conn.close(e.reply_code, e.reply_text, cls, mid)
         except CMQError as e:
             self.channel_error(ch, e, method)
+
+    def notify_cancel(self, ch: Channel, tag: str) -> None:
+        """basic.cancel for a consumer whose queue went away. Caused by a method of this
+        connection (queue.delete), it follows that method's reply, as RabbitMQ's does: a
+        client waiting for delete-ok must not see its own consumer cancelled first."""
+        if self._in_method:
+            self._cancels.append((ch, tag))
+            return
+        self.conn.send_method(ch.number, C.Basic.Cancel(consumer_tag=tag, nowait=True))
+        self.request_flush()
+
+    def _send_cancels(self) -> None:
+        cancels, self._cancels = self._cancels, []
+        for ch, tag in cancels:
+            if not ch.closing:
+                self.conn.send_method(ch.number, C.Basic.Cancel(consumer_tag=tag, nowait=True))
+        self.request_flush()
 
     def replay_held(self, ch: Channel) -> None:
         """Q5: the channel's long-polling basic.get was answered; the events that arrived on
@@ -202,8 +228,8 @@ class Session:
                 return
             raise
         if not out.routed and method.mandatory:
-            self.conn.send_content(ch.number, C.Basic.Return(
-                reply_code=NO_ROUTE, reply_text="NO_ROUTE", exchange=method.exchange,
+            self.conn.send_content(ch.number, method_of(
+                C.Basic.Return, reply_code=NO_ROUTE, reply_text="NO_ROUTE", exchange=method.exchange,
                 routing_key=method.routing_key), properties, body)
         if seq:
             ch.confirm_publish(seq, out.lsn, nack=out.rejected)
@@ -243,7 +269,7 @@ class Session:
         if m.queue == REPLY_QUEUE and m.passive:
             # RabbitMQ answers for the direct reply-to pseudo-queue as if it had one consumer.
             if not m.nowait:
-                self.conn.send_method(ch.number, C.Queue.DeclareOk(queue=REPLY_QUEUE, message_count=0,
+                self.conn.send_method(ch.number, method_of(C.Queue.DeclareOk, queue=REPLY_QUEUE, message_count=0,
                                                                     consumer_count=1))
             return
         server_name = None
@@ -256,8 +282,8 @@ class Session:
                                      arguments=m.arguments, user=self.user, server_name=server_name,
                                      peer=self.peer)
         if not m.nowait:
-            self.conn.send_method(ch.number, C.Queue.DeclareOk(
-                queue=q.name, message_count=q.message_count, consumer_count=len(q.consumers)))
+            self.conn.send_method(ch.number, method_of(
+                C.Queue.DeclareOk, queue=q.name, message_count=q.message_count, consumer_count=len(q.consumers)))
 
     def _queue_delete(self, ch: Channel, m: Any) -> None:
         self.authorize("configure", "queue", m.queue)

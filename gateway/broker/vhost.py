@@ -234,12 +234,14 @@ class VHost:
             return  # RabbitMQ 3.x: deleting a missing exchange is ok
         if if_unused and ex.bindings:
             raise precondition(f"exchange '{name}' in vhost '{self.name}' in use")
+        # Gone first, so that dropping its last binding does not auto-delete it a second time.
+        del self.exchanges[name]
         for dest in list(ex.bindings):
             self._drop_binding(ex, dest)
-        for other in self.exchanges.values():
+        # A list: dropping a binding may auto-delete its source exchange (a cascade).
+        for other in list(self.exchanges.values()):
             if ("x", name) in other.bindings:
                 self._drop_binding(other, ("x", name))
-        del self.exchanges[name]
         if ex.durable:
             self.broker.unpersist(P.exchange_key(self.name, name))
         self._emit("exchange_delete", topic=name, user=user)
@@ -270,8 +272,11 @@ class VHost:
         existing = self.queues.get(name)
         if existing is not None:
             self.queue(name, session)  # 405 when another connection owns it
+            if exclusive != (existing.exclusive_owner is not None):
+                # As RabbitMQ (checked against 3.10): a mismatched exclusive flag is 405, and
+                # it is checked before durable, auto_delete and the arguments.
+                raise resource_locked(name, self.name)
             for arg, got, cur in (("durable", durable, existing.durable),
-                                  ("exclusive", exclusive, existing.exclusive_owner is not None),
                                   ("auto_delete", auto_delete, existing.auto_delete)):
                 if got != cur:
                     raise inequivalent(arg, "queue", name, self.name, got, cur)
@@ -411,14 +416,15 @@ class VHost:
                user: str | None = None) -> None:
         if source == "" or (dest[0] == "x" and dest[1] == ""):
             raise access_refused("operation not permitted on the default exchange", "M6")
-        ex = self.exchange(source)
+        ex = self.exchanges.get(source)
+        binding = ex.bindings.get(dest) if ex is not None else None
+        if ex is None or binding is None or key not in binding.keys:
+            # RabbitMQ 3.x: unbinding a binding that is not there is ok, even when its
+            # exchange or queue is gone (aio-pika's RPC unbinds after the auto-delete).
+            return
         if dest[0] == "q":
-            self.queue(dest[1], session)
-        else:
-            self.exchange(dest[1])
-        binding = ex.bindings.get(dest)
-        if binding is None or not ex.unbind(dest, key):
-            return  # RabbitMQ 3.x: unbinding a missing binding is ok
+            self.queue(dest[1], session)  # 405 when another connection owns it
+        ex.unbind(dest, key)
         self.broker.unpersist(P.binding_key(self.name, source, dest[0], dest[1], key), missing_ok=True)
         self._emit("unbind", topic=source, queue=dest[1], subscription=binding.name, routing_key=key,
                    user=user)

@@ -11,10 +11,13 @@ check them byte for byte against pamqp on random inputs. Everything else goes th
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any
 
-from pamqp import commands, frame
+from pamqp import commands, encode
+
+from gateway.protocol import fieldtable
 
 __all__ = [
     "FRAME_BODY",
@@ -35,6 +38,8 @@ __all__ = [
     "encode_deliver",
     "encode_get_ok",
     "encode_method",
+    "fit_reply_text",
+    "method",
     "method_ids",
     "shortstr",
 ]
@@ -98,10 +103,77 @@ def method_ids(method: Any) -> tuple[int, int]:
 
 
 def encode_method(channel: int, method: Any) -> bytes:
-    """One method frame. basic.ack is hand-written; the rest is pamqp's."""
-    if method.index == _ACK_INDEX:
+    """One method frame. basic.ack is hand-written; the rest is encoded with pamqp's field
+    encoders, but not through ``Frame.marshal``: that validates as a client library would,
+    refusing the non-ASCII queue and exchange names AMQP allows (a shortstr is any UTF-8) and
+    RabbitMQ echoes back in declare-ok or basic.return."""
+    index = method.index
+    if index == _ACK_INDEX:
         return encode_ack(channel, method.delivery_tag, method.multiple)
-    return frame.marshal(method, channel)
+    args = _encode_arguments(method)
+    return FRAME_HEAD.pack(FRAME_METHOD, channel, 4 + len(args)) + _INDEX.pack(index) + args + _END
+
+
+def method(cls: Any, **fields: Any) -> Any:
+    """A method to send, built without pamqp's validation (its constructor runs it): names
+    echoed back to a client (declare-ok's queue, basic.return's exchange) may hold any UTF-8
+    up to 255 bytes, where pamqp allows ASCII and 127-character exchange names."""
+    m = cls()
+    for name, value in fields.items():
+        setattr(m, name, value)
+    return m
+
+
+# Short strings of ours that may outgrow 255 bytes: a reply text quotes names of up to 255.
+_REPLY_TEXT = "reply_text"
+_TRUNCATED = b"..."
+
+
+# The rule a gateway refusal names, at the end of its text: "... (CMQ limit L3)".
+_RULE_SUFFIX = re.compile(r" \(CMQ (?:limit|rule) [A-Z]+[0-9]+\)$")
+
+
+def fit_reply_text(text: str) -> str:
+    """A reply text cut to a shortstr as RabbitMQ cuts it (the first 252 bytes and "...",
+    rabbit_binary_generator), but on a UTF-8 character boundary so that it still decodes;
+    a CMQ rule named at the end is kept (cut from the middle instead), since the rule is what
+    the client needs to read."""
+    data = text.encode("utf-8")
+    if len(data) <= 255:
+        return text
+    m = _RULE_SUFFIX.search(text)
+    suffix = m.group(0).encode() if m else b""
+    head = data[:255 - len(_TRUNCATED) - len(suffix)].decode("utf-8", "ignore")
+    return head + _TRUNCATED.decode() + suffix.decode()
+
+
+def _encode_arguments(method: Any) -> bytes:
+    """pamqp's ``Frame.marshal`` without its ``validate()``; a long reply text is cut to fit.
+    Consecutive bits pack into one octet, as AMQP 0-9-1 requires."""
+    out: list[bytes] = []
+    bits = -1  # the octet being packed, or -1 outside a run of bits
+    offset = 0
+    for name in method.__slots__:
+        kind = method.amqp_type(name)
+        value = getattr(method, name, 0)
+        if kind == "bit":
+            if bits < 0:
+                bits, offset = 0, 0
+            bits = encode.bit(value, bits, offset)
+            offset += 1
+            if offset == 8:
+                out.append(encode.octet(bits))
+                bits = -1
+            continue
+        if bits >= 0:
+            out.append(encode.octet(bits))
+            bits = -1
+        if name == _REPLY_TEXT and isinstance(value, str):
+            value = fit_reply_text(value)
+        out.append(encode.by_type(value, kind))
+    if bits >= 0:
+        out.append(encode.octet(bits))
+    return b"".join(out)
 
 
 def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
@@ -178,42 +250,57 @@ def decode_method(buf: bytes | bytearray, start: int, end: int) -> Any:
         raise KeyError(index)
     method = cls()
     try:
-        # pamqp neither reports how much it read nor notices a short string cut short:
-        # measure the arguments first, as RabbitMQ's exact binary match does.
-        if _arguments_end(method, buf, start + 4, end) != end:
-            raise ValueError("trailing bytes after the method arguments")
-        method.unmarshal(bytes(buf[start + 4:end]))
+        _unmarshal(method, buf, start + 4, end)
     except (struct.error, IndexError, TypeError, KeyError) as exc:
         raise ValueError(str(exc)) from exc
     return method
 
 
-_WIDTH = {"octet": 1, "short": 2, "long": 4, "longlong": 8, "timestamp": 8}
+_FIXED = {"octet": struct.Struct(">B"), "short": struct.Struct(">H"), "long": _INDEX,
+          "longlong": _U64, "timestamp": _U64}
 
 
-def _arguments_end(method: Any, buf: bytes | bytearray, pos: int, end: int) -> int:
-    """Where the arguments of ``method`` end in ``buf`` (ValueError if past ``end``)."""
-    in_bits = 0
+def _unmarshal(method: Any, buf: bytes | bytearray, pos: int, end: int) -> None:
+    """Set the arguments of ``method`` from ``buf[pos:end]`` (ValueError unless they fill it
+    exactly, as RabbitMQ's binary match requires). Not pamqp's ``unmarshal``: it neither
+    notices a short string cut short nor reads every table RabbitMQ reads (a timestamp past
+    year 9999, a key that is not UTF-8); tables go through our own field-table decoder."""
+    bits = -1  # the octet of the current run of bits, -1 outside one
+    nbits = 0
     for name in method.__slots__:
         kind = method.amqp_type(name)
+        value: Any
         if kind == "bit":
-            if in_bits == 0 or in_bits == 8:
+            if bits < 0 or nbits == 8:
+                bits, nbits = buf[pos], 0
                 pos += 1
-                in_bits = 0
-            in_bits += 1
-            continue
-        in_bits = 0
-        if kind == "shortstr":
-            pos += 1 + buf[pos]
-        elif kind in ("longstr", "table"):
-            pos += 4 + _INDEX.unpack_from(buf, pos)[0]
+            value = bool(bits >> nbits & 1)
+            nbits += 1
         else:
-            pos += _WIDTH[kind]
+            bits = -1
+            if kind == "shortstr":
+                n = buf[pos]
+                value = bytes(buf[pos + 1:pos + 1 + n]).decode("utf-8")
+                pos += 1 + n
+            elif kind == "longstr":
+                (n,) = _INDEX.unpack_from(buf, pos)
+                raw = bytes(buf[pos + 4:pos + 4 + n])
+                pos += 4 + n
+                try:
+                    value = raw.decode("utf-8")  # as pamqp: text when it is UTF-8
+                except UnicodeDecodeError:
+                    value = raw
+            elif kind == "table":
+                value, pos = fieldtable.decode_table(buf, pos)
+            else:
+                fixed = _FIXED[kind]
+                (value,) = fixed.unpack_from(buf, pos)
+                pos += fixed.size
         if pos > end:
             raise ValueError("method arguments run past the frame")
-    if pos > end:
-        raise ValueError("method arguments run past the frame")
-    return pos
+        setattr(method, name, value)
+    if pos != end:
+        raise ValueError("trailing bytes after the method arguments")
 
 
 def decode_content_header(buf: bytes | bytearray, start: int, end: int) -> tuple[int, int, int, bytes]:

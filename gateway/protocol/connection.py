@@ -18,7 +18,8 @@ states marked * wait on the transport, and ``next_event`` returns None there)::
     any --peer's close / bad header / lost framing / heartbeat timeout--> CLOSED
 
 When the state is CLOSED (``conn.closed``), the transport flushes ``data_to_send()`` and
-closes the socket. In CLOSING every frame but connection.close / close-ok is dropped, as
+closes the socket; after the peer's own connection.close it leaves the socket for the peer
+to close (bounded), as RabbitMQ does, and the core drops whatever still arrives. In CLOSING every frame but connection.close / close-ok is dropped, as
 AMQP 0-9-1 requires after a close was sent.
 
 Faults and their codes follow RabbitMQ (``rabbit_reader``, ``rabbit_command_assembler``,
@@ -80,6 +81,7 @@ _CHANNEL_OPEN = C.Channel.Open.index
 _CHANNEL_CLOSE = C.Channel.Close.index
 _CHANNEL_CLOSE_OK = C.Channel.CloseOk.index
 _CHANNEL_FLOW = C.Channel.Flow.index
+_UPDATE_SECRET = C.Connection.UpdateSecret.index
 _PUBLISH = C.Basic.Publish.index
 _ACK = C.Basic.Ack.index
 # Content-bearing methods only a server may send (RabbitMQ's method_has_content).
@@ -182,8 +184,8 @@ class ServerConnection:
 
     def receive_data(self, data: bytes) -> None:
         """Buffer bytes from the peer (any split; events come out of ``next_event``)."""
-        if not data:
-            return
+        if not data or self.state is ConnState.CLOSED:
+            return  # after close-ok the socket lingers for the peer to close it: drop what comes
         self._received += len(data)
         buf = self._in
         if self._pos >= len(buf):
@@ -391,6 +393,11 @@ class ServerConnection:
     def _on_connection_method(self, method: Any) -> Event | None:
         index = method.index
         state = self.state
+        if index == _UPDATE_SECRET and state is ConnState.OPEN:
+            # As RabbitMQ 3.10 (checked against it): update-secret-ok; its internal user
+            # database keeps the connection's login and accepts any new secret.
+            self._queue_method(0, C.Connection.UpdateSecretOk())
+            return None
         if index == C.Connection.Close.index:
             self._queue_method(0, C.Connection.CloseOk())
             self.state = ConnState.CLOSED

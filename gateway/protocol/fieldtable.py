@@ -108,7 +108,10 @@ def decode_value(buf: bytes | bytearray | memoryview, pos: int) -> tuple[Any, in
         if tag == 0x74:  # t
             return bool(v), end
         if tag == 0x54:  # T
-            return datetime.datetime.fromtimestamp(v, tz=datetime.UTC), end
+            try:
+                return datetime.datetime.fromtimestamp(v, tz=datetime.UTC), end
+            except (OverflowError, ValueError, OSError):
+                return Typed("T", v), end  # past what a datetime holds (year 9999), kept as sent
         return v, end
     if tag in _LONG_TAGS:
         (n,) = _U32.unpack_from(buf, pos)
@@ -224,7 +227,7 @@ def encode_table_body(table: Mapping[str, Any]) -> bytes:
     """The entries of a table without the length prefix, in the mapping's order."""
     parts = []
     for key, value in table.items():
-        k = key.encode("utf-8")
+        k = key.encode("utf-8", "surrogateescape")  # a key that was not UTF-8 goes back as it came
         if len(k) > 255:
             raise ValueError(f"field table key over 255 bytes: {key[:32]!r}...")
         parts.append(bytes((len(k),)) + k + encode_value(value))

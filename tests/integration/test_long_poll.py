@@ -45,13 +45,13 @@ async def test_Q5_get_waits_and_receives_a_message_published_later() -> None:
         publisher = await aio_pika.connect(_url(gw), timeout=10)
         async with getter, publisher:
             ch = await getter.channel()
-            q = await ch.declare_queue("lp.later", arguments={WAIT: 10})
+            q = await ch.declare_queue("lp-later", arguments={WAIT: 10})
             get = asyncio.ensure_future(q.get(no_ack=True, timeout=30))
-            await _waiting(gw, "lp.later", 1)
+            await _waiting(gw, "lp-later", 1)
             await asyncio.sleep(0.5)
             assert not get.done()  # still waiting: no get-empty came back
             pch = await publisher.channel()
-            await pch.default_exchange.publish(aio_pika.Message(b"half a second later"), routing_key="lp.later")
+            await pch.default_exchange.publish(aio_pika.Message(b"half a second later"), routing_key="lp-later")
             msg = await get  # get-ok: aio-pika raises QueueEmpty on get-empty
             assert (msg.body, msg.redelivered, msg.headers["x-cmq-receive-count"]) == (b"half a second later", False, 1)
 
@@ -61,10 +61,10 @@ async def test_Q5_get_ends_empty_after_the_wait() -> None:
         conn = await aio_pika.connect(_url(gw), timeout=10)
         async with conn:
             ch = await conn.channel()
-            q = await ch.declare_queue("lp.empty", arguments={WAIT: 1})
+            q = await ch.declare_queue("lp-empty", arguments={WAIT: 1})
             with pytest.raises(QueueEmpty):
                 await q.get(no_ack=True, timeout=30)
-            assert gw.broker.vhosts["/"].queues["lp.empty"].waiters is None
+            assert gw.broker.vhosts["/"].queues["lp-empty"].waiters is None
 
 
 async def test_Q5_polling_wait_0_is_rabbitmq_basic_get() -> None:
@@ -72,7 +72,7 @@ async def test_Q5_polling_wait_0_is_rabbitmq_basic_get() -> None:
         conn = await aio_pika.connect(_url(gw), timeout=10)
         async with conn:
             ch = await conn.channel()
-            for name, args in (("lp.zero", {WAIT: 0}), ("lp.plain", None)):
+            for name, args in (("lp-zero", {WAIT: 0}), ("lp-plain", None)):
                 q = await ch.declare_queue(name, arguments=args)
                 with pytest.raises(QueueEmpty):
                     await q.get(no_ack=True, timeout=30)
@@ -85,16 +85,16 @@ async def test_Q5_two_waiting_channels_are_served_in_arrival_order() -> None:
         conn = await aio_pika.connect(_url(gw), timeout=10)
         async with conn:
             first_ch, second_ch, pub = await conn.channel(), await conn.channel(), await conn.channel()
-            first = await first_ch.declare_queue("lp.order", arguments={WAIT: 30})
-            second = await second_ch.declare_queue("lp.order", arguments={WAIT: 30})
+            first = await first_ch.declare_queue("lp-order", arguments={WAIT: 30})
+            second = await second_ch.declare_queue("lp-order", arguments={WAIT: 30})
             got_first = asyncio.ensure_future(first.get(no_ack=True, timeout=60))
-            await _waiting(gw, "lp.order", 1)
+            await _waiting(gw, "lp-order", 1)
             got_second = asyncio.ensure_future(second.get(no_ack=True, timeout=60))
-            await _waiting(gw, "lp.order", 2)
-            await pub.default_exchange.publish(aio_pika.Message(b"m1"), routing_key="lp.order")
+            await _waiting(gw, "lp-order", 2)
+            await pub.default_exchange.publish(aio_pika.Message(b"m1"), routing_key="lp-order")
             assert (await got_first).body == b"m1"
             assert not got_second.done()
-            await pub.default_exchange.publish(aio_pika.Message(b"m2"), routing_key="lp.order")
+            await pub.default_exchange.publish(aio_pika.Message(b"m2"), routing_key="lp-order")
             assert (await got_second).body == b"m2"
 
 
@@ -149,15 +149,15 @@ async def test_Q5_methods_pipelined_on_the_waiting_channel_run_after_the_get_in_
         publisher = await aio_pika.connect(_url(gw), timeout=10)
         async with publisher:
             raw.send(1, C.Channel.Open())
-            raw.send(1, C.Queue.Declare(queue="lp.pipe", arguments={WAIT: 30}))
-            raw.send(1, C.Queue.Declare(queue="lp.other"))
+            raw.send(1, C.Queue.Declare(queue="lp-pipe", arguments={WAIT: 30}))
+            raw.send(1, C.Queue.Declare(queue="lp-other"))
             assert [m[0] for m in await raw.methods(3)] == ["Channel.OpenOk", "Queue.DeclareOk", "Queue.DeclareOk"]
             # One write: the get waits; the rest of the channel's methods wait behind it.
-            raw.send(1, C.Basic.Get(queue="lp.pipe", no_ack=True),
-                     C.Queue.Declare(queue="lp.other", passive=True),
-                     *raw.publish_frames("lp.other", b"published behind the get"),
-                     C.Basic.Get(queue="lp.other", no_ack=True))
-            await _waiting(gw, "lp.pipe", 1)
+            raw.send(1, C.Basic.Get(queue="lp-pipe", no_ack=True),
+                     C.Queue.Declare(queue="lp-other", passive=True),
+                     *raw.publish_frames("lp-other", b"published behind the get"),
+                     C.Basic.Get(queue="lp-other", no_ack=True))
+            await _waiting(gw, "lp-pipe", 1)
             for _ in range(2000):  # until the transport has read all of it (hang guard, no clock)
                 if sorted(len(ch.held) for s in gw.broker.sessions for ch in s.channels.values()
                           if ch.held is not None) == [3]:
@@ -165,9 +165,9 @@ async def test_Q5_methods_pipelined_on_the_waiting_channel_run_after_the_get_in_
                 await asyncio.sleep(0.005)
             else:
                 raise AssertionError("the pipelined methods were never held")
-            assert gw.broker.vhosts["/"].queues["lp.other"].message_count == 0  # the publish is held
+            assert gw.broker.vhosts["/"].queues["lp-other"].message_count == 0  # the publish is held
             pch = await publisher.channel()
-            await pch.default_exchange.publish(aio_pika.Message(b"answer"), routing_key="lp.pipe")
+            await pch.default_exchange.publish(aio_pika.Message(b"answer"), routing_key="lp-pipe")
             got = await raw.methods(3)
             assert [(name, body) for name, _, body in got] == [
                 ("Basic.GetOk", b"answer"), ("Queue.DeclareOk", b""), ("Basic.GetOk", b"published behind the get")]
@@ -195,32 +195,32 @@ async def test_Q5_channel_closed_while_waiting_leaves_the_message_for_the_next_c
     channel while the get waits. A publish pipelined behind the get still counts."""
     async with running_gateway(port=0, hosts=("127.0.0.1",), profile="cmq") as gw:
         raw = await RawClient.open(gw.port)
-        raw.send(1, C.Channel.Open(), C.Queue.Declare(queue="lp.closed", arguments={WAIT: 30}))
+        raw.send(1, C.Channel.Open(), C.Queue.Declare(queue="lp-closed", arguments={WAIT: 30}))
         assert [m[0] for m in await raw.methods(2)] == ["Channel.OpenOk", "Queue.DeclareOk"]
-        raw.send(1, C.Basic.Get(queue="lp.closed", no_ack=True), *raw.publish_frames("lp.closed", b"behind"))
-        await _waiting(gw, "lp.closed", 1)
+        raw.send(1, C.Basic.Get(queue="lp-closed", no_ack=True), *raw.publish_frames("lp-closed", b"behind"))
+        await _waiting(gw, "lp-closed", 1)
         raw.send(1, C.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
         assert [m[0] for m in await raw.methods(1)] == ["Channel.CloseOk"]
-        q = gw.broker.vhosts["/"].queues["lp.closed"]
+        q = gw.broker.vhosts["/"].queues["lp-closed"]
         assert (q.waiters, q.cmq.active, q.cmq.inactive) == (None, 1, 0)
         publisher = await aio_pika.connect(_url(gw), timeout=10)
         async with publisher:
             pch = await publisher.channel()
-            await pch.default_exchange.publish(aio_pika.Message(b"kept"), routing_key="lp.closed")
-        assert await _consume(_url(gw), "lp.closed", 2) == [(b"behind", False, 1), (b"kept", False, 1)]
+            await pch.default_exchange.publish(aio_pika.Message(b"kept"), routing_key="lp-closed")
+        assert await _consume(_url(gw), "lp-closed", 2) == [(b"behind", False, 1), (b"kept", False, 1)]
         raw.writer.close()
 
 
 async def test_Q5_connection_lost_while_waiting_cancels_the_waiter() -> None:
     async with running_gateway(port=0, hosts=("127.0.0.1",), profile="cmq") as gw:
         raw = await RawClient.open(gw.port)
-        raw.send(1, C.Channel.Open(), C.Queue.Declare(queue="lp.lost", arguments={WAIT: 30}),
-                 C.Basic.Get(queue="lp.lost", no_ack=True))
-        await _waiting(gw, "lp.lost", 1)
+        raw.send(1, C.Channel.Open(), C.Queue.Declare(queue="lp-lost", arguments={WAIT: 30}),
+                 C.Basic.Get(queue="lp-lost", no_ack=True))
+        await _waiting(gw, "lp-lost", 1)
         raw.writer.close()
-        await _waiting(gw, "lp.lost", 0)
+        await _waiting(gw, "lp-lost", 0)
         publisher = await aio_pika.connect(_url(gw), timeout=10)
         async with publisher:
             pch = await publisher.channel()
-            await pch.default_exchange.publish(aio_pika.Message(b"kept"), routing_key="lp.lost")
-        assert await _consume(_url(gw), "lp.lost", 1) == [(b"kept", False, 1)]
+            await pch.default_exchange.publish(aio_pika.Message(b"kept"), routing_key="lp-lost")
+        assert await _consume(_url(gw), "lp-lost", 1) == [(b"kept", False, 1)]
