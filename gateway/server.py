@@ -72,14 +72,16 @@ _IN_USE = {
     "metrics": "(RabbitMQ's Prometheus plugin?): choose another with --metrics-port, or --metrics-port off",
     "amqps": "(another AMQPS broker?): choose another with --tls-port, or --tls-port off",
 }
-_OPTION = {"amqp": "--port", "management API": "--management-port", "metrics": "--metrics-port",
-           "amqps": "--tls-port"}
+# The option of a port whose name does not say it (the others: --<first word>-port).
+_OPTION = {"amqp": "--port", "amqps": "--tls-port"}
+# What a taken port's address is followed by, where the address alone does not say it.
+_LABEL = {"amqps": " (AMQPS)", "management API": " (management API)", "metrics": " (metrics)"}
 
 
 def _listen_reason(e: OSError, port: int, serves: str) -> str:
     if e.errno == errno.EADDRINUSE:
         return f"port {port} is in use {_IN_USE[serves]}"
-    option = _OPTION[serves]
+    option = _OPTION.get(serves) or f"--{serves.split()[0]}-port"
     if e.errno == errno.EACCES:
         return f"permission denied (ports below 1024 need privileges): choose another with {option}"
     if e.errno == errno.EADDRNOTAVAIL:
@@ -208,8 +210,7 @@ def _bind(listener: Listener, serves: str = "amqp") -> socket.socket:
         sock.close()
         where = f"[{listener.host}]:{listener.port}" if family == socket.AF_INET6 else \
             f"{listener.host}:{listener.port}"
-        if serves != "amqp":
-            where += f" ({'AMQPS' if serves == 'amqps' else serves})"
+        where += _LABEL.get(serves, "")
         raise ListenError(e.errno, f"cannot listen on {where}: {_listen_reason(e, listener.port, serves)}") from None
     return sock
 
