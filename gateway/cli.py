@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from gateway import version
 from gateway.config import (
     DEFAULT_MANAGEMENT_PORT,
     DEFAULT_METRICS_PORT,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cmq-gateway",
         description="A RabbitMQ-compatible AMQP 0-9-1 gateway with Tencent Cloud CMQ semantics.",
     )
+    parser.add_argument("--version", action="version", version=f"cmq-gateway {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve = sub.add_parser(
         "serve", help="run the AMQP gateway", epilog=_SERVE_EPILOG,

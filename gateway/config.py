@@ -26,6 +26,7 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
             retention_hours: 168, events: null}
     management: {port: 15672, host: "0.0.0.0"}   # or off; RabbitMQ's management HTTP API
     metrics: {port: 15692, host: "0.0.0.0"}      # or off; Prometheus /metrics
+                                      # (without a host: 0.0.0.0 and ::, as the listeners)
     tls:                              # SE2: AMQPS, and HTTPS for management and /metrics
       certfile: /etc/cmq-gateway/server.pem
       keyfile: /etc/cmq-gateway/server.key
@@ -155,8 +156,9 @@ class GatewayConfig:
     # the in-process test gateways leave them off.
     management_port: int | None = None
     metrics_port: int | None = None
-    management_host: str = "0.0.0.0"
-    metrics_host: str = "0.0.0.0"
+    # None: every IPv4 and IPv6 address (0.0.0.0 and ::), as the default AMQP listeners.
+    management_host: str | None = None
+    metrics_host: str | None = None
     cluster_name: str = "cmq-gateway"
     # SE3: the URLs HTTP subscriptions may push to; none until an administrator allows some.
     push: PushPolicy = field(default_factory=PushPolicy)

@@ -21,6 +21,7 @@ broker's flusher makes on its worker thread). Bytes in and out are the transport
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import threading
 import time
@@ -40,6 +41,7 @@ __all__ = [
     "Target",
     "attach",
     "render",
+    "serve_app",
     "start_metrics",
 ]
 
@@ -69,6 +71,8 @@ class Counters:
         self.commit_count = 0
         self.commit_sum = 0.0
         self._lock = threading.Lock()
+        # (vhost, queue) -> the Prometheus label text of the queue's gauges (render).
+        self.label_text: dict[tuple[str, str], str] = {}
         if not fed:
             self.emit = self._fast_emit()  # type: ignore[method-assign]
 
@@ -125,7 +129,7 @@ class Counters:
             close()
 
     def __getattr__(self, name: str) -> Any:  # anything else the writer offers (flush, dropped...)
-        if name in ("inner", "raw"):
+        if name in ("inner", "raw", "label_text"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -370,7 +374,10 @@ def attach(obj: Any) -> Counters:
 
 
 def _esc(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    text = str(value)
+    if "\\" in text or "\n" in text or '"' in text:
+        return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return text
 
 
 def _labels(labels: dict[str, object]) -> str:
@@ -385,18 +392,23 @@ class _Writer:
 
     def family(self, name: str, kind: str, help_text: str,
                samples: Iterable[tuple[dict[str, object], float]]) -> None:
+        head = name + ("_total" if kind == "counter" else "")
+        self.block(name, kind, help_text, [f"{head}{_labels(labels)} {_num(value)}" for labels, value in samples])
+
+    def block(self, name: str, kind: str, help_text: str, lines: list[str]) -> None:
+        """A family whose sample lines the caller formatted."""
         self.lines.append(f"# HELP {name} {help_text}")
         self.lines.append(f"# TYPE {name} {kind}")
-        suffix = "_total" if kind == "counter" else ""
-        for labels, value in samples:
-            self.lines.append(f"{name}{suffix}{_labels(labels)} {_num(value)}")
+        self.lines.extend(lines)
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
 
 
 def _num(value: float) -> str:
-    if isinstance(value, int) or float(value).is_integer():
+    if type(value) is int:
+        return str(value)
+    if float(value).is_integer():
         return str(int(value))
     return repr(float(value))
 
@@ -408,10 +420,10 @@ def render(obj: Any, counters: Counters) -> str:
     vhosts = sorted(broker.vhosts)
     w = _Writer()
     c = counters
-    routed, redelivered = c.routed, c.redelivered  # aggregated once per scrape
+    events, routed, redelivered = c.events, c.routed, c.redelivered  # aggregated once per scrape
 
     def per_vhost(event: str) -> list[tuple[dict[str, object], float]]:
-        return [({"vhost": v}, c.count(event, v)) for v in vhosts]
+        return [({"vhost": v}, events.get((event, v), 0)) for v in vhosts]
 
     w.family("cmq_gateway_published", "counter", "Messages published (basic.publish accepted for routing).",
              per_vhost("publish"))
@@ -436,11 +448,14 @@ def render(obj: Any, counters: Counters) -> str:
 
     retained: list[tuple[dict[str, object], float]] = []
     waiting: list[tuple[dict[str, object], float]] = []
-    ready: list[tuple[dict[str, object], float]] = []
-    unacked: list[tuple[dict[str, object], float]] = []
-    delayed: list[tuple[dict[str, object], float]] = []
-    rewindable: list[tuple[dict[str, object], float]] = []
-    consumers: list[tuple[dict[str, object], float]] = []
+    # The per-queue gauges are formatted here, from each queue's label text made once (kept
+    # from scrape to scrape): with 1,000 queues, formatting labels was most of a scrape.
+    label_text = c.label_text
+    ready: list[str] = []
+    unacked: list[str] = []
+    delayed: list[str] = []
+    rewindable: list[str] = []
+    consumers: list[str] = []
     for v in vhosts:
         vh = broker.vhosts[v]
         for name, ex in sorted(vh.exchanges.items()):
@@ -452,23 +467,28 @@ def render(obj: Any, counters: Counters) -> str:
                 waiting.append(({"vhost": v, "topic": name, "subscription": sub.name},
                                 topic.waiting(sub.name)))
         for name, q in sorted(vh.queues.items()):
-            labels: dict[str, object] = {"vhost": v, "queue": name}
-            ready.append((labels, q.cmq.active))
-            unacked.append((labels, q.cmq.inactive))
-            delayed.append((labels, q.cmq.delayed))
-            rewindable.append((labels, q.cmq.rewindable))
-            consumers.append((labels, len(q.consumers)))
+            labels = label_text.get((v, name))
+            if labels is None:
+                labels = label_text[v, name] = _labels({"vhost": v, "queue": name})
+            cmq = q.cmq  # its counts are ints
+            ready.append(f"cmq_gateway_queue_messages_ready{labels} {cmq.active}")
+            unacked.append(f"cmq_gateway_queue_messages_unacked{labels} {cmq.inactive}")
+            delayed.append(f"cmq_gateway_queue_messages_delayed{labels} {cmq.delayed}")
+            rewindable.append(f"cmq_gateway_queue_messages_rewindable{labels} {cmq.rewindable}")
+            consumers.append(f"cmq_gateway_queue_consumers{labels} {len(q.consumers)}")
+    if len(label_text) > 2 * len(ready) + 1024:  # deleted queues' texts, now and then
+        label_text.clear()
     w.family("cmq_gateway_topic_retained_messages", "gauge",
              "Messages retained in a topic, waiting for or in retry for some subscription (D9).", retained)
     w.family("cmq_gateway_subscription_waiting_messages", "gauge",
              "Messages waiting for or in retry of delivery to one subscription (D9).", waiting)
-    w.family("cmq_gateway_queue_messages_ready", "gauge", "Active messages per queue (Q1).", ready)
-    w.family("cmq_gateway_queue_messages_unacked", "gauge", "Inactive (received, not deleted) messages "
-             "per queue (Q1).", unacked)
-    w.family("cmq_gateway_queue_messages_delayed", "gauge", "Delayed messages per queue (Q4).", delayed)
-    w.family("cmq_gateway_queue_messages_rewindable", "gauge", "Rewindable messages per queue (Q6).",
-             rewindable)
-    w.family("cmq_gateway_queue_consumers", "gauge", "Consumers per queue.", consumers)
+    w.block("cmq_gateway_queue_messages_ready", "gauge", "Active messages per queue (Q1).", ready)
+    w.block("cmq_gateway_queue_messages_unacked", "gauge", "Inactive (received, not deleted) messages "
+            "per queue (Q1).", unacked)
+    w.block("cmq_gateway_queue_messages_delayed", "gauge", "Delayed messages per queue (Q4).", delayed)
+    w.block("cmq_gateway_queue_messages_rewindable", "gauge", "Rewindable messages per queue (Q6).",
+            rewindable)
+    w.block("cmq_gateway_queue_consumers", "gauge", "Consumers per queue.", consumers)
 
     sessions = target.sessions
     w.family("cmq_gateway_connections", "gauge", "Open AMQP connections.", [({}, len(target.connections))])
@@ -527,12 +547,26 @@ def metrics_app(obj: Any) -> web.Application:
 
 
 async def start_metrics(obj: Any, host: str = "127.0.0.1", port: int = 15692, *,
-                        ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
+                        ssl_context: ssl.SSLContext | None = None,
+                        sockets: list[socket.socket] | None = None) -> web.AppRunner:
     """Serve ``/metrics`` for a Gateway or Broker on (host, port), over HTTPS with an
-    ``ssl_context`` (SE2); port 0 picks a free one (``runner.addresses[0][1]``). Stop with
+    ``ssl_context`` (SE2); port 0 picks a free one (``runner.addresses[0][1]``). ``sockets``
+    (bound and listening) are served instead of (host, port). Stop with
     ``await runner.cleanup()``."""
-    runner = web.AppRunner(metrics_app(obj), access_log=None)
+    return await serve_app(metrics_app(obj), host, port, ssl_context, sockets)
+
+
+async def serve_app(app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None,
+                    sockets: list[socket.socket] | None) -> web.AppRunner:
+    """An operator HTTP application served on ``sockets``, or else on (host, port)."""
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    await site.start()
+    try:
+        if sockets is None:
+            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+        for sock in sockets or ():
+            await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner

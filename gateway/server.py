@@ -24,10 +24,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
-from importlib import metadata
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
+from gateway import version
 from gateway.alarms import Alarms
 from gateway.audit import AuditLog, NullAudit
 from gateway.config import GatewayConfig, Listener
@@ -70,25 +70,23 @@ _IN_USE = {
     "management API": "(RabbitMQ's management plugin?): choose another with --management-port, "
                       "or --management-port off",
     "metrics": "(RabbitMQ's Prometheus plugin?): choose another with --metrics-port, or --metrics-port off",
+    "amqps": "(another AMQPS broker?): choose another with --tls-port, or --tls-port off",
 }
+# The option of a port whose name does not say it (the others: --<first word>-port).
+_OPTION = {"amqp": "--port", "amqps": "--tls-port"}
+# What a taken port's address is followed by, where the address alone does not say it.
+_LABEL = {"amqps": " (AMQPS)", "management API": " (management API)", "metrics": " (metrics)"}
 
 
 def _listen_reason(e: OSError, port: int, serves: str) -> str:
     if e.errno == errno.EADDRINUSE:
         return f"port {port} is in use {_IN_USE[serves]}"
-    option = "--port" if serves == "amqp" else f"--{serves.split()[0]}-port"
+    option = _OPTION.get(serves) or f"--{serves.split()[0]}-port"
     if e.errno == errno.EACCES:
         return f"permission denied (ports below 1024 need privileges): choose another with {option}"
     if e.errno == errno.EADDRNOTAVAIL:
         return "no such local address: choose another with --host"
     return (e.strerror or str(e)).lower()
-
-
-def _version() -> str:
-    try:
-        return metadata.version("cmq-gateway")
-    except metadata.PackageNotFoundError:
-        return "0.0.0"
 
 
 def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool,
@@ -108,7 +106,7 @@ def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool,
         capabilities["exchange_exchange_bindings"] = True
     return {
         "product": "cmq-gateway",
-        "version": _version(),
+        "version": version(),
         "platform": f"Python {platform.python_version()}",
         "cluster_name": cluster_name,
         "information": "AMQP 0-9-1 with Tencent Cloud CMQ semantics",
@@ -170,15 +168,35 @@ def _within(path: str, directory: str | None) -> bool:
 
 
 async def _operator_listen(where: str, port: int, serves: str, starting: Any) -> Any:
-    """A taken management or metrics port is the same one-line error as a taken AMQP port."""
+    """A taken port of an HTTP endpoint that binds its own socket is the same one-line error
+    as a taken AMQP port (the management API and /metrics bind theirs with _operator_sockets)."""
     try:
         return await starting
     except OSError as e:
         raise ListenError(e.errno, f"cannot listen on {where}: {_listen_reason(e, port, serves)}") from None
 
 
-def _bind(listener: Listener) -> socket.socket:
-    """A listening socket; IPv6 sockets are v6-only so that 0.0.0.0 and :: share a port."""
+def _operator_sockets(host: str | None, port: int, serves: str) -> list[socket.socket]:
+    """The management API's or /metrics' sockets: on ``host``, or with none configured on
+    every IPv4 and IPv6 address (0.0.0.0 and ::, one port), as the AMQP listeners by default.
+    A taken port is the same one-line error as a taken AMQP port, naming its own option."""
+    hosts = [host] if host else ["0.0.0.0", "::"]
+    return _bind_all([Listener(h, port) for h in hosts], serves)
+
+
+async def _closing(socks: list[socket.socket], starting: Awaitable[Any]) -> Any:
+    """What ``starting`` returns; the sockets closed if it fails (once served, its runner owns them)."""
+    try:
+        return await starting
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+
+
+def _bind(listener: Listener, serves: str = "amqp") -> socket.socket:
+    """A listening socket; IPv6 sockets are v6-only so that 0.0.0.0 and :: share a port.
+    ``serves`` (a key of _IN_USE) says which option the error names."""
     family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -192,11 +210,12 @@ def _bind(listener: Listener) -> socket.socket:
         sock.close()
         where = f"[{listener.host}]:{listener.port}" if family == socket.AF_INET6 else \
             f"{listener.host}:{listener.port}"
-        raise ListenError(e.errno, f"cannot listen on {where}: {_listen_reason(e, listener.port, 'amqp')}") from None
+        where += _LABEL.get(serves, "")
+        raise ListenError(e.errno, f"cannot listen on {where}: {_listen_reason(e, listener.port, serves)}") from None
     return sock
 
 
-def _bind_all(listeners: list[Listener]) -> list[socket.socket]:
+def _bind_all(listeners: list[Listener], serves: str = "amqp") -> list[socket.socket]:
     """Bind every listener; port 0 on several hosts means one free port shared by all."""
     socks: list[socket.socket] = []
     chosen: dict[int, int] = {}
@@ -204,7 +223,7 @@ def _bind_all(listeners: list[Listener]) -> list[socket.socket]:
         for lst in listeners:
             port = chosen.get(lst.port, lst.port)
             try:
-                sock = _bind(Listener(lst.host, port))
+                sock = _bind(Listener(lst.host, port), serves)
             except ListenError as e:
                 if e.errno == errno.EADDRNOTAVAIL and ":" in lst.host:
                     log.warning("no IPv6 on this host: %s", e)  # IPv4-only machines still serve
@@ -263,7 +282,7 @@ class Gateway:
             self.ssl_context = server_context(self.config.tls)  # a bad certificate fails fast too
         socks = _bind_all(self.config.listeners)  # before anything else: a taken port fails fast
         try:
-            tls_socks = _bind_all(self.config.tls_listeners())
+            tls_socks = _bind_all(self.config.tls_listeners(), "amqps")
         except BaseException:
             for s in socks:
                 s.close()
@@ -316,11 +335,13 @@ class Gateway:
         return "https" if name in self._https else "http"
 
     def operator_addresses(self) -> list[tuple[str, str]]:
-        """("management API" | "metrics", "host:port") of the HTTP endpoints being served."""
+        """("management API" | "metrics", "host:port") of each address the HTTP endpoints are
+        served on (by default 0.0.0.0 and [::], one port)."""
         out = []
         for name, runner in self._operator:
-            host, port = runner.addresses[0][:2]
-            out.append((name, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"))
+            for address in runner.addresses:
+                host, port = address[:2]
+                out.append((name, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"))
         return out
 
     async def _start_operator_window(self) -> None:
@@ -329,20 +350,17 @@ class Gateway:
         tls = config.tls
         if config.management_port is not None:
             from gateway.management import start_management
-            where = f"{config.management_host}:{config.management_port} (management API)"
             ctx = self.ssl_context if tls is not None and tls.management else None
-            self._operator.append(("management API", await _operator_listen(
-                where, config.management_port, "management API",
-                start_management(self, config.management_host, config.management_port, ssl_context=ctx))))
+            socks = _operator_sockets(config.management_host, config.management_port, "management API")
+            self._operator.append(("management API", await _closing(socks, start_management(
+                self, sockets=socks, ssl_context=ctx))))
             if ctx is not None:
                 self._https.add("management API")
         if config.metrics_port is not None:
             from gateway.metrics import start_metrics
-            where = f"{config.metrics_host}:{config.metrics_port} (metrics)"
             ctx = self.ssl_context if tls is not None and tls.metrics else None
-            self._operator.append(("metrics", await _operator_listen(
-                where, config.metrics_port, "metrics",
-                start_metrics(self, config.metrics_host, config.metrics_port, ssl_context=ctx))))
+            socks = _operator_sockets(config.metrics_host, config.metrics_port, "metrics")
+            self._operator.append(("metrics", await _closing(socks, start_metrics(self, sockets=socks, ssl_context=ctx))))
             if ctx is not None:
                 self._https.add("metrics")
 
@@ -538,8 +556,11 @@ async def _serve(config: GatewayConfig) -> None:
     if gw.tls_addresses:
         where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in gw.tls_addresses)
         print(f"cmq-gateway: AMQPS (TLS) on {where}", file=sys.stderr, flush=True)
+    served: dict[str, list[str]] = {}
     for name, address in gw.operator_addresses():
-        print(f"cmq-gateway: {name} on {gw.operator_scheme(name)}://{address}/", file=sys.stderr, flush=True)
+        served.setdefault(name, []).append(f"{gw.operator_scheme(name)}://{address}/")
+    for name, urls in served.items():
+        print(f"cmq-gateway: {name} on {', '.join(urls)}", file=sys.stderr, flush=True)
     await stop.wait()
     log.info("shutting down")
     await gw.stop()

@@ -144,7 +144,8 @@ def _library_run(lib: str, uri: str, duration: float, consume: bool) -> dict[str
 
 
 def _native_run(uri: str, duration: float, consume: bool) -> dict[str, float]:
-    result = run(RunConfig(uri=uri, duration=duration, consumers=1 if consume else 0, progress=False), None)
+    result = run(RunConfig(uri=uri, duration=duration, rate=0.0, consumers=1 if consume else 0, progress=False),
+                 None)  # rate 0: as fast as it goes, as the pika and aio-pika loops
     return {
         "sent": result["rates"]["sent"],
         "received": result["rates"]["received"],

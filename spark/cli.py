@@ -11,11 +11,14 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gateway import version
+
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cmq-audit", description="Analyse the CMQ gateway's audit log with Spark.")
+    parser.add_argument("--version", action="version", version=f"cmq-audit {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     rep = sub.add_parser("report", help="write an HTML report with plots")
     rep.add_argument("--audit-dir", required=True, metavar="DIR", help="the gateway's --audit-dir")

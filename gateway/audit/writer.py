@@ -140,6 +140,11 @@ class AuditLog:
         self._wake = threading.Event()
         self._cond = threading.Condition()
         self._cycles = 0
+        # A flush waits for the cycle numbered _flush_to; the writer starts the next cycle at
+        # once while that one is not done, rather than after its flush_interval nap (which was
+        # every management call's and every /metrics scrape's 100 ms).
+        self._flush_to = 0
+        self._busy = False  # a cycle is under way (set under _cond)
         self._stopping = False
         self._closed = False
         self._drop_lock = threading.Lock()
@@ -243,7 +248,10 @@ class AuditLog:
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything emitted before this call is written (tests, shutdown)."""
         with self._cond:
-            target = self._cycles + 2  # a whole cycle that started after this call
+            # A whole cycle that starts after this call: the next one when the writer is idle,
+            # else the one after it (the cycle under way may have taken the queue already).
+            target = self._cycles + (2 if self._busy else 1)
+            self._flush_to = max(self._flush_to, target)
             self._wake.set()
             return self._cond.wait_for(
                 lambda: self._cycles >= target or not self._thread.is_alive(), timeout
@@ -277,6 +285,8 @@ class AuditLog:
     def _run(self) -> None:
         while True:
             self._wake.wait(self._flush_interval)
+            with self._cond:
+                self._busy = True
             self._wake.clear()
             stopping = self._stopping
             try:
@@ -293,6 +303,9 @@ class AuditLog:
                     log.exception("audit writer cycle failed")
             with self._cond:
                 self._cycles += 1
+                self._busy = False
+                if self._cycles < self._flush_to:
+                    self._wake.set()
                 self._cond.notify_all()
             if stopping and not self._queue:
                 break

@@ -16,6 +16,7 @@ import binascii
 import contextlib
 import json
 import math
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from aiohttp import web
 
 from gateway.auth import User, check_password
 from gateway.management import authz
-from gateway.metrics import Counters, RateTracker, Target, attach
+from gateway.metrics import Counters, RateTracker, Target, attach, serve_app
 from gateway.push import HttpPusher
 from gateway.transport import is_loopback
 from semantics.errors import CMQError
@@ -288,14 +289,12 @@ async def _stop_sampler(app: web.Application) -> None:
 
 async def start_management(obj: Any, host: str = "127.0.0.1", port: int = 15672, *,
                            pusher: HttpPusher | None = None,
-                           ssl_context: Any = None) -> web.AppRunner:
+                           ssl_context: Any = None, sockets: list[socket.socket] | None = None) -> web.AppRunner:
     """Serve the management API for a Gateway (or a bare Broker) in the running loop, which
     must be the broker's; over HTTPS with an ``ssl_context`` (an ssl.SSLContext, SE2). Port 0
     picks a free port (``runner.addresses[0][1]``); persisted HTTP subscriptions are restored.
+    ``sockets`` (bound and listening) are served instead of (host, port).
     Stop with ``await runner.cleanup()``."""
     app = make_app(obj, pusher)
     app[MGMT].pusher.recover()
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
-    return runner
+    return await serve_app(app, host, port, ssl_context, sockets)

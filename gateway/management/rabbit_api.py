@@ -341,7 +341,9 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
 
     async def overview(request: web.Request) -> web.Response:
         names = mgmt.visible_vhosts(request[USER])
-        queues = _queues(mgmt, request, names)
+        # Totals straight from the queues: a whole queue_json per queue (its stats and rates)
+        # made an overview with 1,000 queues cost 20 ms.
+        queues = [q for v in names for q in list(mgmt.vhost(v).queues.values())]
         c = mgmt.counters
         stats: dict[str, Any] = {}
         for event, name in (("publish", "publish"), ("deliver", "deliver_get"), ("ack", "ack")):
@@ -353,8 +355,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         gw = mgmt.target.gateway
         listeners = [{"node": NODE, "protocol": "amqp", "ip_address": h, "port": p}
                      for h, p in getattr(gw, "addresses", [])]
-        ready = sum(q["messages_ready"] for q in queues)
-        unacked = sum(q["messages_unacknowledged"] for q in queues)
+        ready = sum(q.cmq.active for q in queues)
+        unacked = sum(q.cmq.inactive for q in queues)
         exchanges = sum(len(mgmt.vhost(v).exchanges) + 1 for v in names)
         channels = _channels(mgmt, set(names))
         config = getattr(gw, "config", None)
@@ -376,7 +378,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                              "messages_unacknowledged": unacked,
                              "messages_unacknowledged_details": {"rate": 0.0}},
             "object_totals": {"connections": len(mgmt.target.connections), "channels": len(channels),
-                              "consumers": sum(q["consumers"] for q in queues), "exchanges": exchanges,
+                              "consumers": sum(len(q.consumers) for q in queues), "exchanges": exchanges,
                               "queues": len(queues)},
             "listeners": listeners,
             "statistics_db_event_queue": 0,

@@ -1,6 +1,7 @@
 """`cmq-gateway perf`: the load generator's command line.
 
-    cmq-gateway perf [run] --uri amqp://... --producers 1 --consumers 1 --size 16 ...
+    cmq-gateway perf [run] --uri amqp://... --producers 1 --consumers 1 --size 16 --rate 1000 ...
+    cmq-gateway perf --rate 0 ...      # as fast as the broker takes: an overload test
     cmq-gateway perf compare --uri-a amqp://rabbit --uri-b amqp://gateway --scenarios 1,2,3
 
 `register(subparsers)` adds the `perf` subcommand to the `cmq-gateway` parser and sets
@@ -21,6 +22,24 @@ from gateway.perf.topology import PATTERNS
 __all__ = ["build_parser", "config_from_args", "main", "register"]
 
 _DEFAULT_URI = "amqp://guest:guest@127.0.0.1:5672/"
+
+_EPILOG = """\
+A plain run publishes at a fixed --rate (1,000 msg/s per producer by default), a load a broker
+sustains, so its latencies are end-to-end delivery times. --rate 0 publishes as fast as the
+broker takes (its flow control decides): an overload test, whose latencies are mostly time
+spent queued. `perf compare` runs its own scenarios (1-6 at --rate 0, 7 at 1,000 msg/s),
+whatever --rate says.
+"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default in its help, except where there is none to show (flags, and
+    options whose default depends on others: their help says it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def _positive_int(text: str) -> int:
@@ -68,13 +87,13 @@ def _scenarios(text: str) -> list[int]:
 
 def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "mode", nargs="?", choices=("run", "compare"), default="run", help="run (default) or compare"
+        "mode", nargs="?", choices=("run", "compare"), default="run", help="run one load, or compare two brokers"
     )
     r = p.add_argument_group("run")
-    r.add_argument("--uri", default=_DEFAULT_URI, help="any AMQP 0-9-1 broker (default %(default)s)")
+    r.add_argument("--uri", default=_DEFAULT_URI, help="any AMQP 0-9-1 broker")
     r.add_argument("--producers", type=_non_negative_int, default=1, help="producer connections")
     r.add_argument("--consumers", type=_non_negative_int, default=1, help="consumer connections")
-    r.add_argument("--size", type=_size, default=16, help="message body bytes, at least 8 (default 16)")
+    r.add_argument("--size", type=_size, default=16, help="message body bytes, at least 8")
     r.add_argument(
         "--persistent", action="store_true", help="delivery_mode 2 (durable queues unless --transient-queues)"
     )
@@ -91,10 +110,11 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--rate",
         type=_non_negative_float,
-        default=0.0,
-        help="msg/s cap PER PRODUCER (total = rate x producers); 0: no cap",
+        default=RunConfig.rate,
+        help="msg/s PER PRODUCER (total = rate x producers), a sustainable load; "
+        "0: as fast as possible (an overload test)",
     )
-    r.add_argument("--duration", type=float, default=10.0, help="seconds of publishing (default 10)")
+    r.add_argument("--duration", type=float, default=10.0, help="seconds of publishing")
     r.add_argument(
         "--pattern",
         choices=PATTERNS,
@@ -142,8 +162,8 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("compare")
     c.add_argument("--uri-a", default=_DEFAULT_URI, help="the reference broker (ratios are b / a)")
     c.add_argument("--uri-b", default=None, help="the broker compared with it")
-    c.add_argument("--name-a", default="RabbitMQ")
-    c.add_argument("--name-b", default="cmq-gateway")
+    c.add_argument("--name-a", default="RabbitMQ", help="broker a's name in the table")
+    c.add_argument("--name-b", default="cmq-gateway", help="broker b's name in the table")
     c.add_argument("--scenarios", type=_scenarios, default=None, help="comma-separated, default all: 1-7")
     c.add_argument(
         "--repeat", type=_positive_int, default=1, help="runs per scenario and broker, alternating"
@@ -158,17 +178,17 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--broker-pid-a", type=int, default=None, help="scenario 6: read broker a's RSS from /proc"
     )
-    c.add_argument("--broker-pid-b", type=int, default=None)
+    c.add_argument("--broker-pid-b", type=int, default=None, help="the same for broker b")
     c.add_argument(
         "--rabbitmqctl-a",
         action="store_true",
         help="scenario 6: broker a's memory from `rabbitmqctl status` (its total, not RSS)",
     )
-    c.add_argument("--rabbitmqctl-b", action="store_true")
+    c.add_argument("--rabbitmqctl-b", action="store_true", help="the same for broker b")
     c.add_argument(
         "--restart-a", default=None, metavar="CMD", help="scenario 6: shell command restarting broker a"
     )
-    c.add_argument("--restart-b", default=None, metavar="CMD")
+    c.add_argument("--restart-b", default=None, metavar="CMD", help="the same for broker b")
     c.add_argument(
         "--recover-timeout",
         type=_non_negative_float,
@@ -178,7 +198,8 @@ def _add_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "cmq-gateway perf") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="AMQP 0-9-1 load generator (PerfTest-like)")
+    p = argparse.ArgumentParser(prog=prog, description="AMQP 0-9-1 load generator (PerfTest-like)",
+                                epilog=_EPILOG, formatter_class=_HelpFormatter)
     _add_options(p)
     p.set_defaults(func=run_from_args)
     return p
@@ -190,6 +211,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "perf",
         help="load generator: run one load, or compare two brokers",
         description=build_parser().description,
+        epilog=_EPILOG,
+        formatter_class=_HelpFormatter,
     )
     _add_options(p)
     p.set_defaults(func=run_from_args)

@@ -20,30 +20,35 @@ import pytest
 from tests.integration.differential import blocking
 
 ROOT = Path(__file__).resolve().parents[2]
-LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
-OPERATOR = re.compile(r"(management API|metrics) on https?://127\.0\.0\.1:(\d+)/")
-AMQPS = re.compile(r"AMQPS \(TLS\) on 127\.0\.0\.1:(\d+)")
+# The first address of a line: loopback with --host 127.0.0.1, 0.0.0.0 without a --host.
+LISTENING = re.compile(r"listening on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+)")
+OPERATOR = re.compile(r"(management API|metrics) on https?://(?:127\.0\.0\.1|0\.0\.0\.0):(\d+)/")
+AMQPS = re.compile(r"AMQPS \(TLS\) on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+)")
 
 
 @contextmanager
-def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
-    """`cmq-gateway serve --port 0` on loopback; yields the process and its port (and sets
-    ``proc.operator``, {name: port}, and ``proc.tls_port``, None without a TLS listener)."""
+def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1") -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """`cmq-gateway serve --port 0` on loopback (every address with ``host=None``); yields the
+    process and its port (and sets ``proc.operator``, {name: port}, ``proc.tls_port``, None
+    without a TLS listener, and ``proc.lines``, what it said while starting)."""
     # The management and metrics ports default to RabbitMQ's 15672/15692 (which the local
     # RabbitMQ's management plugin may hold): free ports here, unless the test names them.
     ports = [] if "--management-port" in extra else ["--management-port", "0", "--metrics-port", "0"]
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
+    hosts = [] if host is None else ["--host", host]
+    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *hosts, "--port", "0",
                              "--data-dir", str(data_dir), *ports, *extra],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     port = None
     proc.operator = {}  # type: ignore[attr-defined]
     proc.tls_port = None  # type: ignore[attr-defined]
+    proc.lines = []  # type: ignore[attr-defined]
     args = [*ports, *extra]
     # How many "<name> on http://…" lines to wait for: management and metrics unless "off".
     expect_operator = sum(1 for flag in ("--management-port", "--metrics-port")
                           if flag not in args or args[args.index(flag) + 1] != "off")
     for line in proc.stderr:
+        proc.lines.append(line)  # type: ignore[attr-defined]
         if m := LISTENING.search(line):
             port = int(m.group(1))
         elif m := AMQPS.search(line):

@@ -8,22 +8,39 @@ import pytest
 
 from gateway.perf.cli import build_parser, config_from_args, register
 from gateway.perf.config import RunConfig
+from gateway.perf.scenarios import scenario_config
 
 
-def test_defaults_are_scenario_1() -> None:
+def test_defaults_are_scenario_1_at_a_sustainable_rate() -> None:
+    """A plain run is scenario 1's shape at a fixed 1,000 msg/s per producer (issue 12: an
+    unlimited default was an overload test, p50 latency 1.6 s); --rate 0 is scenario 1."""
     args = build_parser().parse_args([])
     cfg = config_from_args(args)
     assert args.mode == "run"
     assert cfg == RunConfig(json=False, progress=True)
-    assert (cfg.producers, cfg.consumers, cfg.size, cfg.pattern, cfg.queues, cfg.confirm) == (
+    assert (cfg.producers, cfg.consumers, cfg.size, cfg.pattern, cfg.queues, cfg.confirm, cfg.rate) == (
         1,
         1,
         16,
         "queue",
         1,
         0,
+        1000.0,
     )
     assert cfg.durable_queues is False
+    unlimited = config_from_args(build_parser().parse_args(["--rate", "0"]))
+    assert unlimited == scenario_config(1, cfg.uri, cfg.duration)
+
+
+def test_help_shows_every_default_and_what_rate_0_means() -> None:
+    parent = argparse.ArgumentParser(prog="cmq-gateway")
+    text = register(parent.add_subparsers(dest="command")).format_help()
+    flat = " ".join(text.split())
+    for shown in ("--rate RATE msg/s PER PRODUCER", "(default: 1000.0)", "0: as fast as possible",
+                  "--size SIZE message body bytes, at least 8 (default: 16)", "(default: 10.0)",
+                  "(default: amqp://guest:guest@127.0.0.1:5672/)", "(default: queue)", "--rate 0"):
+        assert shown in flat, shown
+    assert build_parser().format_help().replace("cmq-gateway perf", "") == text.replace("cmq-gateway perf", "")
 
 
 def test_every_run_option() -> None:

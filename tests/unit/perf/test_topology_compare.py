@@ -70,6 +70,8 @@ def test_scenarios_match_the_brief() -> None:
     assert scenario_config(4, "amqp://x", 10.0, native_tags=True).pattern == "tags"
     assert (s[5].pattern, s[5].queues, s[5].tag_fanout) == ("topic", 500, 5)
     assert (s[7].rate, s[7].producers) == (1000.0, 1)
+    # 1-6 measure throughput: unlimited, whatever a plain run's default rate is (issue 12).
+    assert [s[n].rate for n in range(1, 7)] == [0.0] * 6
 
 
 def test_metrics_and_tables() -> None:
