@@ -69,6 +69,7 @@ _IN_USE = {
     "management API": "(RabbitMQ's management plugin?): choose another with --management-port, "
                       "or --management-port off",
     "metrics": "(RabbitMQ's Prometheus plugin?): choose another with --metrics-port, or --metrics-port off",
+    "cmq-api": "(another cmq-gateway?): choose another with --cmq-api-port, or --cmq-api-port off",
 }
 
 
@@ -307,7 +308,7 @@ class Gateway:
         return "https" if name in self._https else "http"
 
     def operator_addresses(self) -> list[tuple[str, str]]:
-        """("management API" | "metrics", "host:port") of the HTTP endpoints being served."""
+        """("management API" | "metrics" | "CMQ API", "host:port") of the HTTP endpoints being served."""
         out = []
         for name, runner in self._operator:
             host, port = runner.addresses[0][:2]
@@ -336,6 +337,15 @@ class Gateway:
                 start_metrics(self, config.metrics_host, config.metrics_port, ssl_context=ctx))))
             if ctx is not None:
                 self._https.add("metrics")
+        if config.cmq_api_port is not None:
+            from gateway.cmqapi import start_cmq_api
+            where = f"{config.cmq_api_host}:{config.cmq_api_port} (CMQ API)"
+            ctx = self.ssl_context if tls is not None and tls.cmq_api else None
+            self._operator.append(("CMQ API", await _operator_listen(
+                where, config.cmq_api_port, "cmq-api",
+                start_cmq_api(self, config.cmq_api_host, config.cmq_api_port, ssl_context=ctx))))
+            if ctx is not None:
+                self._https.add("CMQ API")
 
     async def stop(self) -> None:
         """Stop accepting, close every client with 320, flush the store, close the audit log."""

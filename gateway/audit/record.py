@@ -44,6 +44,7 @@ FIELD_TYPES: Mapping[str, str] = {
     "tags": "array<string>", "routing_key": "string", "size": "long", "attempt": "int",
     "reason": "string", "user": "string", "peer": "string", "latency_ms": "double",
     "next_at": "timestamp", "policy": "string", "conn": "string", "dropped": "long",
+    "protocol": "string",  # CA4: the API that carried it when not AMQP ("cmq-api", "mqtt")
 }
 
 _STR_FIELDS = frozenset(k for k, t in FIELD_TYPES.items() if t == "string")

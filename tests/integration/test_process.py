@@ -21,7 +21,7 @@ from tests.integration.differential import blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
-OPERATOR = re.compile(r"(management API|metrics) on https?://127\.0\.0\.1:(\d+)/")
+OPERATOR = re.compile(r"(management API|metrics|CMQ API) on https?://127\.0\.0\.1:(\d+)/")
 AMQPS = re.compile(r"AMQPS \(TLS\) on 127\.0\.0\.1:(\d+)")
 
 
@@ -32,6 +32,8 @@ def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], 
     # The management and metrics ports default to RabbitMQ's 15672/15692 (which the local
     # RabbitMQ's management plugin may hold): free ports here, unless the test names them.
     ports = [] if "--management-port" in extra else ["--management-port", "0", "--metrics-port", "0"]
+    if "--cmq-api-port" not in extra:  # its default 15680 may be another gateway's
+        ports += ["--cmq-api-port", "0"]
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                              "--data-dir", str(data_dir), *ports, *extra],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -40,8 +42,9 @@ def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], 
     proc.operator = {}  # type: ignore[attr-defined]
     proc.tls_port = None  # type: ignore[attr-defined]
     args = [*ports, *extra]
-    # How many "<name> on http://…" lines to wait for: management and metrics unless "off".
-    expect_operator = sum(1 for flag in ("--management-port", "--metrics-port")
+    # How many "<name> on http://…" lines to wait for: management, metrics and the CMQ API
+    # unless "off".
+    expect_operator = sum(1 for flag in ("--management-port", "--metrics-port", "--cmq-api-port")
                           if flag not in args or args[args.index(flag) + 1] != "off")
     for line in proc.stderr:
         if m := LISTENING.search(line):
