@@ -51,8 +51,12 @@ def make_app(api: CmqApi) -> web.Application:
     app[API] = api
     app.router.add_route("*", PATH, _handle)
 
+    async def stop_polls(app: web.Application) -> None:
+        app[API].closing = True  # before aiohttp waits for the handlers in flight
+
     async def close_pusher(app: web.Application) -> None:
         await app[API].pusher.close()
+    app.on_shutdown.append(stop_polls)
     app.on_cleanup.append(close_pusher)
     return app
 

@@ -23,12 +23,12 @@ from typing import Any
 
 from gateway.auth import Access, Permission
 from gateway.broker.errors import resource_locked
-from gateway.cmqapi.errors import AUTH, DENIED, CmqApiError, from_cmq_error
+from gateway.cmqapi.errors import AUTH, DENIED, QUEUE_FULL, TOO_LARGE, CmqApiError, from_cmq_error
 from gateway.cmqapi.params import Params
 from gateway.cmqapi.signing import METHODS, NonceCache, check_timestamp, verify_signature
 from gateway.push import HttpPusher
 from gateway.transport import is_loopback
-from semantics.errors import CMQError
+from semantics.errors import CMQError, LimitError
 
 __all__ = ["PROTOCOL", "Action", "Caller", "CmqApi"]
 
@@ -70,6 +70,7 @@ class CmqApi:
         self.nonces = NonceCache()
         self.actions: dict[str, Action] = {**QUEUE_ACTIONS, **TOPIC_ACTIONS}
         self.started = int(wall_clock())
+        self.closing = False  # the server stops: long polls answer now (7000) instead of waiting
         # createTime / lastModifyTime of what this API made or changed (kind, vhost, name);
         # objects made otherwise show the time this API started.
         self._times: dict[tuple[str, str, str], tuple[int, int]] = {}
@@ -150,8 +151,15 @@ class CmqApi:
                       bodies: list[str]) -> list[Any]:
         """(Batch)SendMessage / (Batch)PublishMessage: each body published as AMQP would
         (M9, M10), answered once stored durably (M14). The PublishOutcomes."""
-        outs = [vh.publish(exchange, key, properties, body.encode(), user=caller.user, peer=caller.peer,
-                           protocol=PROTOCOL) for body in bodies]
+        try:
+            outs = [vh.publish(exchange, key, properties, body.encode(), user=caller.user, peer=caller.peer,
+                               protocol=PROTOCOL) for body in bodies]
+        except LimitError as e:  # the body's size (L6) or the queue's maxMsgHeapNum (L8): CMQ's own codes
+            if e.rule == "L6":
+                raise CmqApiError(TOO_LARGE, f"{e.text}") from None
+            if e.rule == "L8":
+                raise CmqApiError(QUEUE_FULL, f"{e.text}") from None
+            raise
         lsn = max(out.lsn for out in outs)
         if lsn:
             await self.durable(lsn)

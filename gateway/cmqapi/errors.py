@@ -3,8 +3,9 @@
 CMQ answers every request with HTTP 200 and a JSON body whose ``code`` is 0 or an error code;
 ``message`` starts with the module code in parentheses, e.g. ``"(10430)action name CreateTopic
 is not existed"``. The codes below come from CMQ's public API pages (Tencent Cloud API 406:
-the common error table and each action's own table); where a page gives no module code, the
-message has none.
+the common error table and each action's own table) and the list in Tencent's Python SDK
+(``CMQServerException``: 4400 too large, 4410 queue full, 4430 bad handle, 4460 exists, 7000
+empty); where neither gives a module code, the message has none.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ __all__ = ["CmqApiError", "from_cmq_error"]
 PARAM = 4000  # 10000 invalid parameters, 10110 parameter error, 10350 out of range, ...
 AUTH = 4100  # authentication failed: secretId, signature, timestamp, nonce
 DENIED = 4101  # the key's user may not do this in this vhost (its permissions)
+TOO_LARGE = 4400  # the message is larger than the queue's (or topic's) maxMsgSize (L6)
+QUEUE_FULL = 4410  # the queue retains maxMsgHeapNum messages already (L8)
 INVALID_HANDLE = 4430  # DeleteMessage: "invalid receiptHandle" (stale or unknown)
 NOT_EXIST = 4440  # the queue (or topic, or subscription) does not exist
 TOPIC_EXISTS = 4460  # 10550 topic is already existed (CreateTopic's table)
-QUEUE_EXISTS = 4460  # CreateQueue on an existing name: CMQ's table lists no code; as topics
+QUEUE_EXISTS = 4460  # CreateQueue on an existing name (the SDK's list)
 SUBSCRIPTION_EXISTS = 4490  # 10470 subscribtion is already existed (Subscribe's table)
 SUBSCRIPTIONS_FULL = 4500  # 10480 number of subscription has reached the limit
 BATCH_DELETE_PARTIAL = 6010  # BatchDeleteMessage: some handles failed (errorList)

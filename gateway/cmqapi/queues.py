@@ -11,7 +11,8 @@ and only the latest deletes the message (Q3). An older one deletes nothing and i
 NextVisibleTime has passed.
 
 Long polling (Q5): a receive with ``pollingWaitSeconds`` > 0 (or the queue's own) looks again
-every POLL_INTERVAL until a message is Active or the wait ends, then answers 7000.
+every POLL_INTERVAL until a message is Active or the wait ends, then answers 7000 (at once
+when the queue is deleted or the gateway stops).
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ async def _receive(api: CmqApi, caller: Caller, p: Params, count: int) -> list[d
     deadline = time.monotonic() + (q.attrs.polling_wait_seconds if wait is None else wait)
     while True:
         receipts = _receive_now(api, vh, q, count)
-        if receipts or q.deleted or time.monotonic() >= deadline:
+        if receipts or q.deleted or api.closing or time.monotonic() >= deadline:
             break
         await asyncio.sleep(POLL_INTERVAL)
     if not receipts:

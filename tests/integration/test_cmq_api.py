@@ -249,10 +249,15 @@ def test_CA2_Q8_dead_letter_policy(cmq: CmqClient, unique: str) -> None:
     assert cmq.ok("GetQueueAttributes", queueName=queue)["deadLetterPolicy"] is None
 
 
-def test_CA2_message_size_limit(cmq: CmqClient, unique: str) -> None:
+def test_CA2_message_size_and_heap_limits(cmq: CmqClient, unique: str) -> None:
+    """L6 and L8 through SendMessage: 4400 too large, 4410 the queue holds maxMsgHeapNum."""
+    full = _queue(cmq, unique + "f", maxMsgHeapNum=2)
+    cmq.ok("BatchSendMessage", queueName=full, msgBody=["1", "2"])
+    refused = cmq.call("SendMessage", queueName=full, msgBody="3")
+    assert refused["code"] == 4410 and "L8" in refused["message"]
     queue = _queue(cmq, unique, maxMsgSize=1024)
     too_big = cmq.call("SendMessage", queueName=queue, msgBody="x" * 1025)
-    assert too_big["code"] == 4000 and "L6" in too_big["message"]
+    assert too_big["code"] == 4400 and "L6" in too_big["message"]
     cmq.ok("SendMessage", queueName=queue, msgBody="x" * 1024)
 
 
@@ -275,7 +280,7 @@ def test_CA3_topic_lifecycle(cmq: CmqClient, unique: str) -> None:
     assert cmq.ok("GetTopicAttributes", topicName=tags)["maxMsgSize"] == 2048
     assert cmq.call("SetTopicAttributes", topicName=tags, maxMsgSize=10)["code"] == 4000
     too_big = cmq.call("PublishMessage", topicName=tags, msgBody="x" * 2049)
-    assert too_big["code"] == 4000 and "L6" in too_big["message"]
+    assert too_big["code"] == 4400 and "L6" in too_big["message"]
     cmq.ok("DeleteTopic", topicName=tags)
     assert cmq.call("GetTopicAttributes", topicName=tags)["code"] == 4440
     assert cmq.call("PublishMessage", topicName=tags, msgBody="x")["code"] == 4440

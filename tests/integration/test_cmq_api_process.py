@@ -122,3 +122,27 @@ def test_CA1_SE2_https_when_the_config_has_tls(tmp_path: Path, certs: Certs, uni
         cmq = CmqClient(f"https://localhost:{port}", KEY_ID, SECRET, verify=str(certs.ca))
         cmq.ok("CreateQueue", queueName=unique)
         assert cmq.ok("ListQueue", searchWord=unique)["totalCount"] == 1
+
+
+def test_Q5_stopping_gateway_answers_waiting_long_polls(tmp_path: Path, unique: str) -> None:
+    """A gateway that stops does not hold a 30 s long poll open: it is answered 7000 at once."""
+    import threading
+    import time
+
+    from tests.integration.cmq_gateway import admin, cmq_gateway
+
+    box: dict[str, object] = {}
+    with cmq_gateway(str(tmp_path)) as (_gw, url):
+        cmq = admin(url)
+        cmq.ok("CreateQueue", queueName=unique)
+        def poll() -> None:
+            box["asked"] = time.monotonic()
+            box["answer"] = admin(url).call("ReceiveMessage", queueName=unique, pollingWaitSeconds=30)
+            box["answered"] = time.monotonic()
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.5)  # the poll waits (if not yet, the stop refuses it and the test fails)
+    poller.join(60)
+    assert box["answer"]["code"] == 7000  # type: ignore[index]
+    # Answered by the stop, before its own 30 s wait ended (the order, not a speed).
+    assert box["answered"] - box["asked"] < 30  # type: ignore[operator]
