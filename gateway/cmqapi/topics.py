@@ -298,7 +298,10 @@ async def get_subscription_attributes(api: CmqApi, caller: Caller, p: Params) ->
     vh, ex, name, kind, sub = _subscription(api, caller, p)
     view = _view(api, vh, ex, name, kind, sub)
     filters = view.pop("filters")
-    view["bindingKey" if ex.topic.filter_type is FilterType.ROUTING_KEY else "filterTag"] = filters
+    if ex.topic.filter_type is FilterType.ROUTING_KEY:
+        view["bindingKey"] = filters
+    else:  # the Subscribe parameter's name, and the one Tencent's SDKs read back
+        view["filterTag"] = view["filterTags"] = filters
     return {**view, **api.times("subscription", vh.name, f"{ex.name}/{name}")}
 
 

@@ -86,11 +86,22 @@ def test_CA1_config_keys_and_messages_survive_a_restart(tmp_path: Path, unique: 
         cmq = CmqClient(f"http://127.0.0.1:{proc.operator['CMQ API']}", KEY_ID, SECRET)  # type: ignore[attr-defined]
         cmq.ok("CreateQueue", queueName=unique)
         sent = cmq.ok("SendMessage", queueName=unique, msgBody="kept")
+        cmq.ok("SetQueueAttributes", queueName=unique, visibilityTimeout=77)
+        cmq.ok("CreateTopic", topicName=unique + "t")
+        cmq.ok("SetTopicAttributes", topicName=unique + "t", maxMsgSize=4096)
+        cmq.ok("Subscribe", topicName=unique + "t", subscriptionName="kept-sub", protocol="queue",
+               endpoint=unique, filterTag=["a"])
+        cmq.ok("SetSubscriptionAttributes", topicName=unique + "t", subscriptionName="kept-sub",
+               notifyStrategy="BACKOFF_RETRY")
         proc.kill()  # no graceful stop: what the API answered must be on disk
     with serve(data, "--config", str(config), "--cmq-api-port", "0") as (proc, _port):
         cmq = CmqClient(f"http://127.0.0.1:{proc.operator['CMQ API']}", KEY_ID, SECRET)  # type: ignore[attr-defined]
         got = cmq.ok("ReceiveMessage", queueName=unique)
         assert (got["msgId"], got["msgBody"]) == (sent["msgId"], "kept")
+        assert cmq.ok("GetQueueAttributes", queueName=unique)["visibilityTimeout"] == 77
+        assert cmq.ok("GetTopicAttributes", topicName=unique + "t")["maxMsgSize"] == 4096
+        sub = cmq.ok("GetSubscriptionAttributes", topicName=unique + "t", subscriptionName="kept-sub")
+        assert (sub["endpoint"], sub["filterTag"], sub["notifyStrategy"]) == (unique, ["a"], "BACKOFF_RETRY")
 
 
 def test_CA1_config_rejects_a_secret_id_given_twice(tmp_path: Path) -> None:

@@ -77,7 +77,8 @@ def test_CA3_sdk_topic_and_subscription_actions(endpoint: str, unique: str) -> N
     sub.create(meta)
     total, subs, _next = topic.list_subscription()
     assert total == 1 and subs[0]["subscriptionName"] == "sdk-sub"
-    assert sub.get_attributes().NotifyContentFormat == "SIMPLIFIED"
+    attrs = sub.get_attributes()
+    assert (attrs.NotifyContentFormat, attrs.FilterTag) == ("SIMPLIFIED", ["a"])
     topic.publish_message(TopicMessage("not for us", ["b"]))
     sent = topic.publish_message(TopicMessage("tagged", ["a"]))
     got = queue.receive_message(polling_wait_seconds=5)
