@@ -35,9 +35,9 @@ class CmqApiError(Exception):
     """One refusal: the ``code`` and ``message`` of CMQ's answer."""
 
     def __init__(self, code: int, message: str, module: int | None = None, **extra: object) -> None:
-        super().__init__(message)
         self.code = code
         self.message = f"({module}){message}" if module is not None else message
+        super().__init__(self.message)
         self.extra = extra
 
     @classmethod
