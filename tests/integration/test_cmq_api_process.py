@@ -157,3 +157,35 @@ def test_Q5_stopping_gateway_answers_waiting_long_polls(tmp_path: Path, unique: 
     assert box["answer"]["code"] == 7000  # type: ignore[index]
     # Answered by the stop, before its own 30 s wait ended (the order, not a speed).
     assert box["answered"] - box["asked"] < 30  # type: ignore[operator]
+
+
+def test_CA1_config_section_cmq_api(tmp_path: Path) -> None:
+    from gateway.config import OFF, CmqKey
+
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({"cmq_api": {"port": 15999, "host": "127.0.0.1"}, "tls": {
+        "certfile": "c.pem", "cmq_api": False}, "users": [
+        {"name": "a", "password": "a", "cmq_keys": [{"secret_id": "AKID1", "secret_key": "x", "vhost": "orders"}]}]}))
+    cfg = load_config(str(path))
+    assert (cfg.cmq_api_port, cfg.cmq_api_host) == (15999, "127.0.0.1")
+    assert cfg.cmq_keys == {"AKID1": CmqKey("a", "x", "orders")}
+    assert cfg.tls is not None and cfg.tls.cmq_api is False
+    path.write_text("cmq_api: off\n")
+    assert load_config(str(path)).cmq_api_port == OFF
+
+
+def test_CA1_M1_vhost_from_the_key_or_the_request(unique: str) -> None:
+    """M1: a request acts in its ``vhost`` parameter, else its key's vhost, else ``/``."""
+    from gateway.auth import Permission, User, UserDB, hash_password
+    from gateway.config import CmqKey
+    from tests.integration.cmq_gateway import cmq_gateway
+
+    users = UserDB({"ops": User("ops", hash_password("ops"))},
+                   {("ops", "/"): Permission(), ("ops", "orders"): Permission()}, ["/", "orders"], frozenset())
+    keys = {"AKIDorders": CmqKey("ops", "k1", "orders"), "AKIDroot": CmqKey("ops", "k2")}
+    with cmq_gateway(None, users=users, cmq_keys=keys) as (gw, url):
+        CmqClient(url, "AKIDorders", "k1").ok("CreateQueue", queueName=unique)
+        assert unique in gw.broker.vhosts["orders"].queues and unique not in gw.broker.vhosts["/"].queues
+        root = CmqClient(url, "AKIDroot", "k2")
+        assert root.ok("ListQueue", searchWord=unique)["totalCount"] == 0
+        assert CmqClient(url, "AKIDroot", "k2", vhost="orders").ok("ListQueue", searchWord=unique)["totalCount"] == 1
