@@ -5,6 +5,7 @@ of our answers."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from cmq.account import Account
@@ -21,6 +22,12 @@ from tests.integration.cmq_gateway import ADMIN_ID, ADMIN_KEY, cmq_gateway
 def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with cmq_gateway(str(tmp_path_factory.mktemp("cmq-sdk"))) as (_gw, url):
         yield url
+
+
+@pytest.fixture(autouse=True)
+def _sdk_log_elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK opens CMQ_python_sdk.log in the working directory: a temporary one, not the repo."""
+    monkeypatch.chdir(tmp_path)
 
 
 def _account(endpoint: str) -> Account:
