@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"AMQPS (AMQP over TLS) port, on the AMQP hosts (default: {DEFAULT_TLS_PORT}, "
                             "as RabbitMQ, when the config has a tls section with certfile, keyfile and "
                             "cafile; 0 picks a free port; off turns it off)")
+    serve.add_argument("--profile", choices=("compatible", "cmq"), default=None,
+                       help="compatible (default): RabbitMQ's size and count limits, every breach of a "
+                            "CMQ limit reported (audit limit_exceeded, /metrics, GET /api/cmq/limits); "
+                            "cmq: every CMQ limit refuses and deliveries carry the x-cmq-* receive "
+                            "metadata (config: profile:; per vhost: vhosts: [{name, profile}])")
     serve.add_argument("--salvage", action="store_true", default=None,
                        help="open a store whose confirmed data is damaged: keep every record that "
                             "verifies and copy the damaged bytes aside (config: salvage: true)")
@@ -160,6 +165,8 @@ def _serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         config.tls = dataclasses.replace(config.tls, port=args.tls_port)
+    if args.profile is not None:
+        config.profile = args.profile
     config.management_port = _operator_port(args.management_port, config.management_port,
                                             DEFAULT_MANAGEMENT_PORT)
     config.metrics_port = _operator_port(args.metrics_port, config.metrics_port, DEFAULT_METRICS_PORT)

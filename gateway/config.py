@@ -8,17 +8,21 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
     listeners: [{host: "0.0.0.0", port: 5672}, {host: "::", port: 5672}]   # or [5672]
     data_dir: /var/lib/cmq-gateway
     strict_names: false               # L2
+    profile: compatible               # PF1: compatible (RabbitMQ's sizes, CMQ's reported) or cmq
     salvage: false                    # open a damaged store, setting the damage aside
     users:
       - {name: alice, password_hash: "<from an export>", hashing_algorithm: rabbit_password_hashing_sha256}
       - {name: bob, password: "plain text is hashed on load",
          cmq_keys: [{secret_id: "AKID...", secret_key: "...", vhost: "/"}]}   # CA1: CMQ API keys
-    vhosts: [{name: "/"}, {name: orders}]      # or plain strings
+    vhosts: [{name: "/"}, {name: orders, profile: cmq}]  # or plain strings; profile: PF1
     permissions:
       - {user: alice, vhost: "/", configure: ".*", write: ".*", read: ".*"}
     loopback_users: [guest]           # users that may connect from loopback only
     limits: {frame_max: 131072, channel_max: 2047, heartbeat: 60,
-             memory_high_watermark: 1073741824, store_high_watermark: 10737418240}
+             memory_high_watermark: 1073741824,   # bytes the broker holds (gateway/memory.py)
+             disk_free_limit: 50000000,           # free bytes of the data dir's file system
+             max_message_size: 134217728,         # a larger content header is refused (406)
+             store_high_watermark: 0}             # optional quota on the store's files; 0: none
     audit: {dir: /var/log/cmq-gateway, rotate_bytes: 67108864, rotate_seconds: 3600,
             retention_hours: 168, events: null}
     management: {port: 15672, host: "0.0.0.0"}   # or off; RabbitMQ's management HTTP API
@@ -88,12 +92,21 @@ class Limits:
     frame_max: int = 131072
     channel_max: int = 2047
     heartbeat: int = 60
-    # W5: above either mark publishers get connection.blocked and are no longer read from.
-    # Memory: 40% of RAM, RabbitMQ's vm_memory_high_watermark default.
+    # W5: while a resource alarm is in effect publishers get connection.blocked and are no
+    # longer read from. Memory: the bytes the broker holds (gateway/memory.py) above this;
+    # 40% of RAM, RabbitMQ's vm_memory_high_watermark default.
     memory_high_watermark: int = field(default_factory=lambda: _physical_memory() * 2 // 5)
-    store_high_watermark: int = 10 << 30
-    # Fraction of a mark below which connection.unblocked is sent (hysteresis, no flapping).
+    # Disk: the data directory's file system has less free space than this (RabbitMQ's
+    # disk_free_limit and its default, 50 MB), or the store failed to write.
+    disk_free_limit: int = 50_000_000
+    # Optional quota on the store's files (bytes; 0: none). Before disk_free_limit this was
+    # the only disk alarm; a configuration that sets it keeps that meaning.
+    store_high_watermark: int = 0
+    # Fraction of the memory mark below which connection.unblocked is sent (hysteresis).
     low_watermark_ratio: float = 0.8
+    # A content header declaring a larger body is refused with 406 (RabbitMQ's
+    # max_message_size and its 3.10 default, 128 MiB).
+    max_message_size: int = 128 << 20
     max_connections: int = 0  # 0: unlimited
     # SE4: seconds from accept until connection.open must have been answered (RabbitMQ's
     # handshake_timeout, 10 s); 0 turns the limit off.
@@ -148,6 +161,8 @@ class GatewayConfig:
     )
     data_dir: str | None = None
     strict_names: bool = False
+    profile: str = "compatible"  # PF1: "compatible" (the default) or "cmq"
+    vhost_profiles: dict[str, str] = field(default_factory=dict)  # PF1: per-vhost overrides
     salvage: bool = False  # the store opens despite damaged confirmed data (semantics.store)
     users: UserDB = field(default_factory=UserDB.default)
     limits: Limits = field(default_factory=Limits)
@@ -246,6 +261,9 @@ def parse_config(raw: Any) -> GatewayConfig:
     cfg.strict_names = raw.get("strict_names", False)
     cfg.salvage = raw.get("salvage", False)
     cfg.cluster_name = raw.get("cluster_name", cfg.cluster_name)
+    cfg.profile = raw.get("profile", cfg.profile)  # the schema checked: compatible or cmq
+    cfg.vhost_profiles = {v["name"]: v["profile"] for v in raw.get("vhosts", [])
+                          if isinstance(v, Mapping) and v.get("profile") is not None}
     if any(k in raw for k in ("users", "vhosts", "permissions")):
         cfg.users = _userdb(raw)
     if raw.get("push") is not None:

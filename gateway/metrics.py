@@ -187,13 +187,18 @@ class Counters:
                 out[k[1]] += n
         return out
 
-    @property
-    def discarded(self) -> dict[tuple[str, str], int]:
+    def _by_vhost_and(self, event: str) -> dict[tuple[str, str], int]:
+        """(vhost, the one field the count key holds) -> records of ``event``."""
         out: dict[tuple[str, str], int] = defaultdict(int)
         for k, n in self._items():
-            if k[0] == "discard":
+            if k[0] == event:
                 out[k[1], k[2]] += n
         return out
+
+    @property
+    def discarded(self) -> dict[tuple[str, str], int]:
+        """(vhost, reason) -> discard records."""
+        return self._by_vhost_and("discard")
 
     @property
     def retries(self) -> dict[tuple[str, str, int], int]:
@@ -202,6 +207,11 @@ class Counters:
             if k[0] == "retry":
                 out[k[1], k[2], k[3]] += n
         return out
+
+    @property
+    def limits_exceeded(self) -> dict[tuple[str, str], int]:
+        """(vhost, rule) -> breaches of CMQ limits reported in the compatible profile (PF4)."""
+        return self._by_vhost_and("limit_exceeded")
 
     def count(self, event: str, vhost: str | None = None) -> int:
         return sum(n for k, n in self._items() if k[0] == event and (vhost is None or k[1] == vhost))
@@ -299,6 +309,27 @@ class Target:
         if self.gateway is not None and getattr(self.gateway, "blocked", False):
             return str(getattr(self.gateway, "block_reason", "") or "resource alarm")
         return None
+
+    @property
+    def alarm_resources(self) -> list[str]:
+        """W5: RabbitMQ's names ("memory", "disk") of the alarms in effect."""
+        alarms = getattr(self.gateway, "alarms", None)
+        return list(alarms.resources) if alarms is not None else []
+
+    def resources(self) -> dict[str, Any]:
+        """W5: what the alarms are decided on, under RabbitMQ's node field names (mem_used is
+        the memory the broker holds, gateway/memory.py; mem_rss the process's resident set)."""
+        from gateway.alarms import rss_bytes
+        gw = self.gateway
+        alarms = getattr(gw, "alarms", None)
+        limits = getattr(getattr(gw, "config", None), "limits", None)
+        if alarms is None or limits is None:
+            return {}
+        held = alarms.held_bytes(self.broker)
+        return {"mem_used": held, "mem_rss": rss_bytes(), "mem_limit": limits.memory_high_watermark,
+                "mem_alarm": alarms.memory, "disk_free": alarms.disk_free,
+                "disk_free_limit": limits.disk_free_limit, "disk_free_alarm": alarms.disk,
+                "store_failed": bool(getattr(self.broker, "read_only", False))}
 
 
 def attach(obj: Any) -> Counters:
@@ -399,6 +430,10 @@ def render(obj: Any, counters: Counters) -> str:
              "and attempt number (D5, D6).",
              [({"vhost": v, "policy": p, "attempt": a}, n) for (v, p, a), n in sorted(c.retries.items())])
 
+    w.family("cmq_gateway_limit_exceeded", "counter", "Breaches of a CMQ limit let through and reported "
+             "in the compatible profile, by rule (PF4; the cmq profile refuses them).",
+             [({"vhost": v, "rule": r}, n) for (v, r), n in sorted(c.limits_exceeded.items())])
+
     retained: list[tuple[dict[str, object], float]] = []
     waiting: list[tuple[dict[str, object], float]] = []
     ready: list[tuple[dict[str, object], float]] = []
@@ -440,7 +475,21 @@ def render(obj: Any, counters: Counters) -> str:
     w.family("cmq_gateway_channels", "gauge", "Open AMQP channels.",
              [({}, sum(len(s.channels) for s in sessions))])
     w.family("cmq_gateway_resource_alarm", "gauge", "1 while publishers are blocked by a memory or "
-             "store high-water mark (W5).", [({}, 1 if target.alarm else 0)])
+             "disk alarm (W5).", [({}, 1 if target.alarm else 0)])
+    res = target.resources()
+    if res:
+        for key, metric, text in (
+                ("mem_used", "cmq_gateway_memory_held_bytes", "Bytes the broker holds: messages, partial "
+                 "bodies, unsent output, the store's map (W5: compared with memory_high_watermark)."),
+                ("mem_rss", "cmq_gateway_memory_rss_bytes", "Resident memory of the process."),
+                ("mem_limit", "cmq_gateway_memory_high_watermark_bytes", "The memory alarm's mark (W5)."),
+                ("disk_free", "cmq_gateway_disk_free_bytes", "Free bytes of the data directory's file system."),
+                ("disk_free_limit", "cmq_gateway_disk_free_limit_bytes", "The disk alarm's limit (W5)."),
+                ("store_failed", "cmq_gateway_store_failed", "1 while the store cannot write (it retries).")):
+            if res[key] is not None:
+                w.family(metric, "gauge", text, [({}, int(res[key]))])
+        w.family("cmq_gateway_alarm", "gauge", "1 while the resource's alarm is in effect (W5).",
+                 [({"resource": r}, int(res[k])) for r, k in (("memory", "mem_alarm"), ("disk", "disk_free_alarm"))])
 
     name = "cmq_gateway_store_commit_seconds"
     w.lines.append(f"# HELP {name} Time of one group commit (write + fsync) of the store (M14).")

@@ -198,6 +198,7 @@ class HttpPusher:
         if topic is None:
             raise ValueError(f"exchange {exchange!r} is of type headers: not a CMQ topic (M5)")
         sub = topic.subscribe(name, ("http", url), tuple(filters), strategy)
+        vh.report_filters(exchange, topic, name, sub.filters, sub.filters, owner or None, None)  # PF4
         record = HttpSubscription(vhost, exchange, name, url, strategy.value, content_format,
                                   sub.filters, owner)
         self.subscriptions[vhost, exchange, name] = record

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Iterator
 from importlib import metadata
 from typing import Any
 
+from gateway.alarms import Alarms
 from gateway.audit import AuditLog, NullAudit
 from gateway.config import GatewayConfig, Listener
 from gateway.transport import AMQPConnection
@@ -91,8 +92,11 @@ def _version() -> str:
         return "0.0.0"
 
 
-def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool) -> dict[str, Any]:
-    """W1: what connection.start advertises; the capabilities are exactly those that work."""
+def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool,
+                      profile: str = "compatible") -> dict[str, Any]:
+    """W1: what connection.start advertises; the capabilities are exactly those that work.
+    ``cmq_profile`` (PF1) is the gateway's profile: connection.start comes before the client
+    names its vhost, so a vhost's own profile is shown by the management API instead."""
     capabilities = {
         "publisher_confirms": True,
         "basic.nack": True,
@@ -109,6 +113,7 @@ def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool) ->
         "platform": f"Python {platform.python_version()}",
         "cluster_name": cluster_name,
         "information": "AMQP 0-9-1 with Tencent Cloud CMQ semantics",
+        "cmq_profile": profile,
         "capabilities": capabilities,
     }
 
@@ -226,7 +231,8 @@ class Gateway:
         self.audit: Any = NullAudit()
         self.connections: set[AMQPConnection] = set()
         self.server_properties: dict[str, Any] = {}
-        self.blocked = False
+        self.alarms = Alarms()
+        self.blocked = False  # a resource alarm is in effect (W5): publishers are blocked
         self.block_reason = ""
         self._servers: list[asyncio.AbstractServer] = []
         self._ticker: asyncio.Task[None] | None = None
@@ -274,9 +280,12 @@ class Gateway:
             if self.config.data_dir is not None:
                 kwargs["lock"] = self._locks[0]
             self.broker = await Broker.open(self.config.data_dir, **kwargs)
+            self.broker.on_store_change = lambda failed: self.check_alarms()
+            self.check_alarms()  # a full disk blocks publishers from the first connection on
             self.server_properties = server_properties(
                 self.config.cluster_name,
-                exchange_exchange_bindings=bool(getattr(self.broker, "exchange_exchange_bindings", False)))
+                exchange_exchange_bindings=bool(getattr(self.broker, "exchange_exchange_bindings", False)),
+                profile=self.broker.profile.name)
             loop = asyncio.get_running_loop()
             for sock in socks:
                 server = await loop.create_server(lambda: AMQPConnection(self), sock=sock)
@@ -385,47 +394,34 @@ class Gateway:
                 log.exception("periodic tick failed")
 
     def tick(self) -> None:
-        """Heartbeats, close timeouts and the W5 watermark, for every connection at once."""
-        self._check_watermarks()
+        """Heartbeats, close timeouts and the W5 alarms, for every connection at once."""
+        self.alarms.outgoing = sum(c.write_buffer_size() for c in self.connections)
+        self.check_alarms()
         mono = time.monotonic()
         for conn in list(self.connections):
             conn.tick(mono)
 
-    def _check_watermarks(self) -> None:
-        limits = self.config.limits
-        rss, stored = _rss_bytes(), self._store_bytes()
-        if self.blocked:
-            low = limits.low_watermark_ratio
-            over = rss > limits.memory_high_watermark * low or stored > limits.store_high_watermark * low
-        else:
-            over = rss > limits.memory_high_watermark or stored > limits.store_high_watermark
-        if over == self.blocked:
+    def memory_over(self) -> bool:
+        """The memory alarm is not set but its mark is passed: asked by the transport after
+        each read turn, so that publishers are blocked as the bytes arrive, not a tick later."""
+        return not self.alarms.memory and \
+            self.alarms.held_bytes(self.broker) > self.config.limits.memory_high_watermark
+
+    def check_alarms(self) -> None:
+        """Set or clear the W5 alarms; block or unblock the publishers when that changes."""
+        alarms = self.alarms
+        if not alarms.check(self.config.limits, self.broker, self.config.data_dir):
             return
-        self.blocked = over
-        self.block_reason = "low on memory" if rss > limits.memory_high_watermark * limits.low_watermark_ratio \
-            else "low on disk"
-        log.warning("resource alarm %s (%s)", "set" if over else "cleared", self.block_reason)
+        blocked = bool(alarms.resources)
+        if alarms.memory or alarms.disk:
+            log.warning("resource alarm: %s (held %d bytes; %s)", alarms.reason, alarms.held,
+                        alarms.disk_why or "disk ok")
+        else:
+            log.warning("resource alarms cleared")
+        self.block_reason = alarms.reason or self.block_reason
+        self.blocked = blocked
         for conn in list(self.connections):
-            conn.set_blocked(over)
-
-    def _store_bytes(self) -> int:
-        """Bytes of the store's files (the top level of the data dir; audit/ is not the store)."""
-        if self.config.data_dir is None:
-            return 0
-        try:
-            with os.scandir(self.config.data_dir) as entries:
-                return sum(e.stat().st_size for e in entries if e.is_file(follow_symlinks=False))
-        except OSError:
-            return 0
-
-
-def _rss_bytes() -> int:
-    """Resident memory now (not the peak that getrusage reports); 0 where /proc is missing."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+            conn.set_blocked(blocked)  # idempotent: one alarm of two cleared changes nothing
 
 
 def _test_config(port: int, data_dir: str | None, hosts: tuple[str, ...], **overrides: Any) -> GatewayConfig:

@@ -18,9 +18,11 @@ their turn. Nothing more is read from this peer until its buffered frames are ha
 also bounds the input buffer (a publisher is throttled by TCP, as RabbitMQ's credit flow does).
 
 Back-pressure runs both ways: the socket's ``pause_writing``/``resume_writing`` stop and
-restart deliveries to this connection (a slow consumer), and while the gateway is above its
-memory or store high-water mark (W5) a connection that publishes is sent
-``connection.blocked`` and no longer read from, until ``connection.unblocked``.
+restart deliveries to this connection (a slow consumer), and while a resource alarm is in
+effect (W5, gateway/alarms.py) a connection that publishes, or is in the middle of sending a
+content body, is sent ``connection.blocked`` and no longer read from, until
+``connection.unblocked``. The memory mark is checked after every read turn, not only by the
+tick, so that a large body is stopped as it arrives.
 
 Heartbeats, the handshake deadline (SE4) and close timeouts are driven by one periodic ``tick``
 from the server for every connection, not a timer per connection.
@@ -31,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import select
 import socket
 import struct
 import time
 from typing import TYPE_CHECKING, Any, cast
 
 from gateway.auth import AuthError, UserDB
+from gateway.memory import HELD
 from gateway.protocol import events as ev
 from gateway.protocol.connection import ServerConnection
 from gateway.protocol.sasl import EXTERNAL, offered
@@ -76,7 +80,7 @@ class AMQPConnection(asyncio.Protocol):
         limits = gateway.config.limits
         self.conn = ServerConnection(server_properties=gateway.server_properties,
                                      frame_max=limits.frame_max, channel_max=limits.channel_max,
-                                     heartbeat=limits.heartbeat,
+                                     heartbeat=limits.heartbeat, max_message_size=limits.max_message_size,
                                      handshake_timeout=limits.handshake_timeout)
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
@@ -97,6 +101,7 @@ class AMQPConnection(asyncio.Protocol):
         self._backlog = False  # frames left in the core's buffer: handled in a later turn
         self._flush_scheduled = False
         self._lost = False
+        self._partial = 0  # partial body bytes counted in HELD (W5)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -159,7 +164,11 @@ class AMQPConnection(asyncio.Protocol):
         self._flush()
         if self._lost:
             return
-        if self.publisher and self.gw.blocked and not self.blocked:
+        self._count_partial()
+        gw = self.gw
+        if gw.memory_over():
+            gw.check_alarms()
+        if self.publisher and gw.blocked and not self.blocked:
             self._block()
         if more:
             if not self._backlog:
@@ -181,6 +190,21 @@ class AMQPConnection(asyncio.Protocol):
         else:
             self.transport.resume_reading()
 
+    def _count_partial(self) -> None:
+        """W5: the body bytes of contents still arriving are held memory, and a connection
+        sending one is a publisher (blocked by an alarm in the middle of its body)."""
+        partial = self.conn.partial_body_bytes()
+        if partial != self._partial:
+            HELD.partial += partial - self._partial
+            self._partial = partial
+            if partial:
+                self.publisher = True
+
+    def write_buffer_size(self) -> int:
+        """Bytes written to the socket and not yet sent (W5: held memory)."""
+        transport = self.transport
+        return 0 if transport is None or self._lost else transport.get_write_buffer_size()
+
     def eof_received(self) -> bool | None:
         return None  # let asyncio close the transport; connection_lost cleans up
 
@@ -189,6 +213,8 @@ class AMQPConnection(asyncio.Protocol):
             return
         self._lost = True
         self.gw.connections.discard(self)
+        HELD.partial -= self._partial  # a body that never finished is let go
+        self._partial = 0
         if self.session is not None:
             try:
                 self.session.on_connection_lost()
@@ -350,9 +376,25 @@ class AMQPConnection(asyncio.Protocol):
         if self.closing_since is not None and now_monotonic - self.closing_since > CLOSE_TIMEOUT:
             self._abort()
             return
+        if self.blocked:
+            if self._peer_hung_up():
+                self._abort()  # what it held (a partial body) is let go in connection_lost
+                return
+            self.conn.reading_paused()
         for event in self.conn.tick(now_monotonic):
             self._dispatch(event)
         self._flush()
+
+    def _peer_hung_up(self) -> bool:
+        """A blocked connection is not read from, so its peer's FIN goes unseen (and its
+        heartbeats do not count): ask the kernel instead (POLLRDHUP is set even while
+        unread bytes wait), so that a dead publisher does not hold its memory for ever."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or not hasattr(select, "POLLRDHUP"):
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP)
+        return bool(poller.poll(0))
 
     def set_blocked(self, blocked: bool) -> None:
         """W5: the gateway crossed its high-water mark (True) or dropped below it (False)."""

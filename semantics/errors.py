@@ -17,6 +17,8 @@ __all__ = [
     "REPLY_NAMES",
 ]
 
+_SHORTSTR_MAX = 255  # bytes in an AMQP short string, such as a reply text
+
 # AMQP 0-9-1 reply codes that the semantics layer can ask for (channel-level faults).
 NOT_FOUND = 404
 RESOURCE_LOCKED = 405
@@ -54,8 +56,16 @@ class CMQError(Exception):
 
     @property
     def reply_text(self) -> str:
-        """The full AMQP reply text, as RabbitMQ formats it: ``NAME - detail``."""
-        return f"{REPLY_NAMES.get(self.reply_code, 'ERROR')} - {self.text}"
+        """The AMQP reply text, as RabbitMQ formats it: ``NAME - detail``, cut to the 255
+        bytes a short string holds (a refusal may quote a 255-byte name or key), keeping the
+        rule at its end."""
+        text = f"{REPLY_NAMES.get(self.reply_code, 'ERROR')} - {self.text}"
+        raw = text.encode("utf-8")
+        if len(raw) <= _SHORTSTR_MAX:
+            return text
+        tail = f"... (CMQ limit {self.rule})" if self.text.endswith(f"(CMQ limit {self.rule})") else "..."
+        keep = _SHORTSTR_MAX - len(tail.encode("utf-8"))
+        return raw[:keep].decode("utf-8", "ignore") + tail
 
 
 class LimitError(CMQError):

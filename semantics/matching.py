@@ -22,12 +22,15 @@ from collections.abc import Hashable, Iterable
 from typing import Generic, TypeVar
 
 from semantics.errors import LimitError
-from semantics.limits import MAX_BINDING_KEYS, MAX_KEY_BYTES, MAX_KEY_DOTS, MAX_TAG_CHARS, MAX_TAGS
+from semantics.profile import CMQ_LIMITS, Limits
 
 __all__ = [
     "KeyTrie",
     "TagIndex",
+    "binding_keys_breach",
+    "key_breach",
     "split_key",
+    "tags_breach",
     "validate_binding_keys",
     "validate_key",
     "validate_tags",
@@ -36,40 +39,83 @@ __all__ = [
 S = TypeVar("S", bound=Hashable)
 
 
-def validate_tags(tags: Iterable[str], *, what: str = "message") -> tuple[str, ...]:
-    """L3: at most 5 distinct tags of at most 16 characters each; order kept, repeats dropped."""
+def _shown(value: str, most: int = 64) -> str:
+    """A tag or key as a refusal quotes it: whole up to ``most`` characters, else its start."""
+    return repr(value) if len(value) <= most else repr(value[:most]) + "..."
+
+
+def tags_breach(tags: tuple[str, ...], limits: Limits = CMQ_LIMITS, *, what: str = "message") -> LimitError | None:
+    """L3: the first limit distinct ``tags`` break (count, then each tag's length), or None.
+    ``value``/``limit`` are the numbers compared (for the migration report, PF4)."""
+    if limits.max_tags is not None and len(tags) > limits.max_tags:
+        return LimitError("L3", f"{what} has {len(tags)} filter tags, more than {limits.max_tags}",
+                          value=len(tags), limit=limits.max_tags)
+    chars, size_max = limits.max_tag_chars, limits.max_tag_bytes
+    for tag in tags:
+        if chars is not None and len(tag) > chars:
+            return LimitError("L3", f"{what} filter tag {_shown(tag)} is {len(tag)} characters, more than "
+                              f"{chars}", value=len(tag), limit=chars)
+        if size_max is not None and len(tag) * 4 > size_max:  # may hold more than size_max bytes
+            size = len(tag.encode("utf-8"))
+            if size > size_max:
+                return LimitError("L3", f"{what} filter tag {_shown(tag)} is {size} bytes, more than "
+                                  f"{size_max}", value=size, limit=size_max)
+    return None
+
+
+def validate_tags(tags: Iterable[str], *, what: str = "message", limits: Limits = CMQ_LIMITS) -> tuple[str, ...]:
+    """L3: at most 5 distinct tags of at most 16 characters each (CMQ's limits, or the
+    profile's); order kept, repeats dropped."""
     out = tuple(dict.fromkeys(tags))
-    if len(out) > MAX_TAGS:
-        raise LimitError("L3", f"{what} has {len(out)} filter tags, more than {MAX_TAGS}",
-                         value=len(out), limit=MAX_TAGS)
-    for tag in out:
-        if len(tag) > MAX_TAG_CHARS:
-            raise LimitError("L3", f"{what} filter tag {tag!r} is {len(tag)} characters, more than "
-                             f"{MAX_TAG_CHARS}", value=tag, limit=MAX_TAG_CHARS)
+    err = tags_breach(out, limits, what=what)
+    if err is not None:
+        raise err
     return out
 
 
-def validate_key(key: str, *, what: str = "routing key") -> str:
-    """L4: a routing or binding key is at most 64 bytes and at most 15 dots (16 words)."""
-    size = len(key.encode("utf-8"))
-    if size > MAX_KEY_BYTES:
-        raise LimitError("L4", f"{what} {key!r} is {size} bytes, more than {MAX_KEY_BYTES}",
-                         value=key, limit=MAX_KEY_BYTES)
-    dots = key.count(".")
-    if dots > MAX_KEY_DOTS:
-        raise LimitError("L4", f"{what} {key!r} has {dots} dots, more than {MAX_KEY_DOTS}",
-                         value=key, limit=MAX_KEY_DOTS)
+def key_breach(key: str, limits: Limits = CMQ_LIMITS, *, what: str = "routing key") -> LimitError | None:
+    """L4: the limit a routing or binding key breaks (bytes, then dots), or None."""
+    size = len(key) if key.isascii() else len(key.encode("utf-8"))
+    if size > limits.max_key_bytes:
+        return LimitError("L4", f"{what} {_shown(key)} is {size} bytes, more than {limits.max_key_bytes}",
+                          value=size, limit=limits.max_key_bytes)
+    dots_max = limits.max_key_dots
+    if dots_max is not None:
+        dots = key.count(".")
+        if dots > dots_max:
+            return LimitError("L4", f"{what} {_shown(key)} has {dots} dots, more than {dots_max}",
+                              value=dots, limit=dots_max)
+    return None
+
+
+def validate_key(key: str, *, what: str = "routing key", limits: Limits = CMQ_LIMITS) -> str:
+    """L4: a routing or binding key is at most 64 bytes and at most 15 dots (16 words), or
+    within the profile's ``limits``."""
+    err = key_breach(key, limits, what=what)
+    if err is not None:
+        raise err
     return key
 
 
-def validate_binding_keys(keys: Iterable[str]) -> tuple[str, ...]:
+def binding_keys_breach(keys: tuple[str, ...], limits: Limits = CMQ_LIMITS) -> LimitError | None:
+    """L4: the limit distinct binding ``keys`` of one subscription break, or None."""
+    most = limits.max_binding_keys
+    if most is not None and len(keys) > most:
+        return LimitError("L4", f"subscription has {len(keys)} binding keys, more than {most}",
+                          value=len(keys), limit=most)
+    for key in keys:
+        err = key_breach(key, limits, what="binding key")
+        if err is not None:
+            return err
+    return None
+
+
+def validate_binding_keys(keys: Iterable[str], limits: Limits = CMQ_LIMITS) -> tuple[str, ...]:
     """L4: a subscription has at most 5 distinct binding keys, each a valid key."""
     out = tuple(dict.fromkeys(keys))
-    if len(out) > MAX_BINDING_KEYS:
-        raise LimitError("L4", f"subscription has {len(out)} binding keys, more than {MAX_BINDING_KEYS}",
-                         value=len(out), limit=MAX_BINDING_KEYS)
-    for key in out:
-        validate_key(key, what="binding key")
+    err = binding_keys_breach(out, limits)
+    if err is not None:
+        raise err
     return out
 
 

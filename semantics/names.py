@@ -91,7 +91,7 @@ def cmq_name(amqp_name: str, kind: Kind = "topic", *, strict: bool = False) -> s
     if strict:
         raise LimitError("L2", f"{kind} name {amqp_name!r} is not a valid CMQ name (3-64 bytes of "
                          "[A-Za-z0-9_-]" + (", starting with a letter" if kind == "queue" else "")
-                         + ") and strict_names is on", value=amqp_name)
+                         + "), so CMQ could not hold it", value=len(raw), limit=NAME_MAX_BYTES)
     body = _BAD_BYTES_RE.sub(b"_", raw).decode("ascii")
     if kind == "queue" and not body[:1].isalpha():
         body = "q" + body

@@ -212,8 +212,11 @@ def _timer_live(when: float, kind: int, msg: QueueMessage, token: int) -> bool:
 class CmqQueue:
     """A CMQ queue (SPEC "Queue model"); see the module docstring."""
 
-    def __init__(self, name: str, attributes: QueueAttributes | None = None) -> None:
+    def __init__(self, name: str, attributes: QueueAttributes | None = None, *,
+                 refuse_size: bool = True) -> None:
         self.name = name
+        # L6: MaxMsgSize refuses a larger body (cmq), or only the gateway reports it (PF3).
+        self.refuse_size = refuse_size
         self._messages: dict[str, QueueMessage] = {}
         self._active: deque[QueueMessage] = deque()
         self._returned: list[tuple[int, QueueMessage]] = []
@@ -318,7 +321,7 @@ class CmqQueue:
     def send(self, payload: object, size: int, now: float, *, delay: float | None = None,
              msg_id: str | None = None, expires_at: float | None = None) -> QueueMessage:
         """CMQ SendMessage. Refusals raise and change nothing (L6, L8, Q4, max-length)."""
-        if size > self._max_size:
+        if size > self._max_size and self.refuse_size:
             raise LimitError("L6", f"message of {size:,} bytes is larger than queue '{self.name}' "
                              f"max_msg_size {self._max_size:,} bytes", value=size, limit=self._max_size)
         if self._next_due <= now:

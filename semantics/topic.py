@@ -62,6 +62,7 @@ from semantics.limits import (
 )
 from semantics.matching import KeyTrie, TagIndex, validate_binding_keys, validate_key, validate_tags
 from semantics.names import validate_topic_name
+from semantics.profile import CMQ_LIMITS, Limits
 from semantics.retry import DEFAULT_STRATEGY, NotifyStrategy, retry_wait
 
 __all__ = [
@@ -266,8 +267,12 @@ class Topic:
     """One CMQ topic. See the module docstring for the delivery model."""
 
     def __init__(self, name: str, filter_type: FilterType = FilterType.TAG, *,
-                 max_message_size: int = TOPIC_MAX_MSG_SIZE_DEFAULT, rng: random.Random | None = None) -> None:
+                 max_message_size: int = TOPIC_MAX_MSG_SIZE_DEFAULT, rng: random.Random | None = None,
+                 limits: Limits = CMQ_LIMITS) -> None:
         self.name = validate_topic_name(name)
+        # The size and count limits that refuse (semantics.profile): CMQ's, or RabbitMQ's in
+        # the compatible profile (PF3). Matching is the same under both.
+        self.limits = limits
         self.filter_type = FilterType(filter_type)
         self._max_size = self._check_size(max_message_size)
         self._rng = rng if rng is not None else random.Random()
@@ -304,6 +309,11 @@ class Topic:
     def max_message_size(self, size: int) -> None:
         self._max_size = self._check_size(size)
 
+    def set_limits(self, limits: Limits) -> None:
+        """Another profile's limits from now on (PF1); subscriptions already made stay."""
+        self.limits = limits
+        self._cache.clear()
+
     @property
     def retained_count(self) -> int:
         """D9: messages retained in the topic (waiting for or in retry for some subscription)."""
@@ -323,8 +333,8 @@ class Topic:
 
     def _check_filters(self, name: str, filters: Iterable[str]) -> tuple[str, ...]:
         if self._tags is not None:
-            return validate_tags(filters, what=f"subscription {name!r}")
-        return validate_binding_keys(filters)
+            return validate_tags(filters, what=f"subscription {name!r}", limits=self.limits)
+        return validate_binding_keys(filters, self.limits)
 
     def _index(self, sub: Subscription) -> None:
         if self._tags is not None:
@@ -400,10 +410,10 @@ class Topic:
         if subs is None:
             if isinstance(key, str):
                 assert self._keys is not None
-                subs = self._keys.match(validate_key(key))
+                subs = self._keys.match(validate_key(key, limits=self.limits))
             else:
                 assert self._tags is not None
-                subs = self._tags.match(validate_tags(key))
+                subs = self._tags.match(validate_tags(key, limits=self.limits))
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
             self._cache[key] = subs
@@ -415,8 +425,9 @@ class Topic:
         """D1: deliver ``msg`` to every subscription that takes it; retain it only if needed.
 
         Raises LimitError L6 (body above MaximumMessageSize), L3 (tags) or L4 (routing key);
-        nothing is changed then. ``attempt`` must not raise."""
-        if msg.size > self._max_size:
+        nothing is changed then (L6 only when ``limits.message_size``: PF3 reports it instead).
+        ``attempt`` must not raise."""
+        if msg.size > self._max_size and self.limits.message_size:
             raise LimitError("L6", f"message of {msg.size} bytes is larger than topic {self.name!r} "
                              f"MaximumMessageSize {self._max_size}", value=msg.size, limit=self._max_size)
         subs = self._route(msg.tags if self._tags is not None else msg.routing_key)

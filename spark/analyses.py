@@ -18,6 +18,7 @@ __all__ = [
     "events_over_time",
     "funnel",
     "latency_percentiles",
+    "limits_exceeded",
     "retries_by_policy",
     "stale_and_redeliveries",
 ]
@@ -156,4 +157,17 @@ def events_over_time(df: DataFrame, bucket: str = "minute") -> DataFrame:
     """Record counts per time bucket and event (the report's timeline)."""
     return (
         df.groupBy(F.date_trunc(bucket, "ts").alias("t"), "event").count().orderBy("t", "event")
+    )
+
+
+def limits_exceeded(df: DataFrame) -> DataFrame:
+    """The migration report from the audit log (PF4): per vhost, CMQ rule, object and user,
+    how often the compatible profile let a breach of a CMQ limit through, the worst value
+    and CMQ's limit, first and last seen. Empty under the cmq profile, which refuses them."""
+    return (
+        df.where(F.col("event") == "limit_exceeded")
+        .groupBy("vhost", "rule", "object", "user")
+        .agg(F.count("*").alias("breaches"), F.max("value").alias("worst_value"), F.max("limit").alias("limit"),
+             F.min("ts").alias("first"), F.max("ts").alias("last"))
+        .orderBy("rule", "vhost", "object", "user")
     )

@@ -168,6 +168,11 @@ def write_report(spark: SparkSession, audit_dir: str, out_dir: str, *, start: st
         ("Busiest publishers", "Messages published per user and host, with bytes and the peak second.",
          lambda: analyses.busiest_publishers(df),
          lambda p, f: _plot_bars(p, lambda r: f"{r.user} @ {r.host or '?'}", "messages", "messages", f)),
+        ("Migration report: CMQ limits exceeded", "Breaches of a CMQ limit the compatible profile let "
+         "through (PF4), per rule, object and user: what the cmq profile would refuse.",
+         lambda: analyses.limits_exceeded(df),
+         lambda p, f: _plot_bars(p, lambda r: f"{r.rule} {r.object} ({r.user or '?'})", "breaches", "breaches",
+                                 f, "#8e6bbf")),
     ]
     sections: list[_Section] = []
     total = len(steps) + 1

@@ -58,6 +58,11 @@ JSON_COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("policy", _S),
     ("conn", _S),
     ("dropped", _L),
+    # limit_exceeded (PF4): nullable like every field; older records simply lack them.
+    ("rule", _S),
+    ("value", _L),
+    ("limit", _L),
+    ("object", _S),
 )
 
 # open_file: the row came from the file a running gateway is still writing (more may follow).

@@ -34,6 +34,22 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def cmq_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A second gateway, in the ``cmq`` profile (PF2): every CMQ limit refuses and deliveries
+    carry the receive metadata (M11). The session's ``gateway`` keeps the default profile."""
+    from gateway.server import gateway_in_thread
+
+    with gateway_in_thread(port=0, data_dir=str(tmp_path_factory.mktemp("gateway-cmq-data")),
+                           profile="cmq") as gw:
+        yield gw
+
+
+@pytest.fixture(scope="session")
+def cmq_gateway_url(cmq_gateway: object) -> str:
+    return f"amqp://guest:guest@127.0.0.1:{cmq_gateway.port}/%2F"  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
 def gateway_url(request: pytest.FixtureRequest) -> str:
     """CMQ_GATEWAY_URL points the tests at a gateway already running (or, to check the
     differential scenarios themselves, at RabbitMQ); otherwise one starts in-process."""

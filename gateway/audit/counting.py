@@ -4,7 +4,8 @@ message_stats are aggregated from (gateway.metrics.Counters).
 The key holds the event, the vhost and only the one or two fields the families need, so the
 counts stay a small dict however many records pass: ``("deliver", vhost, queue, redelivered)``,
 ``("enqueue", vhost, queue, direct)``, ``("ack"|"publish"|"route", vhost, queue|topic)``,
-``("discard", vhost, reason)``, ``("retry", vhost, policy, attempt)``, else ``(event, vhost)``.
+``("discard", vhost, reason)``, ``("retry", vhost, policy, attempt)``, ``("limit_exceeded",
+vhost, rule)``, else ``(event, vhost)``.
 
 It lives with the audit log because the audit writer counts the records it writes, off the
 event loop (in its process): counting on the loop cost 4 us a message (bench_pipeline).
@@ -21,6 +22,7 @@ __all__ = ["FIELDS_READ", "count_key"]
 FIELDS_READ: dict[str, tuple[str, ...]] = {
     "deliver": ("queue", "attempt"), "enqueue": ("queue", "topic"), "ack": ("queue",),
     "publish": ("topic",), "route": ("topic",), "discard": ("reason",), "retry": ("policy", "attempt"),
+    "limit_exceeded": ("rule",),
 }
 
 
@@ -39,6 +41,8 @@ def count_key(event: str, vhost: str, fields: Mapping[str, Any]) -> tuple[Any, .
         return (event, vhost, fields.get("topic") or "")
     if event == "discard":
         return (event, vhost, str(fields.get("reason")))
+    if event == "limit_exceeded":
+        return (event, vhost, str(fields.get("rule")))
     if event == "retry":
         attempt = fields.get("attempt")
         # Never raises: a record the writer cannot count must still be written.

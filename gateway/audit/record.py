@@ -32,7 +32,7 @@ EVENTS = frozenset(
         "exchange_declare", "exchange_delete", "queue_declare", "queue_delete", "queue_purge",
         "bind", "unbind", "publish", "route", "discard", "enqueue", "deliver", "ack", "nack",
         "requeue", "visibility_expire", "stale_ack", "retry", "rewind", "dead_letter",
-        "audit_dropped",
+        "limit_exceeded", "audit_dropped",
     }
 )
 
@@ -45,6 +45,9 @@ FIELD_TYPES: Mapping[str, str] = {
     "reason": "string", "user": "string", "peer": "string", "latency_ms": "double",
     "next_at": "timestamp", "policy": "string", "conn": "string", "dropped": "long",
     "protocol": "string",  # CA4: the API that carried it when not AMQP ("cmq-api", "mqtt")
+    # limit_exceeded (PF4): the CMQ rule, the number that broke it and the limit, and the
+    # object (``exchange:<name>``, ``queue:<name>``, ``binding:<exchange>-><sub>``).
+    "rule": "string", "value": "long", "limit": "long", "object": "string",
 }
 
 _STR_FIELDS = frozenset(k for k, t in FIELD_TYPES.items() if t == "string")

@@ -13,8 +13,8 @@ from typing import Any
 
 from semantics.errors import PRECONDITION_FAILED, CMQError
 
-__all__ = ["EXCHANGE_EQUIVALENCE", "QUEUE_EQUIVALENCE", "QueueArgs", "amqp_type", "check_rabbit_args",
-           "equivalent_args", "parse_queue_args", "rewind_to"]
+__all__ = ["EXCHANGE_EQUIVALENCE", "QUEUE_EQUIVALENCE", "RECEIVE_METADATA", "QueueArgs", "amqp_type",
+           "check_rabbit_args", "equivalent_args", "parse_queue_args", "receive_metadata", "rewind_to"]
 
 # x-cmq-* argument -> semantics.queue_attrs.QueueAttributes field (SPEC M7).
 CMQ_ATTRS = {
@@ -41,6 +41,7 @@ class QueueArgs:
     delivery_limit: int | None = None                  # x-delivery-limit without a CMQ DLQ
     expires_ms: int | None = None                      # x-expires
     single_active_consumer: bool = False               # x-single-active-consumer
+    receive_metadata: bool = False                     # x-cmq-receive-metadata (M11, PF5)
 
 
 def _int(name: str, value: Any) -> int:
@@ -117,6 +118,22 @@ def check_rabbit_args(arguments: Mapping[str, Any] | None, queue: str, vhost: st
         raise bad("x-single-active-consumer", f"{{unacceptable_type,{amqp_type(sac)}}}")
 
 
+# M11 / PF5: a queue or consumer argument asking for the CMQ receive metadata on deliveries.
+RECEIVE_METADATA = "x-cmq-receive-metadata"
+
+
+def receive_metadata(arguments: Mapping[str, Any] | None) -> bool:
+    """True when ``arguments`` ask for the receive metadata (true, 1 or "true")."""
+    if not arguments:
+        return False
+    value = arguments.get(RECEIVE_METADATA)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return value is True or (type(value) is int and value == 1)
+
+
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -124,6 +141,7 @@ def _text(v: Any) -> str:
 def parse_queue_args(arguments: Mapping[str, Any] | None) -> QueueArgs:
     out = QueueArgs()
     args = arguments or {}
+    out.receive_metadata = receive_metadata(args)
     for name, value in args.items():
         if name in CMQ_ATTRS:
             out.attrs[CMQ_ATTRS[name]] = _int(name, value)

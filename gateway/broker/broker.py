@@ -19,6 +19,7 @@ from gateway.broker import persistence as P
 from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
+from gateway.broker.limit_report import LimitReport
 from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import ReplyRouter
@@ -27,7 +28,9 @@ from gateway.broker.vhost import VHost
 from semantics import queue as Q
 from semantics import topic as T
 from semantics.clock import Clock, SystemClock
+from semantics.errors import LimitError
 from semantics.limits import TOPIC_LIFECYCLE_SECONDS
+from semantics.profile import COMPATIBLE, DEFAULT_PROFILE, Profile, profile_named
 from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store, StoreFailedError
 from semantics.store.store import COMPACT_MIN_BYTES
@@ -43,6 +46,9 @@ __all__ = ["Broker", "BrokerConfig"]
 
 log = logging.getLogger("cmq_gateway.broker")
 
+# How often a failed store write is retried (a full disk may get room back at any time).
+STORE_RETRY_SECONDS = 1.0
+
 
 @dataclass
 class BrokerConfig:
@@ -51,6 +57,8 @@ class BrokerConfig:
 
     vhosts: list[str] = field(default_factory=lambda: ["/"])
     strict_names: bool = False
+    profile: str = DEFAULT_PROFILE.name  # PF1: "compatible" or "cmq"
+    vhost_profiles: dict[str, str] = field(default_factory=dict)  # PF1: per-vhost overrides
     fsync: bool = True
     salvage: bool = False  # open a store with damaged confirmed data, setting the damage aside
     compact_min_bytes: int = COMPACT_MIN_BYTES  # the journal is compacted above this size
@@ -87,6 +95,12 @@ class Broker:
         self.audit = audit if audit is not None else NullAudit()  # sets emit_row/emit_fields too
         self.config = config if config is not None else BrokerConfig()
         self.strict_names = bool(getattr(self.config, "strict_names", False))  # L2
+        # PF1: the gateway's profile, and the vhosts that override it.
+        self.profile = profile_named(getattr(self.config, "profile", None))
+        self.vhost_profiles: dict[str, Profile] = {
+            str(v): profile_named(p) for v, p in (getattr(self.config, "vhost_profiles", None) or {}).items()}
+        self.limit_report = LimitReport()  # PF4: the migration report
+        self._recovering = False
         # Advertised in connection.start capabilities (W1): exchange.bind works (M8).
         self.exchange_exchange_bindings = True
         self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True),
@@ -107,6 +121,15 @@ class Broker:
         self.endpoint_hooks: dict[str, Callable[[Any, Any, Any], bool | None]] = {}
         self.http_pusher: Any = None  # gateway.push.HttpPusher, once HTTP subscriptions exist
         self.confirm_waiters: set[Channel] = set()
+        # True while the store cannot write (W5, M14). The guarantee, for a persistent message
+        # to a durable queue: basic.ack only once it is on disk (fsynced); basic.nack only for
+        # a message the gateway never took (published while read-only: not enqueued, so never
+        # stored later); a confirm that waited on the write that failed keeps waiting, and is
+        # an ack once the retried write succeeds (or a nack if the gateway stops first, its
+        # message then dropped). Everything else keeps working in memory, acks included: their
+        # deletes are journalled when the store resumes.
+        self.read_only = False
+        self.on_store_change: Callable[[bool], None] = lambda failed: None  # the server's disk alarm
         self.scheduler = Scheduler(clock, loop, on_ran=self._flush_sessions)
         self._loop = loop
         self._dirty = asyncio.Event() if loop is not None else None
@@ -139,11 +162,42 @@ class Broker:
     def vhost(self, name: str) -> VHost:
         vh = self.vhosts.get(name)
         if vh is None:
-            vh = self.vhosts[name] = VHost(self, name)
+            vh = self.vhosts[name] = VHost(self, name, self.profile_of(name))
         return vh
 
-    def new_cmq_queue(self, name: str, attrs: QueueAttributes) -> Q.CmqQueue:
-        return Q.CmqQueue(name, attrs)
+    def new_cmq_queue(self, name: str, attrs: QueueAttributes, refuse_size: bool = True) -> Q.CmqQueue:
+        return Q.CmqQueue(name, attrs, refuse_size=refuse_size)
+
+    # -- profiles (PF1-PF4) ------------------------------------------------------------------
+
+    def profile_of(self, vhost: str) -> Profile:
+        """PF1: the vhost's own profile, else the gateway's (compatible while recovering)."""
+        if self._recovering:
+            return COMPATIBLE
+        return self.vhost_profiles.get(vhost, self.profile)
+
+    def set_vhost_profile(self, vhost: str, profile: str | Profile | None) -> Profile:
+        """PF1: override (None: drop the override of) one vhost's profile, from now on."""
+        if profile is None:
+            self.vhost_profiles.pop(vhost, None)
+        else:
+            self.vhost_profiles[vhost] = profile_named(profile)
+        chosen = self.profile_of(vhost)
+        self.vhost(vhost).set_profile(chosen)
+        return chosen
+
+    def report_breach(self, vhost: str, err: LimitError, object: str, user: str | None,
+                      peer: str | None) -> None:
+        """PF4: a breach the cmq profile would refuse, let through: one audit record
+        ``limit_exceeded`` (rule, value, limit, object, user, peer; reason: the refusal text)
+        and an entry in the migration report."""
+        value = err.value if isinstance(err.value, int) and not isinstance(err.value, bool) else None
+        limit = err.limit if isinstance(err.limit, int) and not isinstance(err.limit, bool) else None
+        self.emit_fields("limit_exceeded", vhost, {"rule": err.rule, "value": value, "limit": limit,
+                                                   "object": object, "user": user, "peer": peer,
+                                                   "reason": err.reply_text})
+        self.limit_report.record(vhost, err.rule, object, user, peer, value, limit, err.reply_text,
+                                 self.clock.now())
 
     # -- the store and group commit (M14) ----------------------------------------------------
 
@@ -186,16 +240,32 @@ class Broker:
         # One executor thread syncs whatever piled up while the last sync ran: group commit.
         assert self._dirty is not None and self._loop is not None
         while not self._closed:
-            await self._dirty.wait()
+            if not self.read_only:
+                await self._dirty.wait()
             self._dirty.clear()
             try:
                 durable = await self._loop.run_in_executor(self._executor, self._sync_and_compact)
             except StoreFailedError as e:
-                # The disk let us down: nothing unconfirmed may be acked now (M14).
-                log.error("%s; the confirms still waiting are nacked", e)
-                self._fail_confirms()
-                return
+                self._store_failed(e)
+                # The batch is pending again in the store: retried until the disk takes it.
+                await asyncio.sleep(STORE_RETRY_SECONDS)
+                continue
+            if self.read_only:
+                self._store_resumed()
             self._on_durable(durable)
+
+    def _store_failed(self, e: StoreFailedError) -> None:
+        """W5/M14: the disk refused a write. Confirms still waiting stay waiting (their
+        messages are kept in memory and written by a later retry; see ``read_only``)."""
+        if not self.read_only:
+            log.error("%s; publishes of persistent messages are refused until the store can write again", e)
+            self.read_only = True
+            self.on_store_change(True)
+
+    def _store_resumed(self) -> None:
+        log.warning("store writes again: resource alarm for the store cleared")
+        self.read_only = False
+        self.on_store_change(False)
 
     def _sync_and_compact(self) -> int:
         """The worker thread's turn: sync, then compact if the journal has grown enough
@@ -208,7 +278,7 @@ class Broker:
         return durable
 
     def _fail_confirms(self) -> None:
-        """StoreFailedError (M14): every confirm still waiting for the fsync is a basic.nack."""
+        """The store failed at close: every confirm still waiting is a basic.nack (M14)."""
         for ch in list(self.confirm_waiters):
             ch.fail_pending_confirms()
         self.confirm_waiters.clear()
@@ -312,8 +382,8 @@ class Broker:
     def journal_retained(self, vh: VHost, ex: Exchange, msg: Message) -> int:
         """A persistent message a durable topic keeps for retries is journaled, with the
         subscriptions still owed it, so that a confirmed message survives a restart (M14)."""
-        if not (ex.durable and msg.persistent):
-            return 0
+        if not (ex.durable and msg.persistent) or self.read_only:
+            return 0  # read-only: refused (basic.nack), so never journalled later either
         return self._rejournal_retained(vh, ex, msg.msg_id, msg)
 
     def _rejournal_retained(self, vh: VHost, ex: Exchange, msg_id: str, msg: Message | None = None) -> int:
@@ -669,6 +739,13 @@ class Broker:
         message and frees none, so each collection only walked the growing backlog again
         (3x10^5 messages: 5.0 -> 3.0 s). It runs again, as before, once they are all back."""
         strict, self.strict_names = self.strict_names, False  # L2 is checked when declared, not now
+        # PF1: so are the profile's limits. What the store gives back was accepted when it was
+        # declared or published, maybe under the other profile: it comes back under
+        # compatible's (a breach of a CMQ limit is reported, never dropped), and each vhost
+        # takes its own profile once everything is back.
+        self._recovering = True
+        for vh in self.vhosts.values():
+            vh.set_profile(COMPATIBLE)
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -684,6 +761,9 @@ class Broker:
         finally:
             if collecting:
                 gc.enable()
+            self._recovering = False
+            for name, vh in self.vhosts.items():
+                vh.set_profile(self.profile_of(name))
 
     def _recover_accounts(self) -> None:
         """SE4: users, vhosts and permissions changed over the management API."""
@@ -711,7 +791,7 @@ class Broker:
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
             if r["name"] not in vh.exchanges:
-                vh.exchanges[r["name"]] = _exchange(vh.name, r)
+                vh.exchanges[r["name"]] = _exchange(vh, r)
         for _, raw in store.items(P.QUEUES_PREFIX):
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
@@ -798,16 +878,21 @@ class Broker:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._flusher
+        synced = True
         try:
             self.sync_now()
-        except StoreFailedError:
+        except StoreFailedError as e:
+            # Stopping on a disk that still refuses writes: what was never confirmed is lost,
+            # and the confirms still waiting say so (no later attempt may store them).
+            log.error("%s; stopping with unconfirmed changes not written", e)
+            synced = False
             self._fail_confirms()
         with contextlib.suppress(StoreFailedError):
-            self.store.close()
+            self.store.close(sync=synced)
         self._executor.shutdown(wait=True)
 
 
-def _exchange(vhost: str, r: dict[str, Any]) -> Exchange:
+def _exchange(vh: VHost, r: dict[str, Any]) -> Exchange:
     from gateway.broker.exchange import Exchange
-    return Exchange(vhost, r["name"], r["type"], durable=True, auto_delete=r["auto_delete"],
-                    internal=r["internal"], arguments=r["arguments"])
+    return Exchange(vh.name, r["name"], r["type"], durable=True, auto_delete=r["auto_delete"],
+                    internal=r["internal"], arguments=r["arguments"], limits=vh.profile.enforced)

@@ -69,18 +69,24 @@ class Channel:
         self.next_tag = tag + 1
         msg_id = qmsg.msg_id
         rc = qmsg.receive_count
-        # M11: message_id = the CMQ ID unless the publisher set one; x-cmq-* headers.
-        props = msg.properties.encode_delivery(msg_id, int(qmsg.enqueue_time), rc)
         redelivered = rc > 1
         conn = self.session.conn
+        properties = msg.properties
+        if q.receive_metadata or (consumer is not None and consumer.receive_metadata):
+            # M11 (cmq profile, or asked for): message_id = the CMQ ID unless the publisher
+            # set one; x-cmq-* headers.
+            props = properties.encode_delivery(msg_id, int(qmsg.enqueue_time), rc)
+            if consumer is None:
+                properties = type(properties)(props)
+        else:
+            props = properties.raw  # PF5: byte for byte as published
         if consumer is not None:
             conn.send_deliver(self.number, consumer.tag, tag, redelivered, msg.exchange,
                               msg.routing_key, props, msg.body)
         else:
             conn.send_content(self.number, C.Basic.GetOk(
                 delivery_tag=tag, redelivered=redelivered, exchange=msg.exchange,
-                routing_key=msg.routing_key, message_count=get_count or 0),
-                type(msg.properties)(props), msg.body)
+                routing_key=msg.routing_key, message_count=get_count or 0), properties, msg.body)
         no_ack = consumer.no_ack if consumer is not None else get_count is None
         s = self.session
         s.broker.emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(msg.body)))
@@ -202,8 +208,10 @@ class Channel:
             self.session.conn.send_method(self.number, C.Basic.Ack(delivery_tag=seq, multiple=False))
 
     def fail_pending_confirms(self) -> None:
-        """The store failed (StoreFailedError): what still waits for an fsync will never be
-        durable, so each such confirm is a basic.nack, in publish order (M14)."""
+        """The broker stops while the store still cannot write (StoreFailedError at close):
+        what still waits for an fsync will never be durable, so each such confirm is a
+        basic.nack, in publish order (M14). While running, a failed write is retried instead
+        and its confirms keep waiting (see Broker.read_only)."""
         pending, self.pending_confirms = self.pending_confirms, deque()
         if self.closing or not pending:
             return

@@ -15,7 +15,8 @@ class Consumer:
     """One basic.consume. ``prefetch`` is the per-consumer limit (basic.qos global=false at
     the time of the consume, as RabbitMQ applies it); 0 means unlimited."""
 
-    __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked", "arguments")
+    __slots__ = ("tag", "channel", "queue", "no_ack", "exclusive", "prefetch", "unacked", "arguments",
+                 "receive_metadata")
 
     def __init__(self, tag: str, channel: Channel, queue: BrokerQueue, *, no_ack: bool,
                  exclusive: bool, prefetch: int, arguments: dict[str, Any] | None = None) -> None:
@@ -27,6 +28,8 @@ class Consumer:
         self.prefetch = prefetch
         self.unacked = 0
         self.arguments = arguments or {}
+        # M11 / PF5: basic.consume's x-cmq-receive-metadata asks for the CMQ receive metadata.
+        self.receive_metadata = False
 
     def has_credit(self) -> bool:
         # W4: per consumer (global=false) and per channel (global=true), both may apply.

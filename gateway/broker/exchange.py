@@ -25,6 +25,7 @@ from semantics.errors import LimitError
 from semantics.limits import MAX_SUBSCRIPTIONS, TOPIC_MAX_MSG_SIZE_DEFAULT
 from semantics.matching import validate_tags
 from semantics.names import cmq_name
+from semantics.profile import CMQ_LIMITS, Limits
 from semantics.retry import DEFAULT_STRATEGY, NotifyStrategy
 from semantics.topic import FilterType, Topic
 
@@ -56,8 +57,10 @@ class Binding:
         return f"{self.source}->{self.dest[0]}:{self.dest[1]}"
 
 
-def message_tags(routing_key: str, headers: Mapping[str, Any] | None) -> tuple[str, ...]:
-    """M2: the routing key is the message's tag; ``x-cmq-tags`` adds more (validated, L3)."""
+def message_tags(routing_key: str, headers: Mapping[str, Any] | None,
+                 limits: Limits = CMQ_LIMITS) -> tuple[str, ...]:
+    """M2: the routing key is the message's tag; ``x-cmq-tags`` adds more (validated, L3,
+    against the profile's enforced ``limits``)."""
     tags: list[str] = [routing_key] if routing_key else []
     extra = headers.get("x-cmq-tags") if headers else None
     if extra:
@@ -65,7 +68,7 @@ def message_tags(routing_key: str, headers: Mapping[str, Any] | None) -> tuple[s
             extra = [extra]
         for t in extra:
             tags.append(t.decode() if isinstance(t, bytes) else str(t))
-    return validate_tags(tags) if tags else ()
+    return validate_tags(tags, limits=limits) if tags else ()
 
 
 class Exchange:
@@ -76,7 +79,7 @@ class Exchange:
 
     def __init__(self, vhost: str, name: str, type: str, *, durable: bool = False,
                  auto_delete: bool = False, internal: bool = False,
-                 arguments: dict[str, Any] | None = None) -> None:
+                 arguments: dict[str, Any] | None = None, limits: Limits = CMQ_LIMITS) -> None:
         self.vhost = vhost
         self.name = name
         self.type = type
@@ -94,7 +97,7 @@ class Exchange:
             size = self.arguments.get(X_MAX_MESSAGE_SIZE, TOPIC_MAX_MSG_SIZE_DEFAULT)
             self.topic = Topic(cmq_name(name or "amq.default", "topic"),
                                FilterType.ROUTING_KEY if type == "topic" else FilterType.TAG,
-                               max_message_size=size)
+                               max_message_size=size, limits=limits)
 
     def next_wakeup(self) -> float | None:
         return self.topic.next_wakeup() if self.topic is not None else None

@@ -40,6 +40,9 @@ class BrokerQueue:
         self.attrs = attrs
         self.policy: Policy | None = None  # the RabbitMQ policy applied (VHost._queue_settings)
         self.cmq = cmq
+        # M11 / PF5: deliveries carry the CMQ receive metadata (the cmq profile, or the
+        # queue's x-cmq-receive-metadata); otherwise the properties go out as published.
+        self.receive_metadata = qargs.receive_metadata
         self.consumers: list[Consumer] = []
         self._rr = 0              # round-robin position among consumers (M11)
         self.had_consumer = False  # auto-delete only once a consumer came and went

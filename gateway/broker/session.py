@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands as C
 
 from gateway.auth import Access
-from gateway.broker.arguments import rewind_to
+from gateway.broker.arguments import receive_metadata, rewind_to
 from gateway.broker.channel import Channel
 from gateway.broker.consumers import Consumer
 from gateway.broker.errors import NO_ROUTE, NOT_IMPLEMENTED, ConnectionFault, access_refused, precondition
@@ -215,7 +215,7 @@ class Session:
             self.authorize("configure", "exchange", m.exchange)
         self.vhost.declare_exchange(m.exchange, m.exchange_type, passive=m.passive, durable=m.durable,
                                     auto_delete=m.auto_delete, internal=m.internal,
-                                    arguments=m.arguments, user=self.user)
+                                    arguments=m.arguments, user=self.user, peer=self.peer)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Exchange.DeclareOk())
 
@@ -228,7 +228,7 @@ class Session:
     def _exchange_bind(self, ch: Channel, m: Any) -> None:
         self.authorize("write", "exchange", m.destination)
         self.authorize("read", "exchange", m.source)
-        self.vhost.bind(self, m.source, ("x", m.destination), m.routing_key, m.arguments, self.user)
+        self.vhost.bind(self, m.source, ("x", m.destination), m.routing_key, m.arguments, self.user, self.peer)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Exchange.BindOk())
 
@@ -253,7 +253,8 @@ class Session:
             self.authorize("configure", "queue", m.queue or server_name or "")
         q = self.vhost.declare_queue(self, m.queue, passive=m.passive, durable=m.durable,
                                      exclusive=m.exclusive, auto_delete=m.auto_delete,
-                                     arguments=m.arguments, user=self.user, server_name=server_name)
+                                     arguments=m.arguments, user=self.user, server_name=server_name,
+                                     peer=self.peer)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Queue.DeclareOk(
                 queue=q.name, message_count=q.message_count, consumer_count=len(q.consumers)))
@@ -274,7 +275,7 @@ class Session:
     def _queue_bind(self, ch: Channel, m: Any) -> None:
         self.authorize("write", "queue", m.queue)
         self.authorize("read", "exchange", m.exchange)
-        self.vhost.bind(self, m.exchange, ("q", m.queue), m.routing_key, m.arguments, self.user)
+        self.vhost.bind(self, m.exchange, ("q", m.queue), m.routing_key, m.arguments, self.user, self.peer)
         if not m.nowait:
             self.conn.send_method(ch.number, C.Queue.BindOk())
 
@@ -322,6 +323,7 @@ class Session:
             self.broker.after_queue_change(self.vhost, q, dispatch=False)
         consumer = Consumer(tag, ch, q, no_ack=m.no_ack, exclusive=m.exclusive,
                             prefetch=ch.consumer_prefetch, arguments=m.arguments)
+        consumer.receive_metadata = receive_metadata(m.arguments)  # M11, PF5
         ch.consumers[tag] = consumer
         q.add_consumer(consumer)
         if not m.nowait:

@@ -43,11 +43,13 @@ from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import REPLY_PREFIX
 from semantics.errors import CMQError, LimitError
 from semantics.limits import QUEUE_MAX_MSG_SIZE_MIN
+from semantics.matching import binding_keys_breach, key_breach, tags_breach
 from semantics.message_ids import new_msg_id
-from semantics.names import cmq_name
+from semantics.names import Kind, cmq_name
+from semantics.profile import DEFAULT_PROFILE, Profile
 from semantics.queue import MaxLengthRejected
 from semantics.queue_attrs import QueueAttributes
-from semantics.topic import TopicMessage
+from semantics.topic import FilterType, Topic, TopicMessage
 
 if TYPE_CHECKING:
     from gateway.broker.broker import Broker
@@ -80,14 +82,83 @@ class PublishOutcome:
 
 
 class VHost:
-    def __init__(self, broker: Broker, name: str) -> None:
+    def __init__(self, broker: Broker, name: str, profile: Profile = DEFAULT_PROFILE) -> None:
         self.broker = broker
         self.name = name
+        self.profile = profile  # PF1: the limits that refuse, and those only reported
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, BrokerQueue] = {}
         self.policies: dict[str, Policy] = {}
         for xname, xtype in STANDARD_EXCHANGES:
-            self.exchanges[xname] = Exchange(name, xname, xtype, durable=True)
+            self.exchanges[xname] = Exchange(name, xname, xtype, durable=True, limits=profile.enforced)
+
+    # -- profile (PF1-PF5) -------------------------------------------------------------------
+
+    def set_profile(self, profile: Profile) -> None:
+        """PF1: another profile from now on, for every exchange and queue of the vhost."""
+        self.profile = profile
+        for ex in self.exchanges.values():
+            if ex.topic is not None:
+                ex.topic.set_limits(profile.enforced)
+        for q in self.queues.values():
+            q.cmq.refuse_size = profile.enforced.message_size
+            q.receive_metadata = profile.receive_metadata or q.qargs.receive_metadata
+
+    def breach(self, err: LimitError, object: str, user: str | None, peer: str | None) -> None:
+        """A breach of a CMQ limit: refused in the cmq profile (PF2), reported in the
+        compatible one (PF4)."""
+        if self.profile.refuse:
+            raise err
+        self.broker.report_breach(self.name, err, object, user, peer)
+
+    def _check_name(self, name: str, kind: Kind, user: str | None, peer: str | None) -> None:
+        """L1/L2: a name that is not already a valid CMQ name is refused in the cmq profile
+        (strict names are part of it, PF2) or with ``strict_names``, and reported in the
+        compatible one (PF4): it is what a migration must rename. Not while recovering: what
+        the store gives back was checked when it was declared."""
+        if self.broker._recovering:
+            return
+        try:
+            cmq_name(name, kind, strict=True)
+        except LimitError as e:
+            if self.broker.strict_names:
+                raise
+            self.breach(e, f"{'exchange' if kind == 'topic' else 'queue'}:{name}", user, peer)
+
+    def report_filters(self, exchange: str, topic: Topic, sub: str, filters: tuple[str, ...] | list[str],
+                       new: tuple[str, ...] | list[str], user: str | None, peer: str | None) -> None:
+        """PF4: a subscription's ``filters`` past CMQ's count (L3 tags, L4 binding keys), and
+        each of its ``new`` filters past CMQ's size, reported (once each, not on every bind)."""
+        reported = self.profile.reported
+        if reported is None or not filters:
+            return
+        distinct = tuple(dict.fromkeys(filters))
+        tags = topic.filter_type is FilterType.TAG
+        most = reported.max_tags if tags else reported.max_binding_keys
+        errors = []
+        if most is not None and len(distinct) > most:
+            errors.append(tags_breach(distinct, reported, what=f"subscription {sub!r}") if tags
+                          else binding_keys_breach(distinct, reported))
+        for value in dict.fromkeys(new):
+            errors.append(tags_breach((value,), reported, what=f"subscription {sub!r}") if tags
+                          else key_breach(value, reported, what="binding key"))
+        for err in errors:
+            if err is not None:
+                self.broker.report_breach(self.name, err, f"binding:{exchange}->{sub}", user, peer)
+
+    def _report_message(self, ex: Exchange, tags: tuple[str, ...], routing_key: str, user: str | None,
+                        peer: str | None) -> None:
+        """PF4: a message's tags (L3, direct) or routing key (L4, topic) past CMQ's limits."""
+        reported = self.profile.reported
+        assert reported is not None
+        if ex.type == "direct":
+            err = tags_breach(tags, reported) if tags else None
+        elif ex.type == "topic":
+            err = key_breach(routing_key, reported)
+        else:
+            return
+        if err is not None:
+            self.broker.report_breach(self.name, err, f"exchange:{ex.name}", user, peer)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -127,7 +198,7 @@ class VHost:
 
     def declare_exchange(self, name: str, type: str, *, passive: bool, durable: bool,
                          auto_delete: bool, internal: bool, arguments: dict[str, Any] | None,
-                         user: str | None = None) -> Exchange:
+                         user: str | None = None, peer: str | None = None) -> Exchange:
         if name == "" or (name.startswith("amq.") and not passive):
             if passive and name == "":
                 raise access_refused("operation not permitted on the default exchange", "M6")
@@ -148,10 +219,9 @@ class VHost:
         existing = self.exchanges.get(name)
         if existing is not None:
             return self._redeclare(existing, type, durable, auto_delete, internal, args)
-        if self.broker.strict_names:
-            cmq_name(name, "topic", strict=True)  # L2: 406 unless already a valid CMQ name
+        self._check_name(name, "topic", user, peer)  # L2: a name CMQ could not hold
         ex = Exchange(self.name, name, type, durable=durable, auto_delete=auto_delete,
-                      internal=internal, arguments=args)
+                      internal=internal, arguments=args, limits=self.profile.enforced)
         ex.policy = choose(self.policies.values(), "exchange", name)
         self.exchanges[name] = ex
         if durable:
@@ -185,7 +255,8 @@ class VHost:
 
     def declare_queue(self, session: Session | None, name: str, *, passive: bool, durable: bool,
                       exclusive: bool, auto_delete: bool, arguments: dict[str, Any] | None,
-                      user: str | None = None, server_name: str | None = None) -> BrokerQueue:
+                      user: str | None = None, server_name: str | None = None,
+                      peer: str | None = None) -> BrokerQueue:
         """``server_name``: the amq.gen-... name to give a queue declared as "" (the session
         picks it first to check the configure permission on it, W2)."""
         if passive:
@@ -200,8 +271,8 @@ class VHost:
             # Server-named: amq.gen-..., which clients expect; it maps to a valid CMQ name (L2)
             # and so is allowed under strict_names too.
             name = server_name or new_name("amq.gen-")
-        elif self.broker.strict_names and name not in self.queues:
-            cmq_name(name, "queue", strict=True)  # L2: 406 unless already a valid CMQ name
+        elif name not in self.queues:
+            self._check_name(name, "queue", user, peer)  # L2: a name CMQ could not hold
         args = dict(arguments or {})
         existing = self.queues.get(name)
         if existing is not None:
@@ -288,9 +359,10 @@ class VHost:
 
     def _make_queue(self, name: str, *, durable: bool, owner: Session | None, auto_delete: bool,
                     arguments: dict[str, Any], qargs: Any, attrs: QueueAttributes) -> BrokerQueue:
-        cmq = self.broker.new_cmq_queue(name, attrs)
+        cmq = self.broker.new_cmq_queue(name, attrs, refuse_size=self.profile.enforced.message_size)
         q = BrokerQueue(self.name, name, durable=durable, exclusive_owner=owner,
                         auto_delete=auto_delete, arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
+        q.receive_metadata = self.profile.receive_metadata or qargs.receive_metadata  # M11, PF5
         q.last_used = self.broker.now()
         self.queues[name] = q
         self.broker.after_queue_change(self, q)
@@ -335,7 +407,7 @@ class VHost:
     # -- bindings (M8) -----------------------------------------------------------------------
 
     def bind(self, session: Session | None, source: str, dest: Dest, key: str,
-             arguments: dict[str, Any] | None, user: str | None = None) -> None:
+             arguments: dict[str, Any] | None, user: str | None = None, peer: str | None = None) -> None:
         if source == "" or (dest[0] == "x" and dest[1] == ""):
             raise access_refused("operation not permitted on the default exchange", "M6")
         ex = self.exchange(source)
@@ -347,6 +419,8 @@ class VHost:
         binding, changed = ex.bind(dest, key, arguments)
         if not changed:
             return
+        if ex.topic is not None and ex.type != "fanout" and self.profile.reported is not None:
+            self.report_filters(ex.name, ex.topic, sub_name(dest), binding.keys, (key,), user, peer)
         if durable:
             self.broker.persist(P.binding_key(self.name, source, dest[0], dest[1], key), P.encode_json(
                 {"vhost": self.name, "source": source, "kind": dest[0], "dest": dest[1], "key": key,
@@ -406,7 +480,10 @@ class VHost:
         ex = self.exchange(exchange)
         if ex.internal:
             raise access_refused(f"cannot publish to internal exchange '{exchange}' in vhost '{self.name}'")
-        tags = message_tags(routing_key, headers) if ex.type == "direct" else ()
+        profile = self.profile
+        tags = message_tags(routing_key, headers, profile.enforced) if ex.type == "direct" else ()
+        if profile.reported is not None:
+            self._report_message(ex, tags, routing_key, user, peer)
         size = len(body)
         msg_id = out.msg_id = new_msg_id()
         values = (exchange, routing_key, msg_id, list(tags) or None, size, user, peer)
@@ -420,10 +497,12 @@ class VHost:
                                f"topic '{exchange}' (CMQ rule Q4)", rule="Q4")
         max_size = ex.max_message_size
         if size > max_size:
-            emit("discard", self.name, topic=exchange, routing_key=routing_key, msg_id=msg_id, size=size,
-                 reason="too_large", user=user, peer=peer)
-            raise LimitError("L6", f"message of {size} bytes is larger than topic '{exchange}' "
-                             f"MaximumMessageSize {max_size}", value=size, limit=max_size)
+            if profile.refuse:
+                emit("discard", self.name, topic=exchange, routing_key=routing_key, msg_id=msg_id, size=size,
+                     reason="too_large", user=user, peer=peer)
+            self.breach(LimitError("L6", f"message of {size} bytes is larger than topic '{exchange}' "
+                                   f"MaximumMessageSize {max_size}", value=size, limit=max_size),
+                        f"exchange:{exchange}", user, peer)
         msg = Message(body, properties, exchange, routing_key, now, tags, msg_id, ttl)
         msg.cycle = cycle
         if size > QUEUE_MAX_MSG_SIZE_MIN:  # no queue refuses a body this small (L6)
@@ -448,11 +527,12 @@ class VHost:
             if kind == "q":
                 q = self.queues.get(name)
                 if q is not None and size > q.attrs.max_msg_size:
-                    self._emit("discard", topic=ex.name, queue=q.name, routing_key=msg.routing_key,
-                               msg_id=msg.msg_id, size=size, reason="too_large", user=user, peer=peer)
-                    raise LimitError("L6", f"message of {size} bytes is larger than queue '{q.name}' "
-                                     f"MaxMsgSize {q.attrs.max_msg_size}", value=size,
-                                     limit=q.attrs.max_msg_size)
+                    if self.profile.refuse:
+                        self._emit("discard", topic=ex.name, queue=q.name, routing_key=msg.routing_key,
+                                   msg_id=msg.msg_id, size=size, reason="too_large", user=user, peer=peer)
+                    self.breach(LimitError("L6", f"message of {size} bytes is larger than queue '{q.name}' "
+                                           f"MaxMsgSize {q.attrs.max_msg_size}", value=size,
+                                           limit=q.attrs.max_msg_size), f"queue:{q.name}", user, peer)
 
     def _route(self, ex: Exchange, msg: Message, headers: Any, now: float, out: PublishOutcome,
                seen: set[str]) -> None:
@@ -490,6 +570,8 @@ class VHost:
             matched = len(result.matched)
             if result.retained:
                 out.routed = True  # D2: kept by the topic until its subscriptions settle
+                if self.broker.read_only and ex.durable and msg.persistent:
+                    out.rejected = True  # not journalled while the store fails: not confirmed
                 lsn = self.broker.journal_retained(self, ex, msg)
                 if lsn > out.lsn:
                     out.lsn = lsn
@@ -545,6 +627,12 @@ class VHost:
                        reason="no_match", user=user, peer=peer)
             return
         delay = _delay_of(headers)
+        if size > q.attrs.max_msg_size and not self.profile.refuse:
+            # L6 in compatible (PF3/PF4): the queue takes it; the cmq profile's refusal is
+            # CmqQueue.send's, below.
+            self.breach(LimitError("L6", f"message of {size:,} bytes is larger than queue '{q.name}' "
+                                   f"max_msg_size {q.attrs.max_msg_size:,} bytes", value=size,
+                                   limit=q.attrs.max_msg_size), f"queue:{q.name}", user, peer)
         msg = Message(body, properties, "", routing_key, now, (), msg_id, ttl)
         msg.cycle = cycle
         try:
@@ -575,13 +663,23 @@ class VHost:
             self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="expired",
                        policy="dead_letter_cycle")
             return
+        persist = q.durable and msg.persistent
+        if persist and self.broker.read_only:
+            # W5/M14: the store cannot write (disk full or read-only): the gateway does not
+            # take a message it would have to keep on disk; never enqueued, so never stored
+            # later behind the basic.nack the publisher gets under confirms.
+            out.routed = True
+            out.rejected = True
+            self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="rejected",
+                       policy="store_failed")
+            return
         ttl = msg.ttl
         expires_at = None if ttl is None else now + (delay or 0.0) + ttl
         qmsg = q.send(msg, now, delay, expires_at)
         out.routed = True
         msg_id = qmsg.msg_id
         self.broker.emit_row(ENQUEUE, self.name, (q.name, msg_id, len(msg.body), via, subscription))
-        if q.durable and msg.persistent:
+        if persist:
             lsn = self.broker.persist(P.message_key(self.name, q.name, msg_id), P.encode_message(
                 self.name, q.name, msg_id, now, msg.exchange, msg.routing_key,
                 msg.properties.raw, msg.body))

@@ -218,11 +218,22 @@ def _authorize(mgmt: Management, request: web.Request, user: User, rule: authz.R
         raise not_authorised("User not authorised to access virtual host")
     users = mgmt.target.users
     perm = users.vhost_permission(user.name, vhost) if users is not None else None
+    vh = mgmt.broker.vhosts[vhost]
     for check in rule.access:
         kind, name = authz.resource_of(check, request.match_info)
+        if request.method != "PUT" and not _exists(vh, kind, name):
+            # RabbitMQ asks resource_exists before the operation checks the permission: a
+            # missing queue or exchange is 404 for everyone (only PUT creates).
+            continue
         if perm is None or not perm.allows(check.access, name):
             raise not_authorised(f"ACCESS_REFUSED - {check.access} access to {kind} '{name or 'amq.default'}' "
                                  f"in vhost '{vhost}' refused for user '{user.name}' (SE1)")
+
+
+def _exists(vh: Any, kind: str, name: str) -> bool:
+    if kind == "queue":
+        return name in vh.queues
+    return name == "" or name in vh.exchanges
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:

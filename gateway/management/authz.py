@@ -38,7 +38,7 @@ from aiohttp import web
 
 from gateway.auth import Access, User
 
-__all__ = ["ADMIN", "ANY", "DENY", "OPEN", "OWNER", "POLICIES", "RULES", "VHOST", "Check", "Rule", "check_table", "rule_for",
+__all__ = ["ADMIN", "ANY", "DENY", "MONITOR", "OPEN", "OWNER", "POLICIES", "RULES", "VHOST", "Check", "Rule", "check_table", "rule_for",
            "has_tag", "is_admin", "is_monitor", "unruled_routes"]
 
 Tag = Literal["none", "management", "policymaker", "monitoring", "administrator"]
@@ -77,6 +77,7 @@ OPEN = Rule("none")
 ANY = Rule()
 VHOST = Rule(vhost=True)
 ADMIN = Rule("administrator")
+MONITOR = Rule("monitoring")
 OWNER = Rule(owner=True)
 POLICIES = Rule("policymaker", vhost=True)  # RabbitMQ's is_authorized_policies
 # Served without an entry (check_table stops that at start-up): refused to everyone.
@@ -97,6 +98,10 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/overview"): ANY,
     ("GET", "/api/whoami"): ANY,
     ("GET", "/api/health/checks/alarms"): ANY,
+    ("GET", "/api/health/checks/local-alarms"): ANY,
+    # RabbitMQ's node list (memory, disk free, alarms) is for monitors (is_authorized_monitor).
+    ("GET", "/api/nodes"): MONITOR,
+    ("GET", "/api/nodes/{name}"): MONITOR,
     ("GET", "/api/vhosts"): ANY,
     ("GET", "/api/vhosts/{vhost}"): ADMIN,
     ("PUT", "/api/vhosts/{vhost}"): ADMIN,
@@ -158,6 +163,13 @@ RULES: dict[tuple[str, str], Rule] = {
         _on(("configure", "exchange", "exchange"), ("read", "exchange", "exchange")),
     ("DELETE", "/api/cmq/topics/{vhost}/{exchange}/subscriptions/{name}"):
         _on(("configure", "exchange", "exchange"), ("read", "exchange", "exchange")),
+    # PF4: the migration report, scoped to the vhosts the user may see; clearing it and
+    # changing a vhost's profile (PF1) are the administrator's.
+    ("GET", "/api/cmq/limits"): ANY,
+    ("GET", "/api/cmq/limits/{vhost}"): VHOST,
+    ("DELETE", "/api/cmq/limits/{vhost}"): ADMIN,
+    ("GET", "/api/cmq/vhosts/{vhost}/profile"): VHOST,
+    ("PUT", "/api/cmq/vhosts/{vhost}/profile"): ADMIN,
     ("GET", "/api/cmq/queues"): ANY,
     ("GET", "/api/cmq/queues/{vhost}"): VHOST,
     ("GET", "/api/cmq/queues/{vhost}/{queue}"): VHOST,

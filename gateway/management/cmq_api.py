@@ -18,6 +18,7 @@ they map to (L2) are shown beside them.
 * ``POST /api/cmq/queues/{vhost}/{queue}/rewind``: ``{"rewindTo": unix seconds}`` (Q6).
 * ``DELETE /api/cmq/queues/{vhost}/{queue}/messages``: purge.
 * ``GET  /api/cmq/openapi.json``: the OpenAPI 3 description of these routes (no login).
+* ``/api/cmq/limits`` and ``/api/cmq/vhosts/{vhost}/profile``: gateway.management.limits_api.
 """
 
 from __future__ import annotations
@@ -237,3 +238,5 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_get("/api/cmq/queues/{vhost}/{queue}", queue)
     r.add_post("/api/cmq/queues/{vhost}/{queue}/rewind", rewind)
     r.add_delete("/api/cmq/queues/{vhost}/{queue}/messages", purge)
+    from gateway.management import limits_api
+    limits_api.add_routes(app, mgmt)  # PF1, PF4

@@ -85,6 +85,22 @@ def openapi_document() -> dict[str, Any]:
                 "maxMsgHeapNum": integer, "rewindSeconds": num, "pollingWaitSeconds": num,
                 "delaySeconds": num, "deadLetterPolicy": {"type": "object", "nullable": True}}},
             "arguments": {"type": "object"}}},
+        "LimitReport": {"type": "object", "description": "PF4: the migration report of one vhost: per CMQ "
+                        "rule, what broke it in the compatible profile", "properties": {
+                            "vhost": string, "profile": {"type": "string", "enum": ["compatible", "cmq"]},
+                            "rules": {"type": "object", "additionalProperties": {"type": "object", "properties": {
+                                "rule": string, "count": integer, "objects": strings, "users": strings,
+                                "not_stored": integer, "entries": {"type": "array", "items": {
+                                    "type": "object", "properties": {
+                                        "vhost": string, "rule": string, "object": string, "user": string,
+                                        "peer": string, "count": integer, "first_seen": num, "last_seen": num,
+                                        "worst_value": integer, "limit": integer, "example": string}}}}}}}},
+        "Profile": {"type": "object", "properties": {
+            "vhost": string, "profile": {"type": "string", "enum": ["compatible", "cmq"]},
+            "gateway_profile": string, "override": {"type": "boolean"}}},
+        "NewProfile": {"type": "object", "required": ["profile"], "properties": {
+            "profile": {"type": "string", "enum": ["compatible", "cmq"], "nullable": True,
+                        "description": "null drops the vhost's override (PF1)"}}},
         "Rewind": {"type": "object", "required": ["rewindTo"],
                    "properties": {"rewindTo": {"type": "number", "description": "Unix seconds (Q6)"}}},
     }
@@ -123,6 +139,17 @@ def openapi_document() -> dict[str, Any]:
         "/api/cmq/queues/{vhost}/{queue}/messages": {"delete": _op(
             "Purge the queue's Active and delayed messages",
             {"200": _json({"type": "object", "properties": {"purged": integer}})}, [_VHOST, _QUEUE])},
+        "/api/cmq/limits": {"get": _op("The migration report of every vhost (PF4)", {"200": _json({
+            "type": "object", "properties": {"profile": string,
+                                             "vhosts": {"type": "array", "items": _ref("LimitReport")}}})})},
+        "/api/cmq/limits/{vhost}": {
+            "get": _op("The migration report of one vhost (PF4)", {"200": _json(_ref("LimitReport"))}, [_VHOST]),
+            "delete": _op("Start the vhost's report over (administrator)", {"204": {"description": "Cleared"}},
+                          [_VHOST])},
+        "/api/cmq/vhosts/{vhost}/profile": {
+            "get": _op("The vhost's profile (PF1)", {"200": _json(_ref("Profile"))}, [_VHOST]),
+            "put": _op("Change the vhost's profile from now on (administrator; PF1)",
+                       {"200": _json(_ref("Profile"))}, [_VHOST], _ref("NewProfile"))},
     }
     return {
         "openapi": "3.0.3",

@@ -364,6 +364,9 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             "product_name": "cmq-gateway",
             "product_version": getattr(gw, "server_properties", {}).get("version", "0.0.0"),
             "cluster_name": getattr(config, "cluster_name", "cmq-gateway"),
+            # PF1: the gateway's profile, and the vhosts that override it.
+            "cmq_profile": mgmt.broker.profile.name,
+            "cmq_vhost_profiles": {v: mgmt.broker.profile_of(v).name for v in names},
             "node": NODE,
             "rates_mode": "basic",
             "exchange_types": EXCHANGE_TYPES,
@@ -379,6 +382,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             "statistics_db_event_queue": 0,
             # W5: the resource alarm, as RabbitMQ shows mem_alarm / disk_free_alarm per node.
             "alarms": [mgmt.target.alarm] if mgmt.target.alarm else [],
+            **mgmt.target.resources(),
         })
 
     async def whoami(request: web.Request) -> web.Response:
@@ -393,7 +397,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                 "tracing": False, "default_queue_type": "classic", "cluster_state": {NODE: "running"},
                 "messages": ready + unacked, "messages_details": {"rate": 0.0},
                 "messages_ready": ready, "messages_ready_details": {"rate": 0.0},
-                "messages_unacknowledged": unacked, "messages_unacknowledged_details": {"rate": 0.0}}
+                "messages_unacknowledged": unacked, "messages_unacknowledged_details": {"rate": 0.0},
+                "cmq_profile": mgmt.broker.profile_of(name).name}  # PF1
 
     async def vhosts(request: web.Request) -> web.Response:
         return web.json_response(_paged(request, [vhost_json(v) for v in mgmt.visible_vhosts(request[USER])]))
@@ -658,13 +663,32 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                 out.extend(_consumers_of(mgmt, q))
         return web.json_response(own(request, out, lambda k: k["channel_details"]["user"]))
 
-    async def alarms(request: web.Request) -> web.Response:
-        alarm = mgmt.target.alarm
-        if alarm is None:
+    def alarms_check(where: str) -> web.Response:
+        """W5: RabbitMQ's health check body and status (503 while any alarm is in effect)."""
+        resources = mgmt.target.alarm_resources
+        if not resources:
             return web.json_response({"status": "ok"})
-        resource = "memory" if "memory" in alarm else "disk"
-        return web.json_response({"status": "failed", "reason": "There are alarms in effect in the cluster",
-                                  "alarms": [{"node": NODE, "resource": resource}]}, status=503)
+        return web.json_response({"status": "failed", "reason": f"There are alarms in effect {where}",
+                                  "alarms": [{"node": NODE, "resource": r} for r in resources]}, status=503)
+
+    async def alarms(request: web.Request) -> web.Response:
+        return alarms_check("in the cluster")
+
+    def node_json() -> dict[str, Any]:
+        """W5: the one node, with RabbitMQ's resource fields (mem_used: the bytes the broker
+        holds, gateway/memory.py; mem_rss and store_failed are the gateway's own)."""
+        return {"name": NODE, "type": "disc", "running": True, **mgmt.target.resources()}
+
+    async def nodes(request: web.Request) -> web.Response:
+        return web.json_response([node_json()])
+
+    async def node(request: web.Request) -> web.Response:
+        if request.match_info["name"] != NODE:
+            raise not_found()
+        return web.json_response(node_json())
+
+    async def local_alarms(request: web.Request) -> web.Response:
+        return alarms_check("on the node")  # one node: the same alarms, RabbitMQ's other wording
 
     async def definitions_get(request: web.Request) -> web.Response:
         return await definitions.definitions_get(mgmt, request)
@@ -703,6 +727,9 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_get("/api/consumers", consumers)
     r.add_get("/api/consumers/{vhost}", consumers)
     r.add_get("/api/health/checks/alarms", alarms)
+    r.add_get("/api/health/checks/local-alarms", local_alarms)
+    r.add_get("/api/nodes", nodes)
+    r.add_get("/api/nodes/{name}", node)
     r.add_get("/api/definitions", definitions_get)
     r.add_get("/api/definitions/{vhost}", definitions_get)
     r.add_post("/api/definitions", definitions_post)

@@ -30,7 +30,7 @@ class ChannelState(enum.Enum):
 class Channel:
     """Per-channel state; the connection owns the table of channels."""
 
-    __slots__ = ("number", "state", "publish", "properties", "remaining", "chunks")
+    __slots__ = ("number", "state", "publish", "properties", "remaining", "chunks", "received")
 
     def __init__(self, number: int) -> None:
         self.number = number
@@ -39,6 +39,7 @@ class Channel:
         self.properties: Properties | None = None  # set once the header arrived
         self.remaining = 0
         self.chunks: list[bytes] = []
+        self.received = 0  # body bytes held in chunks (W5: counted as held memory)
 
     @property
     def expecting_method(self) -> bool:
@@ -55,6 +56,7 @@ class Channel:
         self.properties = None
         self.chunks = []
         self.remaining = 0
+        self.received = 0
 
     def on_header(self, class_id: int, weight: int, body_size: int, raw_properties: bytes) -> Content | None:
         """The content header; a Content at once when the body is empty."""
@@ -84,6 +86,7 @@ class Channel:
             raise self._unexpected("content body frames are larger than the size in the content header")
         if self.remaining:
             self.chunks.append(payload)
+            self.received += len(payload)
             return None
         # A one-frame body reaches the event as the very bytes object cut from the buffer.
         body = payload if not self.chunks else b"".join(self.chunks) + payload

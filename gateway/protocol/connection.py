@@ -511,6 +511,16 @@ class ServerConnection:
         self._pos = 0
         return event
 
+    def partial_body_bytes(self) -> int:
+        """Body bytes of contents still being assembled, on every channel (W5: held memory)."""
+        return sum(chan.received for chan in self._channels.values()) if self._channels else 0
+
+    def reading_paused(self) -> None:
+        """W3/W5: the transport does not read from the peer (connection.blocked): its silence
+        is ours, so it does not count toward the heartbeat timeout (RabbitMQ pauses its
+        heartbeat monitor while a connection is blocked)."""
+        self._received += 1
+
     # ------------------------------------------------------------------ bytes out
 
     def data_to_send(self) -> bytes:

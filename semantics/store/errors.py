@@ -18,11 +18,12 @@ class StoreClosedError(StoreError):
 
 
 class StoreFailedError(StoreError):
-    """A write or fsync failed earlier; the store refuses further work.
+    """A write or fsync failed (a full disk, a read-only file system, an I/O error).
 
-    After a failed fsync the kernel may already have dropped the dirty pages, so retrying
-    could report as durable something that is not (the "fsyncgate" lesson). The gateway must
-    nack what it has not confirmed and restart, which recovers from what is really on disk.
+    Nothing is lost from memory: the batch is pending again and the next ``sync()`` retries
+    it. After a failed fsync the kernel may already have dropped the dirty pages, so merely
+    fsyncing again could report as durable something that is not (the "fsyncgate" lesson):
+    the retry cuts the segment back to its last good batch and writes the bytes anew.
     """
 
 

@@ -6,6 +6,7 @@ otherwise the *name* may not survive a power loss even when the data does.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -70,11 +71,16 @@ def set_aside(path: str, data: bytes, label: str, *, do_fsync: bool = True) -> s
     while os.path.exists(aside):
         n += 1
         aside = f"{base}.{n}"
-    with open(aside, "xb") as f:
-        f.write(data)
-        if do_fsync:
-            f.flush()
-            os.fsync(f.fileno())
+    try:
+        with open(aside, "xb") as f:
+            f.write(data)
+            if do_fsync:
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(aside)  # a half copy on a full disk would only take the room it lacked
+        raise
     if do_fsync:
         fsync_dir(os.path.dirname(path) or ".")
     return aside

@@ -18,6 +18,7 @@ Policy on damage (the user must never lose a confirmed message):
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import time
@@ -129,8 +130,15 @@ def _replay_segment(
             # A batch that verifies but is out of sequence was not torn: batches are lost.
             if nxt == -1 and last and not resync and not isinstance(exc, _OutOfSequence):
                 # Torn write of an unconfirmed batch: set it aside and cut it off.
-                aside = set_aside(path, buf[pos:], "torn", do_fsync=do_fsync)
-                _note_aside(report, aside, size - pos)
+                try:
+                    aside = set_aside(path, buf[pos:], "torn", do_fsync=do_fsync)
+                    _note_aside(report, aside, size - pos)
+                except OSError as full:
+                    if full.errno != errno.ENOSPC:
+                        raise
+                    # A full disk has no room for the copy; the batch was never confirmed,
+                    # so cutting it off loses nothing, and the store still opens (W5).
+                    report.torn_bytes += size - pos
                 with open(path, "r+b") as f:
                     f.truncate(pos)
                     if do_fsync:

@@ -19,10 +19,23 @@ new segment ``n+1``; the snapshot (``snapshot-<n+1>.snap``: the state at the end
 holding ``_sync_lock``, so other syncs keep committing meanwhile. Only then are the older
 segments and snapshot removed. A crash at any step leaves either the old snapshot and all
 segments after it, or the new snapshot (plus stale files that recovery removes).
+
+A failing disk
+--------------
+When a write or fsync fails (a full disk, a file system remounted read-only, an I/O error)
+the batch is not lost: it goes back to the front of the pending batch, the segment is cut
+back to the end of the last batch that was written and fsynced (``_good_size``), and
+``failed`` holds the error. ``put``/``delete`` keep working in memory meanwhile (an ack's
+delete is journalled later, not refused), and the next ``sync()`` cuts the segment back
+again and rewrites everything pending from memory, so a resumed store never counts on pages
+whose write-back failed (the "fsyncgate" lesson: those pages were cut off, the bytes are
+written anew and fsynced anew). ``durable_lsn`` only moves once a write and its fsync have
+both succeeded; nothing is reported durable that is not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterator
@@ -69,6 +82,7 @@ class Store:
         self._pending_first = 1
         self._durable = 0
         self._failed: BaseException | None = None
+        self._good_size = 0  # segment bytes written and fsynced: a failed write is cut back to it
         self._closed = False
         self._file: BinaryIO | None = None
         self._dirlock: DirLock | None = None
@@ -99,6 +113,7 @@ class Store:
         self._snapshot_bytes = found.snapshot_bytes
         self.recovery = found.report
         self._file = open(os.path.join(directory, segment_name(self._segment)), "ab", buffering=0)  # noqa: SIM115 - lives as long as the store
+        self._good_size = os.fstat(self._file.fileno()).st_size
         self._live_bytes = sum(len(k) + len(v) + _OVERHEAD for k, v in self._map.items())
         if found.needs_snapshot:
             # Salvage dropped damaged bytes: a fresh snapshot makes the next open clean.
@@ -189,6 +204,16 @@ class Store:
         return self._lsn
 
     @property
+    def live_bytes(self) -> int:
+        """Bytes of the keys and values held (plus record headers): memory the store holds."""
+        return self._live_bytes
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error of the last write or fsync when it failed; None once a sync succeeds."""
+        return self._failed
+
+    @property
     def pending_bytes(self) -> int:
         """Journal bytes appended but not yet synced: one input to the W5 high-water mark."""
         return self._pending_bytes
@@ -225,24 +250,51 @@ class Store:
         return pending, body_len, first, last
 
     def _write_batch(self, batch: tuple[list[bytes], int, int, int]) -> int:
-        """Write one batch with one write and one fsync (caller holds ``_sync_lock``)."""
+        """Write one batch with one write and one fsync (caller holds ``_sync_lock``).
+
+        On failure the batch goes back in front of what is pending, for the next sync."""
         pending, body_len, first, last = batch
         if last < first:
             return self._durable
         assert self._file is not None
         pending[0] = encode_batch_header(body_len, last - first + 1, first)
         data = b"".join(pending)
-        del pending, batch
         try:
+            if self._failed is not None:
+                self._cut_back()  # a failed write may have left part of a batch behind
             self._write_all(data)
             if self._fsync:
                 os.fsync(self._file.fileno())
-        except BaseException as exc:
-            self._failed = exc
-            raise StoreFailedError(f"store write failed: {exc!r}; restart to recover") from exc
+        except OSError as exc:
+            self._put_back(pending, body_len, first, exc)
+            raise StoreFailedError(f"store write failed: {exc!r}; retried by the next sync") from exc
+        self._good_size += len(data)
         self._journal_bytes += len(data)
         self._durable = last
+        self._failed = None
         return last
+
+    def _put_back(self, pieces: list[bytes], body_len: int, first: int, exc: BaseException) -> None:
+        """A batch that failed is pending again, ahead of what was appended meanwhile (the
+        LSNs stay contiguous, so the next sync writes both as one batch)."""
+        with self._lock:
+            pieces[0] = b""
+            pieces.extend(self._pending[1:])
+            self._pending = pieces
+            self._pending_bytes += body_len
+            self._pending_first = first
+            self._failed = exc
+        try:
+            self._cut_back()  # frees what the torn batch took on a full disk
+        except OSError:
+            pass  # read-only: cut back before the next write instead
+
+    def _cut_back(self) -> None:
+        """Drop whatever a failed write left after the last good batch."""
+        assert self._file is not None
+        fd = self._file.fileno()
+        if os.fstat(fd).st_size != self._good_size:
+            os.ftruncate(fd, self._good_size)
 
     def _write_all(self, data: bytes) -> None:
         assert self._file is not None
@@ -280,16 +332,20 @@ class Store:
             self._write_batch(batch)
             old = self._segment
             new = old + 1
+            # Opened before the old one is closed: a failure here leaves the store appending
+            # to the old segment, as if no compaction had started.
+            opened = open(os.path.join(directory, segment_name(new)), "xb", buffering=0)  # noqa: SIM115 - closed at rotation or close()
             self._file.close()
-            self._file = open(os.path.join(directory, segment_name(new)), "xb", buffering=0)  # noqa: SIM115 - closed at rotation or close()
+            self._file = opened
+            self._good_size = 0
             if self._fsync:
                 fsync_dir(directory)
             self._segment = new
             old_journal, self._journal_bytes = self._journal_bytes, 0
         # From here on syncs append to segment `new` while the snapshot is written.
+        final = os.path.join(directory, snapshot_name(new))
+        tmp = final + ".tmp"
         try:
-            final = os.path.join(directory, snapshot_name(new))
-            tmp = final + ".tmp"
             size = 0
             with open(tmp, "wb") as f:
                 for chunk in iter_snapshot_chunks(lsn, state.items(), len(state)):
@@ -313,8 +369,11 @@ class Store:
             if self._fsync:
                 fsync_dir(directory)
         except OSError:
-            # The old snapshot and segments are still complete; count them so we try again.
+            # The old snapshot and segments are still complete; count them so we try again,
+            # and give back the space a half-written snapshot took (a full disk).
             self._journal_bytes += old_journal
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
             raise
 
     # -- life cycle ------------------------------------------------------------------------
@@ -322,15 +381,14 @@ class Store:
     def _check(self) -> None:
         if self._closed:
             raise StoreClosedError("store is closed")
-        if self._failed is not None:
-            raise StoreFailedError(f"store failed earlier: {self._failed!r}; restart to recover")
 
-    def close(self) -> None:
-        """Sync what is pending, then release the files. Idempotent."""
+    def close(self, *, sync: bool = True) -> None:
+        """Sync what is pending (unless ``sync`` is False: it is dropped), then release the
+        files. Idempotent. A sync that fails raises StoreFailedError after the release."""
         if self._closed:
             return
         try:
-            if self._failed is None:
+            if sync:
                 self.sync()
         finally:
             # Wait for a compaction in progress: its snapshot must not race a new owner.

@@ -22,7 +22,9 @@ from tests.integration.cmq_gateway import WAIT, admin, cmq_gateway, drain, event
 
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-api-data"))) as (_gw, url):
+    """A gateway in the cmq profile (PF2), every CMQ limit refused, as a CMQ application
+    expects; test_CA2_PF4_compatible_profile_reports shows the default profile."""
+    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-api-data")), profile="cmq") as (_gw, url):
         yield url
 
 

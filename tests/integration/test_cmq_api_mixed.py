@@ -163,3 +163,16 @@ def test_CA4_audit_says_which_api_carried_the_message(tmp_path: Path, unique: st
         rows = [r for r in records if r["event"] == event and r.get("queue") == unique]
         assert sorted(r["msg_id"] for r in rows) == sorted(by_id), event
         assert all(r["protocol"] == "cmq-api" for r in rows)
+
+
+def test_CA2_PF4_compatible_profile_reports_instead_of_refusing(tmp_path: Path, unique: str) -> None:
+    """The CMQ API follows the vhost's profile, as AMQP does: in ``compatible`` (the default)
+    a body above the queue's maxMsgSize is taken and reported (PF3, PF4), not refused."""
+    audit_dir = tmp_path / "audit"
+    with cmq_gateway(str(tmp_path / "data"), audit=AuditSettings(dir=str(audit_dir))) as (_gw, url):
+        cmq = admin(url)
+        cmq.ok("CreateQueue", queueName=unique, maxMsgSize=1024)
+        cmq.ok("SendMessage", queueName=unique, msgBody="x" * 1025)
+        assert cmq.ok("ReceiveMessage", queueName=unique)["msgBody"] == "x" * 1025
+    breaches = [r for r in _records(audit_dir) if r["event"] == "limit_exceeded"]
+    assert [(r["rule"], r["value"], r["limit"]) for r in breaches] == [("L6", 1025, 1024)], breaches

@@ -90,14 +90,15 @@ def test_L5_501st_subscription_refused(gateway_url: str, unique: str) -> None:
     assert "500 subscriptions" in e.value.reply_text and "L5" in e.value.reply_text
 
 
-def test_L3_L4_tag_and_key_limits_refused(gateway_url: str, unique: str) -> None:
+def test_L3_L4_tag_and_key_limits_refused(cmq_gateway_url: str, unique: str) -> None:
     """L3: at most 5 tags, each at most 16 characters; L4: keys at most 64 bytes / 15 dots,
-    at most 5 binding keys per subscription. Each is a 406 naming the rule."""
-    with blocking(gateway_url) as conn:
+    at most 5 binding keys per subscription. Each is a 406 naming the rule in the cmq profile
+    (PF2); test_profiles_wire.py has the same inputs passing and reported in compatible (PF4)."""
+    with blocking(cmq_gateway_url) as conn:
         faults = {}
         ch = conn.channel()
         ch.exchange_declare(unique, "direct")
-        ch.exchange_declare(unique + ".t", "topic")
+        ch.exchange_declare(unique + "-t", "topic")
         ch.queue_declare(unique)
 
         def attempt(label: str, action) -> None:  # type: ignore[no-untyped-def]
@@ -110,20 +111,20 @@ def test_L3_L4_tag_and_key_limits_refused(gateway_url: str, unique: str) -> None
         attempt("tag too long", lambda: ch.queue_bind(unique, unique, "t" * 17))
         attempt("six tags", lambda: (ch.basic_publish(unique, "a", b"x", pika.BasicProperties(
             headers={"x-cmq-tags": ["b", "c", "d", "e", "f"]})), ch.queue_declare(unique, passive=True)))
-        attempt("key too long", lambda: ch.queue_bind(unique, unique + ".t", "k" * 65))
-        attempt("sixteen dots", lambda: ch.queue_bind(unique, unique + ".t", "." .join("a" * 17)))
+        attempt("key too long", lambda: ch.queue_bind(unique, unique + "-t", "k" * 65))
+        attempt("sixteen dots", lambda: ch.queue_bind(unique, unique + "-t", "." .join("a" * 17)))
         for k in ("k1", "k2", "k3", "k4", "k5"):
-            ch.queue_bind(unique, unique + ".t", k)
-        attempt("sixth binding key", lambda: ch.queue_bind(unique, unique + ".t", "k6"))
+            ch.queue_bind(unique, unique + "-t", k)
+        attempt("sixth binding key", lambda: ch.queue_bind(unique, unique + "-t", "k6"))
     assert faults == {label: ("channel", 406, "PRECONDITION_FAILED") for label in
                       ("tag too long", "six tags", "key too long", "sixteen dots", "sixth binding key")}
 
 
-def test_Q1_M11_visibility_timeout_redelivers_and_Q3_stale_ack(gateway_url: str, unique: str) -> None:
+def test_Q1_M11_visibility_timeout_redelivers_and_Q3_stale_ack(cmq_gateway_url: str, unique: str) -> None:
     """Q1/M11: an unacked message turns Active again after the visibility timeout and comes
     back with redelivered set and receive count 2; Q3/M12: an ack with the old delivery tag
     deletes nothing and is no error; the latest one deletes."""
-    with blocking(gateway_url) as conn:
+    with blocking(cmq_gateway_url) as conn:
         ch = conn.channel()
         ch.queue_declare(unique, arguments={"x-cmq-visibility-timeout": 1})
         ch.basic_publish("", unique, b"v")
@@ -180,9 +181,9 @@ def test_Q6_M15_rewind_with_x_stream_offset(gateway_url: str, unique: str) -> No
     assert got == [b"r1", b"r2", b"r3"]
 
 
-def test_Q8_dead_letter_after_max_receive_count(gateway_url: str, unique: str) -> None:
+def test_Q8_dead_letter_after_max_receive_count(cmq_gateway_url: str, unique: str) -> None:
     """Q8/M7: after x-cmq-max-receive-count receives the message moves to the dead-letter queue."""
-    with blocking(gateway_url) as conn:
+    with blocking(cmq_gateway_url) as conn:
         ch = conn.channel()
         ch.queue_declare(unique + "-dlq")
         ch.queue_declare(unique, arguments={"x-cmq-dead-letter-queue": unique + "-dlq",

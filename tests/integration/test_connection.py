@@ -134,15 +134,17 @@ def test_W3_silent_peer_is_disconnected_after_two_intervals(gateway: object) -> 
 
 
 def test_W5_blocked_publisher_then_unblocked(gateway: object) -> None:
-    """W5: above the high-water mark a publishing connection gets connection.blocked;
-    below it, connection.unblocked."""
+    """W5: above the high-water mark (the memory the broker holds: here one queued message
+    is above 1 byte) a publishing connection gets connection.blocked; below it,
+    connection.unblocked."""
     notes: list[str] = []
     with gateway_in_thread(limits=Limits(memory_high_watermark=1)) as gw:
         conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{gw.port}/%2F"))
         conn.add_on_connection_blocked_callback(lambda c, m: notes.append(m.method.NAME))
         conn.add_on_connection_unblocked_callback(lambda c, m: notes.append(m.method.NAME))
         ch = conn.channel()
-        ch.basic_publish("", "nowhere", b"x")
+        queue = ch.queue_declare("", exclusive=True).method.queue
+        ch.basic_publish("", queue, b"x")
         deadline = time.monotonic() + 10  # hang protection only: the tick runs every second
         while not notes and time.monotonic() < deadline:
             conn.process_data_events(time_limit=0.2)

@@ -239,8 +239,10 @@ async def test_D5_backoff_retry_three_times_10_to_20s_then_next_message(setup_fa
 
 
 async def test_D7_http_subscription_errors_name_the_rule(setup_factory: Any) -> None:
-    """D7/L1/L3: a bad URL, name or too many tags are refused with 400 and the rule."""
+    """D7/L1/L3: a bad URL, name or too many tags are refused with 400 and the rule (the
+    tags: in the cmq profile, PF2)."""
     s = await setup_factory(fail_first=0)
+    s.og.broker.set_vhost_profile("/", "cmq")
     url = f"{s.og.management_url}/api/cmq/topics/%2F/orders/subscriptions"
     cases = [({"subscriptionName": "hook", "endpoint": "ftp://x"}, None),
              ({"subscriptionName": "a:b", "endpoint": s.sub.url}, "L1"),

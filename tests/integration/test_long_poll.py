@@ -40,7 +40,7 @@ async def _waiting(gw: Gateway, queue: str, n: int) -> None:
 
 
 async def test_Q5_get_waits_and_receives_a_message_published_later() -> None:
-    async with running_gateway(port=0, hosts=("127.0.0.1",)) as gw:
+    async with running_gateway(port=0, hosts=("127.0.0.1",), profile="cmq") as gw:
         getter = await aio_pika.connect(_url(gw), timeout=10)
         publisher = await aio_pika.connect(_url(gw), timeout=10)
         async with getter, publisher:
@@ -193,7 +193,7 @@ async def _consume(url: str, queue: str, n: int) -> list[tuple[bytes, bool, int]
 async def test_Q5_channel_closed_while_waiting_leaves_the_message_for_the_next_consumer() -> None:
     """aio-pika sends channel.close only after its pending get ends, so raw frames close the
     channel while the get waits. A publish pipelined behind the get still counts."""
-    async with running_gateway(port=0, hosts=("127.0.0.1",)) as gw:
+    async with running_gateway(port=0, hosts=("127.0.0.1",), profile="cmq") as gw:
         raw = await RawClient.open(gw.port)
         raw.send(1, C.Channel.Open(), C.Queue.Declare(queue="lp.closed", arguments={WAIT: 30}))
         assert [m[0] for m in await raw.methods(2)] == ["Channel.OpenOk", "Queue.DeclareOk"]
@@ -212,7 +212,7 @@ async def test_Q5_channel_closed_while_waiting_leaves_the_message_for_the_next_c
 
 
 async def test_Q5_connection_lost_while_waiting_cancels_the_waiter() -> None:
-    async with running_gateway(port=0, hosts=("127.0.0.1",)) as gw:
+    async with running_gateway(port=0, hosts=("127.0.0.1",), profile="cmq") as gw:
         raw = await RawClient.open(gw.port)
         raw.send(1, C.Channel.Open(), C.Queue.Declare(queue="lp.lost", arguments={WAIT: 30}),
                  C.Basic.Get(queue="lp.lost", no_ack=True))

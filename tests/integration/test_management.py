@@ -173,7 +173,9 @@ async def test_definitions_export_then_import_into_a_fresh_gateway(og: OperatorG
 
 async def test_L6_topic_max_message_size_changed_through_the_api(og: OperatorGateway,
                                                                   http: aiohttp.ClientSession) -> None:
-    """L6: MaximumMessageSize is changeable after creation; outside 1 KB-1024 KB is refused."""
+    """L6: MaximumMessageSize is changeable after creation; outside 1 KB-1024 KB is refused,
+    and in the cmq profile (PF2) so is a larger body (compatible reports it: test_profiles_wire)."""
+    og.broker.set_vhost_profile("/", "cmq")
     conn = await aio_pika.connect(og.amqp_url)
     async with conn:
         ch = await conn.channel()
@@ -222,18 +224,35 @@ async def test_Q6_rewind_and_purge_through_the_api(og: OperatorGateway, http: ai
 
 
 async def test_W5_alarm_health_check_and_blocked_state() -> None:
-    """W5: above the memory high-water mark the alarm health check fails with 503."""
+    """W5: while the memory the broker holds is above the mark (one queued message is above
+    1 byte) both alarm health checks fail with RabbitMQ's 503 and body; the overview and the
+    metrics show what the alarm was decided on."""
     async with operator_gateway(limits=Limits(memory_high_watermark=1)) as g, \
             aiohttp.ClientSession(headers=AUTH) as http:
-        for _ in range(100):  # the server checks its marks once per tick (1 s)
+        conn = await aio_pika.connect(g.amqp_url)
+        ch = await conn.channel()
+        q = await ch.declare_queue("", exclusive=True)
+        await ch.default_exchange.publish(aio_pika.Message(b"held"), routing_key=q.name)
+        for _ in range(200):  # hang protection: the server checks after each read turn
             if g.gateway.blocked:
                 break
             await asyncio.sleep(0.05)
-        async with http.get(f"{g.management_url}/api/health/checks/alarms") as r:
-            assert (r.status, (await r.json())["alarms"]) == (503, [{"node": "cmq-gateway@localhost",
-                                                                      "resource": "memory"}])
+        for path, where in (("alarms", "in the cluster"), ("local-alarms", "on the node")):
+            async with http.get(f"{g.management_url}/api/health/checks/{path}") as r:
+                assert (r.status, await r.json()) == (503, {
+                    "status": "failed", "reason": f"There are alarms in effect {where}",
+                    "alarms": [{"node": "cmq-gateway@localhost", "resource": "memory"}]})
+        overview = await get(http, f"{g.management_url}/api/overview")
+        assert overview["mem_alarm"] is True and overview["disk_free_alarm"] is False
+        assert overview["mem_used"] > overview["mem_limit"] == 1
+        async with http.get(f"{g.metrics_url}/metrics") as r:
+            text = await r.text()
+        assert 'cmq_gateway_alarm{resource="memory"} 1' in text
+        assert "cmq_gateway_memory_held_bytes " in text and "cmq_gateway_memory_rss_bytes " in text
+        await conn.close()
     async with operator_gateway() as g, aiohttp.ClientSession(headers=AUTH) as http:
         assert await get(http, f"{g.management_url}/api/health/checks/alarms") == {"status": "ok"}
+        assert await get(http, f"{g.management_url}/api/health/checks/local-alarms") == {"status": "ok"}
 
 
 async def test_openapi_describes_every_cmq_route(og: OperatorGateway, http: aiohttp.ClientSession) -> None:

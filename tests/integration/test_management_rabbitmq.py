@@ -189,3 +189,20 @@ async def test_M1_connection_channel_and_misc_match_rabbitmq(sides: tuple[Side, 
                                "node", "listeners", "message_stats"]) == []
     assert same_types(gv, rv, ["name", "tracing", "messages", "messages_ready", "messages_unacknowledged",
                                "cluster_state", "description", "tags", "metadata"]) == []
+
+
+async def test_W5_node_resources_and_local_alarms_match_rabbitmq(sides: tuple[Side, Side], tmp_path: Any) -> None:
+    """W5: /api/nodes carries RabbitMQ's resource fields with RabbitMQ's types (mem_used being
+    the bytes the gateway holds; a gateway with a data directory, so that disk_free is its
+    file system's), and /api/health/checks/local-alarms answers as RabbitMQ's."""
+    rabbit = sides[0]
+    async with operator_gateway(str(tmp_path)) as og:
+        gateway = Side(og.amqp_url, og.management_url, rabbit.http)
+        keys = ["name", "type", "running", "mem_used", "mem_limit", "mem_alarm", "disk_free",
+                "disk_free_limit", "disk_free_alarm"]
+        (rn,), (gn,) = await rabbit.get("/api/nodes"), await gateway.get("/api/nodes")
+        assert same_types(gn, rn, keys) == []
+        assert (gn["disk_free_limit"], gn["mem_alarm"], gn["disk_free_alarm"]) == (rn["disk_free_limit"], False, False)
+        assert set(await gateway.get(f"/api/nodes/{gn['name']}")) == set(gn)
+        assert await rabbit.get("/api/health/checks/local-alarms") == await gateway.get(
+            "/api/health/checks/local-alarms") == {"status": "ok"}

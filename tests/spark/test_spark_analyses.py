@@ -68,3 +68,38 @@ def test_A4_funnel_retries_latency_and_auth(spark, tmp_path: Path) -> None:
     pubs = [(r.user, r.host, r.messages, r.bytes) for r in analyses.busiest_publishers(df).collect()]
     assert pubs == [("alice", "10.0.0.1", 2, 30), ("bob", "10.0.0.2", 1, 30)]
     df.unpersist()
+
+
+def _limit_records(audit_dir: Path) -> None:
+    now = [T]
+    with AuditLog(str(audit_dir), clock=lambda: now[0]) as a:
+        for dt, value, user in ((0, 70, "alice"), (1, 205, "alice"), (2, 90, "bob")):
+            now[0] = T + dt
+            a.emit("limit_exceeded", "/", rule="L4", value=value, limit=64, object="exchange:orders", user=user,
+                   peer="10.0.0.1:5000", reason="PRECONDITION_FAILED - ... (CMQ limit L4)")
+        a.emit("limit_exceeded", "/", rule="L6", value=100_000, limit=65536, object="queue:big", user="bob")
+        a.emit("publish", "/", topic="orders", msg_id="m1", size=10)
+
+
+def test_PF4_limits_exceeded_is_the_migration_report(spark, tmp_path: Path) -> None:
+    """PF4: limit_exceeded records (rule, value, limit, object) read as typed columns and
+    aggregated per rule, object and user; records without the new fields read as NULL."""
+    _limit_records(tmp_path)
+    df = spark.read.format("cmq-audit").load(str(tmp_path)).cache()
+    rows = [(r.rule, r.object, r.user, r.breaches, r.worst_value, r.limit)
+            for r in analyses.limits_exceeded(df).collect()]
+    assert rows == [("L4", "exchange:orders", "alice", 2, 205, 64), ("L4", "exchange:orders", "bob", 1, 90, 64),
+                    ("L6", "queue:big", "bob", 1, 100_000, 65536)]
+    [publish] = df.where("event = 'publish'").select("rule", "value", "limit", "object").collect()
+    assert publish.asDict() == {"rule": None, "value": None, "limit": None, "object": None}
+
+
+def test_PF4_the_report_page_has_the_migration_report(spark, tmp_path: Path) -> None:
+    from spark.report import write_report
+
+    _limit_records(tmp_path / "audit")
+    page = Path(write_report(spark, str(tmp_path / "audit"), str(tmp_path / "out"), progress=lambda _: None))
+    text = page.read_text(encoding="utf-8")
+    assert "Migration report: CMQ limits exceeded" in text and "src='08.png'" in text
+    assert (tmp_path / "out" / "08.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "exchange:orders" in text and "queue:big" in text

@@ -21,9 +21,16 @@ class Recorder:
         return [f for e, f in self.records if e == event]
 
 
+def _profile(request: pytest.FixtureRequest) -> str:
+    """PF1: ``@pytest.mark.profile("cmq")`` runs the test's broker under that profile; the
+    default is the gateway's (compatible)."""
+    marker = request.node.get_closest_marker("profile")
+    return marker.args[0] if marker is not None else BrokerConfig.profile
+
+
 @pytest.fixture
-async def broker():
-    b = await Broker.open(None, clock=ManualClock())
+async def broker(request: pytest.FixtureRequest):
+    b = await Broker.open(None, clock=ManualClock(), config=BrokerConfig(profile=_profile(request)))
     yield b
     await b.close()
 
@@ -34,14 +41,15 @@ def audit() -> Recorder:
 
 
 @pytest.fixture
-async def audited(audit: Recorder):
-    b = await Broker.open(None, clock=ManualClock(), audit=audit)
+async def audited(audit: Recorder, request: pytest.FixtureRequest):
+    b = await Broker.open(None, clock=ManualClock(), audit=audit, config=BrokerConfig(profile=_profile(request)))
     yield b
     await b.close()
 
 
 @pytest.fixture
-async def strict():
-    b = await Broker.open(None, clock=ManualClock(), config=BrokerConfig(strict_names=True))
+async def strict(request: pytest.FixtureRequest):
+    b = await Broker.open(None, clock=ManualClock(),
+                          config=BrokerConfig(strict_names=True, profile=_profile(request)))
     yield b
     await b.close()

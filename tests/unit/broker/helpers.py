@@ -91,3 +91,14 @@ def deliveries(frames: list[tuple[int, Any]]) -> list[tuple[Any, Any, bytes]]:
             body = frames[i + 2][1].value if head.body_size else b""
             out.append((fr, head.properties, body))
     return out
+
+
+def small_and_big_behind_fanout(broker: Broker) -> Client:
+    """A client with fanout ``fan`` bound to queues ``small`` (MaxMsgSize 2048, L6) and ``big``
+    (the default 65,536)."""
+    c = Client(broker)
+    c.open_channel()
+    declare(c, C.Exchange.Declare(exchange="fan", exchange_type="fanout"),
+            C.Queue.Declare(queue="small", arguments={"x-cmq-max-msg-size": 2048}), C.Queue.Declare(queue="big"),
+            C.Queue.Bind(queue="small", exchange="fan"), C.Queue.Bind(queue="big", exchange="fan"))
+    return c

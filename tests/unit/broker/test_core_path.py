@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pamqp import commands as C
 
 from tests.unit.broker.helpers import Client
@@ -23,6 +24,7 @@ async def test_M2_direct_exchange_routes_by_tag_and_empty_binding_takes_all(brok
     assert vh.queues["all"].message_count == 2
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_M11_consume_delivers_with_cmq_headers_and_ack_deletes(broker):
     """M11: message_id is the CMQ ID, x-cmq-* headers; M12: ack deletes."""
     c = Client(broker)
@@ -56,6 +58,7 @@ async def test_M12_unknown_delivery_tag_closes_channel_406(broker):
     assert (close.reply_code, close.reply_text) == (406, "PRECONDITION_FAILED - unknown delivery tag 7")
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_Q3_M12_stale_ack_deletes_nothing(broker):
     """Q3/M12: after the visibility timeout another consumer received it: the old ack is stale."""
     a, b = Client(broker), Client(broker)

@@ -124,6 +124,7 @@ async def test_M13_reject_publish_dlx_nacks_and_dead_letters_the_refused_message
     assert _get(c, "src")[2] == b"in"
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_M7_x_delivery_limit_dead_letters_as_delivery_limit(broker):
     """M7: x-delivery-limit is the receive count: past 2 receives, the next one dead-letters."""
     c = Client(broker)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pamqp import commands as C
 
 from tests.unit.broker.helpers import Client, declare, deliveries
@@ -146,6 +147,7 @@ async def test_M15_x_stream_offset_that_is_not_a_time_is_refused(broker):
                                 "rewind to a time is supported")
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_M13_basic_recover_requeues_and_requeue_false_is_540(broker):
     c = Client(broker)
     c.open_channel()

@@ -3,6 +3,7 @@ messages across a restart (D2, M14), and the audit trail of one message (A1, A2)
 
 from __future__ import annotations
 
+import pytest
 from pamqp import commands as C
 
 from gateway.broker import Broker
@@ -124,6 +125,7 @@ async def test_M14_D2_retained_persistent_message_is_confirmed_after_fsync_and_s
     await b2.close()
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_A2_one_msg_id_from_publish_to_ack_across_two_queues(audited, audit: Recorder):
     c = Client(audited)
     c.open_channel()

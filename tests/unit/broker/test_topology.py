@@ -3,9 +3,10 @@ auto-delete and x-expires queues (M7), exchange-to-exchange bindings (M8)."""
 
 from __future__ import annotations
 
+import pytest
 from pamqp import commands as C
 
-from tests.unit.broker.helpers import Client, declare, deliveries
+from tests.unit.broker.helpers import Client, declare, deliveries, small_and_big_behind_fanout
 
 
 def _close_of(methods):
@@ -33,32 +34,34 @@ async def test_L5_501st_binding_on_one_exchange_is_refused_and_nothing_changes(b
                                                  channel=2)] == ["BindOk"]
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_L4_sixth_binding_key_of_one_pair_is_refused(broker):
     """M8: each key of one (exchange, queue) pair is a filter of one subscription, at most 5."""
     c = Client(broker)
     c.open_channel()
-    c.send(1, C.Exchange.Declare(exchange="t", exchange_type="topic"), C.Queue.Declare(queue="tq"))
+    c.send(1, C.Exchange.Declare(exchange="tpx", exchange_type="topic"), C.Queue.Declare(queue="tqq"))
     for i in range(5):
-        c.send(1, C.Queue.Bind(queue="tq", exchange="t", routing_key=f"k{i}.#"))
+        c.send(1, C.Queue.Bind(queue="tqq", exchange="tpx", routing_key=f"k{i}.#"))
     c.read()
-    c.send(1, C.Queue.Bind(queue="tq", exchange="t", routing_key="k5.#"))
+    c.send(1, C.Queue.Bind(queue="tqq", exchange="tpx", routing_key="k5.#"))
     code, text = _close_of(c.methods())
     assert code == 406 and text.endswith("(CMQ limit L4)")
-    assert broker.vhosts["/"].exchanges["t"].bindings[("q", "tq")].keys == [f"k{i}.#" for i in range(5)]
+    assert broker.vhosts["/"].exchanges["tpx"].bindings[("q", "tqq")].keys == [f"k{i}.#" for i in range(5)]
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_L2_strict_names_refuses_names_that_are_not_cmq_names(strict):
     c = Client(strict)
     c.open_channel()
     c.send(1, C.Queue.Declare(queue="orders.eu"))
     assert _close_of(c.methods()) == (
         406, "PRECONDITION_FAILED - queue name 'orders.eu' is not a valid CMQ name (3-64 bytes of "
-             "[A-Za-z0-9_-], starting with a letter) and strict_names is on (CMQ limit L2)")
+             "[A-Za-z0-9_-], starting with a letter), so CMQ could not hold it (CMQ limit L2)")
     c.open_channel(2)
     c.send(2, C.Exchange.Declare(exchange="x:1", exchange_type="direct"))
     assert _close_of(c.methods()) == (
         406, "PRECONDITION_FAILED - topic name 'x:1' is not a valid CMQ name (3-64 bytes of "
-             "[A-Za-z0-9_-]) and strict_names is on (CMQ limit L2)")
+             "[A-Za-z0-9_-]), so CMQ could not hold it (CMQ limit L2)")
     c.open_channel(3)
     ok = declare(c, C.Queue.Declare(queue="orders_eu"), C.Exchange.Declare(exchange="orders-x"),
                  C.Queue.Declare(queue=""), channel=3)
@@ -182,15 +185,12 @@ async def test_M7_x_expires_waits_while_the_queue_has_a_consumer(broker):
     assert (ret.reply_code, ret.reply_text) == (312, "NO_ROUTE")
 
 
+@pytest.mark.profile("cmq")  # PF2 limits / M11 receive metadata
 async def test_L6_a_queue_behind_a_topic_refuses_a_body_above_its_max_msg_size(broker):
     """L6: refused before anything is enqueued, in any queue the message reaches."""
-    c = Client(broker)
-    c.open_channel()
-    declare(c, C.Exchange.Declare(exchange="f", exchange_type="fanout"),
-            C.Queue.Declare(queue="small", arguments={"x-cmq-max-msg-size": 2048}), C.Queue.Declare(queue="big"),
-            C.Queue.Bind(queue="small", exchange="f"), C.Queue.Bind(queue="big", exchange="f"))
-    c.publish(1, "f", "", b"x" * 2048)
-    c.publish(1, "f", "", b"x" * 2049)
+    c = small_and_big_behind_fanout(broker)
+    c.publish(1, "fan", "", b"x" * 2048)
+    c.publish(1, "fan", "", b"x" * 2049)
     assert _close_of(c.methods()) == (
         406, "PRECONDITION_FAILED - message of 2049 bytes is larger than queue 'small' MaxMsgSize 2048 "
              "(CMQ limit L6)")

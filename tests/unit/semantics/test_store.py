@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from semantics.store import Store, StoreClosedError, StoreFailedError, StoreLockedError
 from semantics.store import store as store_module
 from semantics.store.format import BATCH_HEADER, RECORD_HEADER
+from tests.small_disk import fill, free, small_disk
 
 
 @pytest.fixture(params=["memory", "disk"])
@@ -115,8 +116,10 @@ def test_one_batch_per_sync_on_disk(tmp_path) -> None:
     assert size == BATCH_HEADER.size + (RECORD_HEADER.size + 2 + 3) + (RECORD_HEADER.size + 2)
 
 
-def test_failed_fsync_stops_the_store(tmp_path, monkeypatch) -> None:
-    """After a failed fsync nothing may be reported durable again (pages may be gone)."""
+def test_failed_fsync_is_retried_by_writing_the_batch_anew(tmp_path, monkeypatch) -> None:
+    """M14/W5: after a failed fsync nothing is reported durable, the store keeps working in
+    memory, and the next sync cuts the segment back and writes the batch anew (never merely
+    fsyncing pages whose write-back may have failed)."""
     s = Store.open(os.fspath(tmp_path))
     s.put("a", b"1")
 
@@ -127,12 +130,81 @@ def test_failed_fsync_stops_the_store(tmp_path, monkeypatch) -> None:
     with pytest.raises(StoreFailedError):
         s.sync()
     monkeypatch.undo()
-    assert s.durable_lsn == 0
-    with pytest.raises(StoreFailedError):
-        s.put("b", b"2")
-    with pytest.raises(StoreFailedError):
-        s.sync()
+    assert (s.durable_lsn, s.failed is not None) == (0, True)
+    segment = os.path.join(tmp_path, "journal-00000001.log")
+    assert os.path.getsize(segment) == 0  # what the failed batch wrote was cut off
+    s.put("b", b"2")
+    assert s.sync() == 2
+    assert s.failed is None
     s.close()
+    # One batch holding both records, written once.
+    assert os.path.getsize(segment) == BATCH_HEADER.size + 2 * (RECORD_HEADER.size + 2)
+    with Store.open(os.fspath(tmp_path)) as again:
+        assert (again.get("a"), again.get("b"), again.last_lsn) == (b"1", b"2", 2)
+
+
+def test_W5_full_disk_keeps_the_batch_and_resumes_when_space_returns(tmp_path) -> None:
+    """W5/M14 on a real full file system (a small tmpfs): the write fails with ENOSPC, the
+    store goes on in memory (a delete is not refused), and writes everything once there is
+    room again; what was durable before stays durable."""
+    with small_disk(tmp_path / "disk") as disk:
+        s = Store.open(os.fspath(disk / "store"))
+        s.put("kept", b"k")
+        assert s.sync() == 1
+        fill(disk)
+        s.put("big", b"x" * 200_000)
+        with pytest.raises(StoreFailedError):
+            s.sync()
+        assert (s.durable_lsn, type(s.failed)) == (1, OSError)
+        s.delete("kept")  # an ack's delete: journalled later, not refused
+        with pytest.raises(StoreFailedError):
+            s.sync()  # still full
+        free(disk)
+        assert s.sync() == 3
+        assert s.failed is None
+        s.close()
+        with Store.open(os.fspath(disk / "store")) as again:
+            assert (again.get("kept"), len(again.get("big") or b""), again.last_lsn) == (None, 200_000, 3)
+
+
+def test_W5_store_opens_on_a_full_disk(tmp_path) -> None:
+    """A restart on a disk that is still full opens the store (it reads; it writes later)."""
+    with small_disk(tmp_path / "disk") as disk:
+        s = Store.open(os.fspath(disk / "store"))
+        s.put("a", b"1")
+        s.sync()
+        s.close()
+        fill(disk)
+        with Store.open(os.fspath(disk / "store")) as again:
+            assert again.get("a") == b"1"
+            again.put("b", b"2" * 10_000)  # more than the segment's last page has left
+            with pytest.raises(StoreFailedError):
+                again.sync()
+            free(disk)
+            assert again.sync() == 2
+
+
+def test_W5_torn_tail_on_a_full_disk_is_cut_off_without_its_copy(tmp_path) -> None:
+    """The torn last batch (never confirmed) is normally copied aside before it is cut off;
+    on a full disk there is no room for the copy, and the store still opens."""
+    with small_disk(tmp_path / "disk") as disk:
+        s = Store.open(os.fspath(disk / "store"))
+        s.put("a", b"1")
+        s.sync()
+        s.close()
+        segment = disk / "store" / "journal-00000001.log"
+        good = segment.stat().st_size
+        s2 = Store.open(os.fspath(disk / "store"))
+        s2.put("b", b"2" * 50_000)
+        s2.sync()
+        s2.close()
+        with open(segment, "r+b") as f:
+            f.truncate(good + 30_000)  # the second batch, torn
+        fill(disk)
+        with Store.open(os.fspath(disk / "store")) as again:
+            assert (again.get("a"), again.get("b")) == (b"1", None)
+            assert (again.recovery.torn_bytes, again.recovery.aside_path) == (30_000, None)
+        assert segment.stat().st_size == good
 
 
 # -- compaction --------------------------------------------------------------------------------
