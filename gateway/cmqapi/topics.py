@@ -32,7 +32,7 @@ from semantics.names import is_valid_name
 from semantics.retry import DEFAULT_STRATEGY, NotifyStrategy
 from semantics.topic import FilterType
 
-__all__ = ["TOPIC_ACTIONS"]
+__all__ = ["TOPIC_ACTIONS", "subscription_name"]
 
 SUB_NAME_ARG = "x-cmq-subscription-name"
 STRATEGY_ARG = "x-cmq-notify-strategy"
@@ -144,7 +144,9 @@ async def _publish(api: CmqApi, caller: Caller, p: Params, batch: bool) -> dict[
 # -- subscriptions -------------------------------------------------------------------------
 
 
-def _queue_sub_name(binding: Any) -> str:
+def subscription_name(binding: Any) -> str:
+    """The CMQ name of a queue subscription (its binding): the one Subscribe gave it, or
+    ``q:<queue>`` for a binding made over AMQP."""
     for args in binding.arguments.values():
         name = args.get(SUB_NAME_ARG)
         if name:
@@ -157,7 +159,7 @@ def _subscriptions(api: CmqApi, vh: Any, ex: Any) -> dict[str, tuple[str, Any]]:
     out: dict[str, tuple[str, Any]] = {}
     for dest, binding in ex.bindings.items():
         if dest[0] == "q":
-            out[_queue_sub_name(binding)] = ("queue", binding)
+            out[subscription_name(binding)] = ("queue", binding)
     for (vhost, exchange, name), record in api.pusher.subscriptions.items():
         if (vhost, exchange) == (vh.name, ex.name):
             out[name] = ("http", record)

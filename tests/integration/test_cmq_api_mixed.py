@@ -176,3 +176,22 @@ def test_CA2_PF4_compatible_profile_reports_instead_of_refusing(tmp_path: Path, 
         assert cmq.ok("ReceiveMessage", queueName=unique)["msgBody"] == "x" * 1025
     breaches = [r for r in _records(audit_dir) if r["event"] == "limit_exceeded"]
     assert [(r["rule"], r["value"], r["limit"]) for r in breaches] == [("L6", 1025, 1024)], breaches
+
+
+def test_CA4_management_api_shows_the_cmq_subscription_name(tmp_path: Path, unique: str) -> None:
+    """CA4: the management API's /api/cmq views show what the CMQ API made, by its CMQ names."""
+    import requests
+
+    with cmq_gateway(None, management_port=0, management_host="127.0.0.1") as (gw, url):
+        cmq = admin(url)
+        cmq.ok("CreateQueue", queueName=unique)
+        cmq.ok("CreateTopic", topicName=unique + "t")
+        cmq.ok("Subscribe", topicName=unique + "t", subscriptionName="billing", protocol="queue", endpoint=unique,
+               filterTag=["invoice"])
+        mgmt = dict(gw.operator_addresses())["management API"]
+        view = requests.get(f"http://{mgmt}/api/cmq/topics/%2F/{unique}t/subscriptions", auth=("admin", "admin"),
+                            timeout=20).json()
+        assert [(s["subscriptionName"], s["endpoint"], s["filterTag"]) for s in view] == \
+            [("billing", unique, ["invoice"])]
+        queue = requests.get(f"http://{mgmt}/api/cmq/queues/%2F/{unique}", auth=("admin", "admin"), timeout=20).json()
+        assert queue["queueName"] == unique
