@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 from gateway import version
 from gateway.config import (
+    DEFAULT_CMQ_API_PORT,
     DEFAULT_MANAGEMENT_PORT,
     DEFAULT_METRICS_PORT,
     DEFAULT_PORT,
@@ -80,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "off turns it off)")
     serve.add_argument("--metrics-port", type=_port_or_off, default=None, metavar="PORT|off",
                        help=f"Prometheus /metrics (default: {DEFAULT_METRICS_PORT}, as RabbitMQ; "
+                            "0 picks a free port; off turns it off)")
+    serve.add_argument("--cmq-api-port", type=_port_or_off, default=None, metavar="PORT|off",
+                       help=f"CMQ's HTTP API, /v2/index.php (default: {DEFAULT_CMQ_API_PORT}; "
                             "0 picks a free port; off turns it off)")
     serve.add_argument("--tls-port", type=_port_or_off, default=None, metavar="PORT|off",
                        help=f"AMQPS (AMQP over TLS) port, on the AMQP hosts (default: {DEFAULT_TLS_PORT}, "
@@ -168,9 +172,10 @@ def _serve(args: argparse.Namespace) -> int:
     config.management_port = _operator_port(args.management_port, config.management_port,
                                             DEFAULT_MANAGEMENT_PORT)
     config.metrics_port = _operator_port(args.metrics_port, config.metrics_port, DEFAULT_METRICS_PORT)
+    config.cmq_api_port = _operator_port(args.cmq_api_port, config.cmq_api_port, DEFAULT_CMQ_API_PORT)
     if args.host is not None:
         # One --host for everything the gateway serves, as an operator reading --help expects.
-        config.management_host = config.metrics_host = args.host
+        config.management_host = config.metrics_host = config.cmq_api_host = args.host
     try:
         run(config)
     except (ListenError, StartupError) as e:

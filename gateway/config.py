@@ -12,7 +12,8 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
     salvage: false                    # open a damaged store, setting the damage aside
     users:
       - {name: alice, password_hash: "<from an export>", hashing_algorithm: rabbit_password_hashing_sha256}
-      - {name: bob, password: "plain text is hashed on load"}
+      - {name: bob, password: "plain text is hashed on load",
+         cmq_keys: [{secret_id: "AKID...", secret_key: "...", vhost: "/"}]}   # CA1: CMQ API keys
     vhosts: [{name: "/"}, {name: orders, profile: cmq}]  # or plain strings; profile: PF1
     permissions:
       - {user: alice, vhost: "/", configure: ".*", write: ".*", read: ".*"}
@@ -27,6 +28,7 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
     management: {port: 15672, host: "0.0.0.0"}   # or off; RabbitMQ's management HTTP API
     metrics: {port: 15692, host: "0.0.0.0"}      # or off; Prometheus /metrics
                                       # (without a host: 0.0.0.0 and ::, as the listeners)
+    cmq_api: {port: 15680, host: "0.0.0.0"}      # or off; CMQ's HTTP API (CA1, gateway.cmqapi)
     tls:                              # SE2: AMQPS, and HTTPS for management and /metrics
       certfile: /etc/cmq-gateway/server.pem
       keyfile: /etc/cmq-gateway/server.key
@@ -56,6 +58,7 @@ from gateway.push_policy import PushPolicy
 
 __all__ = [
     "AuditSettings",
+    "CmqKey",
     "ConfigError",
     "GatewayConfig",
     "Limits",
@@ -69,6 +72,9 @@ DEFAULT_PORT = 5672
 DEFAULT_MANAGEMENT_PORT = 15672
 DEFAULT_METRICS_PORT = 15692
 DEFAULT_TLS_PORT = 5671
+# CA1: CMQ's HTTP API. Clear of RabbitMQ (5672, 5671, 15672, 15692, 25672, 4369), Spark (7077,
+# 8080, 4040), MQTT (1883, 8883) and NATS (4222, 8222).
+DEFAULT_CMQ_API_PORT = 15680
 OFF = -1  # management / metrics explicitly turned off (config `management: off`, `--management-port off`)
 
 
@@ -136,6 +142,17 @@ class TLSSettings:
     ssl_cert_login_from: str = "distinguished_name"
     management: bool = True  # serve the management API over HTTPS
     metrics: bool = True  # serve /metrics over HTTPS
+    cmq_api: bool = True  # serve CMQ's HTTP API over HTTPS
+
+
+@dataclass(frozen=True, slots=True)
+class CmqKey:
+    """One SecretId/SecretKey pair of CMQ's HTTP API (CA1): requests signed with it act as
+    ``user``, in ``vhost`` unless the request names another."""
+
+    user: str
+    secret_key: str
+    vhost: str = "/"
 
 
 @dataclass(slots=True)
@@ -167,6 +184,11 @@ class GatewayConfig:
     # load_definitions does. Empty when the file holds none.
     definitions: dict[str, Any] = field(default_factory=dict)
     tls: TLSSettings | None = None  # None: no TLS anywhere
+    # CA1: CMQ's HTTP API (None: off; `cmq-gateway serve` turns it on at DEFAULT_CMQ_API_PORT)
+    # and its key pairs by SecretId.
+    cmq_api_port: int | None = None
+    cmq_api_host: str = "0.0.0.0"
+    cmq_keys: dict[str, CmqKey] = field(default_factory=dict)
 
     @property
     def vhosts(self) -> list[str]:
@@ -256,7 +278,8 @@ def parse_config(raw: Any) -> GatewayConfig:
     cfg.audit = AuditSettings(**audit)
     if raw.get("tls") is not None:
         cfg.tls = _tls(_set(raw["tls"]))
-    for key in ("management", "metrics"):
+    cfg.cmq_keys = _cmq_keys(raw.get("users", []))
+    for key in ("management", "metrics", "cmq_api"):
         section = raw.get(key)
         port = section.get("port") if isinstance(section, Mapping) else section
         setattr(cfg, f"{key}_port", None if port is None else OFF if port in (False, "off") else port)
@@ -315,6 +338,17 @@ def _userdb(raw: Mapping[str, Any]) -> UserDB:
         perms[(p["user"], p["vhost"])] = Permission(p["configure"], p["write"], p["read"])
     loopback = raw.get("loopback_users", ["guest"])
     return UserDB(users, perms, vhosts, frozenset(loopback))
+
+
+def _cmq_keys(users: list[Mapping[str, Any]]) -> dict[str, CmqKey]:
+    keys: dict[str, CmqKey] = {}
+    for i, u in enumerate(users):
+        for j, k in enumerate(u.get("cmq_keys") or []):
+            if k["secret_id"] in keys:
+                raise ConfigError(f"config: users[{i}].cmq_keys[{j}].secret_id: {k['secret_id']!r} is "
+                                  f"already the key of user {keys[k['secret_id']].user!r}")
+            keys[k["secret_id"]] = CmqKey(u["name"], k["secret_key"], k.get("vhost") or "/")
+    return keys
 
 
 def _tls(values: dict[str, Any]) -> TLSSettings:

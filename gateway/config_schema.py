@@ -241,6 +241,9 @@ USER = Map({
     "hashing_algorithm": Enum(*sorted(HASHING_ALGORITHMS.values())),
     "tags": OneOf(ListOf(Str()), Str()),  # RabbitMQ exports "a,b" before 3.12
     "limits": Anything(),  # RabbitMQ's per-user limits: exported, not enforced here
+    # CA1: the user's key pairs for CMQ's HTTP API (gateway.cmqapi); vhost: the default one.
+    "cmq_keys": ListOf(Map({"secret_id": Str(), "secret_key": Str(), "vhost": Str()},
+                           required=("secret_id", "secret_key"))),
 }, required=("name",))
 
 VHOST = OneOf(Str(), Map({
@@ -289,6 +292,7 @@ TLS = Map({
     "ssl_cert_login_from": Enum("common_name", "distinguished_name"),
     "management": Bool(),
     "metrics": Bool(),
+    "cmq_api": Bool(),
 })
 
 SCHEMA = Map({
@@ -305,6 +309,7 @@ SCHEMA = Map({
     "audit": AUDIT,
     "management": OPERATOR_PORT,
     "metrics": OPERATOR_PORT,
+    "cmq_api": OPERATOR_PORT,  # CA1: CMQ's HTTP API (gateway.cmqapi)
     "tls": TLS,  # branch tls-timeouts
     "profile": PROFILE,  # branch profiles
     # SE3 (gateway.push_policy): URL globs, and the private networks pushes may reach anyway.

@@ -71,6 +71,7 @@ _IN_USE = {
                       "or --management-port off",
     "metrics": "(RabbitMQ's Prometheus plugin?): choose another with --metrics-port, or --metrics-port off",
     "amqps": "(another AMQPS broker?): choose another with --tls-port, or --tls-port off",
+    "cmq-api": "(another cmq-gateway?): choose another with --cmq-api-port, or --cmq-api-port off",
 }
 # The option of a port whose name does not say it (the others: --<first word>-port).
 _OPTION = {"amqp": "--port", "amqps": "--tls-port"}
@@ -335,8 +336,8 @@ class Gateway:
         return "https" if name in self._https else "http"
 
     def operator_addresses(self) -> list[tuple[str, str]]:
-        """("management API" | "metrics", "host:port") of each address the HTTP endpoints are
-        served on (by default 0.0.0.0 and [::], one port)."""
+        """("management API" | "metrics" | "CMQ API", "host:port") of each address the HTTP
+        endpoints are served on (by default 0.0.0.0 and [::], one port)."""
         out = []
         for name, runner in self._operator:
             for address in runner.addresses:
@@ -363,6 +364,15 @@ class Gateway:
             self._operator.append(("metrics", await _closing(socks, start_metrics(self, sockets=socks, ssl_context=ctx))))
             if ctx is not None:
                 self._https.add("metrics")
+        if config.cmq_api_port is not None:
+            from gateway.cmqapi import start_cmq_api
+            where = f"{config.cmq_api_host}:{config.cmq_api_port} (CMQ API)"
+            ctx = self.ssl_context if tls is not None and tls.cmq_api else None
+            self._operator.append(("CMQ API", await _operator_listen(
+                where, config.cmq_api_port, "cmq-api",
+                start_cmq_api(self, config.cmq_api_host, config.cmq_api_port, ssl_context=ctx))))
+            if ctx is not None:
+                self._https.add("CMQ API")
 
     async def stop(self) -> None:
         """Stop accepting, close every client with 320, flush the store, close the audit log."""

@@ -44,6 +44,7 @@ FIELD_TYPES: Mapping[str, str] = {
     "tags": "array<string>", "routing_key": "string", "size": "long", "attempt": "int",
     "reason": "string", "user": "string", "peer": "string", "latency_ms": "double",
     "next_at": "timestamp", "policy": "string", "conn": "string", "dropped": "long",
+    "protocol": "string",  # CA4: the API that carried it when not AMQP ("cmq-api", "mqtt")
     # limit_exceeded (PF4): the CMQ rule, the number that broke it and the limit, and the
     # object (``exchange:<name>``, ``queue:<name>``, ``binding:<exchange>-><sub>``).
     "rule": "string", "value": "long", "limit": "long", "object": "string",

@@ -19,7 +19,8 @@ from typing import Any
 from gateway.audit.counting import FIELDS_READ, count_key
 from gateway.audit.record import formatter
 
-__all__ = ["ACK", "DELIVER", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_TOPIC", "ROUTE", "ROWS", "Row",
+__all__ = ["ACK", "DELIVER", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_QUEUE_VIA", "PUBLISH_TOPIC", "PUBLISH_TOPIC_VIA",
+           "ROUTE", "ROWS", "Row",
            "fields_emitter", "row_emitter"]
 
 
@@ -67,6 +68,10 @@ ROUTE = Row("route", "topic", "msg_id", "routing_key", "subscription", "queue", 
 ENQUEUE = Row("enqueue", "queue", "msg_id", "size", "topic", "subscription")
 DELIVER = Row("deliver", "user", "peer", "queue", "msg_id", "attempt", "size")
 ACK = Row("ack", "user", "peer", "queue", "msg_id", "latency_ms")
+# CA4: a publish that came through another API than AMQP names it (``protocol``: "cmq-api",
+# "mqtt"); AMQP publishes keep the rows above, so their records are unchanged.
+PUBLISH_QUEUE_VIA = Row("publish", *PUBLISH_QUEUE.keys, "protocol")
+PUBLISH_TOPIC_VIA = Row("publish", *PUBLISH_TOPIC.keys, "protocol")
 
 
 def fields_emitter(sink: Any) -> Callable[[str, str, dict[str, Any]], None]:

@@ -11,7 +11,14 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from gateway.audit.rows import ENQUEUE, PUBLISH_QUEUE, PUBLISH_TOPIC, ROUTE
+from gateway.audit.rows import (
+    ENQUEUE,
+    PUBLISH_QUEUE,
+    PUBLISH_QUEUE_VIA,
+    PUBLISH_TOPIC,
+    PUBLISH_TOPIC_VIA,
+    ROUTE,
+)
 from gateway.broker import persistence as P
 from gateway.broker.arguments import (
     EXCHANGE_EQUIVALENCE,
@@ -311,6 +318,20 @@ class VHost:
         qargs = parse_queue_args(args)
         return None, qargs, QueueAttributes(**qargs.attrs)
 
+    def set_queue_arguments(self, q: BrokerQueue, arguments: dict[str, Any], user: str | None = None) -> None:
+        """CMQ SetQueueAttributes (CA2): the queue's arguments replaced and its attributes
+        changed at once; a CMQError, and nothing changed, when the new ones break a range."""
+        check_rabbit_args(arguments, q.name, self.name)
+        policy, qargs, attrs = self._queue_settings(q.name, arguments)
+        q.arguments, q.policy, q.qargs, q.attrs = dict(arguments), policy, qargs, attrs
+        q.cmq.set_attributes(attrs, self.broker.now())
+        if q.durable and q.exclusive_owner is None:
+            self.broker.persist(P.queue_key(self.name, q.name), P.encode_json(
+                {"vhost": self.name, "name": q.name, "auto_delete": q.auto_delete, "arguments": q.arguments}))
+        self._emit("queue_declare", queue=q.name, user=user, reason="attributes")
+        self.broker.touch_queue(q)
+        self.broker.after_queue_change(self, q)
+
     # -- policies (M7) -----------------------------------------------------------------------
 
     def set_policy(self, policy: Policy) -> None:
@@ -446,9 +467,11 @@ class VHost:
 
     def publish(self, exchange: str, routing_key: str, properties: Any, body: bytes,
                 *, immediate: bool = False, user: str | None = None,
-                peer: str | None = None, cycle: frozenset[str] = frozenset()) -> PublishOutcome:
+                peer: str | None = None, cycle: frozenset[str] = frozenset(),
+                protocol: str | None = None) -> PublishOutcome:
         """One basic.publish. Every record it leaves in the audit log (publish, route, enqueue,
-        discard) carries the one CMQ message ID it gets here (A2)."""
+        discard) carries the one CMQ message ID it gets here (A2). ``protocol``: the API that
+        carried it when not AMQP (CA4), written in its publish record."""
         if immediate:
             # RabbitMQ 3.x dropped immediate: connection error 540.
             raise ConnectionFault("M16", "immediate=true", reply_code=NOT_IMPLEMENTED)
@@ -457,7 +480,8 @@ class VHost:
         out = PublishOutcome()
         ttl = _ttl_of(properties)
         if exchange == "":
-            self._send_direct(routing_key, properties, body, headers, now, out, user, peer, ttl, cycle)
+            self._send_direct(routing_key, properties, body, headers, now, out, user, peer, ttl, cycle,
+                              protocol)
             return out
         ex = self.exchange(exchange)
         if ex.internal:
@@ -468,8 +492,11 @@ class VHost:
             self._report_message(ex, tags, routing_key, user, peer)
         size = len(body)
         msg_id = out.msg_id = new_msg_id()
-        self.broker.emit_row(PUBLISH_TOPIC, self.name,
-                             (exchange, routing_key, msg_id, list(tags) or None, size, user, peer))
+        values = (exchange, routing_key, msg_id, list(tags) or None, size, user, peer)
+        if protocol is None:
+            self.broker.emit_row(PUBLISH_TOPIC, self.name, values)
+        else:
+            self.broker.emit_row(PUBLISH_TOPIC_VIA, self.name, (*values, protocol))
         emit = self.broker.audit.emit
         if headers and ("x-delay" in headers or "x-cmq-delay-seconds" in headers):
             raise precondition(f"message delay is a queue feature; it is not available through "
@@ -588,11 +615,15 @@ class VHost:
 
     def _send_direct(self, routing_key: str, properties: Any, body: bytes, headers: Any, now: float,
                      out: PublishOutcome, user: str | None, peer: str | None, ttl: float | None,
-                     cycle: frozenset[str] = frozenset()) -> None:
+                     cycle: frozenset[str] = frozenset(), protocol: str | None = None) -> None:
         """M10: CMQ SendMessage straight to the queue named by the routing key."""
         size = len(body)
         msg_id = out.msg_id = new_msg_id()
-        self.broker.emit_row(PUBLISH_QUEUE, self.name, (routing_key, routing_key, msg_id, size, user, peer))
+        values = (routing_key, routing_key, msg_id, size, user, peer)
+        if protocol is None:
+            self.broker.emit_row(PUBLISH_QUEUE, self.name, values)
+        else:
+            self.broker.emit_row(PUBLISH_QUEUE_VIA, self.name, (*values, protocol))
         q = self.queues.get(routing_key)
         if q is None:
             if routing_key.startswith(REPLY_PREFIX) and self.broker.replies.deliver(routing_key, properties, body):

@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.cmqapi.topics import subscription_name
 from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
 from gateway.management.openapi import openapi_document
 from gateway.push_policy import PushRefused
@@ -43,8 +44,10 @@ def subscription_view(mgmt: Management, vhost: str, ex: Any, sub: Any) -> dict[s
     kind, dest = sub.endpoint
     http = mgmt.pusher.subscriptions.get((vhost, ex.name, sub.name))
     protocol = "http" if kind == "http" else "queue" if kind == "q" else "exchange"
+    binding = ex.bindings.get(sub.endpoint) if kind == "q" else None
     out: dict[str, Any] = {
-        "subscriptionName": sub.name,
+        # CA4: a subscription made through CMQ's API shows under the name it was given there
+        "subscriptionName": sub.name if binding is None else subscription_name(binding),
         "protocol": protocol,
         "endpoint": dest,
         "notifyStrategy": sub.strategy.value,

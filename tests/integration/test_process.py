@@ -22,7 +22,7 @@ from tests.integration.differential import blocking
 ROOT = Path(__file__).resolve().parents[2]
 # The first address of a line: loopback with --host 127.0.0.1, 0.0.0.0 without a --host.
 LISTENING = re.compile(r"listening on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+)")
-OPERATOR = re.compile(r"(management API|metrics) on https?://(?:127\.0\.0\.1|0\.0\.0\.0):(\d+)/")
+OPERATOR = re.compile(r"(management API|metrics|CMQ API) on https?://(?:127\.0\.0\.1|0\.0\.0\.0):(\d+)/")
 AMQPS = re.compile(r"AMQPS \(TLS\) on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+)")
 
 
@@ -34,6 +34,8 @@ def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1") -> Iterat
     # The management and metrics ports default to RabbitMQ's 15672/15692 (which the local
     # RabbitMQ's management plugin may hold): free ports here, unless the test names them.
     ports = [] if "--management-port" in extra else ["--management-port", "0", "--metrics-port", "0"]
+    if "--cmq-api-port" not in extra:  # its default 15680 may be another gateway's
+        ports += ["--cmq-api-port", "0"]
     hosts = [] if host is None else ["--host", host]
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *hosts, "--port", "0",
                              "--data-dir", str(data_dir), *ports, *extra],
@@ -44,8 +46,9 @@ def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1") -> Iterat
     proc.tls_port = None  # type: ignore[attr-defined]
     proc.lines = []  # type: ignore[attr-defined]
     args = [*ports, *extra]
-    # How many "<name> on http://…" lines to wait for: management and metrics unless "off".
-    expect_operator = sum(1 for flag in ("--management-port", "--metrics-port")
+    # How many "<name> on http://…" lines to wait for: management, metrics and the CMQ API
+    # unless "off".
+    expect_operator = sum(1 for flag in ("--management-port", "--metrics-port", "--cmq-api-port")
                           if flag not in args or args[args.index(flag) + 1] != "off")
     for line in proc.stderr:
         proc.lines.append(line)  # type: ignore[attr-defined]

@@ -1,0 +1,74 @@
+"""CMQ's HTTP API over HTTP(S) (CA1): ``/v2/index.php``, parameters by GET (query) or POST
+(an ``application/x-www-form-urlencoded`` body, whatever Content-Type the client sends, as
+the SDKs send it), the JSON answer always with HTTP status 200, as CMQ answers."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl
+
+from aiohttp import web
+
+from gateway.cmqapi.core import PATH, CmqApi
+from gateway.cmqapi.errors import CmqApiError
+
+__all__ = ["make_app", "start_cmq_api"]
+
+API: web.AppKey[CmqApi] = web.AppKey("cmq_api", CmqApi)
+
+
+def _params(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        if name in out:
+            raise CmqApiError.param(f"parameter {name} is NOT a repeatable parameter", 10330)
+        out[name] = value
+    return out
+
+
+async def _handle(request: web.Request) -> web.Response:
+    api = request.app[API]
+    try:
+        if request.method not in ("GET", "POST"):
+            raise CmqApiError.param(f"unexpected http {request.method} only GET or POST is supported", 10410)
+        pairs = list(request.query.items())
+        if request.method == "POST":
+            body = (await request.read()).decode("utf-8", errors="replace")
+            pairs += parse_qsl(body, keep_blank_values=True)
+        params = _params(pairs)
+    except CmqApiError as e:
+        return web.json_response(e.answer(""))
+    peer = request.remote or ""
+    port = request.transport.get_extra_info("peername") if request.transport is not None else None
+    if port and isinstance(port, tuple) and len(port) >= 2:
+        peer = f"[{peer}]:{port[1]}" if ":" in peer else f"{peer}:{port[1]}"
+    answer = await api.call(params, method=request.method, host=request.host, path=request.path, peer=peer)
+    return web.json_response(answer)
+
+
+def make_app(api: CmqApi) -> web.Application:
+    app = web.Application(client_max_size=4 << 20)  # 16 bodies of 64 KB, URL-encoded
+    app[API] = api
+    app.router.add_route("*", PATH, _handle)
+
+    async def stop_polls(app: web.Application) -> None:
+        app[API].closing = True  # before aiohttp waits for the handlers in flight
+
+    async def close_pusher(app: web.Application) -> None:
+        await app[API].pusher.close()
+    app.on_shutdown.append(stop_polls)
+    app.on_cleanup.append(close_pusher)
+    return app
+
+
+async def start_cmq_api(gateway: Any, host: str = "127.0.0.1", port: int = 0, *,
+                        ssl_context: Any = None) -> web.AppRunner:
+    """Serve CMQ's API for a Gateway in the running loop (the broker's); over HTTPS with an
+    ``ssl_context`` (SE2). Port 0 picks a free port (``runner.addresses[0][1]``). Persisted
+    HTTP subscriptions are restored (as the management API does; it is idempotent)."""
+    api = CmqApi(gateway.broker, gateway.config)
+    api.pusher.recover()
+    runner = web.AppRunner(make_app(api), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+    return runner

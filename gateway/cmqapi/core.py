@@ -1,0 +1,201 @@
+"""The request -> answer core of CMQ's HTTP API (CA1-CA4): parsed parameters in, the JSON
+answer (a dict) out. No HTTP here (gateway/cmqapi/app.py serves it).
+
+Each request is checked as CMQ checks it: ``Action`` first, then the signature of its
+``SecretId`` (gateway.cmqapi.signing), the ``Timestamp`` window and the ``Nonce`` (a replay is
+refused), then the permissions of the key's user on the vhost, as RabbitMQ checks the same
+operation made over AMQP (declare and delete: configure; publish: write on the exchange,
+``amq.default`` for SendMessage; receive, delete and rewind: read on the queue; a
+subscription: read on the topic and write on its queue).
+
+The vhost of a request (M1, a CMQ region) is its ``vhost`` parameter (a gateway extension;
+CMQ's region is in the host name), else the one configured with the key, else ``/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.auth import Access, Permission
+from gateway.broker.errors import resource_locked
+from gateway.cmqapi.errors import AUTH, DENIED, QUEUE_FULL, TOO_LARGE, CmqApiError, from_cmq_error
+from gateway.cmqapi.params import Params
+from gateway.cmqapi.signing import METHODS, NonceCache, check_timestamp, verify_signature
+from gateway.push import HttpPusher
+from gateway.transport import is_loopback
+from semantics.errors import CMQError, LimitError
+
+__all__ = ["PROTOCOL", "Action", "Caller", "CmqApi"]
+
+PROTOCOL = "cmq-api"  # CA4: the audit records of what this API carried say so
+PATH = "/v2/index.php"
+
+Action = Callable[["CmqApi", "Caller", Params], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a verified request acts as."""
+
+    user: str
+    vhost: str
+    permission: Permission
+    peer: str
+    secret_id: str
+
+    def require(self, access: Access, resource: str) -> None:
+        if not self.permission.allows(access, resource):
+            what = "the default exchange" if resource == "" else f"'{resource}'"
+            raise CmqApiError(DENIED, f"access to {what} in vhost '{self.vhost}' refused for user "
+                              f"'{self.user}' ({access} permission)")
+
+
+class CmqApi:
+    """CMQ's classic API over one gateway's broker and configuration."""
+
+    def __init__(self, broker: Any, config: Any, *, pusher: HttpPusher | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        from gateway.cmqapi.queues import QUEUE_ACTIONS
+        from gateway.cmqapi.topics import TOPIC_ACTIONS
+
+        self.broker = broker
+        self.config = config
+        self.pusher = pusher if pusher is not None else HttpPusher.of(broker)
+        self.wall_clock = wall_clock  # Timestamp and Nonce checks: the caller's real time
+        self.nonces = NonceCache()
+        self.actions: dict[str, Action] = {**QUEUE_ACTIONS, **TOPIC_ACTIONS}
+        self.started = int(wall_clock())
+        self.closing = False  # the server stops: long polls answer now (7000) instead of waiting
+        # createTime / lastModifyTime of what this API made or changed (kind, vhost, name);
+        # objects made otherwise show the time this API started.
+        self._times: dict[tuple[str, str, str], tuple[int, int]] = {}
+
+    # -- one request -------------------------------------------------------------------------
+
+    async def call(self, values: Mapping[str, str], *, method: str = "POST", host: str = "",
+                   path: str = PATH, peer: str = "") -> dict[str, Any]:
+        request_id = f"{int(self.wall_clock() * 1000)}{os.urandom(4).hex()}"
+        try:
+            params = Params(values)
+            name = params.text("Action")
+            caller = self.authenticate(params, method, host, path, peer)
+            action = self.actions.get(name)
+            if action is None:
+                raise CmqApiError.param(f"action name {name} is not existed", 10430)
+            answer = await action(self, caller, params)
+        except CmqApiError as e:
+            return e.answer(request_id)
+        except CMQError as e:
+            return from_cmq_error(e).answer(request_id)
+        return {"code": 0, "message": "", "requestId": request_id, **answer}
+
+    def authenticate(self, params: Params, method: str, host: str, path: str, peer: str) -> Caller:
+        secret_id = params.text("SecretId")
+        params.text("Signature")
+        nonce = params.text("Nonce")
+        timestamp = params.text("Timestamp")
+        sig_method = params.opt("SignatureMethod") or "HmacSHA1"
+        if sig_method not in METHODS:
+            raise CmqApiError.param(f"SignatureMethod {sig_method} is not HmacSHA1 or HmacSHA256")
+        key = self.config.cmq_keys.get(secret_id)
+        if key is None:
+            raise CmqApiError(AUTH, f"authentication failed: secretId {secret_id} is not existed")
+        now = self.wall_clock()
+        check_timestamp(timestamp, now)
+        hosts = [host] if _without_port(host) == host else [host, _without_port(host)]
+        if not verify_signature(key.secret_key, method, hosts, path, params.values):
+            raise CmqApiError(AUTH, "authentication failed: the signature is not correct")
+        self.nonces.use(secret_id, nonce, now)
+        users = self.config.users
+        if key.user not in users.users:
+            raise CmqApiError(AUTH, f"authentication failed: user '{key.user}' of secretId {secret_id} does not exist")
+        if key.user in users.loopback_users and not is_loopback(peer.rsplit(":", 1)[0].strip("[]")):
+            raise CmqApiError(AUTH, f"authentication failed: user '{key.user}' can only connect via localhost")
+        vhost = params.opt("vhost") or key.vhost
+        perm = users.vhost_permission(key.user, vhost)
+        if perm is None:
+            raise CmqApiError(DENIED, f"user '{key.user}' has no access to vhost '{vhost}'")
+        return Caller(key.user, vhost, perm, peer, secret_id)
+
+    # -- what the actions share --------------------------------------------------------------
+
+    def vhost(self, caller: Caller) -> Any:
+        return self.broker.vhost(caller.vhost)
+
+    def queue(self, caller: Caller, name: str) -> tuple[Any, Any]:
+        vh = self.vhost(caller)
+        q = vh.queues.get(name)
+        if q is None:
+            raise CmqApiError.queue_not_exist(name)
+        if q.exclusive_owner is not None:
+            raise from_cmq_error(resource_locked(name, vh.name))
+        return vh, q
+
+    def exchange(self, caller: Caller, name: str) -> tuple[Any, Any]:
+        vh = self.vhost(caller)
+        ex = vh.exchanges.get(name)
+        if ex is None or ex.topic is None:
+            raise CmqApiError.topic_not_exist(name)
+        return vh, ex
+
+    def emit(self, event: str, caller: Caller, **fields: Any) -> None:
+        self.broker.audit.emit(event, caller.vhost, user=caller.user, peer=caller.peer, protocol=PROTOCOL,
+                               **fields)
+
+    async def publish(self, caller: Caller, vh: Any, exchange: str, key: str, properties: Any,
+                      bodies: list[str]) -> list[Any]:
+        """(Batch)SendMessage / (Batch)PublishMessage: each body published as AMQP would
+        (M9, M10), answered once stored durably (M14). The PublishOutcomes."""
+        try:
+            outs = [vh.publish(exchange, key, properties, body.encode(), user=caller.user, peer=caller.peer,
+                               protocol=PROTOCOL) for body in bodies]
+        except LimitError as e:  # the body's size (L6) or the queue's maxMsgHeapNum (L8): CMQ's own codes
+            if e.rule == "L6":
+                raise CmqApiError(TOO_LARGE, f"{e.text}") from None
+            if e.rule == "L8":
+                raise CmqApiError(QUEUE_FULL, f"{e.text}") from None
+            raise
+        lsn = max(out.lsn for out in outs)
+        if lsn:
+            await self.durable(lsn)
+        return outs
+
+    async def durable(self, lsn: int = -1) -> None:
+        """Answer only once what the request stored would survive a crash (M14, SE4):
+        ``lsn`` the store position it must reach (-1: everything so far)."""
+        if lsn < 0 or lsn > self.broker.durable_lsn:
+            await self.broker.flush()
+
+    def touch(self, kind: str, vhost: str, name: str, *, created: bool = False) -> None:
+        now = int(self.wall_clock())
+        old = self._times.get((kind, vhost, name))
+        self._times[kind, vhost, name] = (now if created or old is None else old[0], now)
+
+    def forget(self, kind: str, vhost: str, name: str) -> None:
+        self._times.pop((kind, vhost, name), None)
+
+    def times(self, kind: str, vhost: str, name: str) -> dict[str, int]:
+        created, modified = self._times.get((kind, vhost, name), (self.started, self.started))
+        return {"createTime": created, "lastModifyTime": modified}
+
+
+def sent(outs: list[Any], batch: bool) -> dict[str, Any]:
+    """The answer of a send or publish: ``msgId``, or ``msgList`` for a batch."""
+    return {"msgList": [{"msgId": o.msg_id} for o in outs]} if batch else {"msgId": outs[0].msg_id}
+
+
+def _without_port(host: str) -> str:
+    """The Host header without its port: a client may sign the host name alone."""
+    if host.startswith("["):
+        return host[:host.index("]") + 1] if "]" in host else host
+    return host.split(":", 1)[0] if host.count(":") == 1 else host
+
+
+def object_id(kind: str, vhost: str, name: str) -> str:
+    """CMQ's queueId / topicId / subscriptionId: stable for the same object."""
+    return f"{kind}-{hashlib.sha1(f'{vhost}/{name}'.encode()).hexdigest()[:8]}"
