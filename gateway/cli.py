@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 from gateway.config import (
     DEFAULT_MANAGEMENT_PORT,
     DEFAULT_METRICS_PORT,
+    DEFAULT_MQTT_PORT,
     DEFAULT_PORT,
     DEFAULT_TLS_PORT,
     OFF,
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=_port_or_off, default=None, metavar="PORT|off",
                        help=f"Prometheus /metrics (default: {DEFAULT_METRICS_PORT}, as RabbitMQ; "
                             "0 picks a free port; off turns it off)")
+    serve.add_argument("--mqtt-port", type=_port_or_off, default=None, metavar="PORT|off",
+                       help=f"MQTT 3.1.1 and 5.0 on the CMQ topics of amq.topic (default: {DEFAULT_MQTT_PORT}, "
+                            "as RabbitMQ's MQTT plugin; 0 picks a free port; off turns it off)")
     serve.add_argument("--tls-port", type=_port_or_off, default=None, metavar="PORT|off",
                        help=f"AMQPS (AMQP over TLS) port, on the AMQP hosts (default: {DEFAULT_TLS_PORT}, "
                             "as RabbitMQ, when the config has a tls section with certfile, keyfile and "
@@ -159,9 +163,11 @@ def _serve(args: argparse.Namespace) -> int:
     config.management_port = _operator_port(args.management_port, config.management_port,
                                             DEFAULT_MANAGEMENT_PORT)
     config.metrics_port = _operator_port(args.metrics_port, config.metrics_port, DEFAULT_METRICS_PORT)
+    config.mqtt_port_defaulted = args.mqtt_port is None and config.mqtt_port is None
+    config.mqtt_port = _operator_port(args.mqtt_port, config.mqtt_port, DEFAULT_MQTT_PORT)
     if args.host is not None:
         # One --host for everything the gateway serves, as an operator reading --help expects.
-        config.management_host = config.metrics_host = args.host
+        config.management_host = config.metrics_host = config.mqtt_host = args.host
     try:
         run(config)
     except (ListenError, StartupError) as e:

@@ -22,6 +22,7 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
             retention_hours: 168, events: null}
     management: {port: 15672, host: "0.0.0.0"}   # or off; RabbitMQ's management HTTP API
     metrics: {port: 15692, host: "0.0.0.0"}      # or off; Prometheus /metrics
+    mqtt: {port: 1883, host: "0.0.0.0", max_packet_size: 1048576}   # or off; MQTT 3.1.1/5.0 (MQ1)
     tls:                              # SE2: AMQPS, and HTTPS for management and /metrics
       certfile: /etc/cmq-gateway/server.pem
       keyfile: /etc/cmq-gateway/server.key
@@ -64,6 +65,7 @@ DEFAULT_PORT = 5672
 DEFAULT_MANAGEMENT_PORT = 15672
 DEFAULT_METRICS_PORT = 15692
 DEFAULT_TLS_PORT = 5671
+DEFAULT_MQTT_PORT = 1883
 OFF = -1  # management / metrics explicitly turned off (config `management: off`, `--management-port off`)
 
 
@@ -150,6 +152,14 @@ class GatewayConfig:
     # load_definitions does. Empty when the file holds none.
     definitions: dict[str, Any] = field(default_factory=dict)
     tls: TLSSettings | None = None  # None: no TLS anywhere
+    # MQ1: the MQTT listener; None is off. `cmq-gateway serve` turns it on at 1883 unless the
+    # config or --mqtt-port says otherwise; the in-process test gateways leave it off.
+    mqtt_port: int | None = None
+    mqtt_host: str = "0.0.0.0"
+    # Nobody asked for the port (the default 1883): when it is taken (a Mosquitto on the host)
+    # the gateway says so and serves without MQTT instead of refusing to start.
+    mqtt_port_defaulted: bool = False
+    mqtt_max_packet_size: int = 1 << 20
 
     @property
     def vhosts(self) -> list[str]:
@@ -236,12 +246,15 @@ def parse_config(raw: Any) -> GatewayConfig:
     cfg.audit = AuditSettings(**audit)
     if raw.get("tls") is not None:
         cfg.tls = _tls(_set(raw["tls"]))
-    for key in ("management", "metrics"):
+    for key in ("management", "metrics", "mqtt"):
         section = raw.get(key)
         port = section.get("port") if isinstance(section, Mapping) else section
         setattr(cfg, f"{key}_port", None if port is None else OFF if port in (False, "off") else port)
         if isinstance(section, Mapping) and section.get("host") is not None:
             setattr(cfg, f"{key}_host", section["host"])
+    mqtt = raw.get("mqtt")
+    if isinstance(mqtt, Mapping) and mqtt.get("max_packet_size") is not None:
+        cfg.mqtt_max_packet_size = mqtt["max_packet_size"]
     return cfg
 
 

@@ -69,6 +69,7 @@ _IN_USE = {
     "management API": "(RabbitMQ's management plugin?): choose another with --management-port, "
                       "or --management-port off",
     "metrics": "(RabbitMQ's Prometheus plugin?): choose another with --metrics-port, or --metrics-port off",
+    "mqtt": "(Mosquitto, or RabbitMQ's MQTT plugin?): choose another with --mqtt-port, or --mqtt-port off",
 }
 
 
@@ -172,7 +173,7 @@ async def _operator_listen(where: str, port: int, serves: str, starting: Any) ->
         raise ListenError(e.errno, f"cannot listen on {where}: {_listen_reason(e, port, serves)}") from None
 
 
-def _bind(listener: Listener) -> socket.socket:
+def _bind(listener: Listener, serves: str = "amqp") -> socket.socket:
     """A listening socket; IPv6 sockets are v6-only so that 0.0.0.0 and :: share a port."""
     family = socket.AF_INET6 if ":" in listener.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -187,7 +188,7 @@ def _bind(listener: Listener) -> socket.socket:
         sock.close()
         where = f"[{listener.host}]:{listener.port}" if family == socket.AF_INET6 else \
             f"{listener.host}:{listener.port}"
-        raise ListenError(e.errno, f"cannot listen on {where}: {_listen_reason(e, listener.port, 'amqp')}") from None
+        raise ListenError(e.errno, f"cannot listen on {where}: {_listen_reason(e, listener.port, serves)}") from None
     return sock
 
 
@@ -239,6 +240,7 @@ class Gateway:
         self._operator: list[tuple[str, Any]] = []
         self._locks: list[Any] = []  # DirLocks of the data dir and an audit dir outside it
         self._https: set[str] = set()  # the names of those served over HTTPS (SE2)
+        self.mqtt: Any = None  # gateway.mqtt.server.MQTTService when MQTT is served (MQ1)
 
     @property
     def port(self) -> int:
@@ -263,6 +265,14 @@ class Gateway:
                 s.close()
             raise
         try:
+            mqtt_sock = self._bind_mqtt()
+        except BaseException:
+            for s in socks + tls_socks:
+                s.close()
+            raise
+        if mqtt_sock is not None:
+            tls_socks.append(mqtt_sock)  # closed with them should the start fail
+        try:
             # The directories' locks before anything in them is touched: a refused second
             # gateway must not close (rename) the running one's open audit file.
             self._locks = _claim_dirs(self.config)
@@ -283,7 +293,12 @@ class Gateway:
                 host, port = sock.getsockname()[:2]
                 self.addresses.append((host, port))
             for sock in tls_socks:
-                await self._serve_tls(sock)
+                if sock is mqtt_sock:
+                    from gateway.mqtt.server import MQTTService
+                    self.mqtt = MQTTService(self)
+                    self._servers.append(await self.mqtt.serve(sock))
+                else:
+                    await self._serve_tls(sock)
             self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
             await self._start_operator_window()
         except BaseException:
@@ -291,6 +306,19 @@ class Gateway:
                 s.close()
             await self.stop()  # what did start (the store, the audit log, the locks) is closed
             raise
+
+    def _bind_mqtt(self) -> socket.socket | None:
+        """MQ1's listener; a default port someone else holds is a warning, not a failure."""
+        config = self.config
+        if config.mqtt_port is None:
+            return None
+        try:
+            return _bind(Listener(config.mqtt_host, config.mqtt_port), "mqtt")
+        except ListenError as e:
+            if not config.mqtt_port_defaulted:
+                raise
+            print(f"cmq-gateway: MQTT not served: {e}", file=sys.stderr, flush=True)
+            return None
 
     async def _serve_tls(self, sock: socket.socket) -> None:
         assert self.config.tls is not None
@@ -542,6 +570,9 @@ async def _serve(config: GatewayConfig) -> None:
     if gw.tls_addresses:
         where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in gw.tls_addresses)
         print(f"cmq-gateway: AMQPS (TLS) on {where}", file=sys.stderr, flush=True)
+    if gw.mqtt is not None:
+        host, port = gw.mqtt.address
+        print(f"cmq-gateway: MQTT on {f'[{host}]' if ':' in host else host}:{port}", file=sys.stderr, flush=True)
     for name, address in gw.operator_addresses():
         print(f"cmq-gateway: {name} on {gw.operator_scheme(name)}://{address}/", file=sys.stderr, flush=True)
     await stop.wait()

@@ -44,6 +44,8 @@ FIELD_TYPES: Mapping[str, str] = {
     "tags": "array<string>", "routing_key": "string", "size": "long", "attempt": "int",
     "reason": "string", "user": "string", "peer": "string", "latency_ms": "double",
     "next_at": "timestamp", "policy": "string", "conn": "string", "dropped": "long",
+    # MQ7: "mqtt" on the records of MQTT clients; absent (AMQP) on every other record.
+    "protocol": "string",
 }
 
 _STR_FIELDS = frozenset(k for k, t in FIELD_TYPES.items() if t == "string")

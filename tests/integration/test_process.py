@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
 OPERATOR = re.compile(r"(management API|metrics) on https?://127\.0\.0\.1:(\d+)/")
 AMQPS = re.compile(r"AMQPS \(TLS\) on 127\.0\.0\.1:(\d+)")
+MQTT = re.compile(r"MQTT on 127\.0\.0\.1:(\d+)")
 
 
 @contextmanager
@@ -32,6 +33,8 @@ def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], 
     # The management and metrics ports default to RabbitMQ's 15672/15692 (which the local
     # RabbitMQ's management plugin may hold): free ports here, unless the test names them.
     ports = [] if "--management-port" in extra else ["--management-port", "0", "--metrics-port", "0"]
+    if "--mqtt-port" not in extra:
+        ports += ["--mqtt-port", "0"]  # 1883 is Mosquitto's (MQ1); ``proc.mqtt_port``
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                              "--data-dir", str(data_dir), *ports, *extra],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -39,6 +42,7 @@ def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], 
     port = None
     proc.operator = {}  # type: ignore[attr-defined]
     proc.tls_port = None  # type: ignore[attr-defined]
+    proc.mqtt_port = None  # type: ignore[attr-defined]
     args = [*ports, *extra]
     # How many "<name> on http://…" lines to wait for: management and metrics unless "off".
     expect_operator = sum(1 for flag in ("--management-port", "--metrics-port")
@@ -46,6 +50,8 @@ def serve(data_dir: Path, *extra: str) -> Iterator[tuple[subprocess.Popen[str], 
     for line in proc.stderr:
         if m := LISTENING.search(line):
             port = int(m.group(1))
+        elif m := MQTT.search(line):
+            proc.mqtt_port = int(m.group(1))  # type: ignore[attr-defined]
         elif m := AMQPS.search(line):
             proc.tls_port = int(m.group(1))  # type: ignore[attr-defined]
         elif m := OPERATOR.search(line):
