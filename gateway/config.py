@@ -249,7 +249,7 @@ def parse_config(raw: Any) -> GatewayConfig:
     for key in ("management", "metrics", "mqtt"):
         section = raw.get(key)
         port = section.get("port") if isinstance(section, Mapping) else section
-        setattr(cfg, f"{key}_port", None if port is None else OFF if port in (False, "off") else port)
+        setattr(cfg, f"{key}_port", None if port is None else OFF if port is False or port == "off" else port)
         if isinstance(section, Mapping) and section.get("host") is not None:
             setattr(cfg, f"{key}_host", section["host"])
     mqtt = raw.get("mqtt")

@@ -241,6 +241,7 @@ class Gateway:
         self._locks: list[Any] = []  # DirLocks of the data dir and an audit dir outside it
         self._https: set[str] = set()  # the names of those served over HTTPS (SE2)
         self.mqtt: Any = None  # gateway.mqtt.server.MQTTService when MQTT is served (MQ1)
+        self.mqtt_skipped = ""  # why the default MQTT port is not served
 
     @property
     def port(self) -> int:
@@ -317,7 +318,7 @@ class Gateway:
         except ListenError as e:
             if not config.mqtt_port_defaulted:
                 raise
-            print(f"cmq-gateway: MQTT not served: {e}", file=sys.stderr, flush=True)
+            self.mqtt_skipped = str(e)  # said once the start is known to succeed
             return None
 
     async def _serve_tls(self, sock: socket.socket) -> None:
@@ -573,6 +574,8 @@ async def _serve(config: GatewayConfig) -> None:
     if gw.mqtt is not None:
         host, port = gw.mqtt.address
         print(f"cmq-gateway: MQTT on {f'[{host}]' if ':' in host else host}:{port}", file=sys.stderr, flush=True)
+    elif gw.mqtt_skipped:
+        print(f"cmq-gateway: MQTT not served: {gw.mqtt_skipped}", file=sys.stderr, flush=True)
     for name, address in gw.operator_addresses():
         print(f"cmq-gateway: {name} on {gw.operator_scheme(name)}://{address}/", file=sys.stderr, flush=True)
     await stop.wait()
