@@ -230,13 +230,11 @@ class _Reader:
     def string(self) -> str:
         raw = self.binary()
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8")  # strict: encoded surrogates are refused too (MQTT-1.5.4-1)
         except UnicodeDecodeError:
             raise MalformedPacket("string is not well-formed UTF-8") from None
         if "\x00" in text:  # MQTT-1.5.4-2
             raise MalformedPacket("string contains U+0000")
-        if any(0xD800 <= ord(c) <= 0xDFFF for c in text):
-            raise MalformedPacket("string contains a surrogate")
         return text
 
     def properties(self, level: int) -> dict[str, Any]:
@@ -288,19 +286,22 @@ class Decoder:
     def __init__(self, max_packet_size: int = 1 << 28) -> None:
         self.max_packet_size = max_packet_size
         self.level = 0
-        self._buf = bytearray()
+        self._buf = b""
+        self._pos = 0  # packets before it are decoded: the buffer is cut once per feed, not per packet
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        self._buf = self._buf[self._pos:] + data if self._pos < len(self._buf) else bytes(data)
+        self._pos = 0
 
     def next_packet(self) -> Packet | None:
         """The next whole packet, None when more bytes are needed; MalformedPacket when not."""
-        buf = self._buf
-        if len(buf) < 2:
+        buf, pos = self._buf, self._pos
+        end = len(buf)
+        if end - pos < 2:
             return None
-        length, shift, i = 0, 0, 1
+        length, shift, i = 0, 0, pos + 1
         while True:
-            if i >= len(buf):
+            if i >= end:
                 return None
             b = buf[i]
             length |= (b & 0x7F) << shift
@@ -308,17 +309,16 @@ class Decoder:
             if not b & 0x80:
                 break
             shift += 7
-            if i > 4:
+            if i - pos > 4:
                 raise MalformedPacket("remaining length longer than 4 bytes")
-        total = i + length
+        total = i - pos + length
         if total > self.max_packet_size:
             raise MalformedPacket(f"packet of {total} bytes is larger than max_packet_size "
                                   f"{self.max_packet_size}", PACKET_TOO_LARGE)
-        if len(buf) < total:
+        if end - pos < total:
             return None
-        data = bytes(buf[:total])
-        del buf[:total]
-        return self.decode(data[0], data, i, total)
+        self._pos = pos + total
+        return self.decode(buf[pos], buf, i, pos + total)
 
     def decode(self, first: int, data: bytes, start: int, end: int) -> Packet:
         kind, flags = first >> 4, first & 0x0F
@@ -497,6 +497,10 @@ def _props(props: dict[str, Any], level: int) -> bytes:
 
 def _packet(first: int, body: bytes) -> bytes:
     return bytes((first,)) + _varint(len(body)) + body
+
+
+def fixed_header(first: int, remaining: int) -> bytes:
+    return bytes((first,)) + _varint(remaining)
 
 
 def encode(packet: Packet, level: int) -> bytes:
