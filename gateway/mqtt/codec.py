@@ -346,7 +346,9 @@ def _connect(r: _Reader) -> Connect:
     name = r.string()
     level = r.byte()
     if name != "MQTT" or level not in (4, 5):
-        # Answered with CONNACK "unsupported protocol version" by the connection.
+        # Answered with CONNACK "unsupported protocol version" by the connection; the rest
+        # of the packet is another protocol's.
+        r.pos = r.end
         return Connect(level=level if name == "MQTT" else 0, client_id="", protocol_name=name)
     flags = r.byte()
     if flags & 0x01:

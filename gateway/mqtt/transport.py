@@ -203,6 +203,11 @@ class MQTTConnection(asyncio.Protocol):
             state.live.taken_over()  # MQ5: the second connection takes the session over
         if state is None:
             state = service.stored_session(self.vhost, client_id)
+        if state is not None and state.persistent and state.subs and \
+                state.queue not in service.gw.broker.vhost(self.vhost).queues:
+            # Its queue expired (MQTT 5 session expiry as x-expires, MQ3): the session is over.
+            service.forget(state)
+            state = None
         expiry_prop = int(p.properties.get("session_expiry", 0)) if v5 else None
         persistent = (not p.clean_start) if not v5 else bool(expiry_prop)
         expiry = None if not v5 or expiry_prop == NEVER_EXPIRES else expiry_prop

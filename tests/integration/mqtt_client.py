@@ -53,3 +53,44 @@ class RawClient:
         except OSError:
             pass
         self.sock.close()
+
+
+class AsyncRawClient:
+    """The same, on asyncio streams: for a gateway running in the test's own event loop."""
+
+    def __init__(self, reader: Any, writer: Any, level: int) -> None:
+        self.reader, self.writer, self.level = reader, writer, level
+        self.dec = P.Decoder()
+        self.dec.level = level
+
+    @classmethod
+    async def connect(cls, port: int, client_id: str, level: int = 5, *, clean: bool = True,
+                      **props: Any) -> tuple[AsyncRawClient, P.ConnAck]:
+        import asyncio
+
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        c = cls(reader, writer, level)
+        c.send(P.Connect(level=level, client_id=client_id, clean_start=clean, username="guest",
+                         password=b"guest", properties=props))
+        ack = await c.recv()
+        assert isinstance(ack, P.ConnAck), ack
+        return c, ack
+
+    def send(self, packet: Any) -> None:
+        self.writer.write(P.encode(packet, self.level))
+
+    async def recv(self, timeout: float = 10.0) -> Any:
+        import asyncio
+
+        while True:
+            packet = self.dec.next_packet()
+            if packet is not None:
+                return packet
+            data = await asyncio.wait_for(self.reader.read(65536), timeout)
+            if not data:
+                return None
+            self.dec.feed(data)
+
+    def close(self) -> None:
+        self.send(P.Disconnect())
+        self.writer.close()

@@ -415,3 +415,30 @@ def test_MQ1_management_lists_mqtt_connections(gw: Any, topic: str) -> None:
         time.sleep(0.05)
     assert mine and mine[0]["protocol"] == "MQTT 5-0" and mine[0]["user"] == "guest"
     c.close()
+
+
+def test_MQ5_keep_alive_one_and_a_half_intervals_then_will(port: int, topic: str) -> None:
+    sub = RawClient(port, 5)
+    sub.connect(f"{topic}-s")
+    sub.send(P.Subscribe(1, [(f"{topic}/will", 0)]))
+    sub.recv()
+    quiet = RawClient(port, 5)
+    quiet.connect(f"{topic}-quiet", keep_alive=1, will=P.Will(f"{topic}/will", b"silent", 0))
+    started = time.monotonic()
+    end = quiet.recv(timeout=15)  # nothing sent: the server ends it
+    assert time.monotonic() - started >= 1.5
+    if port != MOSQUITTO:  # Mosquitto 2.0.11 closes without a reason code
+        assert isinstance(end, P.Disconnect) and end.reason_code == 0x8D
+        end = quiet.recv()
+    assert end is None
+    got = _next_publish(sub, timeout=15)
+    assert got is not None and got.payload == b"silent"
+    sub.close()
+
+
+def test_MQ7_unsupported_protocol_level_is_connack_1(port: int) -> None:
+    c = RawClient(port, 4)
+    c.send_raw(b"\x10\x0c\x00\x04MQTT\x06\x02\x00\x3c\x00\x00")  # level 6
+    ack = c.recv()
+    assert isinstance(ack, P.ConnAck) and ack.reason_code in (0x01, 0x84)
+    assert c.recv() is None
