@@ -19,7 +19,8 @@ from typing import Any
 from gateway.audit.counting import FIELDS_READ, count_key
 from gateway.audit.record import formatter
 
-__all__ = ["ACK", "DELIVER", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_TOPIC", "ROUTE", "ROWS", "Row",
+__all__ = ["ACK", "ACK_MQTT", "DELIVER", "DELIVER_MQTT", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_TOPIC",
+           "PUBLISH_TOPIC_MQTT", "ROUTE", "ROWS", "Row",
            "fields_emitter", "row_emitter"]
 
 
@@ -67,6 +68,10 @@ ROUTE = Row("route", "topic", "msg_id", "routing_key", "subscription", "queue", 
 ENQUEUE = Row("enqueue", "queue", "msg_id", "size", "topic", "subscription")
 DELIVER = Row("deliver", "user", "peer", "queue", "msg_id", "attempt", "size")
 ACK = Row("ack", "user", "peer", "queue", "msg_id", "latency_ms")
+# MQ7: the same records of an MQTT client's messages, with protocol "mqtt" last.
+PUBLISH_TOPIC_MQTT = Row("publish", "topic", "routing_key", "msg_id", "tags", "size", "user", "peer", "protocol")
+DELIVER_MQTT = Row("deliver", "user", "peer", "queue", "msg_id", "attempt", "size", "protocol")
+ACK_MQTT = Row("ack", "user", "peer", "queue", "msg_id", "latency_ms", "protocol")
 
 
 def fields_emitter(sink: Any) -> Callable[[str, str, dict[str, Any]], None]:

@@ -11,7 +11,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from gateway.audit.rows import ENQUEUE, PUBLISH_QUEUE, PUBLISH_TOPIC, ROUTE
+from gateway.audit.rows import ENQUEUE, PUBLISH_QUEUE, PUBLISH_TOPIC, PUBLISH_TOPIC_MQTT, ROUTE
 from gateway.broker import persistence as P
 from gateway.broker.arguments import (
     EXCHANGE_EQUIVALENCE,
@@ -366,7 +366,8 @@ class VHost:
 
     def publish(self, exchange: str, routing_key: str, properties: Any, body: bytes,
                 *, immediate: bool = False, user: str | None = None,
-                peer: str | None = None, cycle: frozenset[str] = frozenset()) -> PublishOutcome:
+                peer: str | None = None, cycle: frozenset[str] = frozenset(),
+                protocol: str | None = None) -> PublishOutcome:
         """One basic.publish. Every record it leaves in the audit log (publish, route, enqueue,
         discard) carries the one CMQ message ID it gets here (A2)."""
         if immediate:
@@ -385,8 +386,12 @@ class VHost:
         tags = message_tags(routing_key, headers) if ex.type == "direct" else ()
         size = len(body)
         msg_id = out.msg_id = new_msg_id()
-        self.broker.emit_row(PUBLISH_TOPIC, self.name,
-                             (exchange, routing_key, msg_id, list(tags) or None, size, user, peer))
+        if protocol is None:
+            self.broker.emit_row(PUBLISH_TOPIC, self.name,
+                                 (exchange, routing_key, msg_id, list(tags) or None, size, user, peer))
+        else:  # MQ7
+            self.broker.emit_row(PUBLISH_TOPIC_MQTT, self.name,
+                                 (exchange, routing_key, msg_id, list(tags) or None, size, user, peer, protocol))
         emit = self.broker.audit.emit
         if headers and ("x-delay" in headers or "x-cmq-delay-seconds" in headers):
             raise precondition(f"message delay is a queue feature; it is not available through "

@@ -183,6 +183,7 @@ class MQTTSession:
         self.broker = service.gw.broker
         self.bridge = Bridge(self)
         self.bs = Session(self.broker, self.bridge, state.vhost, user, peer, conn.request_flush)
+        self.bs.protocol = "mqtt"  # MQ7: on its publish, deliver and ack records
         self.user, self.peer = user, peer
         self.level = self.core.level
         self.inflight_max = receive_maximum

@@ -384,20 +384,30 @@ def test_MQ6_publish_without_write_permission(gw: Any, level: int, topic: str) -
 def test_MQ7_audit_records_say_mqtt(gw: Any, topic: str) -> None:
     c = RawClient(gw.mqtt.port)
     c.connect(f"{topic}-audit")
+    c.send(P.Subscribe(1, [(topic, 1)]))
+    c.recv()
+    c.send(P.Publish(topic, b"audited", 1, packet_id=2))
+    while not isinstance(got := c.recv(), P.Publish):
+        pass
+    c.send(P.Ack(P.PUBACK, got.packet_id))
     c.close()
     RawClient(gw.mqtt.port).connect(f"{topic}-x", password=b"wrong")
+    queue = f"mqtt-subscription-{topic}-audit"
+    want = {"connection_open", "connection_close", "auth_failure", "publish", "deliver", "ack"}
     deadline = time.monotonic() + 10
-    seen: set[str] = set()
-    while time.monotonic() < deadline and len(seen) < 3:
+    seen: dict[str, dict[str, Any]] = {}
+    while time.monotonic() < deadline and set(seen) != want:
         gw.audit.flush(5)
         for path in Path(gw.audit_dir).rglob("*audit-*.jsonl*"):
             for line in path.read_text().splitlines():
                 r = json.loads(line)
-                if r.get("protocol") == "mqtt" and (r.get("conn") in (f"{topic}-audit",) or
-                                                    r["event"] == "auth_failure"):
-                    seen.add(r["event"])
+                if r.get("protocol") == "mqtt" and (r.get("conn") == f"{topic}-audit" or r.get("queue") == queue
+                                                    or r.get("routing_key") == topic or r["event"] == "auth_failure"):
+                    seen[r["event"]] = r
         time.sleep(0.1)
-    assert seen == {"connection_open", "connection_close", "auth_failure"}
+    assert set(seen) == want
+    assert seen["publish"]["topic"] == "amq.topic" and seen["deliver"]["msg_id"] == seen["publish"]["msg_id"]
+    assert seen["ack"]["msg_id"] == seen["publish"]["msg_id"] and seen["publish"]["user"] == "guest"
 
 
 def test_MQ1_management_lists_mqtt_connections(gw: Any, topic: str) -> None:
