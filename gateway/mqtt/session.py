@@ -39,6 +39,7 @@ from gateway.mqtt.topics import (
     routing_key_to_topic,
     topic_to_routing_key,
     valid_filter,
+    valid_topic,
 )
 from gateway.protocol import events as ev
 from gateway.protocol.properties import Properties
@@ -58,7 +59,7 @@ QOS_HEADER = "x-mqtt-publish-qos"
 # Unacknowledged QoS 1/2 deliveries in flight to one client when it does not say (3.1.1).
 DEFAULT_INFLIGHT = 100
 NOT_AUTHORIZED, QUOTA_EXCEEDED, UNSPECIFIED = 0x87, 0x97, 0x80
-NO_SUBSCRIPTION_EXISTED, PACKET_ID_NOT_FOUND = 0x11, 0x92
+NO_SUBSCRIPTION_EXISTED, PACKET_ID_NOT_FOUND, TOPIC_NAME_INVALID = 0x11, 0x92, 0x90
 
 
 def session_key(vhost: str, client_id: str) -> str:
@@ -297,6 +298,13 @@ class MQTTSession:
 
     def publish(self, packet: P.Publish) -> None:
         """Route the client's PUBLISH; PUBACK / PUBREC once it is durable (confirmed)."""
+        if "topic_alias" in packet.properties:
+            # CONNACK said topic_alias_maximum 0 (MQTT-3.3.2-8)
+            self.conn.close_with(P.TOPIC_ALIAS_INVALID, "topic aliases are not supported")
+            return
+        if not valid_topic(packet.topic):
+            self.conn.close_with(TOPIC_NAME_INVALID, f"topic name {packet.topic!r} is not valid (MQTT-3.3.2-2)")
+            return
         if packet.qos == 2 and packet.packet_id in self.state.inbound_qos2:
             # A resent QoS 2 PUBLISH: routed once already (MQ4); acknowledge it again.
             if packet.packet_id not in self.awaiting_rec:

@@ -452,3 +452,63 @@ def test_MQ7_unsupported_protocol_level_is_connack_1(port: int) -> None:
     ack = c.recv()
     assert isinstance(ack, P.ConnAck) and ack.reason_code in (0x01, 0x84)
     assert c.recv() is None
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_MQ6_a_limit_breach_is_a_reason_code_or_a_disconnect(level: int, topic: str, tmp_path: Path) -> None:
+    """L6 (the topic's MaximumMessageSize) refuses a too large PUBLISH: PUBACK 0x97 quota
+    exceeded in MQTT 5, a disconnect in 3.1.1; never silence, and the session goes on (5)."""
+    with gateway_in_thread(port=0, hosts=("127.0.0.1",), mqtt_port=0, mqtt_host="127.0.0.1",
+                           mqtt_max_packet_size=1 << 24) as g:
+        limit = g.broker.vhost("/").exchange("amq.topic").max_message_size
+        if limit > 1 << 23:
+            pytest.skip(f"amq.topic has no CMQ size limit under this profile ({limit} bytes)")
+        c = RawClient(g.mqtt.port, level)
+        c.connect(f"{topic}-big")
+        c.send(P.Publish(topic, b"x" * (limit + 1), 1, packet_id=5))
+        answer = c.recv()
+        if level == 5:
+            assert isinstance(answer, P.Ack) and (answer.packet_id, answer.reason_code) == (5, 0x97)
+            c.send(P.Publish(topic, b"small", 1, packet_id=6))
+            assert (c.recv().packet_id, 0) == (6, 0)
+        else:
+            assert answer is None
+
+
+def test_MQ4_qos2_identifier_state_survives_a_reconnect(port: int, topic: str) -> None:
+    """A QoS 2 PUBLISH whose PUBREC was lost with the connection is resent on the resumed
+    session: routed once, not twice (MQ4)."""
+    sub = RawClient(port, 4)
+    sub.connect(f"{topic}-s")
+    sub.send(P.Subscribe(1, [(topic, 0)]))
+    sub.recv()
+    pub = RawClient(port, 4)
+    pub.connect(f"{topic}-p", clean=False)
+    pub.send(P.Publish(topic, b"exactly-once", 2, packet_id=11))
+    assert (lambda r: (r.kind, r.packet_id))(pub.recv()) == (P.PUBREC, 11)
+    pub.drop()
+    pub = RawClient(port, 4)
+    assert pub.connect(f"{topic}-p", clean=False).session_present
+    pub.send(P.Publish(topic, b"exactly-once", 2, dup=True, packet_id=11))
+    assert (lambda r: (r.kind, r.packet_id))(pub.recv()) == (P.PUBREC, 11)
+    pub.send(P.Ack(P.PUBREL, 11))
+    assert (lambda r: (r.kind, r.packet_id))(pub.recv()) == (P.PUBCOMP, 11)
+    pub.send(P.Publish(topic, b"marker", 0))
+    got = [_next_publish(sub), _next_publish(sub)]
+    assert [g.payload for g in got if g is not None] == [b"exactly-once", b"marker"]
+    pub.close()
+    RawClient(port, 4).connect(f"{topic}-p", clean=True)
+    sub.close()
+
+
+@pytest.mark.parametrize("packet, code", [
+    (P.Publish("", b"x", properties={"topic_alias": 1}), 0x94),
+    (P.Publish("a/+/b", b"x"), 0x90)])
+def test_MQ7_topic_alias_and_wildcard_topic_names_close_with_their_code(gw: Any, packet: P.Publish,
+                                                                        code: int) -> None:
+    c = RawClient(gw.mqtt.port, 5)
+    c.connect("alias")
+    c.send(packet)
+    bye = c.recv()
+    assert isinstance(bye, P.Disconnect) and bye.reason_code == code
+    assert c.recv() is None
