@@ -43,9 +43,11 @@ def _mosquitto_up() -> bool:
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     users = UserDB({"guest": User("guest", hash_password("guest"), ("administrator",)),
-                    "reader": User("reader", hash_password("pw"), ())},
+                    "reader": User("reader", hash_password("pw"), ()),
+                    "blind": User("blind", hash_password("pw"), ())},
                    {("guest", "/"): Permission(), ("guest", "iot"): Permission(),
-                    ("reader", "/"): Permission("^mqtt-subscription-.*", "^mqtt-subscription-.*", ".*")},
+                    ("reader", "/"): Permission("^mqtt-subscription-.*", "^mqtt-subscription-.*", ".*"),
+                    ("blind", "/"): Permission(".*", ".*", "^mqtt-subscription-.*")},
                    ["/", "iot"])
     audit = tmp_path_factory.mktemp("mqtt-audit")
     from gateway.config import AuditSettings
@@ -512,3 +514,35 @@ def test_MQ7_topic_alias_and_wildcard_topic_names_close_with_their_code(gw: Any,
     bye = c.recv()
     assert isinstance(bye, P.Disconnect) and bye.reason_code == code
     assert c.recv() is None
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_MQ5_takeover_publishes_the_first_connections_will(port: int, level: int, topic: str) -> None:
+    sub = RawClient(port, level)
+    sub.connect(f"{topic}-s")
+    sub.send(P.Subscribe(1, [(f"{topic}/#", 0)]))
+    sub.recv()
+    first = RawClient(port, level)
+    first.connect(f"{topic}-dup", will=P.Will(f"{topic}/will", b"taken", 0))
+    second = RawClient(port, level)
+    second.connect(f"{topic}-dup")
+    second.send(P.Publish(f"{topic}/marker", b"m"))
+    got = [_next_publish(sub), _next_publish(sub)]
+    assert [(g.topic, g.payload) for g in got if g is not None] == [(f"{topic}/will", b"taken"),
+                                                                   (f"{topic}/marker", b"m")]
+    second.close()
+    sub.close()
+
+
+@pytest.mark.parametrize("level, refused", [(4, 0x80), (5, 0x87)])
+def test_MQ1_subscribe_needs_read_on_amq_topic(gw: Any, level: int, refused: int, topic: str) -> None:
+    """As RabbitMQ's plugin: a subscription is a queue.bind from amq.topic (read on the
+    exchange, W2); refused, that filter's SUBACK code says so and the connection goes on."""
+    c = RawClient(gw.mqtt.port, level)
+    assert c.connect(f"{topic}-blind", user="blind", password=b"pw").reason_code == 0
+    c.send(P.Subscribe(1, [(topic, 1)]))
+    assert c.recv().reason_codes == [refused]
+    c.send(P.Publish(topic, b"allowed", 1, packet_id=2))  # write on amq.topic it has
+    ack = c.recv()
+    assert isinstance(ack, P.Ack) and (ack.kind, ack.packet_id, ack.reason_code) == (P.PUBACK, 2, 0)
+    c.close()
