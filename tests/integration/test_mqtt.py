@@ -412,21 +412,22 @@ def test_MQ7_audit_records_say_mqtt(gw: Any, topic: str) -> None:
     assert seen["ack"]["msg_id"] == seen["publish"]["msg_id"] and seen["publish"]["user"] == "guest"
 
 
-def test_MQ1_management_lists_mqtt_connections(gw: Any, topic: str) -> None:
-    from gateway.management.app import Management
-    from gateway.management.rabbit_api import _connection_json
+def test_MQ1_management_lists_mqtt_connections(tmp_path: Path, topic: str) -> None:
+    import requests
 
-    c = RawClient(gw.mqtt.port, 5)
-    c.connect(f"{topic}-m")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        listed = [_connection_json(Management(gw), x) for x in list(gw.connections) if getattr(x, "user", None)]
-        mine = [x for x in listed if x["client_properties"].get("client_id") == f"{topic}-m"]
-        if mine:
-            break
-        time.sleep(0.05)
-    assert mine and mine[0]["protocol"] == "MQTT 5-0" and mine[0]["user"] == "guest"
-    c.close()
+    with gateway_in_thread(port=0, hosts=("127.0.0.1",), mqtt_port=0, mqtt_host="127.0.0.1", management_port=0,
+                           management_host="127.0.0.1") as g:
+        mgmt = dict(g.operator_addresses())["management API"]
+        c = RawClient(g.mqtt.port, 5)
+        c.connect(f"{topic}-m")
+        amqp = _pika(g)
+        listed = requests.get(f"http://{mgmt}/api/connections", auth=("guest", "guest"), timeout=10).json()
+        amqp.close()
+        c.close()
+    protocols = sorted(x["protocol"] for x in listed)
+    assert protocols == ["AMQP 0-9-1", "MQTT 5-0"]
+    mine = next(x for x in listed if x["protocol"] == "MQTT 5-0")
+    assert mine["user"] == "guest" and mine["client_properties"]["client_id"] == f"{topic}-m"
 
 
 def test_MQ5_keep_alive_one_and_a_half_intervals_then_will(port: int, topic: str) -> None:
@@ -546,3 +547,42 @@ def test_MQ1_subscribe_needs_read_on_amq_topic(gw: Any, level: int, refused: int
     ack = c.recv()
     assert isinstance(ack, P.Ack) and (ack.kind, ack.packet_id, ack.reason_code) == (P.PUBACK, 2, 0)
     c.close()
+
+
+def test_MQ7_fuzzed_connections_never_disturb_another_client(gw: Any, topic: str,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Random bytes after a good CONNECT, over real sockets: each such connection is closed
+    or answered, the gateway never fails, and a bystander keeps publishing and receiving."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    port = gw.mqtt.port
+    bystander = RawClient(port, 5)
+    bystander.connect(f"{topic}-by")
+    bystander.send(P.Subscribe(1, [(topic, 1)]))
+    bystander.recv()
+    connect = P.encode(P.Connect(level=5, client_id="", username="guest", password=b"guest"), 5)
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.binary(min_size=1, max_size=200))
+    def fuzz(garbage: bytes) -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(connect + garbage)
+            s.shutdown(socket.SHUT_WR)
+            s.settimeout(10)
+            while s.recv(65536):
+                pass  # the server closes it, whatever it made of the bytes
+
+    fuzz()
+    for i in range(3):
+        bystander.send(P.Publish(topic, f"alive{i}".encode(), 1, packet_id=10 + i))
+    payloads = []
+    while len(payloads) < 3:
+        p = bystander.recv()
+        assert p is not None
+        if isinstance(p, P.Publish):
+            payloads.append(p.payload)
+            bystander.send(P.Ack(P.PUBACK, p.packet_id))
+    assert sorted(payloads) == [b"alive0", b"alive1", b"alive2"]
+    bystander.close()
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]
