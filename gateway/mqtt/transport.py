@@ -213,7 +213,8 @@ class MQTTConnection(asyncio.Protocol):
         expiry = None if not v5 or expiry_prop == NEVER_EXPIRES else expiry_prop
         old_queue = state is not None and state.persistent
         resume = state is not None and not p.clean_start
-        if resume and state is not None and state.persistent == persistent:
+        resumed = resume and state is not None and state.persistent and persistent
+        if resumed and state is not None:
             state.expiry = expiry
         else:
             state = SessionState(self.vhost, client_id, persistent, expiry)
@@ -227,7 +228,7 @@ class MQTTConnection(asyncio.Protocol):
             # A clean start discards what a persistent session left behind (MQ3).
             session._call(OPS, C.Queue.Delete(queue=state.queue))
             service.gw.broker.unpersist(session_key(state.vhost, client_id))
-        present = resume and bool(state.subs or state.inbound_qos2 or state.released) and persistent
+        present = resumed  # as Mosquitto: a persistent session found, with or without subscriptions
         props: dict[str, Any] = {}
         if v5:
             props = {"maximum_packet_size": service.max_packet_size, "topic_alias_maximum": 0,

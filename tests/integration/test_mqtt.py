@@ -586,3 +586,18 @@ def test_MQ7_fuzzed_connections_never_disturb_another_client(gw: Any, topic: str
     assert sorted(payloads) == [b"alive0", b"alive1", b"alive2"]
     bystander.close()
     assert not [r for r in caplog.records if "internal error" in r.getMessage()]
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_MQ3_session_present_for_a_persistent_session_without_subscriptions(port: int, level: int,
+                                                                            topic: str) -> None:
+    props = {"session_expiry": 60} if level == 5 else {}
+    c = RawClient(port, level)
+    assert not c.connect(f"{topic}-e", clean=False, **props).session_present
+    c.close()
+    c = RawClient(port, level)
+    assert c.connect(f"{topic}-e", clean=False, **props).session_present
+    c.close()
+    c = RawClient(port, level)
+    assert not c.connect(f"{topic}-e", clean=True).session_present
+    c.close()
