@@ -503,8 +503,12 @@ class MQTTSession:
         tags, self._to_ack = self._to_ack, []
         if self.closed:
             return
-        for tag in tags:
-            self._settle(tag)
+        self.broker.begin_batch()  # one dispatch per queue for all of them
+        try:
+            for tag in tags:
+                self._settle(tag)
+        finally:
+            self.broker.end_batch()
         self.conn.request_flush()
 
     def _settle(self, tag: int) -> None:

@@ -21,7 +21,7 @@ from gateway.auth import AuthError
 from gateway.mqtt import codec as P
 from gateway.mqtt.connection import KeepAliveTimeout, MQTTServerConnection, ProtocolError
 from gateway.mqtt.session import DEFAULT_INFLIGHT, OPS, MQTTSession, SessionState, session_key
-from gateway.transport import CLOSE_TIMEOUT, is_loopback
+from gateway.transport import CLOSE_TIMEOUT, EVENTS_PER_TURN, is_loopback
 
 if TYPE_CHECKING:
     from gateway.mqtt.server import MQTTService
@@ -57,6 +57,7 @@ class MQTTConnection(asyncio.Protocol):
         self.blocked = False
         self.will: P.Will | None = None
         self._flush_scheduled = False
+        self._backlog = False  # packets left in the core's buffer: handled in a later turn
         self._lost = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -74,20 +75,44 @@ class MQTTConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.gw.bytes_in += len(data)
         self.core.receive_data(data, time.monotonic())
+        if not self._backlog:  # else a turn is scheduled and reading paused
+            self._process()
+
+    def _process(self) -> None:
+        """At most EVENTS_PER_TURN packets, then the other connections get their turn (as
+        the AMQP transport: a flooding publisher must not starve a subscriber's PUBACKs)."""
+        more = False
         broker = self.gw.broker
         broker.begin_batch()
         try:
+            budget = EVENTS_PER_TURN
             while not self._lost:
                 event = self.core.next_event()
                 if event is None:
                     break
                 self._dispatch(event)
+                budget -= 1
+                if not budget:
+                    more = True
+                    break
         except Exception:  # a bug below us must not take the event loop down with it
             log.exception("internal error on MQTT connection %s", self.peer)
             self.core.close(0x80, "internal error")
+            more = False
         finally:
             broker.end_batch()
         self._flush()
+        if self._lost or self.transport is None:
+            return
+        if more:
+            if not self._backlog:
+                self._backlog = True
+                self.transport.pause_reading()
+            asyncio.get_running_loop().call_soon(self._process)
+        elif self._backlog:
+            self._backlog = False
+            if not self.blocked:
+                self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         return None
@@ -325,5 +350,5 @@ class MQTTConnection(asyncio.Protocol):
         self.blocked = blocked
         if blocked:
             self.transport.pause_reading()
-        else:
+        elif not self._backlog:
             self.transport.resume_reading()
