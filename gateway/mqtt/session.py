@@ -188,6 +188,7 @@ class MQTTSession:
         self.user, self.peer = user, peer
         self.level = self.core.level
         self.inflight_max = receive_maximum
+        self.client_max_packet = 0  # MQTT 5 CONNECT maximum_packet_size; 0: none
         # outbound QoS 1/2 in flight: packet id -> (delivery tag or 0 for a retained one, msg id)
         self.inflight: dict[int, tuple[int, str | None]] = {}
         self._next_pid = 1
@@ -454,19 +455,29 @@ class MQTTSession:
                 mprops = self._mqtt_properties(props, headers)
         qos = min(sub_qos, int(msg_qos)) if isinstance(msg_qos, int) else sub_qos
         if qos == 0:
-            self.core.send_raw(publish_bytes(topic, body, 0, 0, False, self.level) if not mprops else
-                               P.encode(P.Publish(topic, body, 0, properties=mprops), self.level))
+            data = publish_bytes(topic, body, 0, 0, False, self.level) if not mprops else \
+                P.encode(P.Publish(topic, body, 0, properties=mprops), self.level)
+            if not self._too_large(data):
+                self.core.send_raw(data)
             self._ack_soon(tag)
             return
         pid = self.state.pid_of_msg.get(msg_id) if isinstance(msg_id, str) else None
         if pid is None or pid in self.inflight and self.inflight[pid][1] != msg_id:
             pid = self._alloc_pid()
-            if isinstance(msg_id, str):
-                self.state.pid_of_msg[msg_id] = pid
+        data = publish_bytes(topic, body, qos, pid, redelivered, self.level) if not mprops else \
+            P.encode(P.Publish(topic, body, qos, dup=redelivered, packet_id=pid, properties=mprops), self.level)
+        if self._too_large(data):
+            self._ack_soon(tag)
+            return
+        if isinstance(msg_id, str):
+            self.state.pid_of_msg[msg_id] = pid
         self.inflight[pid] = (tag, msg_id if isinstance(msg_id, str) else None)
-        self.core.send_raw(publish_bytes(topic, body, qos, pid, redelivered, self.level) if not mprops else
-                           P.encode(P.Publish(topic, body, qos, dup=redelivered, packet_id=pid, properties=mprops),
-                                    self.level))
+        self.core.send_raw(data)
+
+    def _too_large(self, data: bytes) -> bool:
+        """MQTT-3.1.2-25: a packet larger than the client's maximum is discarded as if
+        delivered."""
+        return bool(self.client_max_packet) and len(data) > self.client_max_packet
 
     def _mqtt_properties(self, props: Properties, headers: dict[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -55,6 +55,7 @@ class MQTTConnection(asyncio.Protocol):
         self.opened_at = time.monotonic()
         self.closing_since: float | None = None
         self.blocked = False
+        self.publisher = False  # has published: subject to W5 blocking, as AMQP publishers
         self.will: P.Will | None = None
         self._flush_scheduled = False
         self._backlog = False  # packets left in the core's buffer: handled in a later turn
@@ -155,6 +156,7 @@ class MQTTConnection(asyncio.Protocol):
         s = self.mqtt
         if isinstance(event, P.Publish):
             if s is not None:
+                self.publisher = True
                 s.publish(event)
         elif isinstance(event, P.Ack):
             if s is None:
@@ -248,6 +250,7 @@ class MQTTConnection(asyncio.Protocol):
         receive_max = int(p.properties.get("receive_maximum", 0)) if v5 else 0
         session = self.mqtt = MQTTSession(service, self, state, self.user, self.peer,
                                           min(receive_max or DEFAULT_INFLIGHT, 65535))
+        session.client_max_packet = int(p.properties.get("maximum_packet_size", 0)) if v5 else 0
         self.session = session.bs
         if old_queue and not (resume and persistent):
             # A clean start discards what a persistent session left behind (MQ3).
@@ -345,7 +348,7 @@ class MQTTConnection(asyncio.Protocol):
 
     def set_blocked(self, blocked: bool) -> None:
         """W5: a publishing client is no longer read from while the gateway is over its mark."""
-        if self.transport is None or self._lost or blocked == self.blocked:
+        if self.transport is None or self._lost or blocked == self.blocked or (blocked and not self.publisher):
             return
         self.blocked = blocked
         if blocked:

@@ -277,3 +277,19 @@ def test_MQ3_session_present_for_a_persistent_session_without_subscriptions(port
     c = RawClient(port, level)
     assert not c.connect(f"{topic}-e", clean=True).session_present
     c.close()
+
+
+def test_MQ7_nothing_larger_than_the_clients_maximum_packet_size_is_sent(port: int, topic: str) -> None:
+    sub = RawClient(port, 5)
+    sub.connect(f"{topic}-small", maximum_packet_size=100)
+    sub.send(P.Subscribe(1, [(topic, 1)]))
+    sub.recv()
+    pub = RawClient(port, 5)
+    pub.connect(f"{topic}-p")
+    pub.send(P.Publish(topic, b"x" * 200, 1, packet_id=1))
+    pub.send(P.Publish(topic, b"fits", 1, packet_id=2))
+    got = _next_publish(sub)
+    assert got is not None and got.payload == b"fits"
+    sub.send(P.Ack(P.PUBACK, got.packet_id))
+    sub.close()
+    pub.close()
