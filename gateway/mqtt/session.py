@@ -70,6 +70,15 @@ def queue_name(client_id: str) -> str:
     return f"mqtt-subscription-{client_id}"
 
 
+def reason_of_reply(reply_code: int, reply_text: str) -> int:
+    """The same for a refusal that closed a channel (its reply code and text)."""
+    if reply_code == 403:
+        return NOT_AUTHORIZED
+    if "(CMQ limit " in reply_text:
+        return QUOTA_EXCEEDED
+    return UNSPECIFIED
+
+
 def reason_of(e: CMQError) -> int:
     """MQTT 5 reason code of a refusal: 403 is W2's, a limit (L*, PF*) a quota (MQ6)."""
     if e.reply_code == 403:
@@ -264,7 +273,7 @@ class MQTTSession:
                                                    routing_key=filter_to_binding(topic_filter)))
             if err is not None:
                 log.info("mqtt subscribe %s refused for %s: %s", topic_filter, self.user, err[1])
-                codes.append(NOT_AUTHORIZED if err[0] == 403 and self.level >= 5 else 0x80)
+                codes.append(reason_of_reply(*err) if self.level >= 5 else 0x80)
                 continue
             existed = topic_filter in self.state.subs
             self.state.subs[topic_filter] = (qos, opts)

@@ -269,3 +269,22 @@ def test_MQ7_fuzzed_connections_never_disturb_another_client(gw: Any, topic: str
     bystander.close()
     assert not [r for r in caplog.records if "internal error" in r.getMessage()]
 
+
+
+@pytest.mark.parametrize("level, refused", [(4, 0x80), (5, 0x97)])
+def test_MQ6_filters_beyond_L4_binding_keys_are_refused_in_suback(gw: Any, level: int, refused: int,
+                                                                   topic: str) -> None:
+    """A session's filters are the binding keys of one subscription (amq.topic -> its queue),
+    at most MAX_BINDING_KEYS (L4): the filters beyond are refused in the SUBACK (0x97 quota
+    exceeded in MQTT 5), the others work. A difference from Mosquitto and RabbitMQ."""
+    from semantics.limits import MAX_BINDING_KEYS
+
+    c = RawClient(gw.mqtt.port, level)
+    c.connect(f"{topic}-many")
+    n = MAX_BINDING_KEYS + 2
+    c.send(P.Subscribe(1, [(f"{topic}/{i}/#", 1) for i in range(n)]))
+    assert c.recv().reason_codes == [1] * MAX_BINDING_KEYS + [refused] * 2
+    c.send(P.Publish(f"{topic}/0/x", b"first filter works", 1, packet_id=2))
+    got = _next_publish(c)
+    assert got is not None and got.payload == b"first filter works"
+    c.close()
