@@ -202,6 +202,7 @@ class MQTTSession:
         self.inflight: dict[int, tuple[int, str | None]] = {}
         self._next_pid = 1
         self._qos_of_topic: dict[str, int] = {}  # deliveries' topic -> best matching QoS
+        self._methods: dict[str, Any] = {}  # topic -> its basic.publish (read only by the broker)
         # channel 2's confirms: (seq, packet kind PUBACK/PUBREC, packet id, retained lsn)
         self.confirms: deque[tuple[int, int, int, int]] = deque()
         self.awaiting_rec: set[int] = set()  # QoS 2 routed, PUBREC waits for its confirm
@@ -333,14 +334,19 @@ class MQTTSession:
                 retained_lsn = self.service.retained.put(self.state.vhost, topic, qos, payload)
             props = self._props[qos] if not mprops else self._properties(qos, mprops)
             ch = self.bs.channels[PUBLISH]
+            method = self._methods.get(topic)
+            if method is None:
+                if len(self._methods) > 1024:
+                    self._methods.clear()
+                method = self._methods[topic] = C.Basic.Publish(exchange=EXCHANGE,
+                                                                routing_key=topic_to_routing_key(topic))
             if qos and not will:
                 # Before the call: a confirm that needs no fsync comes back inside it.
                 self.confirms.append((ch.publish_seq + 1, P.PUBACK if qos == 1 else P.PUBREC, pid, retained_lsn))
                 if qos == 2:
                     self.state.inbound_qos2.add(pid)
                     self.awaiting_rec.add(pid)
-            self.bs.publish_now(ch, C.Basic.Publish(exchange=EXCHANGE, routing_key=topic_to_routing_key(topic)),
-                                props, payload)
+            self.bs.publish_now(ch, method, props, payload)
         except CMQError as e:
             if qos and not will and self.confirms and self.confirms[-1][2] == pid:
                 self.confirms.pop()
@@ -422,12 +428,13 @@ class MQTTSession:
     # -- deliveries to the client (MQ2, MQ4, MQ6) ----------------------------------------------
 
     def _alloc_pid(self) -> int:
+        """A free packet identifier; 0 when all 65535 are in flight."""
         for _ in range(65535):
             pid = self._next_pid
             self._next_pid = pid % 65535 + 1
             if pid not in self.inflight and pid not in self.state.released:
                 return pid
-        raise RuntimeError("no free packet identifier")
+        return 0
 
     def _sub_qos(self, topic: str) -> int:
         """The best QoS of the session's filters that match ``topic``; -1: none does."""
@@ -473,6 +480,8 @@ class MQTTSession:
         pid = self.state.pid_of_msg.get(msg_id) if isinstance(msg_id, str) else None
         if pid is None or pid in self.inflight and self.inflight[pid][1] != msg_id:
             pid = self._alloc_pid()
+            if not pid:
+                return  # stays unacknowledged: sent again after the visibility timeout (MQ6)
         data = publish_bytes(topic, body, qos, pid, redelivered, self.level) if not mprops else \
             P.encode(P.Publish(topic, body, qos, dup=redelivered, packet_id=pid, properties=mprops), self.level)
         if self._too_large(data):
@@ -506,6 +515,8 @@ class MQTTSession:
     def deliver_retained(self, topic: str, payload: bytes, qos: int) -> None:
         if qos:
             pid = self._alloc_pid()
+            if not pid:
+                return
             self.inflight[pid] = (0, None)
             self.core.send(P.Publish(topic, payload, qos, retain=True, packet_id=pid))
         else:
