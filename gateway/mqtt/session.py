@@ -56,6 +56,10 @@ log = logging.getLogger("cmq_gateway.mqtt")
 CONSUME, PUBLISH, OPS = 1, 2, 3
 EXCHANGE = "amq.topic"
 QOS_HEADER = "x-mqtt-publish-qos"
+# Who published it and whether it was retained, for MQTT 5's "no local" and "retain as
+# published" subscription options (AMQP consumers see them as plain headers).
+PUBLISHER_HEADER, RETAIN_HEADER = "x-mqtt-publisher", "x-mqtt-retain"
+NO_LOCAL, RETAIN_AS_PUBLISHED = 0x04, 0x08
 # Unacknowledged QoS 1/2 deliveries in flight to one client when it does not say (3.1.1).
 DEFAULT_INFLIGHT = 100
 NOT_AUTHORIZED, QUOTA_EXCEEDED, UNSPECIFIED = 0x87, 0x97, 0x80
@@ -109,12 +113,13 @@ def _delivery_headers(raw: bytes) -> tuple[str, int | None] | None:
     return msg_id, int.from_bytes(raw[j + 20:j + 28], "big", signed=True)
 
 
-def publish_bytes(topic: str, payload: bytes, qos: int, pid: int, dup: bool, level: int) -> bytes:
+def publish_bytes(topic: str, payload: bytes, qos: int, pid: int, dup: bool, level: int,
+                  retain: bool = False) -> bytes:
     """A PUBLISH without properties, written directly (every delivery goes through here)."""
     t = topic.encode()
     head = len(t).to_bytes(2, "big") + t + (pid.to_bytes(2, "big") if qos else b"") + (b"\x00" if level >= 5 else b"")
     n = len(head) + len(payload)
-    first = 0x30 | (8 if dup else 0) | (qos << 1)
+    first = 0x30 | (8 if dup else 0) | (qos << 1) | (1 if retain else 0)
     if n < 128:
         return bytes((first, n)) + head + payload
     return P.fixed_header(first, n) + head + payload
@@ -203,6 +208,8 @@ class MQTTSession:
         self._next_pid = 1
         self._qos_of_topic: dict[str, int] = {}  # deliveries' topic -> best matching QoS
         self._methods: dict[str, Any] = {}  # topic -> its basic.publish (read only by the broker)
+        self.options_used = False  # a filter asks for "no local" or "retain as published"
+        self._subs_changed()
         # channel 2's confirms: (seq, packet kind PUBACK/PUBREC, packet id, retained lsn)
         self.confirms: deque[tuple[int, int, int, int]] = deque()
         self.awaiting_rec: set[int] = set()  # QoS 2 routed, PUBREC waits for its confirm
@@ -214,8 +221,8 @@ class MQTTSession:
         for number in (CONSUME, PUBLISH, OPS):
             self.bs.on_event(ev.ChannelOpen(number))
         self.bs.on_event(ev.Method(PUBLISH, C.Confirm.Select()))
-        self._props = {q: Properties.build(delivery_mode=2 if q else 1, headers={QOS_HEADER: q})
-                       for q in (0, 1, 2)}
+        self._props = {(q, r): Properties.build(delivery_mode=2 if q else 1, headers=self._headers(q, r))
+                       for q in (0, 1, 2) for r in (False, True)}
 
     # -- AMQP calls --------------------------------------------------------------------------
 
@@ -256,8 +263,11 @@ class MQTTSession:
 
     # -- SUBSCRIBE / UNSUBSCRIBE (MQ2, MQ3) ------------------------------------------------
 
-    def subscribe(self, packet: P.Subscribe) -> None:
+    def _subs_changed(self) -> None:
         self._qos_of_topic.clear()
+        self.options_used = any(opts & (NO_LOCAL | RETAIN_AS_PUBLISHED) for _, opts in self.state.subs.values())
+
+    def subscribe(self, packet: P.Subscribe) -> None:
         codes: list[int] = []
         fresh: list[tuple[str, int]] = []
         for topic_filter, opts in packet.subscriptions:
@@ -282,13 +292,13 @@ class MQTTSession:
             handling = (opts >> 4) & 3
             if handling == 0 or (handling == 1 and not existed):
                 fresh.append((topic_filter, qos))
+        self._subs_changed()
         self._save()
         self.core.send(P.SubAck(packet.packet_id, codes))
         for topic_filter, qos in fresh:
             self.service.retained.deliver(self, topic_filter, qos)
 
     def unsubscribe(self, packet: P.Unsubscribe) -> None:
-        self._qos_of_topic.clear()
         codes = []
         for topic_filter in packet.filters:
             if self.state.subs.pop(topic_filter, None) is None:
@@ -298,6 +308,7 @@ class MQTTSession:
             if not any(filter_to_binding(f) == binding for f in self.state.subs):
                 self._call(OPS, C.Queue.Unbind(queue=self.state.queue, exchange=EXCHANGE, routing_key=binding))
             codes.append(0)
+        self._subs_changed()
         self._save()
         self.core.send(P.UnsubAck(packet.packet_id, codes))
 
@@ -332,7 +343,7 @@ class MQTTSession:
             retained_lsn = 0
             if retain:
                 retained_lsn = self.service.retained.put(self.state.vhost, topic, qos, payload)
-            props = self._props[qos] if not mprops else self._properties(qos, mprops)
+            props = self._props[qos, retain] if not mprops else self._properties(qos, retain, mprops)
             ch = self.bs.channels[PUBLISH]
             method = self._methods.get(topic)
             if method is None:
@@ -354,8 +365,14 @@ class MQTTSession:
                 self.awaiting_rec.discard(pid)
             self.refused(pid, qos, e, will)
 
-    def _properties(self, qos: int, mprops: dict[str, Any]) -> Properties:
-        headers: dict[str, Any] = {QOS_HEADER: qos}
+    def _headers(self, qos: int, retain: bool) -> dict[str, Any]:
+        headers: dict[str, Any] = {QOS_HEADER: qos, PUBLISHER_HEADER: self.state.client_id}
+        if retain:
+            headers[RETAIN_HEADER] = 1
+        return headers
+
+    def _properties(self, qos: int, retain: bool, mprops: dict[str, Any]) -> Properties:
+        headers = self._headers(qos, retain)
         for k, v in mprops.get("user_property", ()):
             headers[k] = v
         values: dict[str, Any] = {"delivery_mode": 2 if qos else 1, "headers": headers}
@@ -450,6 +467,18 @@ class MQTTSession:
         self._qos_of_topic[topic] = sub_qos
         return sub_qos
 
+    def _options_qos(self, topic: str, headers: dict[str, Any]) -> tuple[int, bool]:
+        """MQTT 5 "no local" and "retain as published" (slow path, only for sessions that use
+        them): (best QoS of the filters that take the message, its retain flag)."""
+        own = headers.get(PUBLISHER_HEADER) == self.state.client_id
+        sub_qos, retain = -1, False
+        for topic_filter, (qos, opts) in self.state.subs.items():
+            if (opts & NO_LOCAL and own) or not matches(topic_filter, topic):
+                continue
+            sub_qos = max(sub_qos, qos)
+            retain = retain or bool(opts & RETAIN_AS_PUBLISHED and headers.get(RETAIN_HEADER))
+        return sub_qos, retain
+
     def deliver(self, tag: int, redelivered: bool, routing_key: str, raw_props: bytes, body: bytes) -> None:
         topic = routing_key_to_topic(routing_key)
         sub_qos = self._sub_qos(topic)
@@ -461,6 +490,7 @@ class MQTTSession:
         mprops: dict[str, Any] = {}
         msg_id: Any
         msg_qos: Any
+        retain = False
         if fast is not None:
             msg_id, msg_qos = fast
         else:
@@ -469,10 +499,15 @@ class MQTTSession:
             msg_id, msg_qos = headers.get("x-cmq-msg-id"), headers.get(QOS_HEADER)
             if self.level >= 5:
                 mprops = self._mqtt_properties(props, headers)
+                if self.options_used:
+                    sub_qos, retain = self._options_qos(topic, headers)
+                    if sub_qos < 0:
+                        self._ack_soon(tag)  # its own message, for "no local" filters only
+                        return
         qos = min(sub_qos, int(msg_qos)) if isinstance(msg_qos, int) else sub_qos
         if qos == 0:
-            data = publish_bytes(topic, body, 0, 0, False, self.level) if not mprops else \
-                P.encode(P.Publish(topic, body, 0, properties=mprops), self.level)
+            data = publish_bytes(topic, body, 0, 0, False, self.level, retain) if not mprops else \
+                P.encode(P.Publish(topic, body, 0, retain, properties=mprops), self.level)
             if not self._too_large(data):
                 self.core.send_raw(data)
             self._ack_soon(tag)
@@ -482,8 +517,9 @@ class MQTTSession:
             pid = self._alloc_pid()
             if not pid:
                 return  # stays unacknowledged: sent again after the visibility timeout (MQ6)
-        data = publish_bytes(topic, body, qos, pid, redelivered, self.level) if not mprops else \
-            P.encode(P.Publish(topic, body, qos, dup=redelivered, packet_id=pid, properties=mprops), self.level)
+        data = publish_bytes(topic, body, qos, pid, redelivered, self.level, retain) if not mprops else \
+            P.encode(P.Publish(topic, body, qos, retain, dup=redelivered, packet_id=pid, properties=mprops),
+                     self.level)
         if self._too_large(data):
             self._ack_soon(tag)
             return

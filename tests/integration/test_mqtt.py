@@ -293,3 +293,37 @@ def test_MQ7_nothing_larger_than_the_clients_maximum_packet_size_is_sent(port: i
     sub.send(P.Ack(P.PUBACK, got.packet_id))
     sub.close()
     pub.close()
+
+
+def test_MQ2_no_local_and_retain_as_published(port: int, topic: str) -> None:
+    """MQTT 5 subscription options: "no local" keeps a client's own messages from it,
+    "retain as published" keeps the retain flag on live deliveries."""
+    c = RawClient(port, 5)
+    c.connect(f"{topic}-self")
+    c.send(P.Subscribe(1, [(f"{topic}/own", 1 | 0x04), (f"{topic}/rap", 1 | 0x08 | 0x20)]))
+    assert c.recv().reason_codes == [1, 1]
+    c.send(P.Publish(f"{topic}/own", b"mine", 1, packet_id=2))
+    c.send(P.Publish(f"{topic}/rap", b"kept", 1, retain=True, packet_id=3))
+    seen = []
+    while len(seen) < 1:
+        p = c.recv()
+        assert p is not None
+        if isinstance(p, P.Publish):
+            seen.append((p.topic, p.payload, p.retain))
+            c.send(P.Ack(P.PUBACK, p.packet_id))
+    assert seen == [(f"{topic}/rap", b"kept", True)]
+    c.send(P.Publish(f"{topic}/rap", b"", 1, retain=True, packet_id=4))  # clear it
+    other = RawClient(port, 5)
+    other.connect(f"{topic}-other")
+    other.send(P.Publish(f"{topic}/own", b"theirs", 0))
+    while True:  # skips acks and the (empty) clearing publish
+        p = c.recv()
+        assert p is not None
+        if isinstance(p, P.Publish):
+            if p.qos:
+                c.send(P.Ack(P.PUBACK, p.packet_id))
+            if p.payload:
+                break
+    assert p.payload == b"theirs"
+    c.close()
+    other.close()
