@@ -125,6 +125,30 @@ def publish_bytes(topic: str, payload: bytes, qos: int, pid: int, dup: bool, lev
     return P.fixed_header(first, n) + head + payload
 
 
+def message_properties(qos: int, retain: bool, client_id: str, mprops: dict[str, Any]) -> Properties:
+    """The AMQP properties of an MQTT PUBLISH: its QoS, publisher and retain flag as
+    headers, MQTT 5 properties as their AMQP counterparts."""
+    headers: dict[str, Any] = {QOS_HEADER: qos, PUBLISHER_HEADER: client_id}
+    if retain:
+        headers[RETAIN_HEADER] = 1
+    for k, v in mprops.get("user_property", ()):
+        headers[k] = v
+    values: dict[str, Any] = {"delivery_mode": 2 if qos else 1, "headers": headers}
+    if "content_type" in mprops:
+        values["content_type"] = mprops["content_type"][:255]
+    if "message_expiry" in mprops:
+        values["expiration"] = str(mprops["message_expiry"] * 1000)
+    if "response_topic" in mprops:
+        values["reply_to"] = mprops["response_topic"][:255]
+    cd = mprops.get("correlation_data")
+    if cd is not None:
+        try:
+            values["correlation_id"] = cd.decode()[:255]
+        except UnicodeDecodeError:
+            headers["x-correlation-data"] = cd
+    return Properties.build(**values)
+
+
 class SessionState:
     """What outlives one connection of a client id (MQ3, MQ4)."""
 
@@ -139,6 +163,7 @@ class SessionState:
         self.released: set[int] = set()  # outbound QoS 2: PUBREL sent, PUBCOMP awaited
         self.pid_of_msg: dict[str, int] = {}  # outbound in flight: CMQ msg id -> packet id
         self.live: Any = None  # the MQTTConnection using it now
+        self.will_timer: Any = None  # an MQTT 5 delayed will waiting (asyncio.TimerHandle)
 
     def to_json(self) -> bytes:
         return json.dumps({"vhost": self.vhost, "client_id": self.client_id, "expiry": self.expiry,
@@ -221,8 +246,7 @@ class MQTTSession:
         for number in (CONSUME, PUBLISH, OPS):
             self.bs.on_event(ev.ChannelOpen(number))
         self.bs.on_event(ev.Method(PUBLISH, C.Confirm.Select()))
-        self._props = {(q, r): Properties.build(delivery_mode=2 if q else 1, headers=self._headers(q, r))
-                       for q in (0, 1, 2) for r in (False, True)}
+        self._props = {(q, r): message_properties(q, r, state.client_id, {}) for q in (0, 1, 2) for r in (False, True)}
 
     # -- AMQP calls --------------------------------------------------------------------------
 
@@ -336,6 +360,7 @@ class MQTTSession:
 
     def route(self, topic: str, payload: bytes, qos: int, retain: bool, pid: int,
               mprops: dict[str, Any], will: bool = False) -> None:
+        """Publish to ``topic`` on amq.topic; ``will``: a will message (nobody to answer)."""
         try:
             if not self._writable and self.bs.check_access:
                 self.bs.authorize("write", "exchange", EXCHANGE)  # W2, as basic.publish
@@ -343,7 +368,8 @@ class MQTTSession:
             retained_lsn = 0
             if retain:
                 retained_lsn = self.service.retained.put(self.state.vhost, topic, qos, payload)
-            props = self._props[qos, retain] if not mprops else self._properties(qos, retain, mprops)
+            props = self._props[qos, retain] if not mprops else \
+                message_properties(qos, retain, self.state.client_id, mprops)
             ch = self.bs.channels[PUBLISH]
             method = self._methods.get(topic)
             if method is None:
@@ -364,31 +390,6 @@ class MQTTSession:
                 self.state.inbound_qos2.discard(pid)
                 self.awaiting_rec.discard(pid)
             self.refused(pid, qos, e, will)
-
-    def _headers(self, qos: int, retain: bool) -> dict[str, Any]:
-        headers: dict[str, Any] = {QOS_HEADER: qos, PUBLISHER_HEADER: self.state.client_id}
-        if retain:
-            headers[RETAIN_HEADER] = 1
-        return headers
-
-    def _properties(self, qos: int, retain: bool, mprops: dict[str, Any]) -> Properties:
-        headers = self._headers(qos, retain)
-        for k, v in mprops.get("user_property", ()):
-            headers[k] = v
-        values: dict[str, Any] = {"delivery_mode": 2 if qos else 1, "headers": headers}
-        if "content_type" in mprops:
-            values["content_type"] = mprops["content_type"][:255]
-        if "message_expiry" in mprops:
-            values["expiration"] = str(mprops["message_expiry"] * 1000)
-        if "response_topic" in mprops:
-            values["reply_to"] = mprops["response_topic"][:255]
-        cd = mprops.get("correlation_data")
-        if cd is not None:
-            try:
-                values["correlation_id"] = cd.decode()[:255]
-            except UnicodeDecodeError:
-                headers["x-correlation-data"] = cd
-        return Properties.build(**values)
 
     def refused(self, pid: int, qos: int, e: CMQError, will: bool) -> None:
         """MQ6: a refused publish is a reason code (MQTT 5) or a disconnect (3.1.1)."""

@@ -247,6 +247,9 @@ class MQTTConnection(asyncio.Protocol):
             state = SessionState(self.vhost, client_id, persistent, expiry)
         service.sessions[key] = state
         state.live = self
+        if state.will_timer is not None:
+            state.will_timer.cancel()  # resumed within the will delay: no will (MQTT-3.1.3-9)
+            state.will_timer = None
         receive_max = int(p.properties.get("receive_maximum", 0)) if v5 else 0
         session = self.mqtt = MQTTSession(service, self, state, self.user, self.peer,
                                           min(receive_max or DEFAULT_INFLIGHT, 65535))
@@ -307,11 +310,18 @@ class MQTTConnection(asyncio.Protocol):
         s = self.mqtt
         if s is not None:
             try:
-                if self.will is not None:
-                    w, self.will = self.will, None
+                w, self.will = self.will, None
+                delay = int(w.properties.get("will_delay", 0)) if w is not None else 0
+                if w is not None and delay and s.state.persistent:
+                    # MQTT 5 will delay: sent later unless the session is resumed meanwhile
+                    # (a session that ends now sends it now, MQTT-3.1.3-9).
+                    s.state.will_timer = asyncio.get_running_loop().call_later(
+                        min(delay, s.state.expiry if s.state.expiry is not None else delay),
+                        self.service.publish_will, s.state, s.user, self.peer, w)
+                elif w is not None:
                     self.gw.broker.begin_batch()
                     try:
-                        s.route(w.topic, w.payload, w.qos, w.retain, 0, {}, will=True)
+                        s.route(w.topic, w.payload, w.qos, w.retain, 0, w.properties, will=True)
                     finally:
                         self.gw.broker.end_batch()
                 s.on_connection_lost()

@@ -327,3 +327,32 @@ def test_MQ2_no_local_and_retain_as_published(port: int, topic: str) -> None:
     assert p.payload == b"theirs"
     c.close()
     other.close()
+
+
+def test_MQ5_will_delay_resumed_session_sends_no_will(port: int, topic: str) -> None:
+    """MQTT 5 will delay: a client back within the delay sends no will; one that stays away
+    does, once the delay is over."""
+    sub = RawClient(port, 5)
+    sub.connect(f"{topic}-s")
+    sub.send(P.Subscribe(1, [(f"{topic}/#", 0)]))
+    sub.recv()
+    will = P.Will(f"{topic}/will", b"delayed", 0, properties={"will_delay": 2})
+    c = RawClient(port, 5)
+    c.connect(f"{topic}-d", clean=False, will=will, session_expiry=60)
+    c.drop()
+    c = RawClient(port, 5)
+    assert c.connect(f"{topic}-d", clean=False, session_expiry=60).session_present
+    time.sleep(3)  # past the will delay: had the will been kept, it would have gone out
+    c.send(P.Publish(f"{topic}/marker", b"m"))
+    got = _next_publish(sub)
+    assert got is not None and got.topic == f"{topic}/marker"
+    c.close()
+    c = RawClient(port, 5)
+    c.connect(f"{topic}-d2", clean=False, will=P.Will(f"{topic}/will", b"gone", 0, properties={"will_delay": 1}),
+              session_expiry=60)
+    c.drop()
+    got = _next_publish(sub, timeout=15)
+    assert got is not None and (got.topic, got.payload) == (f"{topic}/will", b"gone")
+    for cid in (f"{topic}-d", f"{topic}-d2"):
+        RawClient(port, 5).connect(cid, clean=True)
+    sub.close()
