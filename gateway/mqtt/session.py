@@ -164,6 +164,7 @@ class SessionState:
         self.pid_of_msg: dict[str, int] = {}  # outbound in flight: CMQ msg id -> packet id
         self.live: Any = None  # the MQTTConnection using it now
         self.will_timer: Any = None  # an MQTT 5 delayed will waiting (asyncio.TimerHandle)
+        self.will_timer_args: tuple[Any, ...] = ()  # (user, peer, Will) it will publish
 
     def to_json(self) -> bytes:
         return json.dumps({"vhost": self.vhost, "client_id": self.client_id, "expiry": self.expiry,

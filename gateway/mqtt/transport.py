@@ -244,6 +244,9 @@ class MQTTConnection(asyncio.Protocol):
         if resumed and state is not None:
             state.expiry = expiry
         else:
+            if state is not None and state.will_timer is not None:
+                state.will_timer.cancel()  # the old session ends now: so does its will's delay
+                service.publish_will(state, *state.will_timer_args)
             state = SessionState(self.vhost, client_id, persistent, expiry)
         service.sessions[key] = state
         state.live = self
@@ -315,9 +318,10 @@ class MQTTConnection(asyncio.Protocol):
                 if w is not None and delay and s.state.persistent:
                     # MQTT 5 will delay: sent later unless the session is resumed meanwhile
                     # (a session that ends now sends it now, MQTT-3.1.3-9).
+                    s.state.will_timer_args = (s.user, self.peer, w)
                     s.state.will_timer = asyncio.get_running_loop().call_later(
                         min(delay, s.state.expiry if s.state.expiry is not None else delay),
-                        self.service.publish_will, s.state, s.user, self.peer, w)
+                        self.service.publish_will, s.state, *s.state.will_timer_args)
                 elif w is not None:
                     self.gw.broker.begin_batch()
                     try:
