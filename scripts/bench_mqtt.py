@@ -113,10 +113,10 @@ async def run(port: int, qos: int, count: int, size: int, window: int, tag: str)
     return {"received": len(lat), "rate": len(lat) / elapsed, "p50": pct(0.50), "p99": pct(0.99)}
 
 
-def start_gateway(data_dir: str) -> tuple[subprocess.Popen[str], int]:
+def start_gateway(data_dir: str, *extra: str) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                              "--management-port", "off", "--metrics-port", "off", "--mqtt-port", "0",
-                             "--data-dir", data_dir], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                             "--data-dir", data_dir, *extra], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
         if m := re.search(r"MQTT on 127\.0\.0\.1:(\d+)", line):
@@ -131,9 +131,10 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--mosquitto", type=int, default=1883)
+    ap.add_argument("--config", default=None, help="a gateway config file (e.g. audit events to leave out)")
     args = ap.parse_args()
     data_dir = tempfile.mkdtemp(prefix="bench-mqtt-")
-    proc, port = start_gateway(data_dir)
+    proc, port = start_gateway(data_dir, *(["--config", args.config] if args.config else []))
     rows = []
     try:
         for qos in (0, 1):
