@@ -164,7 +164,7 @@ def test_taken_management_port_is_one_line_exit_1(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                                "--data-dir", str(tmp_path), "--management-port", str(port),
-                               "--metrics-port", "off"],
+                               "--metrics-port", "off", "--mqtt-port", "off"],
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     # One line: what the start had opened (the store's recovery summary) is not logged.
