@@ -318,7 +318,16 @@ class Decoder:
         if end - pos < total:
             return None
         self._pos = pos + total
-        return self.decode(buf[pos], buf, i, pos + total)
+        first = buf[pos]
+        # Hot paths, the two packets of every QoS 1 message: a PUBACK without reason code and
+        # a PUBLISH without properties (3.1.1). Anything unusual takes the full decoder.
+        if first == 0x40 and length == 2:
+            return Ack(PUBACK, (buf[i] << 8) | buf[i + 1])
+        if first >> 4 == PUBLISH and self.level == 4 and length >= 2:
+            fast = _publish_fast(first, buf, i, pos + total)
+            if fast is not None:
+                return fast
+        return self.decode(first, buf, i, pos + total)
 
     def decode(self, first: int, data: bytes, start: int, end: int) -> Packet:
         kind, flags = first >> 4, first & 0x0F
@@ -340,6 +349,31 @@ class Decoder:
         if r.pos != r.end:
             raise MalformedPacket("bytes left over after the packet's contents")
         return packet
+
+
+def _publish_fast(first: int, buf: bytes, start: int, end: int) -> Publish | None:
+    """A 3.1.1 PUBLISH read straight from the buffer; None: let the full decoder judge it."""
+    qos = (first >> 1) & 3
+    if qos == 3 or (first & 8 and not qos):
+        return None
+    n = (buf[start] << 8) | buf[start + 1]
+    j = start + 2 + n
+    if j + (2 if qos else 0) > end:
+        return None
+    raw = buf[start + 2:j]
+    if b"\x00" in raw:
+        return None
+    try:
+        topic = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    pid = 0
+    if qos:
+        pid = (buf[j] << 8) | buf[j + 1]
+        if not pid:
+            return None
+        j += 2
+    return Publish(topic, buf[j:end], qos, bool(first & 1), bool(first & 8), pid)
 
 
 def _connect(r: _Reader) -> Connect:

@@ -430,7 +430,10 @@ class MQTTSession:
             self.awaiting_rec.discard(pid)
             if code:
                 self.state.inbound_qos2.discard(pid)
-        self.core.send(P.Ack(kind, pid, code))
+        if code:
+            self.core.send(P.Ack(kind, pid, code))
+        else:
+            self.core.send_raw(bytes((kind << 4, 2, pid >> 8, pid & 0xFF)))  # the hot path's PUBACK
 
     async def _ack_after_flush(self, late: list[tuple[int, int, int]]) -> None:
         await self.broker.flush()  # a retained message is in the store too (MQ5)

@@ -121,3 +121,27 @@ def test_MQ2_topic_mapping_both_ways() -> None:
     assert matches("sensors/+/temp", "sensors/k1/temp")
     assert not matches("#", "$SYS/x") and not matches("+/x", "$SYS/x") and matches("$SYS/#", "$SYS/x")
     assert matches("a/#", "a")
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0x30, 0x4F), st.binary(max_size=40))
+def test_hot_path_decodes_as_the_full_decoder(first: int, body: bytes) -> None:
+    """PUBLISH (3.1.1) and PUBACK have a hand-written decoder: same packet, or both refuse."""
+    data = bytes((first, len(body))) + body
+
+    def full() -> object:
+        d = P.Decoder()
+        d.level = 4
+        try:
+            return d.decode(first, data, 2, len(data))
+        except P.MalformedPacket:
+            return "malformed"
+
+    dec = P.Decoder()
+    dec.level = 4
+    dec.feed(data)
+    try:
+        fast: object = dec.next_packet()
+    except P.MalformedPacket:
+        fast = "malformed"
+    assert fast == full()
