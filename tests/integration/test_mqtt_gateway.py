@@ -176,11 +176,19 @@ def test_MQ1_management_lists_mqtt_connections(tmp_path: Path, topic: str) -> No
         amqp = _pika(g)
         listed = requests.get(f"http://{mgmt}/api/connections", auth=("guest", "guest"), timeout=10).json()
         amqp.close()
-        c.close()
-    protocols = sorted(x["protocol"] for x in listed)
-    assert protocols == ["AMQP 0-9-1", "MQTT 5-0"]
-    mine = next(x for x in listed if x["protocol"] == "MQTT 5-0")
-    assert mine["user"] == "guest" and mine["client_properties"]["client_id"] == f"{topic}-m"
+        protocols = sorted(x["protocol"] for x in listed)
+        assert protocols == ["AMQP 0-9-1", "MQTT 5-0"]
+        mine = next(x for x in listed if x["protocol"] == "MQTT 5-0")
+        assert mine["user"] == "guest" and mine["client_properties"]["client_id"] == f"{topic}-m"
+        # Closed from the management API as an AMQP connection is: DISCONNECT 0x98
+        # (administrative action) in MQTT 5.
+        from urllib.parse import quote
+        r = requests.delete(f"http://{mgmt}/api/connections/{quote(mine['name'], safe='')}",
+                            auth=("guest", "guest"), timeout=10)
+        assert r.status_code == 204
+        bye = c.recv()
+        assert isinstance(bye, P.Disconnect) and bye.reason_code == 0x98
+        assert c.recv() is None
 
 
 @pytest.mark.parametrize("level", [4, 5])
