@@ -162,20 +162,40 @@ class SessionState:
         self.inbound_qos2: set[int] = set()  # PUBLISH QoS 2 routed, PUBREL not yet received
         self.released: set[int] = set()  # outbound QoS 2: PUBREL sent, PUBCOMP awaited
         self.pid_of_msg: dict[str, int] = {}  # outbound in flight: CMQ msg id -> packet id
+        self.qos2_msgs: set[str] = set()  # those of pid_of_msg sent at QoS 2 (persisted)
+        self.msg_of_pid: dict[int, str] = {}  # the reverse: those identifiers are not reused
         self.live: Any = None  # the MQTTConnection using it now
         self.will_timer: Any = None  # an MQTT 5 delayed will waiting (asyncio.TimerHandle)
         self.will_timer_args: tuple[Any, ...] = ()  # (user, peer, Will) it will publish
 
     def to_json(self) -> bytes:
+        """The persistent part: filters, and the QoS 2 state that makes exactly once hold
+        across a restart too (MQ4)."""
         return json.dumps({"vhost": self.vhost, "client_id": self.client_id, "expiry": self.expiry,
-                           "subs": {f: list(v) for f, v in self.subs.items()}}).encode()
+                           "subs": {f: list(v) for f, v in self.subs.items()},
+                           "inbound_qos2": sorted(self.inbound_qos2), "released": sorted(self.released),
+                           "qos2_pids": {m: p for m, p in self.pid_of_msg.items() if m in self.qos2_msgs}}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> SessionState:
         r = json.loads(raw)
         s = cls(r["vhost"], r["client_id"], True, r.get("expiry"))
         s.subs = {f: (int(v[0]), int(v[1])) for f, v in r["subs"].items()}
+        s.inbound_qos2 = set(r.get("inbound_qos2", ()))
+        s.released = set(r.get("released", ()))
+        s.pid_of_msg = {m: int(p) for m, p in r.get("qos2_pids", {}).items()}
+        s.qos2_msgs = set(s.pid_of_msg)
+        s.msg_of_pid = {p: m for m, p in s.pid_of_msg.items()}
         return s
+
+    def remember(self, msg_id: str, pid: int) -> None:
+        self.pid_of_msg[msg_id] = pid
+        self.msg_of_pid[pid] = msg_id
+
+    def forget_msg(self, msg_id: str) -> None:
+        pid = self.pid_of_msg.pop(msg_id, None)
+        if pid is not None and self.msg_of_pid.get(pid) == msg_id:
+            del self.msg_of_pid[pid]
 
 
 class Bridge:
@@ -384,6 +404,7 @@ class MQTTSession:
                 if qos == 2:
                     self.state.inbound_qos2.add(pid)
                     self.awaiting_rec.add(pid)
+                    self._save()  # before the message: its confirm then covers both
             self.bs.publish_now(ch, method, props, payload)
         except CMQError as e:
             if qos and not will and self.confirms and self.confirms[-1][2] == pid:
@@ -445,7 +466,20 @@ class MQTTSession:
     def pubrel(self, packet: P.Ack) -> None:
         known = packet.packet_id in self.state.inbound_qos2
         self.state.inbound_qos2.discard(packet.packet_id)
-        self.core.send(P.Ack(P.PUBCOMP, packet.packet_id, 0 if known else PACKET_ID_NOT_FOUND))
+        comp = P.Ack(P.PUBCOMP, packet.packet_id, 0 if known else PACKET_ID_NOT_FOUND)
+        if known and self.state.persistent:
+            # The identifier may be reused once PUBCOMP is out: its release must be durable
+            # first, or a restart would take the next message with it for a resend (MQ4).
+            self._save()
+            asyncio.get_running_loop().create_task(self._send_after_flush(comp))
+        else:
+            self.core.send(comp)
+
+    async def _send_after_flush(self, packet: P.Ack) -> None:
+        await self.broker.flush()
+        if not self.closed:
+            self.core.send(packet)
+            self.conn.request_flush()
 
     # -- deliveries to the client (MQ2, MQ4, MQ6) ----------------------------------------------
 
@@ -454,7 +488,7 @@ class MQTTSession:
         for _ in range(65535):
             pid = self._next_pid
             self._next_pid = pid % 65535 + 1
-            if pid not in self.inflight and pid not in self.state.released:
+            if pid not in self.inflight and pid not in self.state.released and pid not in self.state.msg_of_pid:
                 return pid
         return 0
 
@@ -518,6 +552,9 @@ class MQTTSession:
             self._ack_soon(tag)
             return
         pid = self.state.pid_of_msg.get(msg_id) if isinstance(msg_id, str) else None
+        # Sent before: the queue's receive count says so, or (after a restart, where counts
+        # start over) the packet identifier it was sent under (MQ6).
+        redelivered = redelivered or pid is not None
         if pid is None or pid in self.inflight and self.inflight[pid][1] != msg_id:
             pid = self._alloc_pid()
             if not pid:
@@ -529,7 +566,12 @@ class MQTTSession:
             self._ack_soon(tag)
             return
         if isinstance(msg_id, str):
-            self.state.pid_of_msg[msg_id] = pid
+            known = self.state.pid_of_msg.get(msg_id) == pid
+            self.state.remember(msg_id, pid)
+            if qos == 2 and not known:
+                # Its packet identifier outlives a restart: a resend keeps it (MQ4).
+                self.state.qos2_msgs.add(msg_id)
+                self._save()
         self.inflight[pid] = (tag, msg_id if isinstance(msg_id, str) else None)
         self.core.send_raw(data)
 
@@ -600,15 +642,24 @@ class MQTTSession:
                 self.core.send(P.Ack(P.PUBREL, packet.packet_id))
             return
         tag, msg_id = entry
+        qos2 = False
         if msg_id is not None:
-            self.state.pid_of_msg.pop(msg_id, None)
+            self.state.forget_msg(msg_id)
+            if msg_id in self.state.qos2_msgs:
+                self.state.qos2_msgs.discard(msg_id)
+                qos2 = True
         if packet.kind == P.PUBREC and packet.reason_code < 0x80:
             self.state.released.add(packet.packet_id)
+            qos2 = True
             self.core.send(P.Ack(P.PUBREL, packet.packet_id))
+        if qos2:
+            self._save()
         self._settle(tag)
 
     def pubcomp(self, packet: P.Ack) -> None:
-        self.state.released.discard(packet.packet_id)
+        if packet.packet_id in self.state.released:
+            self.state.released.discard(packet.packet_id)
+            self._save()
 
     # -- end -------------------------------------------------------------------------------
 

@@ -118,3 +118,55 @@ def test_MQ1_serve_starts_mqtt_by_default_and_off_turns_it_off(tmp_path: Path) -
     assert (cfg.mqtt_port, cfg.mqtt_host, cfg.mqtt_max_packet_size) == (0, "127.0.0.1", 1000)
     with serve(tmp_path / "d", "--mqtt-port", "off") as (proc, _):
         assert proc.mqtt_port is None  # type: ignore[attr-defined]
+
+
+def test_MQ4_qos2_exactly_once_across_kill_9(tmp_path: Path) -> None:
+    """QoS 2 packet-identifier state is in the store with the persistent session: after a
+    kill -9 a resent PUBLISH is not routed again, and an unfinished delivery comes again
+    under the same packet identifier, so the client can drop the duplicate."""
+    data = tmp_path / "data"
+    with serve(data) as (proc, _):
+        port = proc.mqtt_port  # type: ignore[attr-defined]
+        sub = RawClient(port, 4)
+        sub.connect("q2-sub", clean=False)
+        sub.send(P.Subscribe(1, [("q2/#", 2)]))
+        sub.recv()
+        pub = RawClient(port, 4)
+        pub.connect("q2-pub", clean=False)
+        pub.send(P.Publish("q2/x", b"only-once", 2, packet_id=7))
+        rec = pub.recv()
+        assert (rec.kind, rec.packet_id) == (P.PUBREC, 7)
+        first = sub.recv()
+        assert isinstance(first, P.Publish) and first.qos == 2  # not acknowledged before the kill
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    with serve(data) as (proc, _):
+        port = proc.mqtt_port  # type: ignore[attr-defined]
+        pub = RawClient(port, 4)
+        assert pub.connect("q2-pub", clean=False).session_present
+        pub.send(P.Publish("q2/x", b"only-once", 2, dup=True, packet_id=7))  # PUBREC was "lost"
+        assert (lambda r: (r.kind, r.packet_id))(pub.recv()) == (P.PUBREC, 7)
+        pub.send(P.Ack(P.PUBREL, 7))
+        assert (lambda r: (r.kind, r.packet_id, r.reason_code))(pub.recv()) == (P.PUBCOMP, 7, 0)
+        pub.send(P.Publish("q2/marker", b"marker", 2, packet_id=8))
+        pub.recv()
+        sub = RawClient(port, 4)
+        assert sub.connect("q2-sub", clean=False).session_present
+        again = sub.recv()
+        assert isinstance(again, P.Publish) and again.dup and again.packet_id == first.packet_id
+        assert again.payload == b"only-once"
+        sub.send(P.Ack(P.PUBREC, again.packet_id))
+        payloads = []
+        while True:
+            p = sub.recv()
+            assert p is not None
+            if isinstance(p, P.Ack) and p.kind == P.PUBREL:
+                sub.send(P.Ack(P.PUBCOMP, p.packet_id))
+            elif isinstance(p, P.Publish):
+                payloads.append(p.payload)
+                sub.send(P.Ack(P.PUBREC, p.packet_id))
+                if p.payload == b"marker":
+                    break
+        assert payloads == [b"marker"]  # the resent PUBLISH was not routed a second time
+        sub.close()
+        pub.close()
