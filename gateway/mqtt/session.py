@@ -255,7 +255,6 @@ class MQTTSession:
         self._qos_of_topic: dict[str, int] = {}  # deliveries' topic -> best matching QoS
         self._methods: dict[str, Any] = {}  # topic -> its basic.publish (read only by the broker)
         self.options_used = False  # a filter asks for "no local" or "retain as published"
-        self._subs_changed()
         # channel 2's confirms: (seq, packet kind PUBACK/PUBREC, packet id, retained lsn)
         self.confirms: deque[tuple[int, int, int, int]] = deque()
         self.awaiting_rec: set[int] = set()  # QoS 2 routed, PUBREC waits for its confirm
@@ -263,7 +262,9 @@ class MQTTSession:
         self._ack_scheduled = False
         self._writable = False
         self.consuming = False
+        self.no_ack = False  # the consumer takes no acknowledgements (every filter QoS 0)
         self.closed = False
+        self._subs_changed()
         for number in (CONSUME, PUBLISH, OPS):
             self.bs.on_event(ev.ChannelOpen(number))
         self.bs.on_event(ev.Method(PUBLISH, C.Confirm.Select()))
@@ -301,9 +302,20 @@ class MQTTSession:
         if err is not None:
             return err
         self._call(CONSUME, C.Basic.Qos(prefetch_count=self.inflight_max))
-        err = self._call(CONSUME, C.Basic.Consume(queue=st.queue, consumer_tag="mqtt"))
+        return self._consume()
+
+    def _consume(self) -> tuple[int, str] | None:
+        """Consume the session's queue; without acknowledgements while every filter is QoS 0:
+        each delivery is then QoS 0, so the broker may delete it as it goes out (no ack turn)."""
+        no_ack = all(qos == 0 for qos, _ in self.state.subs.values())
+        if self.consuming:
+            if no_ack == self.no_ack:
+                return None
+            self._call(CONSUME, C.Basic.Cancel(consumer_tag="mqtt"))  # unacked deliveries stay so
+            self.consuming = False
+        err = self._call(CONSUME, C.Basic.Consume(queue=self.state.queue, consumer_tag="mqtt", no_ack=no_ack))
         if err is None:
-            self.consuming = True
+            self.consuming, self.no_ack = True, no_ack
         return err
 
     # -- SUBSCRIBE / UNSUBSCRIBE (MQ2, MQ3) ------------------------------------------------
@@ -311,6 +323,8 @@ class MQTTSession:
     def _subs_changed(self) -> None:
         self._qos_of_topic.clear()
         self.options_used = any(opts & (NO_LOCAL | RETAIN_AS_PUBLISHED) for _, opts in self.state.subs.values())
+        if self.consuming:
+            self._consume()  # acknowledged or not, as the filters' QoS now need
 
     def subscribe(self, packet: P.Subscribe) -> None:
         codes: list[int] = []
@@ -607,6 +621,8 @@ class MQTTSession:
 
     def _ack_soon(self, tag: int) -> None:
         # Inside basic.deliver the delivery is not yet recorded as unacked: ack after it.
+        if self.no_ack:
+            return  # consumed without acknowledgements: already deleted
         self._to_ack.append(tag)
         if not self._ack_scheduled:
             self._ack_scheduled = True

@@ -356,3 +356,33 @@ def test_MQ5_will_delay_resumed_session_sends_no_will(port: int, topic: str) -> 
     for cid in (f"{topic}-d", f"{topic}-d2"):
         RawClient(port, 5).connect(cid, clean=True)
     sub.close()
+
+
+def test_MQ4_qos1_filter_added_to_a_qos0_session_is_acknowledged(port: int, topic: str) -> None:
+    """A session first with QoS 0 filters only, then a QoS 1 one: the QoS 1 delivery is kept
+    until its PUBACK (it comes again after a reconnect), the QoS 0 ones are not."""
+    c = RawClient(port, 4)
+    c.connect(f"{topic}-mix", clean=False)
+    c.send(P.Subscribe(1, [(f"{topic}/zero", 0)]))
+    c.recv()
+    pub = RawClient(port, 4)
+    pub.connect(f"{topic}-p")
+    pub.send(P.Publish(f"{topic}/zero", b"z", 1, packet_id=1))
+    pub.recv()
+    got = _next_publish(c)
+    assert got is not None and (got.payload, got.qos) == (b"z", 0)
+    c.send(P.Subscribe(2, [(f"{topic}/one", 1)]))
+    c.recv()
+    pub.send(P.Publish(f"{topic}/one", b"o", 1, packet_id=2))
+    pub.recv()
+    got = _next_publish(c)
+    assert got is not None and (got.payload, got.qos) == (b"o", 1)
+    c.drop()  # no PUBACK
+    c = RawClient(port, 4)
+    assert c.connect(f"{topic}-mix", clean=False).session_present
+    again = _next_publish(c)
+    assert again is not None and (again.payload, again.dup) == (b"o", True)
+    c.send(P.Ack(P.PUBACK, again.packet_id))
+    c.close()
+    RawClient(port, 4).connect(f"{topic}-mix", clean=True)
+    pub.close()
