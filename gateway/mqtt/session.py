@@ -297,8 +297,11 @@ class MQTTSession:
         args: dict[str, Any] = {}
         if st.persistent and st.expiry is not None:
             args["x-expires"] = max(1, st.expiry) * 1000
-        err = self._call(OPS, C.Queue.Declare(queue=st.queue, durable=st.persistent, exclusive=not st.persistent,
-                                              arguments=args or None))
+        # A resumed session's queue is taken as it is: declared again with another x-expires
+        # (the client changed its session expiry) it would be refused as inequivalent.
+        exists = st.queue in self.broker.vhost(st.vhost).queues
+        err = self._call(OPS, C.Queue.Declare(queue=st.queue, passive=exists, durable=st.persistent,
+                                              exclusive=not st.persistent, arguments=args or None))
         if err is not None:
             return err
         self._call(CONSUME, C.Basic.Qos(prefetch_count=self.inflight_max))

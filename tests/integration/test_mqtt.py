@@ -386,3 +386,19 @@ def test_MQ4_qos1_filter_added_to_a_qos0_session_is_acknowledged(port: int, topi
     c.close()
     RawClient(port, 4).connect(f"{topic}-mix", clean=True)
     pub.close()
+
+
+def test_MQ3_resume_with_another_session_expiry(port: int, topic: str) -> None:
+    c = RawClient(port, 5)
+    c.connect(f"{topic}-x", clean=False, session_expiry=100)
+    c.send(P.Subscribe(1, [(topic, 1)]))
+    c.recv()
+    c.close()
+    c = RawClient(port, 5)
+    assert c.connect(f"{topic}-x", clean=False, session_expiry=200).session_present
+    c.send(P.Publish(topic, b"still mine", 1, packet_id=1))
+    got = _next_publish(c)
+    assert got is not None and got.payload == b"still mine"
+    c.send(P.Ack(P.PUBACK, got.packet_id))
+    c.close()
+    RawClient(port, 5).connect(f"{topic}-x", clean=True)
