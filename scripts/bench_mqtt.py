@@ -8,7 +8,9 @@ Starts a fresh `cmq-gateway serve` (MQTT on a free port, new data dir, fsync on,
 sides) against the gateway and against the Mosquitto on 127.0.0.1:1883. A QoS 1 publisher
 keeps ``--window`` PUBLISHes unacknowledged; the subscriber acknowledges each delivery. The
 payload carries the send time: latency is publish -> delivery at the subscriber. Prints one
-Markdown table with msg/s, p50/p99 latency and the gateway/Mosquitto ratio.
+Markdown table with msg/s, p50/p99 latency, the gateway/Mosquitto ratio and each broker's CPU
+time per message (from /proc: the gateway with its audit writer; Mosquitto found by pgrep),
+which depends far less on what else the machine is running than msg/s does.
 """
 
 from __future__ import annotations
@@ -113,6 +115,32 @@ async def run(port: int, qos: int, count: int, size: int, window: int, tag: str)
     return {"received": len(lat), "rate": len(lat) / elapsed, "p50": pct(0.50), "p99": pct(0.99)}
 
 
+def cpu_seconds(pid: int | None, children: bool) -> float:
+    """User + system CPU of ``pid`` (and its children: the audit writer) from /proc; 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        pids = [pid]
+        if children:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                pids += [int(x) for x in f.read().split()]
+        total = 0.0
+        for p in pids:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return total
+    except (OSError, ValueError):
+        return 0.0
+
+
+def mosquitto_pid() -> int | None:
+    try:
+        return int(subprocess.check_output(["pgrep", "-x", "mosquitto"], text=True).split()[0])
+    except (OSError, subprocess.CalledProcessError, IndexError, ValueError):
+        return None
+
+
 def start_gateway(data_dir: str, *extra: str) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                              "--management-port", "off", "--metrics-port", "off", "--mqtt-port", "0",
@@ -136,14 +164,18 @@ def main() -> None:
     data_dir = tempfile.mkdtemp(prefix="bench-mqtt-")
     proc, port = start_gateway(data_dir, *(["--config", args.config] if args.config else []))
     rows = []
+    mosq = mosquitto_pid()
     try:
         for qos in (0, 1):
             results = {}
-            for name, p in (("gateway", port), ("mosquitto", args.mosquitto)):
+            for name, p, pid in (("gateway", port, proc.pid), ("mosquitto", args.mosquitto, mosq)):
+                before = cpu_seconds(pid, name == "gateway")
                 results[name] = asyncio.run(run(p, qos, args.count, args.size, args.window, f"{os.getpid()}{name}"))
+                results[name]["cpu_us"] = (cpu_seconds(pid, name == "gateway") - before) / args.count * 1e6
             g, m = results["gateway"], results["mosquitto"]
             rows.append(f"| QoS {qos} | {g['rate']:,.0f} | {m['rate']:,.0f} | {g['rate'] / m['rate']:.2f}x "
                         f"| {g['p50']:.1f} / {g['p99']:.1f} | {m['p50']:.1f} / {m['p99']:.1f} "
+                        f"| {g['cpu_us']:.1f} | {m['cpu_us']:.1f} "
                         f"| {int(g['received'])}/{args.count} | {int(m['received'])}/{args.count} |")
     finally:
         proc.terminate()
@@ -152,8 +184,8 @@ def main() -> None:
     print(f"{args.count} messages of {args.size} bytes, one publisher, one subscriber, QoS 1 window {args.window}")
     print()
     print("| | gateway msg/s | Mosquitto msg/s | ratio | gateway p50 / p99 ms | Mosquitto p50 / p99 ms "
-          "| gateway received | Mosquitto received |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| gateway CPU us/msg | Mosquitto CPU us/msg | gateway received | Mosquitto received |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 
