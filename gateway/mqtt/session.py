@@ -252,7 +252,7 @@ class MQTTSession:
         # outbound QoS 1/2 in flight: packet id -> (delivery tag or 0 for a retained one, msg id)
         self.inflight: dict[int, tuple[int, str | None]] = {}
         self._next_pid = 1
-        self._qos_of_topic: dict[str, int] = {}  # deliveries' topic -> best matching QoS
+        self._qos_of_topic: dict[str, tuple[str, int]] = {}  # routing key -> (topic, best QoS)
         self._methods: dict[str, Any] = {}  # topic -> its basic.publish (read only by the broker)
         self.options_used = False  # a filter asks for "no local" or "retain as published"
         # channel 2's confirms: (seq, packet kind PUBACK/PUBREC, packet id, retained lsn)
@@ -509,19 +509,21 @@ class MQTTSession:
                 return pid
         return 0
 
-    def _sub_qos(self, topic: str) -> int:
-        """The best QoS of the session's filters that match ``topic``; -1: none does."""
-        known = self._qos_of_topic.get(topic)
+    def _topic_qos(self, routing_key: str) -> tuple[str, int]:
+        """The MQTT topic of ``routing_key`` and the best QoS of the session's filters that
+        match it (-1: none does), kept per routing key: deliveries repeat a few topics."""
+        known = self._qos_of_topic.get(routing_key)
         if known is not None:
             return known
+        topic = routing_key_to_topic(routing_key)
         sub_qos = -1
         for topic_filter, (qos, _opts) in self.state.subs.items():
             if qos > sub_qos and matches(topic_filter, topic):
                 sub_qos = qos
         if len(self._qos_of_topic) > 4096:
             self._qos_of_topic.clear()
-        self._qos_of_topic[topic] = sub_qos
-        return sub_qos
+        self._qos_of_topic[routing_key] = topic, sub_qos
+        return topic, sub_qos
 
     def _options_qos(self, topic: str, headers: dict[str, Any]) -> tuple[int, bool]:
         """MQTT 5 "no local" and "retain as published" (slow path, only for sessions that use
@@ -536,8 +538,7 @@ class MQTTSession:
         return sub_qos, retain
 
     def deliver(self, tag: int, redelivered: bool, routing_key: str, raw_props: bytes, body: bytes) -> None:
-        topic = routing_key_to_topic(routing_key)
-        sub_qos = self._sub_qos(topic)
+        topic, sub_qos = self._topic_qos(routing_key)
         if sub_qos < 0:
             # No filter of the session takes it ($-topics under a wildcard, MQ2): consumed.
             self._ack_soon(tag)
