@@ -311,7 +311,7 @@ class Gateway:
     def _bind_mqtt(self) -> socket.socket | None:
         """MQ1's listener; a default port someone else holds is a warning, not a failure."""
         config = self.config
-        if config.mqtt_port is None:
+        if config.mqtt_port is None or config.mqtt_port < 0:  # < 0: `mqtt: off` in the file
             return None
         try:
             return _bind(Listener(config.mqtt_host, config.mqtt_port), "mqtt")
