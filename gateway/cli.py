@@ -15,6 +15,7 @@ from gateway.config import (
     DEFAULT_CMQ_API_PORT,
     DEFAULT_MANAGEMENT_PORT,
     DEFAULT_METRICS_PORT,
+    DEFAULT_MQTT_PORT,
     DEFAULT_PORT,
     DEFAULT_TLS_PORT,
     OFF,
@@ -85,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cmq-api-port", type=_port_or_off, default=None, metavar="PORT|off",
                        help=f"CMQ's HTTP API, /v2/index.php (default: {DEFAULT_CMQ_API_PORT}; "
                             "0 picks a free port; off turns it off)")
+    serve.add_argument("--mqtt-port", type=_port_or_off, default=None, metavar="PORT|off",
+                       help=f"MQTT 3.1.1 and 5.0 on the CMQ topics of amq.topic (default: {DEFAULT_MQTT_PORT}, "
+                            "as RabbitMQ's MQTT plugin; 0 picks a free port; off turns it off)")
     serve.add_argument("--tls-port", type=_port_or_off, default=None, metavar="PORT|off",
                        help=f"AMQPS (AMQP over TLS) port, on the AMQP hosts (default: {DEFAULT_TLS_PORT}, "
                             "as RabbitMQ, when the config has a tls section with certfile, keyfile and "
@@ -173,9 +177,11 @@ def _serve(args: argparse.Namespace) -> int:
                                             DEFAULT_MANAGEMENT_PORT)
     config.metrics_port = _operator_port(args.metrics_port, config.metrics_port, DEFAULT_METRICS_PORT)
     config.cmq_api_port = _operator_port(args.cmq_api_port, config.cmq_api_port, DEFAULT_CMQ_API_PORT)
+    config.mqtt_port_defaulted = args.mqtt_port is None and config.mqtt_port is None
+    config.mqtt_port = _operator_port(args.mqtt_port, config.mqtt_port, DEFAULT_MQTT_PORT)
     if args.host is not None:
         # One --host for everything the gateway serves, as an operator reading --help expects.
-        config.management_host = config.metrics_host = config.cmq_api_host = args.host
+        config.management_host = config.metrics_host = config.cmq_api_host = config.mqtt_host = args.host
     try:
         run(config)
     except (ListenError, StartupError) as e:

@@ -29,6 +29,7 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
     metrics: {port: 15692, host: "0.0.0.0"}      # or off; Prometheus /metrics
                                       # (without a host: 0.0.0.0 and ::, as the listeners)
     cmq_api: {port: 15680, host: "0.0.0.0"}      # or off; CMQ's HTTP API (CA1, gateway.cmqapi)
+    mqtt: {port: 1883, host: "0.0.0.0", max_packet_size: 1048576}   # or off; MQTT 3.1.1/5.0 (MQ1)
     tls:                              # SE2: AMQPS, and HTTPS for management and /metrics
       certfile: /etc/cmq-gateway/server.pem
       keyfile: /etc/cmq-gateway/server.key
@@ -75,6 +76,7 @@ DEFAULT_TLS_PORT = 5671
 # CA1: CMQ's HTTP API. Clear of RabbitMQ (5672, 5671, 15672, 15692, 25672, 4369), Spark (7077,
 # 8080, 4040), MQTT (1883, 8883) and NATS (4222, 8222).
 DEFAULT_CMQ_API_PORT = 15680
+DEFAULT_MQTT_PORT = 1883
 OFF = -1  # management / metrics explicitly turned off (config `management: off`, `--management-port off`)
 
 
@@ -189,6 +191,14 @@ class GatewayConfig:
     cmq_api_port: int | None = None
     cmq_api_host: str = "0.0.0.0"
     cmq_keys: dict[str, CmqKey] = field(default_factory=dict)
+    # MQ1: the MQTT listener; None is off. `cmq-gateway serve` turns it on at 1883 unless the
+    # config or --mqtt-port says otherwise; the in-process test gateways leave it off.
+    mqtt_port: int | None = None
+    mqtt_host: str = "0.0.0.0"
+    # Nobody asked for the port (the default 1883): when it is taken (a Mosquitto on the host)
+    # the gateway says so and serves without MQTT instead of refusing to start.
+    mqtt_port_defaulted: bool = False
+    mqtt_max_packet_size: int = 1 << 20
 
     @property
     def vhosts(self) -> list[str]:
@@ -279,12 +289,15 @@ def parse_config(raw: Any) -> GatewayConfig:
     if raw.get("tls") is not None:
         cfg.tls = _tls(_set(raw["tls"]))
     cfg.cmq_keys = _cmq_keys(raw.get("users", []))
-    for key in ("management", "metrics", "cmq_api"):
+    for key in ("management", "metrics", "cmq_api", "mqtt"):
         section = raw.get(key)
         port = section.get("port") if isinstance(section, Mapping) else section
-        setattr(cfg, f"{key}_port", None if port is None else OFF if port in (False, "off") else port)
+        setattr(cfg, f"{key}_port", None if port is None else OFF if port is False or port == "off" else port)
         if isinstance(section, Mapping) and section.get("host") is not None:
             setattr(cfg, f"{key}_host", section["host"])
+    mqtt = raw.get("mqtt")
+    if isinstance(mqtt, Mapping) and mqtt.get("max_packet_size") is not None:
+        cfg.mqtt_max_packet_size = mqtt["max_packet_size"]
     return cfg
 
 

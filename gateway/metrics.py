@@ -298,7 +298,7 @@ class Target:
 
     @property
     def connections(self) -> list[Any]:
-        """AMQP connections: the transport's when there is a gateway, else the sessions."""
+        """AMQP and MQTT connections: the transport's when there is a gateway, else the sessions."""
         if self.gateway is not None:
             return [c for c in list(self.gateway.connections) if getattr(c, "user", None) is not None]
         return list(self.broker.sessions)
@@ -491,7 +491,7 @@ def render(obj: Any, counters: Counters) -> str:
     w.block("cmq_gateway_queue_consumers", "gauge", "Consumers per queue.", consumers)
 
     sessions = target.sessions
-    w.family("cmq_gateway_connections", "gauge", "Open AMQP connections.", [({}, len(target.connections))])
+    w.family("cmq_gateway_connections", "gauge", "Open AMQP and MQTT connections.", [({}, len(target.connections))])
     w.family("cmq_gateway_channels", "gauge", "Open AMQP channels.",
              [({}, sum(len(s.channels) for s in sessions))])
     w.family("cmq_gateway_resource_alarm", "gauge", "1 while publishers are blocked by a memory or "

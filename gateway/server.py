@@ -72,6 +72,7 @@ _IN_USE = {
     "metrics": "(RabbitMQ's Prometheus plugin?): choose another with --metrics-port, or --metrics-port off",
     "amqps": "(another AMQPS broker?): choose another with --tls-port, or --tls-port off",
     "cmq-api": "(another cmq-gateway?): choose another with --cmq-api-port, or --cmq-api-port off",
+    "mqtt": "(Mosquitto, or RabbitMQ's MQTT plugin?): choose another with --mqtt-port, or --mqtt-port off",
 }
 # The option of a port whose name does not say it (the others: --<first word>-port).
 _OPTION = {"amqp": "--port", "amqps": "--tls-port"}
@@ -265,6 +266,8 @@ class Gateway:
         self._operator: list[tuple[str, Any]] = []
         self._locks: list[Any] = []  # DirLocks of the data dir and an audit dir outside it
         self._https: set[str] = set()  # the names of those served over HTTPS (SE2)
+        self.mqtt: Any = None  # gateway.mqtt.server.MQTTService when MQTT is served (MQ1)
+        self.mqtt_skipped = ""  # why the default MQTT port is not served
 
     @property
     def port(self) -> int:
@@ -289,6 +292,14 @@ class Gateway:
                 s.close()
             raise
         try:
+            mqtt_sock = self._bind_mqtt()
+        except BaseException:
+            for s in socks + tls_socks:
+                s.close()
+            raise
+        if mqtt_sock is not None:
+            tls_socks.append(mqtt_sock)  # closed with them should the start fail
+        try:
             # The directories' locks before anything in them is touched: a refused second
             # gateway must not close (rename) the running one's open audit file.
             self._locks = _claim_dirs(self.config)
@@ -312,7 +323,12 @@ class Gateway:
                 host, port = sock.getsockname()[:2]
                 self.addresses.append((host, port))
             for sock in tls_socks:
-                await self._serve_tls(sock)
+                if sock is mqtt_sock:
+                    from gateway.mqtt.server import MQTTService
+                    self.mqtt = MQTTService(self)
+                    self._servers.append(await self.mqtt.serve(sock))
+                else:
+                    await self._serve_tls(sock)
             self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
             await self._start_operator_window()
         except BaseException:
@@ -320,6 +336,19 @@ class Gateway:
                 s.close()
             await self.stop()  # what did start (the store, the audit log, the locks) is closed
             raise
+
+    def _bind_mqtt(self) -> socket.socket | None:
+        """MQ1's listener; a default port someone else holds is a warning, not a failure."""
+        config = self.config
+        if config.mqtt_port is None or config.mqtt_port < 0:  # < 0: `mqtt: off` in the file
+            return None
+        try:
+            return _bind(Listener(config.mqtt_host, config.mqtt_port), "mqtt")
+        except ListenError as e:
+            if not config.mqtt_port_defaulted:
+                raise
+            self.mqtt_skipped = str(e)  # said once the start is known to succeed
+            return None
 
     async def _serve_tls(self, sock: socket.socket) -> None:
         assert self.config.tls is not None
@@ -566,6 +595,11 @@ async def _serve(config: GatewayConfig) -> None:
     if gw.tls_addresses:
         where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in gw.tls_addresses)
         print(f"cmq-gateway: AMQPS (TLS) on {where}", file=sys.stderr, flush=True)
+    if gw.mqtt is not None:
+        host, port = gw.mqtt.address
+        print(f"cmq-gateway: MQTT on {f'[{host}]' if ':' in host else host}:{port}", file=sys.stderr, flush=True)
+    elif gw.mqtt_skipped:
+        print(f"cmq-gateway: MQTT not served: {gw.mqtt_skipped}", file=sys.stderr, flush=True)
     served: dict[str, list[str]] = {}
     for name, address in gw.operator_addresses():
         served.setdefault(name, []).append(f"{gw.operator_scheme(name)}://{address}/")

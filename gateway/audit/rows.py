@@ -19,8 +19,8 @@ from typing import Any
 from gateway.audit.counting import FIELDS_READ, count_key
 from gateway.audit.record import formatter
 
-__all__ = ["ACK", "DELIVER", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_QUEUE_VIA", "PUBLISH_TOPIC", "PUBLISH_TOPIC_VIA",
-           "ROUTE", "ROWS", "Row",
+__all__ = ["ACK", "ACK_MQTT", "DELIVER", "DELIVER_MQTT", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_QUEUE_VIA",
+           "PUBLISH_TOPIC", "PUBLISH_TOPIC_VIA", "ROUTE", "ROWS", "Row",
            "fields_emitter", "row_emitter"]
 
 
@@ -72,6 +72,9 @@ ACK = Row("ack", "user", "peer", "queue", "msg_id", "latency_ms")
 # "mqtt"); AMQP publishes keep the rows above, so their records are unchanged.
 PUBLISH_QUEUE_VIA = Row("publish", *PUBLISH_QUEUE.keys, "protocol")
 PUBLISH_TOPIC_VIA = Row("publish", *PUBLISH_TOPIC.keys, "protocol")
+# MQ7: an MQTT client's deliveries and acks, with protocol "mqtt" last.
+DELIVER_MQTT = Row("deliver", "user", "peer", "queue", "msg_id", "attempt", "size", "protocol")
+ACK_MQTT = Row("ack", "user", "peer", "queue", "msg_id", "latency_ms", "protocol")
 
 
 def fields_emitter(sink: Any) -> Callable[[str, str, dict[str, Any]], None]:

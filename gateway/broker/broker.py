@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit import NullAudit
-from gateway.audit.rows import ACK, Row, fields_emitter, row_emitter
+from gateway.audit.rows import ACK, ACK_MQTT, Row, fields_emitter, row_emitter
 from gateway.broker import persistence as P
 from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
@@ -718,7 +718,11 @@ class Broker:
             self._unpersist_msg(q, m)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
-            self.emit_row(ACK, session.vhost_name, (session.user, session.peer, q.name, u.msg_id, latency))
+            if session.protocol is None:
+                self.emit_row(ACK, session.vhost_name, (session.user, session.peer, q.name, u.msg_id, latency))
+            else:  # MQ7
+                self.emit_row(ACK_MQTT, session.vhost_name,
+                              (session.user, session.peer, q.name, u.msg_id, latency, session.protocol))
         else:
             session.emit("stale_ack", queue=q.name, msg_id=u.msg_id)
         self.after_queue_change(self.vhosts[q.vhost], q)

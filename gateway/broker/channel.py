@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
-from gateway.audit.rows import DELIVER
+from gateway.audit.rows import DELIVER, DELIVER_MQTT
 from gateway.broker import persistence as P
 from gateway.broker.consumers import Consumer, Unacked
 from gateway.broker.errors import precondition
@@ -92,7 +92,11 @@ class Channel:
                              props, msg.body)
         no_ack = consumer.no_ack if consumer is not None else get_count is None
         s = self.session
-        s.broker.emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(msg.body)))
+        if s.protocol is None:
+            s.broker.emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(msg.body)))
+        else:  # MQ7
+            s.broker.emit_row(DELIVER_MQTT, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(msg.body),
+                                                           s.protocol))
         if no_ack:
             self.session.broker.settle_deleted(q, receipt)
             return

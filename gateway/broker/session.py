@@ -52,6 +52,9 @@ class Session:
         self._writable: dict[str, bool] = {}  # basic.publish: write permission per exchange
         self._in_method = False  # a method's handler runs: the cancels it causes wait for it
         self._cancels: list[tuple[Channel, str]] = []
+        # MQ7: set to "mqtt" by an MQTT client's session; its publish, deliver and ack
+        # records then say so (None: AMQP, the records as before).
+        self.protocol: str | None = None
         broker.sessions.add(self)
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -219,7 +222,8 @@ class Session:
             seq = ch.publish_seq
         try:
             out = self.vhost.publish(method.exchange, method.routing_key, properties, body,
-                                     immediate=method.immediate, user=self.user, peer=self.peer)
+                                     immediate=method.immediate, user=self.user, peer=self.peer,
+                                     protocol=self.protocol)
         except CMQError:
             raise
         except Exception:  # the store refused it (M14: basic.nack)

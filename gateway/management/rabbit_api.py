@@ -259,7 +259,7 @@ def _connection_json(mgmt: Management, conn: Any) -> dict[str, Any]:
         "name": _conn_name(conn),
         "node": NODE,
         "type": "network",
-        "protocol": "AMQP 0-9-1",
+        "protocol": getattr(conn, "protocol", "AMQP 0-9-1"),  # MQTT connections: "MQTT 3.1.1" / "MQTT 5-0"
         "user": conn.user,
         "user_who_performed_action": conn.user,
         "vhost": getattr(conn, "vhost", None) or getattr(session, "vhost_name", "/"),

@@ -36,7 +36,7 @@ def _serve(data_dir: Path, *extra: str) -> subprocess.Popen[str]:
     # Free management/metrics ports: the defaults (15672/15692) may be the local RabbitMQ's.
     return subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                              "--data-dir", str(data_dir), "--management-port", "0", "--metrics-port", "0",
-                             "--cmq-api-port", "0", *extra],
+                             "--cmq-api-port", "0", "--mqtt-port", "off", *extra],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
 
 

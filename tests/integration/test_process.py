@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(r"listening on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+)")
 OPERATOR = re.compile(r"(management API|metrics|CMQ API) on https?://(?:127\.0\.0\.1|0\.0\.0\.0):(\d+)/")
 AMQPS = re.compile(r"AMQPS \(TLS\) on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+)")
+MQTT = re.compile(r"MQTT on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+)")
 
 
 @contextmanager
@@ -36,6 +37,8 @@ def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1") -> Iterat
     ports = [] if "--management-port" in extra else ["--management-port", "0", "--metrics-port", "0"]
     if "--cmq-api-port" not in extra:  # its default 15680 may be another gateway's
         ports += ["--cmq-api-port", "0"]
+    if "--mqtt-port" not in extra:
+        ports += ["--mqtt-port", "0"]  # 1883 is Mosquitto's (MQ1); ``proc.mqtt_port``
     hosts = [] if host is None else ["--host", host]
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *hosts, "--port", "0",
                              "--data-dir", str(data_dir), *ports, *extra],
@@ -45,6 +48,7 @@ def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1") -> Iterat
     proc.operator = {}  # type: ignore[attr-defined]
     proc.tls_port = None  # type: ignore[attr-defined]
     proc.lines = []  # type: ignore[attr-defined]
+    proc.mqtt_port = None  # type: ignore[attr-defined]
     args = [*ports, *extra]
     # How many "<name> on http://…" lines to wait for: management, metrics and the CMQ API
     # unless "off".
@@ -54,6 +58,8 @@ def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1") -> Iterat
         proc.lines.append(line)  # type: ignore[attr-defined]
         if m := LISTENING.search(line):
             port = int(m.group(1))
+        elif m := MQTT.search(line):
+            proc.mqtt_port = int(m.group(1))  # type: ignore[attr-defined]
         elif m := AMQPS.search(line):
             proc.tls_port = int(m.group(1))  # type: ignore[attr-defined]
         elif m := OPERATOR.search(line):
@@ -166,7 +172,7 @@ def test_taken_management_port_is_one_line_exit_1(tmp_path: Path) -> None:
         port = taken.getsockname()[1]
         done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                                "--data-dir", str(tmp_path), "--management-port", str(port),
-                               "--metrics-port", "off"],
+                               "--metrics-port", "off", "--mqtt-port", "off"],
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     # One line: what the start had opened (the store's recovery summary) is not logged.

@@ -32,7 +32,8 @@ RABBIT_EXPORT = {
 
 def run_serve(*args: str) -> subprocess.CompletedProcess[str]:
     """`serve` that is expected to refuse to start: loopback, free ports unless given."""
-    defaults = {"--port": "0", "--management-port": "off", "--metrics-port": "off", "--cmq-api-port": "off"}
+    defaults = {"--port": "0", "--management-port": "off", "--metrics-port": "off", "--cmq-api-port": "off",
+                "--mqtt-port": "off"}
     extra = [x for flag, value in defaults.items() if flag not in args for x in (flag, value)]
     return subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", *extra, *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)

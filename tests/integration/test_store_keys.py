@@ -122,7 +122,8 @@ def test_store_of_a_newer_format_is_refused_in_one_line(tmp_path: Path) -> None:
         store.put("q/x/y", b"{}")
     before = sorted((p.name, p.read_bytes()) for p in data.iterdir() if p.is_file())
     proc = subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-                           "--management-port", "off", "--metrics-port", "off", "--data-dir", str(data)],
+                           "--management-port", "off", "--metrics-port", "off", "--mqtt-port", "off",
+                           "--data-dir", str(data)],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("cmq-gateway:")]
     assert proc.returncode == 1, proc.stderr

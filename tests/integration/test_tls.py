@@ -293,7 +293,7 @@ def test_SE2_unreadable_certificate_is_one_line_exit_2(tmp_path: Path, certs: Ce
     config = _tls_config(tmp_path, certs, **{broken: str(tmp_path / "missing.pem")})
     done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                            "--tls-port", "0", "--data-dir", str(tmp_path / "data"), "--config", str(config),
-                           "--management-port", "off", "--metrics-port", "off"],
+                           "--management-port", "off", "--metrics-port", "off", "--mqtt-port", "off"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     what = "certfile" if broken == "certfile" else "cafile"
@@ -303,7 +303,7 @@ def test_SE2_unreadable_certificate_is_one_line_exit_2(tmp_path: Path, certs: Ce
 
 def test_SE2_tls_port_without_a_tls_section_is_exit_2(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-                           "--tls-port", "0", "--data-dir", str(tmp_path)],
+                           "--tls-port", "0", "--data-dir", str(tmp_path), "--mqtt-port", "off"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stderr) == (
         2, "cmq-gateway: --tls-port needs a tls section (certfile, keyfile, ...) in the config\n")

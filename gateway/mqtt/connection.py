@@ -1,0 +1,136 @@
+"""The sans-IO MQTT server connection: bytes in, packets (events) out; packets in, bytes out.
+
+It enforces what is the wire's business (SPEC MQ7): CONNECT first and only once, no packet
+a client may not send, the packet size limit, keep-alive at 1.5 times the interval (MQ5).
+Everything else (login, sessions, the broker) is the transport's and the session's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.mqtt import codec as P
+
+__all__ = ["KeepAliveTimeout", "MQTTServerConnection", "ProtocolError"]
+
+KEEP_ALIVE_TIMEOUT = 0x8D
+# Packets only a server sends: a client that sends one breaks the protocol.
+_SERVER_ONLY = (P.CONNACK, P.SUBACK, P.UNSUBACK, P.PINGRESP)
+
+
+@dataclass(frozen=True, slots=True)
+class ProtocolError:
+    """The client broke the protocol; the core has queued what closes the connection
+    (a DISCONNECT with ``reason_code`` for MQTT 5, nothing for 3.1.1) and is closed."""
+
+    reason_code: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeepAliveTimeout:
+    """Nothing from the client for 1.5 times its keep-alive (MQTT-3.1.2-24); closed."""
+
+    seconds: float
+
+
+class MQTTServerConnection:
+    def __init__(self, *, max_packet_size: int = 1 << 20, connect_timeout: float = 10.0) -> None:
+        self.decoder = P.Decoder(max_packet_size)
+        self.max_packet_size = max_packet_size
+        self.connect_timeout = connect_timeout
+        self.level = 0  # 4 or 5 once CONNECT was read
+        self.connected = False  # CONNACK 0 sent
+        self.closed = False
+        self.keep_alive = 0
+        self._out: list[bytes] = []
+        self._last_rx: float | None = None
+        self._got_connect = False
+
+    # -- input -----------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes, now: float | None = None) -> None:
+        if self.closed:
+            return
+        self.decoder.feed(data)
+        if now is not None:
+            self._last_rx = now
+
+    def next_event(self) -> object | None:
+        if self.closed:
+            return None
+        try:
+            packet = self.decoder.next_packet()
+        except P.MalformedPacket as e:
+            return self._fail(e.reason_code, str(e))
+        if packet is None:
+            return None
+        kind = packet.type
+        if not self._got_connect:
+            if kind != P.CONNECT:
+                return self._fail(P.PROTOCOL_ERROR, "the first packet must be CONNECT")
+            self._got_connect = True
+            assert isinstance(packet, P.Connect)
+            self.level = packet.level if packet.level in (4, 5) else 4
+            self.keep_alive = packet.keep_alive
+            return packet
+        if kind == P.CONNECT:
+            return self._fail(P.PROTOCOL_ERROR, "a second CONNECT")  # MQTT-3.1.0-2
+        if kind in _SERVER_ONLY:
+            return self._fail(P.PROTOCOL_ERROR, f"packet type {kind} is sent by servers only")
+        if kind == P.AUTH:
+            return self._fail(P.PROTOCOL_ERROR, "AUTH without an authentication method")
+        if kind == P.PINGREQ:
+            self.send(P.PingResp())
+            return self.next_event()
+        return packet
+
+    def _fail(self, reason_code: int, text: str) -> ProtocolError:
+        if self.connected and self.level >= 5:
+            self.send(P.Disconnect(reason_code, {"reason_string": text[:200]}))
+        self.closed = True
+        return ProtocolError(reason_code, text)
+
+    # -- output ----------------------------------------------------------------------------
+
+    def send(self, packet: P.Packet) -> None:
+        if not self.closed:
+            self._out.append(P.encode(packet, self.level or 4))
+
+    def send_raw(self, data: bytes) -> None:
+        if not self.closed:
+            self._out.append(data)
+
+    def accept(self, packet: P.ConnAck) -> None:
+        """CONNACK; a reason code of 0x80 or more (3.1.1: non-zero) closes the connection."""
+        self.send(packet)
+        if (self.level >= 5 and packet.reason_code >= 0x80) or (self.level < 5 and packet.reason_code):
+            self.closed = True
+        else:
+            self.connected = True
+
+    def close(self, reason_code: int = 0, text: str = "") -> None:
+        """Server-initiated close: DISCONNECT with a reason for MQTT 5 (3.1.1 has none)."""
+        if self.closed:
+            return
+        if self.connected and self.level >= 5:
+            self.send(P.Disconnect(reason_code, {"reason_string": text[:200]} if text else {}))
+        self.closed = True
+
+    def data_to_send(self) -> bytes:
+        out, self._out = self._out, []
+        return b"".join(out)
+
+    # -- time ------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[object]:
+        if self.closed:
+            return []
+        if self._last_rx is None:
+            self._last_rx = now
+            return []
+        limit = self.keep_alive * 1.5 if self._got_connect else self.connect_timeout
+        if limit and now - self._last_rx > limit:
+            self.close(KEEP_ALIVE_TIMEOUT, "keep-alive timeout")
+            return [KeepAliveTimeout(limit)]
+        return []

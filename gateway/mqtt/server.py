@@ -1,0 +1,87 @@
+"""The MQTT listener of one gateway (SPEC MQ1): its sessions by (vhost, client id), retained
+messages, and the asyncio server. Started by ``gateway.server.Gateway`` when ``mqtt_port``
+is set."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from gateway.mqtt.codec import Will
+from gateway.mqtt.retained import RetainedStore
+from gateway.mqtt.session import EXCHANGE, SessionState, message_properties, session_key
+from gateway.mqtt.topics import topic_to_routing_key
+from semantics.errors import CMQError
+
+log = logging.getLogger("cmq_gateway.mqtt")
+
+__all__ = ["MQTTService"]
+
+
+class MQTTService:
+    def __init__(self, gw: Any) -> None:
+        self.gw = gw
+        self.max_packet_size: int = gw.config.mqtt_max_packet_size
+        self.sessions: dict[tuple[str, str], SessionState] = {}
+        self.retained = RetainedStore(gw.broker)
+        self.address: tuple[str, int] = ("", 0)
+
+    async def serve(self, sock: socket.socket) -> asyncio.AbstractServer:
+        from gateway.mqtt.transport import MQTTConnection
+
+        self.address = sock.getsockname()[:2]
+        return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(self), sock=sock)
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    def stored_session(self, vhost: str, client_id: str) -> SessionState | None:
+        """A persistent session from before a restart (MQ3)."""
+        raw = self.gw.broker.store.get(session_key(vhost, client_id))
+        return None if raw is None else SessionState.from_json(raw)
+
+    def publish_will(self, state: SessionState, user: str, peer: str, will: Will) -> None:
+        """A delayed will falls due (MQ5): published as its client would have, through a
+        broker session of its own, unless the client came back meanwhile."""
+        state.will_timer = None
+        if state.live is not None:
+            return
+        from pamqp import commands as C
+
+        from gateway.broker import Session
+        from gateway.protocol import events as ev
+
+        broker = self.gw.broker
+        session = Session(broker, _Silent(), state.vhost, user, peer, lambda: None)
+        session.protocol = "mqtt"
+        broker.begin_batch()
+        try:
+            if session.check_access:
+                session.authorize("write", "exchange", EXCHANGE)
+            if will.retain:
+                self.retained.put(state.vhost, will.topic, will.qos, will.payload)
+            session.on_event(ev.ChannelOpen(1))
+            session.publish_now(session.channels[1], C.Basic.Publish(
+                exchange=EXCHANGE, routing_key=topic_to_routing_key(will.topic)),
+                message_properties(will.qos, will.retain, state.client_id, will.properties), will.payload)
+        except CMQError as e:
+            log.info("delayed will of %s refused: %s", state.client_id, e)
+        finally:
+            session.on_connection_lost()
+            broker.end_batch()
+
+    def forget(self, state: SessionState) -> None:
+        self.sessions.pop((state.vhost, state.client_id), None)
+        self.gw.broker.unpersist(session_key(state.vhost, state.client_id))
+
+
+class _Silent:
+    """The wire of a session that only publishes a will: nothing is answered to anyone."""
+
+    client_properties: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None

@@ -1,0 +1,705 @@
+"""One MQTT client on the broker (SPEC MQ2-MQ6), through the same broker ``Session`` an AMQP
+connection gets.
+
+Why through an AMQP session. Permissions (W2), publishing and its confirms (M14), queues,
+bindings, consumers, acknowledgements, visibility timeouts (Q1) and the audit rows all live
+behind ``gateway.broker.Session``; an MQTT client is given one, with a :class:`Bridge` in
+place of the AMQP wire core, and drives it with the methods an AMQP client would send:
+
+* channel 1 consumes the session's queue, channel 2 publishes in confirm mode, channel 3
+  declares, binds and unbinds (a refused bind closes that channel only: it is opened again).
+* one queue per session, ``mqtt-subscription-<client id>`` (RabbitMQ's plugin keeps one per
+  QoS level; one is enough here because the delivered QoS is computed per message from the
+  session's filters). A clean session's queue is exclusive and transient, removed with the
+  connection; a persistent session's is durable, with ``x-expires`` for an MQTT 5 session
+  expiry (MQ3).
+* a subscription ``sensors/+/temp`` is the binding ``sensors.*.temp`` from ``amq.topic``
+  (MQ2); the delivered QoS is min(publish QoS, the best matching subscription's QoS).
+* PUBACK / PUBREC go out when channel 2's confirm does, that is once the message is durable
+  where it must be (MQ4); a QoS 2 packet identifier is remembered from the PUBLISH until the
+  PUBREL, per session and across reconnects, so a resent PUBLISH is never routed twice.
+* a delivery that is not acknowledged comes again with DUP set after the queue's visibility
+  timeout or on reconnect (MQ6), under the packet identifier it had before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as C
+
+from gateway.mqtt import codec as P
+from gateway.mqtt.topics import (
+    filter_to_binding,
+    matches,
+    routing_key_to_topic,
+    topic_to_routing_key,
+    valid_filter,
+    valid_topic,
+)
+from gateway.protocol import events as ev
+from gateway.protocol.properties import Properties
+from semantics.errors import CMQError
+from semantics.store.keys import make_key
+
+if TYPE_CHECKING:
+    from gateway.mqtt.server import MQTTService
+
+__all__ = ["Bridge", "MQTTSession", "SessionState"]
+
+log = logging.getLogger("cmq_gateway.mqtt")
+
+CONSUME, PUBLISH, OPS = 1, 2, 3
+EXCHANGE = "amq.topic"
+QOS_HEADER = "x-mqtt-publish-qos"
+# Who published it and whether it was retained, for MQTT 5's "no local" and "retain as
+# published" subscription options (AMQP consumers see them as plain headers).
+PUBLISHER_HEADER, RETAIN_HEADER = "x-mqtt-publisher", "x-mqtt-retain"
+NO_LOCAL, RETAIN_AS_PUBLISHED = 0x04, 0x08
+# Unacknowledged QoS 1/2 deliveries in flight to one client when it does not say (3.1.1).
+DEFAULT_INFLIGHT = 100
+NOT_AUTHORIZED, QUOTA_EXCEEDED, UNSPECIFIED = 0x87, 0x97, 0x80
+NO_SUBSCRIPTION_EXISTED, PACKET_ID_NOT_FOUND, TOPIC_NAME_INVALID = 0x11, 0x92, 0x90
+
+
+def session_key(vhost: str, client_id: str) -> str:
+    return make_key("ms", vhost, client_id)
+
+
+def queue_name(client_id: str) -> str:
+    return f"mqtt-subscription-{client_id}"
+
+
+def reason_of_reply(reply_code: int, reply_text: str) -> int:
+    """The same for a refusal that closed a channel (its reply code and text)."""
+    if reply_code == 403:
+        return NOT_AUTHORIZED
+    if "(CMQ limit " in reply_text:
+        return QUOTA_EXCEEDED
+    return UNSPECIFIED
+
+
+def reason_of(e: CMQError) -> int:
+    """MQTT 5 reason code of a refusal: 403 is W2's, a limit (L*, PF*) a quota (MQ6)."""
+    if e.reply_code == 403:
+        return NOT_AUTHORIZED
+    if e.rule.startswith(("L", "PF")):
+        return QUOTA_EXCEEDED
+    return UNSPECIFIED
+
+
+_ID_KEY = b"\x0cx-cmq-msg-id"
+_QOS_KEY = b"\x12" + QOS_HEADER.encode()
+
+
+def _delivery_headers(raw: bytes) -> tuple[str, int | None] | None:
+    """(CMQ msg id, publish QoS) read straight from a delivery's property bytes, as the
+    broker writes them (M11 headers; the QoS as a long); None: decode the table instead.
+    Decoding the whole table was a fifth of the time of a delivery."""
+    i = raw.rfind(_ID_KEY)
+    if i < 0 or raw[i + 13] != 0x53:  # 'S': long string
+        return None
+    n = int.from_bytes(raw[i + 14:i + 18], "big")
+    msg_id = raw[i + 18:i + 18 + n].decode("utf-8", "replace")
+    j = raw.find(_QOS_KEY)
+    if j < 0:
+        return msg_id, None
+    if raw[j + 19] != 0x6C:  # 'l': as Properties.build writes an int
+        return None
+    return msg_id, int.from_bytes(raw[j + 20:j + 28], "big", signed=True)
+
+
+def publish_bytes(topic: str, payload: bytes, qos: int, pid: int, dup: bool, level: int,
+                  retain: bool = False) -> bytes:
+    """A PUBLISH without properties, written directly (every delivery goes through here)."""
+    t = topic.encode()
+    head = len(t).to_bytes(2, "big") + t + (pid.to_bytes(2, "big") if qos else b"") + (b"\x00" if level >= 5 else b"")
+    n = len(head) + len(payload)
+    first = 0x30 | (8 if dup else 0) | (qos << 1) | (1 if retain else 0)
+    if n < 128:
+        return bytes((first, n)) + head + payload
+    return P.fixed_header(first, n) + head + payload
+
+
+def message_properties(qos: int, retain: bool, client_id: str, mprops: dict[str, Any]) -> Properties:
+    """The AMQP properties of an MQTT PUBLISH: its QoS, publisher and retain flag as
+    headers, MQTT 5 properties as their AMQP counterparts."""
+    headers: dict[str, Any] = {QOS_HEADER: qos, PUBLISHER_HEADER: client_id}
+    if retain:
+        headers[RETAIN_HEADER] = 1
+    for k, v in mprops.get("user_property", ()):
+        headers[k] = v
+    values: dict[str, Any] = {"delivery_mode": 2 if qos else 1, "headers": headers}
+    if "content_type" in mprops:
+        values["content_type"] = mprops["content_type"][:255]
+    if "message_expiry" in mprops:
+        values["expiration"] = str(mprops["message_expiry"] * 1000)
+    if "response_topic" in mprops:
+        values["reply_to"] = mprops["response_topic"][:255]
+    cd = mprops.get("correlation_data")
+    if cd is not None:
+        try:
+            values["correlation_id"] = cd.decode()[:255]
+        except UnicodeDecodeError:
+            headers["x-correlation-data"] = cd
+    return Properties.build(**values)
+
+
+class SessionState:
+    """What outlives one connection of a client id (MQ3, MQ4)."""
+
+    def __init__(self, vhost: str, client_id: str, persistent: bool, expiry: int | None) -> None:
+        self.vhost = vhost
+        self.client_id = client_id
+        self.queue = queue_name(client_id)
+        self.persistent = persistent
+        self.expiry = expiry  # MQTT 5 session expiry (seconds); None: never
+        self.subs: dict[str, tuple[int, int]] = {}  # filter -> (QoS, options)
+        self.inbound_qos2: set[int] = set()  # PUBLISH QoS 2 routed, PUBREL not yet received
+        self.released: set[int] = set()  # outbound QoS 2: PUBREL sent, PUBCOMP awaited
+        self.pid_of_msg: dict[str, int] = {}  # outbound in flight: CMQ msg id -> packet id
+        self.qos2_msgs: set[str] = set()  # those of pid_of_msg sent at QoS 2 (persisted)
+        self.msg_of_pid: dict[int, str] = {}  # the reverse: those identifiers are not reused
+        self.live: Any = None  # the MQTTConnection using it now
+        self.will_timer: Any = None  # an MQTT 5 delayed will waiting (asyncio.TimerHandle)
+        self.will_timer_args: tuple[Any, ...] = ()  # (user, peer, Will) it will publish
+
+    def to_json(self) -> bytes:
+        """The persistent part: filters, and the QoS 2 state that makes exactly once hold
+        across a restart too (MQ4)."""
+        return json.dumps({"vhost": self.vhost, "client_id": self.client_id, "expiry": self.expiry,
+                           "subs": {f: list(v) for f, v in self.subs.items()},
+                           "inbound_qos2": sorted(self.inbound_qos2), "released": sorted(self.released),
+                           "qos2_pids": {m: p for m, p in self.pid_of_msg.items() if m in self.qos2_msgs}}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> SessionState:
+        r = json.loads(raw)
+        s = cls(r["vhost"], r["client_id"], True, r.get("expiry"))
+        s.subs = {f: (int(v[0]), int(v[1])) for f, v in r["subs"].items()}
+        s.inbound_qos2 = set(r.get("inbound_qos2", ()))
+        s.released = set(r.get("released", ()))
+        s.pid_of_msg = {m: int(p) for m, p in r.get("qos2_pids", {}).items()}
+        s.qos2_msgs = set(s.pid_of_msg)
+        s.msg_of_pid = {p: m for m, p in s.pid_of_msg.items()}
+        return s
+
+    def remember(self, msg_id: str, pid: int) -> None:
+        self.pid_of_msg[msg_id] = pid
+        self.msg_of_pid[pid] = msg_id
+
+    def forget_msg(self, msg_id: str) -> None:
+        pid = self.pid_of_msg.pop(msg_id, None)
+        if pid is not None and self.msg_of_pid.get(pid) == msg_id:
+            del self.msg_of_pid[pid]
+
+
+class Bridge:
+    """Stands in for the AMQP wire core under the broker Session: its replies become MQTT."""
+
+    client_properties: dict[str, Any] = {}
+
+    def __init__(self, session: MQTTSession) -> None:
+        self.s = session
+        self.errors: dict[int, tuple[int, str]] = {}
+
+    def send_method(self, channel: int, method: Any) -> None:
+        name = method.name
+        if name == "Basic.Ack" and channel == PUBLISH:
+            self.s.confirmed(method.delivery_tag, method.multiple, ok=True)
+        elif name == "Basic.Nack" and channel == PUBLISH:
+            self.s.confirmed(method.delivery_tag, method.multiple, ok=False)
+        # Declare-ok, bind-ok, consume-ok...: the session acts on the call's outcome instead.
+
+    def send_ack(self, channel: int, delivery_tag: int, multiple: bool = False) -> None:
+        """The broker's coalesced publisher confirms (its fast path for basic.ack)."""
+        if channel == PUBLISH:
+            self.s.confirmed(delivery_tag, multiple, ok=True)
+
+    def send_content(self, channel: int, method: Any, properties: Any, body: bytes) -> None:
+        pass  # basic.return: not used by an MQTT session
+
+    def send_get_ok(self, channel: int, delivery_tag: int, redelivered: bool, exchange: str,
+                    routing_key: str, message_count: int, properties: bytes, body: bytes) -> None:
+        pass  # an MQTT session never sends basic.get
+
+    def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
+                     exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
+        self.s.deliver(delivery_tag, redelivered, routing_key, properties, body)
+
+    def close_channel(self, channel: int, reply_code: int, reply_text: str, class_id: int = 0,
+                      method_id: int = 0) -> None:
+        self.errors[channel] = (reply_code, reply_text)
+
+    def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
+        self.s.conn.close_with(UNSPECIFIED, reply_text)
+
+
+class MQTTSession:
+    """The session of one live connection: state (kept across reconnects) plus the broker."""
+
+    def __init__(self, service: MQTTService, conn: Any, state: SessionState, user: str, peer: str,
+                 receive_maximum: int) -> None:
+        from gateway.broker import Session
+
+        self.service = service
+        self.conn = conn  # gateway.mqtt.transport.MQTTConnection
+        self.core = conn.core
+        self.state = state
+        self.broker = service.gw.broker
+        self.bridge = Bridge(self)
+        self.bs = Session(self.broker, self.bridge, state.vhost, user, peer, conn.request_flush)
+        self.bs.protocol = "mqtt"  # MQ7: on its publish, deliver and ack records
+        self.user, self.peer = user, peer
+        self.level = self.core.level
+        self.inflight_max = receive_maximum
+        self.client_max_packet = 0  # MQTT 5 CONNECT maximum_packet_size; 0: none
+        # outbound QoS 1/2 in flight: packet id -> (delivery tag or 0 for a retained one, msg id)
+        self.inflight: dict[int, tuple[int, str | None]] = {}
+        self._next_pid = 1
+        self._qos_of_topic: dict[str, tuple[str, int]] = {}  # routing key -> (topic, best QoS)
+        self._methods: dict[str, Any] = {}  # topic -> its basic.publish (read only by the broker)
+        self.options_used = False  # a filter asks for "no local" or "retain as published"
+        # channel 2's confirms: (seq, packet kind PUBACK/PUBREC, packet id, retained lsn)
+        self.confirms: deque[tuple[int, int, int, int]] = deque()
+        self.awaiting_rec: set[int] = set()  # QoS 2 routed, PUBREC waits for its confirm
+        self._to_ack: list[int] = []  # QoS 0 deliveries and unwanted ones: acked after the turn
+        self._ack_scheduled = False
+        self._writable = False
+        self.consuming = False
+        self.no_ack = False  # the consumer takes no acknowledgements (every filter QoS 0)
+        self.closed = False
+        self._subs_changed()
+        for number in (CONSUME, PUBLISH, OPS):
+            self.bs.on_event(ev.ChannelOpen(number))
+        self.bs.on_event(ev.Method(PUBLISH, C.Confirm.Select()))
+        self._props = {(q, r): message_properties(q, r, state.client_id, {}) for q in (0, 1, 2) for r in (False, True)}
+
+    # -- AMQP calls --------------------------------------------------------------------------
+
+    def _call(self, channel: int, method: Any) -> tuple[int, str] | None:
+        """Send ``method`` on ``channel``; the error that closed the channel, if any (the
+        channel is opened again at once)."""
+        self.bridge.errors.pop(channel, None)
+        self.bs.on_event(ev.Method(channel, method))
+        err = self.bridge.errors.pop(channel, None)
+        if err is not None:
+            self.bs.on_event(ev.ChannelCloseOk(channel))
+            self.bs.on_event(ev.ChannelOpen(channel))
+        return err
+
+    def start(self, session_present: bool) -> None:
+        """After CONNACK: a resumed session consumes its queue and finishes QoS 2 handshakes."""
+        for pid in sorted(self.state.released):
+            self.core.send(P.Ack(P.PUBREL, pid))
+        if session_present and self.state.subs:
+            self._ensure_queue()
+
+    def _ensure_queue(self) -> tuple[int, str] | None:
+        if self.consuming:
+            return None
+        st = self.state
+        args: dict[str, Any] = {}
+        if st.persistent and st.expiry is not None:
+            args["x-expires"] = max(1, st.expiry) * 1000
+        # A resumed session's queue is taken as it is: declared again with another x-expires
+        # (the client changed its session expiry) it would be refused as inequivalent.
+        exists = st.queue in self.broker.vhost(st.vhost).queues
+        err = self._call(OPS, C.Queue.Declare(queue=st.queue, passive=exists, durable=st.persistent,
+                                              exclusive=not st.persistent, arguments=args or None))
+        if err is not None:
+            return err
+        self._call(CONSUME, C.Basic.Qos(prefetch_count=self.inflight_max))
+        return self._consume()
+
+    def _consume(self) -> tuple[int, str] | None:
+        """Consume the session's queue; without acknowledgements while every filter is QoS 0:
+        each delivery is then QoS 0, so the broker may delete it as it goes out (no ack turn)."""
+        no_ack = all(qos == 0 for qos, _ in self.state.subs.values())
+        if self.consuming:
+            if no_ack == self.no_ack:
+                return None
+            self._call(CONSUME, C.Basic.Cancel(consumer_tag="mqtt"))  # unacked deliveries stay so
+            self.consuming = False
+        # The CMQ message ID on every delivery (M11, asked for as PF5 allows) is how a redelivery
+        # keeps its packet identifier (MQ6); x-cmq-* headers never reach the MQTT client.
+        err = self._call(CONSUME, C.Basic.Consume(queue=self.state.queue, consumer_tag="mqtt", no_ack=no_ack,
+                                                  arguments={"x-cmq-receive-metadata": True}))
+        if err is None:
+            self.consuming, self.no_ack = True, no_ack
+        return err
+
+    # -- SUBSCRIBE / UNSUBSCRIBE (MQ2, MQ3) ------------------------------------------------
+
+    def _subs_changed(self) -> None:
+        self._qos_of_topic.clear()
+        self.options_used = any(opts & (NO_LOCAL | RETAIN_AS_PUBLISHED) for _, opts in self.state.subs.values())
+        if self.consuming:
+            self._consume()  # acknowledged or not, as the filters' QoS now need
+
+    def subscribe(self, packet: P.Subscribe) -> None:
+        codes: list[int] = []
+        fresh: list[tuple[str, int]] = []
+        for topic_filter, opts in packet.subscriptions:
+            qos = opts & 3
+            if not valid_filter(topic_filter):
+                codes.append(0x8F if self.level >= 5 else 0x80)
+                continue
+            if topic_filter.startswith("$share/"):
+                codes.append(0x9E if self.level >= 5 else 0x80)
+                continue
+            err = self._ensure_queue()
+            if err is None:
+                err = self._call(OPS, C.Queue.Bind(queue=self.state.queue, exchange=EXCHANGE,
+                                                   routing_key=filter_to_binding(topic_filter)))
+            if err is not None:
+                log.info("mqtt subscribe %s refused for %s: %s", topic_filter, self.user, err[1])
+                codes.append(reason_of_reply(*err) if self.level >= 5 else 0x80)
+                continue
+            existed = topic_filter in self.state.subs
+            self.state.subs[topic_filter] = (qos, opts)
+            codes.append(qos)
+            handling = (opts >> 4) & 3
+            if handling == 0 or (handling == 1 and not existed):
+                fresh.append((topic_filter, qos))
+        self._subs_changed()
+        self._save()
+        self.core.send(P.SubAck(packet.packet_id, codes))
+        for topic_filter, qos in fresh:
+            self.service.retained.deliver(self, topic_filter, qos)
+
+    def unsubscribe(self, packet: P.Unsubscribe) -> None:
+        codes = []
+        for topic_filter in packet.filters:
+            if self.state.subs.pop(topic_filter, None) is None:
+                codes.append(NO_SUBSCRIPTION_EXISTED)
+                continue
+            binding = filter_to_binding(topic_filter)
+            if not any(filter_to_binding(f) == binding for f in self.state.subs):
+                self._call(OPS, C.Queue.Unbind(queue=self.state.queue, exchange=EXCHANGE, routing_key=binding))
+            codes.append(0)
+        self._subs_changed()
+        self._save()
+        self.core.send(P.UnsubAck(packet.packet_id, codes))
+
+    def _save(self) -> None:
+        if self.state.persistent:
+            self.broker.persist(session_key(self.state.vhost, self.state.client_id), self.state.to_json())
+
+    # -- PUBLISH from the client (MQ2, MQ4, MQ5) ------------------------------------------------
+
+    def publish(self, packet: P.Publish) -> None:
+        """Route the client's PUBLISH; PUBACK / PUBREC once it is durable (confirmed)."""
+        if "topic_alias" in packet.properties:
+            # CONNACK said topic_alias_maximum 0 (MQTT-3.3.2-8)
+            self.conn.close_with(P.TOPIC_ALIAS_INVALID, "topic aliases are not supported")
+            return
+        if not valid_topic(packet.topic):
+            self.conn.close_with(TOPIC_NAME_INVALID, f"topic name {packet.topic!r} is not valid (MQTT-3.3.2-2)")
+            return
+        if packet.qos == 2 and packet.packet_id in self.state.inbound_qos2:
+            # A resent QoS 2 PUBLISH: routed once already (MQ4); acknowledge it again.
+            if packet.packet_id not in self.awaiting_rec:
+                self.core.send(P.Ack(P.PUBREC, packet.packet_id))
+            return
+        self.route(packet.topic, packet.payload, packet.qos, packet.retain, packet.packet_id, packet.properties)
+
+    def route(self, topic: str, payload: bytes, qos: int, retain: bool, pid: int,
+              mprops: dict[str, Any], will: bool = False) -> None:
+        """Publish to ``topic`` on amq.topic; ``will``: a will message (nobody to answer)."""
+        try:
+            if not self._writable and self.bs.check_access:
+                self.bs.authorize("write", "exchange", EXCHANGE)  # W2, as basic.publish
+                self._writable = True
+            retained_lsn = 0
+            if retain:
+                retained_lsn = self.service.retained.put(self.state.vhost, topic, qos, payload)
+            props = self._props[qos, retain] if not mprops else \
+                message_properties(qos, retain, self.state.client_id, mprops)
+            ch = self.bs.channels[PUBLISH]
+            method = self._methods.get(topic)
+            if method is None:
+                if len(self._methods) > 1024:
+                    self._methods.clear()
+                method = self._methods[topic] = C.Basic.Publish(exchange=EXCHANGE,
+                                                                routing_key=topic_to_routing_key(topic))
+            if qos and not will:
+                # Before the call: a confirm that needs no fsync comes back inside it.
+                self.confirms.append((ch.publish_seq + 1, P.PUBACK if qos == 1 else P.PUBREC, pid, retained_lsn))
+                if qos == 2:
+                    self.state.inbound_qos2.add(pid)
+                    self.awaiting_rec.add(pid)
+                    self._save()  # before the message: its confirm then covers both
+            self.bs.publish_now(ch, method, props, payload)
+        except CMQError as e:
+            if qos and not will and self.confirms and self.confirms[-1][2] == pid:
+                self.confirms.pop()
+                self.state.inbound_qos2.discard(pid)
+                self.awaiting_rec.discard(pid)
+            self.refused(pid, qos, e, will)
+
+    def refused(self, pid: int, qos: int, e: CMQError, will: bool) -> None:
+        """MQ6: a refused publish is a reason code (MQTT 5) or a disconnect (3.1.1)."""
+        text = e.reply_text if hasattr(e, "reply_text") else str(e)
+        log.info("mqtt publish refused for %s: %s", self.user, text)
+        if will:
+            return
+        code = reason_of(e)
+        if self.level >= 5 and qos:
+            self.core.send(P.Ack(P.PUBACK if qos == 1 else P.PUBREC, pid, code, {"reason_string": str(text)[:200]}))
+            self.conn.request_flush()
+        else:
+            self.conn.close_with(code, str(text))
+
+    def confirmed(self, tag: int, multiple: bool, ok: bool) -> None:
+        """Channel 2's confirm: the publishes up to ``tag`` are durable (M14) or refused."""
+        confirms = self.confirms
+        durable = self.broker.durable_lsn
+        late: list[tuple[int, int, int]] = []
+        while confirms and confirms[0][0] <= tag:
+            seq, kind, pid, retained_lsn = confirms.popleft()
+            if not multiple and seq != tag:
+                confirms.appendleft((seq, kind, pid, retained_lsn))
+                break
+            if retained_lsn > durable:
+                late.append((kind, pid, 0 if ok else UNSPECIFIED))
+                continue
+            self._ack_publish(kind, pid, 0 if ok else UNSPECIFIED)
+        if late:
+            asyncio.get_running_loop().create_task(self._ack_after_flush(late))
+
+    def _ack_publish(self, kind: int, pid: int, code: int) -> None:
+        if code and self.level < 5:
+            self.conn.close_with(code, "the store refused the message (M14)")
+            return
+        if kind == P.PUBREC:
+            self.awaiting_rec.discard(pid)
+            if code:
+                self.state.inbound_qos2.discard(pid)
+        if code:
+            self.core.send(P.Ack(kind, pid, code))
+        else:
+            self.core.send_raw(bytes((kind << 4, 2, pid >> 8, pid & 0xFF)))  # the hot path's PUBACK
+
+    async def _ack_after_flush(self, late: list[tuple[int, int, int]]) -> None:
+        await self.broker.flush()  # a retained message is in the store too (MQ5)
+        if not self.closed:
+            for kind, pid, code in late:
+                self._ack_publish(kind, pid, code)
+            self.conn.request_flush()
+
+    def pubrel(self, packet: P.Ack) -> None:
+        known = packet.packet_id in self.state.inbound_qos2
+        self.state.inbound_qos2.discard(packet.packet_id)
+        comp = P.Ack(P.PUBCOMP, packet.packet_id, 0 if known else PACKET_ID_NOT_FOUND)
+        if known and self.state.persistent:
+            # The identifier may be reused once PUBCOMP is out: its release must be durable
+            # first, or a restart would take the next message with it for a resend (MQ4).
+            self._save()
+            asyncio.get_running_loop().create_task(self._send_after_flush(comp))
+        else:
+            self.core.send(comp)
+
+    async def _send_after_flush(self, packet: P.Ack) -> None:
+        await self.broker.flush()
+        if not self.closed:
+            self.core.send(packet)
+            self.conn.request_flush()
+
+    # -- deliveries to the client (MQ2, MQ4, MQ6) ----------------------------------------------
+
+    def _alloc_pid(self) -> int:
+        """A free packet identifier; 0 when all 65535 are in flight."""
+        for _ in range(65535):
+            pid = self._next_pid
+            self._next_pid = pid % 65535 + 1
+            if pid not in self.inflight and pid not in self.state.released and pid not in self.state.msg_of_pid:
+                return pid
+        return 0
+
+    def _topic_qos(self, routing_key: str) -> tuple[str, int]:
+        """The MQTT topic of ``routing_key`` and the best QoS of the session's filters that
+        match it (-1: none does), kept per routing key: deliveries repeat a few topics."""
+        known = self._qos_of_topic.get(routing_key)
+        if known is not None:
+            return known
+        topic = routing_key_to_topic(routing_key)
+        sub_qos = -1
+        for topic_filter, (qos, _opts) in self.state.subs.items():
+            if qos > sub_qos and matches(topic_filter, topic):
+                sub_qos = qos
+        if len(self._qos_of_topic) > 4096:
+            self._qos_of_topic.clear()
+        self._qos_of_topic[routing_key] = topic, sub_qos
+        return topic, sub_qos
+
+    def _options_qos(self, topic: str, headers: dict[str, Any]) -> tuple[int, bool]:
+        """MQTT 5 "no local" and "retain as published" (slow path, only for sessions that use
+        them): (best QoS of the filters that take the message, its retain flag)."""
+        own = headers.get(PUBLISHER_HEADER) == self.state.client_id
+        sub_qos, retain = -1, False
+        for topic_filter, (qos, opts) in self.state.subs.items():
+            if (opts & NO_LOCAL and own) or not matches(topic_filter, topic):
+                continue
+            sub_qos = max(sub_qos, qos)
+            retain = retain or bool(opts & RETAIN_AS_PUBLISHED and headers.get(RETAIN_HEADER))
+        return sub_qos, retain
+
+    def deliver(self, tag: int, redelivered: bool, routing_key: str, raw_props: bytes, body: bytes) -> None:
+        topic, sub_qos = self._topic_qos(routing_key)
+        if sub_qos < 0:
+            # No filter of the session takes it ($-topics under a wildcard, MQ2): consumed.
+            self._ack_soon(tag)
+            return
+        fast = _delivery_headers(raw_props) if self.level < 5 else None
+        mprops: dict[str, Any] = {}
+        msg_id: Any
+        msg_qos: Any
+        retain = False
+        if fast is not None:
+            msg_id, msg_qos = fast
+        else:
+            props = Properties(raw_props)
+            headers = props.headers or {}
+            msg_id, msg_qos = headers.get("x-cmq-msg-id"), headers.get(QOS_HEADER)
+            if self.level >= 5:
+                mprops = self._mqtt_properties(props, headers)
+                if self.options_used:
+                    sub_qos, retain = self._options_qos(topic, headers)
+                    if sub_qos < 0:
+                        self._ack_soon(tag)  # its own message, for "no local" filters only
+                        return
+        qos = min(sub_qos, int(msg_qos)) if isinstance(msg_qos, int) else sub_qos
+        if qos == 0:
+            data = publish_bytes(topic, body, 0, 0, False, self.level, retain) if not mprops else \
+                P.encode(P.Publish(topic, body, 0, retain, properties=mprops), self.level)
+            if not self._too_large(data):
+                self.core.send_raw(data)
+            self._ack_soon(tag)
+            return
+        pid = self.state.pid_of_msg.get(msg_id) if isinstance(msg_id, str) else None
+        # Sent before: the queue's receive count says so, or (after a restart, where counts
+        # start over) the packet identifier it was sent under (MQ6).
+        redelivered = redelivered or pid is not None
+        if pid is None or pid in self.inflight and self.inflight[pid][1] != msg_id:
+            pid = self._alloc_pid()
+            if not pid:
+                return  # stays unacknowledged: sent again after the visibility timeout (MQ6)
+        data = publish_bytes(topic, body, qos, pid, redelivered, self.level, retain) if not mprops else \
+            P.encode(P.Publish(topic, body, qos, retain, dup=redelivered, packet_id=pid, properties=mprops),
+                     self.level)
+        if self._too_large(data):
+            self._ack_soon(tag)
+            return
+        if isinstance(msg_id, str):
+            known = self.state.pid_of_msg.get(msg_id) == pid
+            self.state.remember(msg_id, pid)
+            if qos == 2 and not known:
+                # Its packet identifier outlives a restart: a resend keeps it (MQ4).
+                self.state.qos2_msgs.add(msg_id)
+                self._save()
+        self.inflight[pid] = (tag, msg_id if isinstance(msg_id, str) else None)
+        self.core.send_raw(data)
+
+    def _too_large(self, data: bytes) -> bool:
+        """MQTT-3.1.2-25: a packet larger than the client's maximum is discarded as if
+        delivered."""
+        return bool(self.client_max_packet) and len(data) > self.client_max_packet
+
+    def _mqtt_properties(self, props: Properties, headers: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if props.content_type:
+            out["content_type"] = str(props.content_type)
+        if props.correlation_id:
+            out["correlation_data"] = str(props.correlation_id).encode()
+        if props.reply_to:
+            out["response_topic"] = str(props.reply_to)
+        users = [(str(k), str(v)) for k, v in headers.items()
+                 if not k.startswith(("x-cmq-", "x-mqtt-")) and isinstance(v, str | int | float | bytes)]
+        if users:
+            out["user_property"] = [(k, v.decode(errors="replace") if isinstance(v, bytes) else v)
+                                    for k, v in users]
+        return out
+
+    def deliver_retained(self, topic: str, payload: bytes, qos: int) -> None:
+        if qos:
+            pid = self._alloc_pid()
+            if not pid:
+                return
+            self.inflight[pid] = (0, None)
+            self.core.send(P.Publish(topic, payload, qos, retain=True, packet_id=pid))
+        else:
+            self.core.send(P.Publish(topic, payload, 0, retain=True))
+
+    def _ack_soon(self, tag: int) -> None:
+        # Inside basic.deliver the delivery is not yet recorded as unacked: ack after it.
+        if self.no_ack:
+            return  # consumed without acknowledgements: already deleted
+        self._to_ack.append(tag)
+        if not self._ack_scheduled:
+            self._ack_scheduled = True
+            asyncio.get_running_loop().call_soon(self._ack_deferred)
+
+    def _ack_deferred(self) -> None:
+        self._ack_scheduled = False
+        tags, self._to_ack = self._to_ack, []
+        if self.closed:
+            return
+        self.broker.begin_batch()  # one dispatch per queue for all of them
+        try:
+            for tag in tags:
+                self._settle(tag)
+        finally:
+            self.broker.end_batch()
+        self.conn.request_flush()
+
+    def _settle(self, tag: int) -> None:
+        ch = self.bs.channels.get(CONSUME)
+        if ch is None or not tag:
+            return
+        try:
+            ch.ack(tag, False)
+        except CMQError:
+            pass  # already settled (a stale tag after a visibility timeout): nothing to do
+
+    def puback(self, packet: P.Ack) -> None:
+        """PUBACK (QoS 1 done) or PUBREC (QoS 2: delivered; PUBREL follows) from the client."""
+        entry = self.inflight.pop(packet.packet_id, None)
+        if entry is None:
+            if packet.kind == P.PUBREC and packet.packet_id in self.state.released:
+                self.core.send(P.Ack(P.PUBREL, packet.packet_id))
+            return
+        tag, msg_id = entry
+        qos2 = False
+        if msg_id is not None:
+            self.state.forget_msg(msg_id)
+            if msg_id in self.state.qos2_msgs:
+                self.state.qos2_msgs.discard(msg_id)
+                qos2 = True
+        if packet.kind == P.PUBREC and packet.reason_code < 0x80:
+            self.state.released.add(packet.packet_id)
+            qos2 = True
+            self.core.send(P.Ack(P.PUBREL, packet.packet_id))
+        if qos2:
+            self._save()
+        self._settle(tag)
+
+    def pubcomp(self, packet: P.Ack) -> None:
+        if packet.packet_id in self.state.released:
+            self.state.released.discard(packet.packet_id)
+            self._save()
+
+    # -- end -------------------------------------------------------------------------------
+
+    def on_connection_lost(self) -> None:
+        """Unacknowledged deliveries become Active again (M13) and come back with DUP on the
+        next connection (MQ6); a clean session's exclusive queue goes with it (MQ3)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.inflight.clear()
+        self.bs.on_connection_lost()
