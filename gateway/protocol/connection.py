@@ -49,6 +49,7 @@ from gateway.protocol.errors import (
     UNEXPECTED_FRAME,
     LocalProtocolError,
     RemoteProtocolError,
+    fit_reply_text,
     reply_text,
 )
 from gateway.protocol.events import (
@@ -629,7 +630,7 @@ class ServerConnection:
             return
         chan.state = ChannelState.CLOSING
         chan.reset()
-        self._queue_method(channel, C.Channel.Close(reply_code=reply_code, reply_text=reply_text,
+        self._queue_method(channel, C.Channel.Close(reply_code=reply_code, reply_text=fit_reply_text(reply_text),
                                                     class_id=class_id, method_id=method_id))
 
     def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
@@ -641,7 +642,7 @@ class ServerConnection:
             self.state = ConnState.CLOSED
             return
         self._channels.clear()
-        self._queue_method(0, C.Connection.Close(reply_code=reply_code, reply_text=reply_text,
+        self._queue_method(0, C.Connection.Close(reply_code=reply_code, reply_text=fit_reply_text(reply_text),
                                                  class_id=class_id, method_id=method_id))
         self.state = ConnState.CLOSING
 

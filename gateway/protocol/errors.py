@@ -27,6 +27,7 @@ __all__ = [
     "RemoteProtocolError",
     "SYNTAX_ERROR",
     "UNEXPECTED_FRAME",
+    "fit_reply_text",
     "reply_text",
 ]
 
@@ -45,6 +46,16 @@ PRECONDITION_FAILED = 406
 def reply_text(code: int, detail: str) -> str:
     """The reply text as RabbitMQ formats it: ``NAME - detail``."""
     return f"{REPLY_NAMES.get(code, 'ERROR')} - {detail}"
+
+
+def fit_reply_text(text: str) -> str:
+    """A reply text is a short string (255 bytes); a refusal that quotes a client's 255-byte
+    name is longer. RabbitMQ cuts it to 252 bytes and "..." (rabbit_binary_generator's
+    amqp_exception_explanation); without the cut the close cannot be encoded at all."""
+    raw = text.encode("utf-8")
+    if len(raw) <= 255:
+        return text
+    return raw[:252].decode("utf-8", "ignore") + "..."
 
 
 class ProtocolViolation(Exception):

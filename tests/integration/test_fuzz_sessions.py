@@ -1,0 +1,64 @@
+"""scripts/fuzz_sessions.py, small: random AMQP sessions never get 541, never kill the gateway,
+never leave a traceback, and a well-behaved client works after each; and what the fuzzer found."""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pamqp import commands, frame, header
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_M16_fuzzed_sessions_never_541_nor_crash(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "scripts/fuzz_sessions.py", "--sessions", "20", "--seed", "7",
+                           "--keep", str(tmp_path / "failed")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^sessions 20,", done.stdout, re.M), done.stdout
+    assert "541: 0, failed sessions: 0, tracebacks in the gateway log: 0, crashes: 0" in done.stdout
+    # The sessions reached the broker's checks, not only the frame decoder.
+    closes = re.search(r"^closes by code: (.*)$", done.stdout, re.M)
+    assert closes is not None and "connection 501" in closes.group(1), done.stdout
+
+
+def _open_with_vhost(port: int, vhost: bytes) -> tuple[int, str]:
+    """Handshake as guest, then connection.open with a raw ``vhost`` short string; the
+    connection.close that answers it."""
+    so = frame.marshal(commands.Connection.StartOk(client_properties={}, response="\0guest\0guest"), 0)
+    to = frame.marshal(commands.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0), 0)
+    args = bytes([len(vhost)]) + vhost + b"\x00\x00"  # vhost, capabilities "", insist 0
+    op = struct.pack(">BHIHH", 1, 0, 4 + len(args), 10, 40) + args + b"\xce"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(frame.marshal(header.ProtocolHeader(), 0) + so + to + op)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+            while len(data) >= 8 and len(data) >= struct.unpack_from(">I", data, 3)[0] + 8:
+                n, _, value = frame.unmarshal(data)
+                data = data[n:]
+                if isinstance(value, commands.Connection.Close):
+                    return value.reply_code, value.reply_text
+    raise AssertionError("the connection ended without connection.close")
+
+
+@pytest.mark.rabbitmq
+def test_M16_a_reply_text_over_255_bytes_is_cut_as_rabbitmq_cuts_it(rabbitmq_url: str, tmp_path: Path) -> None:
+    """Found by the fuzzer: a refusal quoting a 255-byte vhost (or mechanism) name made a
+    connection.close too long to encode; the gateway logged a traceback and reset the socket.
+    RabbitMQ cuts the text to 252 bytes and "..." (rabbit_binary_generator)."""
+    from tests.integration.test_process import serve
+
+    vhost = b"v" * 255
+    with serve(tmp_path, "--management-port", "off", "--metrics-port", "off") as (_proc, port):
+        gateway = _open_with_vhost(port, vhost)
+    rabbit = _open_with_vhost(5672, vhost)
+    assert rabbit[0] == gateway[0] == 530
+    for _code, text in (rabbit, gateway):
+        assert len(text.encode()) == 255 and text.endswith("v..."), text
