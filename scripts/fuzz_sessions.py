@@ -52,9 +52,12 @@ METHODS = sorted((cls for group in vars(commands).values() if isinstance(group, 
                   for cls in vars(group).values()
                   if isinstance(cls, type) and issubclass(cls, base.Frame) and cls is not base.Frame),
                  key=lambda c: c.index)
-# Methods a client sends: what the gateway's semantics are made of; picked far more often.
-CLIENT_METHODS = [c for c in METHODS if c.name.split(".")[0] in ("Exchange", "Queue", "Basic", "Tx",
-                                                                    "Confirm", "Channel")]
+# Methods a client sends: what the gateway's semantics are made of; picked far more often
+# than the rest (the server's own methods, which end the connection with 540 or 503).
+CLIENT_METHODS = [c for c in METHODS if c.name.split(".")[0] in ("Exchange", "Queue", "Basic", "Tx", "Confirm",
+                                                                    "Channel")
+                  and not c.name.endswith("Ok") and c.name not in ("Basic.Deliver", "Basic.Return",
+                                                                   "Basic.GetEmpty")]
 NAMES = ["fz.q", "fz.q2", "fz.x", "fz.topic", "", "amq.direct", "amq.fanout", "amq.topic", "amq.headers",
          "amq.match", "amq.rabbitmq.reply-to", "amq.gen-x", "fz.dlx", "a.b.c", "#", "*.b", "fz.q/%2F"]
 KINDS = ["direct", "fanout", "topic", "headers", "x-delayed-message", "", "cmq-topic", "nonsense"]
@@ -133,7 +136,8 @@ class Fuzzer:
 
     def channel(self) -> int:
         r = self.rng
-        return r.choice((1, 1, 1, 1, 2, 0, 3, r.randint(0, 65535)))
+        x = r.random()
+        return 1 if x < 0.9 else 2 if x < 0.95 else r.choice((0, 3, r.randint(0, 65535)))
 
     def method(self, cls: type[base.Frame], channel: int, **fixed: object) -> Frame:
         unchecked = type(cls.__name__, (cls,), {"validate": lambda self: None})
@@ -244,10 +248,14 @@ class Fuzzer:
             frames.append(self.method(commands.Connection.Open, 0))
         if r.random() < 0.85:
             frames.append(self.method(commands.Channel.Open, 1, out_of_band=""))
+        if r.random() < 0.5:
+            frames.append(self.method(commands.Channel.Open, 2, out_of_band=""))
         if r.random() < 0.3:
             frames.append(self.method(commands.Confirm.Select, 1, nowait=False))
-        for _ in range(r.randint(1, 30)):
-            x = r.random()
+        # Half the sessions break no frame, so that they reach deep into the broker.
+        dirty = r.random() < 0.5
+        for _ in range(r.randint(1, 40)):
+            x = r.random() if dirty else r.random() * 0.83
             if x < 0.55:
                 frames.append(self.method(r.choice(CLIENT_METHODS), self.channel()))
             elif x < 0.6:
@@ -268,6 +276,8 @@ class Outcome:
     def __init__(self) -> None:
         self.closes: Counter[str] = Counter()  # "connection 501", "channel 406"
         self.internal = 0
+        self.closed_channels: list[int] = []  # channel.close from the gateway, not yet answered
+        self.deliveries: list[tuple[int, int]] = []  # (channel, delivery tag) not yet answered
 
 
 def read_frames(buf: bytearray, outcome: Outcome) -> None:
@@ -281,11 +291,15 @@ def read_frames(buf: bytearray, outcome: Outcome) -> None:
         if len(buf) < size + 8:
             return
         try:
-            _, _, value = frame.unmarshal(bytes(buf[:size + 8]))
+            _, channel, value = frame.unmarshal(bytes(buf[:size + 8]))
         except Exception as e:  # the gateway sent something pamqp cannot read: worth a look
             outcome.closes[f"unreadable frame {e.__class__.__name__}"] += 1
-            value = None
+            channel, value = 0, None
         del buf[:size + 8]
+        if isinstance(value, commands.Channel.Close):
+            outcome.closed_channels.append(channel)
+        elif isinstance(value, (commands.Basic.Deliver, commands.Basic.GetOk)):
+            outcome.deliveries.append((channel, value.delivery_tag or 0))
         if isinstance(value, (commands.Connection.Close, commands.Channel.Close)):
             scope = "connection" if isinstance(value, commands.Connection.Close) else "channel"
             outcome.closes[f"{scope} {value.reply_code}"] += 1
@@ -293,7 +307,29 @@ def read_frames(buf: bytearray, outcome: Outcome) -> None:
                 outcome.internal += 1
 
 
-def run_session(port: int, frames: list[Frame], timeout: float) -> Outcome:
+def reactions(rng: random.Random, outcome: Outcome) -> list[bytes]:
+    """What a client does about what the gateway sent: close-ok for a channel.close (and,
+    mostly, the channel opened again), and an ack, nack or reject for some deliveries."""
+    out = []
+    for channel in outcome.closed_channels:
+        out.append(frame.marshal(commands.Channel.CloseOk(), channel))
+        if rng.random() < 0.8:
+            out.append(frame.marshal(commands.Channel.Open(), channel))
+    outcome.closed_channels.clear()
+    for channel, tag in outcome.deliveries:
+        x = rng.random()
+        if x < 0.4:
+            out.append(frame.marshal(commands.Basic.Ack(tag, multiple=rng.random() < 0.2), channel))
+        elif x < 0.5:
+            out.append(frame.marshal(commands.Basic.Nack(tag, multiple=rng.random() < 0.2,
+                                                         requeue=rng.random() < 0.5), channel))
+        elif x < 0.6:
+            out.append(frame.marshal(commands.Basic.Reject(tag, requeue=rng.random() < 0.5), channel))
+    outcome.deliveries.clear()
+    return out
+
+
+def run_session(port: int, frames: list[Frame], timeout: float, rng: random.Random) -> Outcome:
     outcome = Outcome()
     buf = bytearray()
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
@@ -323,7 +359,7 @@ def run_session(port: int, frames: list[Frame], timeout: float) -> Outcome:
         for _, data in frames:
             sock.settimeout(timeout)
             try:
-                sock.sendall(data)
+                sock.sendall(data + b"".join(reactions(rng, outcome)))
             except OSError:
                 break
             sock.setblocking(False)
@@ -384,11 +420,12 @@ def main() -> int:
     done = 0
     try:
         for i, s in enumerate(sessions):
-            frames = Fuzzer(random.Random(s)).session()
+            rng = random.Random(s)
+            frames = Fuzzer(rng).session()
             if args.replay is not None:
                 for what, data in frames:
                     print(f"  {what}: {data.hex()}")
-            outcome = run_session(gw.port, frames, args.timeout)
+            outcome = run_session(gw.port, frames, args.timeout, rng)
             closes.update(outcome.closes)
             internal += outcome.internal
             problem = "541 INTERNAL_ERROR" if outcome.internal else ""
