@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+from decimal import Decimal
 from typing import Any
 
 from semantics.store.keys import escape, key_prefix, make_key
@@ -140,13 +141,16 @@ def permission_key(vhost: str, user: str) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """Field-table values as JSON can hold them (bytes and timestamps become text)."""
+    """Field-table values as JSON can hold them (bytes and timestamps become text, decimals
+    numbers): a client may give any argument it likes any type, as RabbitMQ allows."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, Decimal):
+        return float(value)
     if hasattr(value, "isoformat"):
         return value.timestamp()
     return value

@@ -62,3 +62,34 @@ def test_M16_a_reply_text_over_255_bytes_is_cut_as_rabbitmq_cuts_it(rabbitmq_url
     assert rabbit[0] == gateway[0] == 530
     for _code, text in (rabbit, gateway):
         assert len(text.encode()) == 255 and text.endswith("v..."), text
+
+
+@pytest.mark.rabbitmq
+def test_M16_durable_declares_keep_decimal_and_byte_array_arguments(rabbitmq_url: str, tmp_path: Path,
+                                                                    unique: str) -> None:
+    """Found by the fuzzer: a durable queue.declare whose arguments held a decimal (or a byte
+    array) answered 541, for the store's JSON could not hold it. RabbitMQ takes any value
+    for an argument it does not know; so does the gateway, and the declarations survive a
+    restart (the store keeps a decimal as a number and bytes as text, as it kept bytes before)."""
+    from decimal import Decimal
+
+    import pika
+
+    from tests.integration.differential import blocking
+    from tests.integration.test_process import serve
+
+    args = {"x-fz-decimal": Decimal("1.5"), "x-fz-bytes": b"\x00\xff"}
+    with blocking(rabbitmq_url) as conn:
+        ch = conn.channel()
+        ch.queue_declare(f"{unique}-q", durable=True, arguments=args)
+        ch.queue_delete(f"{unique}-q")
+    for _ in range(2):  # declared, then found again after a restart
+        with serve(tmp_path, "--management-port", "off", "--metrics-port", "off") as (_proc, port), \
+                blocking(f"amqp://guest:guest@127.0.0.1:{port}/%2F") as conn:
+            ch = conn.channel()
+            ch.exchange_declare(f"{unique}-x", "headers", durable=True, arguments=args)
+            ch.queue_declare(f"{unique}-q", durable=True, arguments=args)
+            ch.queue_bind(f"{unique}-q", f"{unique}-x", arguments={"x-match": "any", **args})
+            ch.basic_publish(f"{unique}-x", "", b"m", pika.BasicProperties(headers={"x-other": 1}))
+            assert ch.queue_declare(f"{unique}-q", passive=True).method.queue == f"{unique}-q"
+            ch.exchange_declare(f"{unique}-x", passive=True)
