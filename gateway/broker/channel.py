@@ -12,6 +12,7 @@ from gateway.broker import persistence as P
 from gateway.broker.consumers import Consumer, Unacked
 from gateway.broker.errors import precondition
 from gateway.broker.message import Message
+from gateway.protocol import codec
 from semantics.queue import Receipt
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class Channel:
             conn.send_deliver(self.number, consumer.tag, tag, redelivered, msg.exchange,
                               msg.routing_key, props, msg.body)
         else:
-            conn.send_content(self.number, C.Basic.GetOk(
+            conn.send_content(self.number, codec.BasicGetOk(
                 delivery_tag=tag, redelivered=redelivered, exchange=msg.exchange,
                 routing_key=msg.routing_key, message_count=get_count or 0), properties, msg.body)
         no_ack = consumer.no_ack if consumer is not None else get_count is None

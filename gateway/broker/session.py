@@ -14,6 +14,7 @@ from gateway.broker.consumers import Consumer
 from gateway.broker.errors import NO_ROUTE, NOT_IMPLEMENTED, ConnectionFault, access_refused, precondition
 from gateway.broker.reply_to import REPLY_QUEUE
 from gateway.broker.vhost import new_name
+from gateway.protocol import codec
 from semantics.errors import REPLY_NAMES, CMQError
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ class Session:
                 return
             raise
         if not out.routed and method.mandatory:
-            self.conn.send_content(ch.number, C.Basic.Return(
+            self.conn.send_content(ch.number, codec.BasicReturn(
                 reply_code=NO_ROUTE, reply_text="NO_ROUTE", exchange=method.exchange,
                 routing_key=method.routing_key), properties, body)
         if seq:
@@ -256,7 +257,7 @@ class Session:
                                      arguments=m.arguments, user=self.user, server_name=server_name,
                                      peer=self.peer)
         if not m.nowait:
-            self.conn.send_method(ch.number, C.Queue.DeclareOk(
+            self.conn.send_method(ch.number, codec.QueueDeclareOk(
                 queue=q.name, message_count=q.message_count, consumer_count=len(q.consumers)))
 
     def _queue_delete(self, ch: Channel, m: Any) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 from pamqp import commands, frame
 
 __all__ = [
+    "BasicGetOk",
+    "BasicReturn",
     "FRAME_BODY",
     "FRAME_END",
     "FRAME_HEADER",
@@ -25,6 +27,7 @@ __all__ = [
     "FRAME_MIN_SIZE",
     "HEARTBEAT_FRAME",
     "PROTOCOL_HEADER",
+    "QueueDeclareOk",
     "decode_ack",
     "decode_content_header",
     "decode_method",
@@ -38,6 +41,20 @@ __all__ = [
     "method_ids",
     "shortstr",
 ]
+
+
+
+def _any_name(cls: Any) -> Any:
+    """``cls`` without its validate(): pamqp checks queue and exchange names against its own
+    pattern ([a-zA-Z0-9-_.:@#,/+ ]), but RabbitMQ takes any UTF-8 name ("*.b", "队列") and
+    the gateway checks its own rules (L1/L2) when a name comes in. The methods the server
+    sends with a client's name in them are built from these, lest such a name end in 541."""
+    return type(cls.__name__, (cls,), {"validate": lambda self: None})
+
+
+QueueDeclareOk = _any_name(commands.Queue.DeclareOk)
+BasicGetOk = _any_name(commands.Basic.GetOk)
+BasicReturn = _any_name(commands.Basic.Return)
 
 FRAME_METHOD = 1
 FRAME_HEADER = 2

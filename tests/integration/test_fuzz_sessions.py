@@ -93,3 +93,51 @@ def test_M16_durable_declares_keep_decimal_and_byte_array_arguments(rabbitmq_url
             ch.basic_publish(f"{unique}-x", "", b"m", pika.BasicProperties(headers={"x-other": 1}))
             assert ch.queue_declare(f"{unique}-q", passive=True).method.queue == f"{unique}-q"
             ch.exchange_declare(f"{unique}-x", passive=True)
+
+
+@pytest.mark.rabbitmq
+@pytest.mark.parametrize("name", ["*.b", "é", "队列", "a!b$c"])
+def test_M16_names_outside_pamqps_pattern_are_answered_as_rabbitmq_answers(broker_url: str, unique: str,
+                                                                             name: str) -> None:
+    """Found by the fuzzer: queue.declare-ok, basic.get-ok and basic.return were built with
+    pamqp's own name check ([a-zA-Z0-9-_.:@#,/+ ]), so a queue or exchange named "*.b" or in
+    Chinese, which RabbitMQ takes, got 541 INTERNAL_ERROR on its declare, get or return."""
+    import pika
+
+    from tests.integration.differential import blocking
+
+    got: list[object] = []
+    with blocking(broker_url) as conn:
+        ch = conn.channel()
+        queue, exchange = f"{unique}{name}q", f"{unique}{name}x"
+        got.append(ch.queue_declare(queue, exclusive=True).method.queue == queue)
+        ch.exchange_declare(exchange, "direct", auto_delete=True)
+        ch.queue_bind(queue, exchange, "k")
+        returned: list[str] = []
+        ch.add_on_return_callback(lambda _c, method, _p, _b: returned.append(method.exchange))
+        ch.basic_publish(exchange, "nowhere", b"r", mandatory=True)
+        conn.process_data_events(time_limit=1)
+        got.append(returned == [exchange])
+        ch.basic_publish(exchange, "k", b"m", pika.BasicProperties())
+        method, _props, body = ch.basic_get(queue, auto_ack=True)
+        got.append((method.exchange == exchange, body))
+    assert got == [True, True, (True, b"m")]
+
+
+@pytest.mark.rabbitmq
+def test_M16_deleting_an_auto_delete_exchange_that_has_bindings(broker_url: str, unique: str) -> None:
+    """Found by the fuzzer: exchange.delete dropped the exchange's last binding, which
+    auto-deleted the exchange under it, and then could not find it: 541. RabbitMQ deletes it."""
+    from tests.integration.differential import blocking
+
+    with blocking(broker_url) as conn:
+        ch = conn.channel()
+        ch.exchange_declare(f"{unique}-x", "direct", auto_delete=True)
+        ch.queue_declare(f"{unique}-q", exclusive=True)
+        ch.queue_bind(f"{unique}-q", f"{unique}-x", "k")
+        ch.exchange_delete(f"{unique}-x")
+        import pika.exceptions
+
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
+            ch.exchange_declare(f"{unique}-x", passive=True)
+    assert gone.value.reply_code == 404
