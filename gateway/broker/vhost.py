@@ -234,12 +234,13 @@ class VHost:
             return  # RabbitMQ 3.x: deleting a missing exchange is ok
         if if_unused and ex.bindings:
             raise precondition(f"exchange '{name}' in vhost '{self.name}' in use")
+        # Gone first: dropping an auto-delete exchange's last binding must not delete it again.
+        del self.exchanges[name]
         for dest in list(ex.bindings):
             self._drop_binding(ex, dest)
-        for other in self.exchanges.values():
+        for other in list(self.exchanges.values()):
             if ("x", name) in other.bindings:
                 self._drop_binding(other, ("x", name))
-        del self.exchanges[name]
         if ex.durable:
             self.broker.unpersist(P.exchange_key(self.name, name))
         self._emit("exchange_delete", topic=name, user=user)
