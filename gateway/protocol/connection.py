@@ -498,15 +498,19 @@ class ServerConnection:
     def _fail(self, exc: RemoteProtocolError) -> ProtocolError:
         """Queue connection.close for a peer's fault; from now on wait for close-ok."""
         self._channels.clear()
-        self._queue_method(0, C.Connection.Close(reply_code=exc.reply_code, reply_text=exc.reply_text,
+        self._queue_method(0, C.Connection.Close(reply_code=exc.reply_code, reply_text=fit_reply_text(exc.reply_text),
                                                  class_id=exc.class_id, method_id=exc.method_id))
         self.state = ConnState.CLOSING
         return ProtocolError(exc.reply_code, exc.reply_text, exc.channel, exc.class_id, exc.method_id)
 
     def _fatal(self, detail: str, channel: int) -> ProtocolError:
         """A framing fault: we lost sync with the peer, so close without waiting for close-ok
-        (rabbit_reader's fatal_frame_error)."""
-        event = self._fail(RemoteProtocolError(FRAME_ERROR, detail, channel=channel))
+        (rabbit_reader's fatal_frame_error). A connection already closing has sent its one
+        connection.close: it only hangs up, as RabbitMQ does."""
+        if self.state is ConnState.CLOSING:
+            event = ProtocolError(FRAME_ERROR, reply_text(FRAME_ERROR, detail), channel, 0, 0)
+        else:
+            event = self._fail(RemoteProtocolError(FRAME_ERROR, detail, channel=channel))
         self.state = ConnState.CLOSED
         self._in = b""
         self._pos = 0

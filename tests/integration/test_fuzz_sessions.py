@@ -8,6 +8,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,45 @@ def test_M16_deleting_an_auto_delete_exchange_that_has_bindings(broker_url: str,
         with pytest.raises(pika.exceptions.ChannelClosedByBroker) as gone:
             ch.exchange_declare(f"{unique}-x", passive=True)
     assert gone.value.reply_code == 404
+
+
+def _closes_after(port: int, *frames: bytes) -> list[int]:
+    """Handshake as guest, send ``frames`` one by one, each once the one before had time to
+    be answered (RabbitMQ answers a frame error found in the same read first); the reply
+    codes of every connection.close that comes back before the socket ends."""
+    so = frame.marshal(commands.Connection.StartOk(client_properties={}, response="\0guest\0guest"), 0)
+    to = frame.marshal(commands.Connection.TuneOk(channel_max=10, frame_max=131072, heartbeat=0), 0)
+    op = frame.marshal(commands.Connection.Open(virtual_host="/"), 0)
+    codes = []
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(frame.marshal(header.ProtocolHeader(), 0) + so + to + op)
+        for f in frames:
+            time.sleep(0.3)
+            sock.sendall(f)
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass  # RabbitMQ waits for close-ok; the timeout ends the wait
+    while len(data) >= 8:
+        n, _, value = frame.unmarshal(data)
+        data = data[n:]
+        if isinstance(value, commands.Connection.Close):
+            codes.append(value.reply_code)
+    return codes
+
+
+@pytest.mark.rabbitmq
+def test_M16_a_framing_error_after_connection_close_gets_no_second_close(rabbitmq_url: str,
+                                                                          tmp_path: Path) -> None:
+    """Found by the fuzzer: a connection already closing (504 here) answered a later frame
+    with a bad frame end with a second connection.close (501). RabbitMQ sends one; AMQP
+    allows nothing after connection.close but close-ok."""
+    from tests.integration.test_process import serve
+
+    qos_on_closed_channel = frame.marshal(commands.Basic.Qos(), 5)
+    bad_end = frame.marshal(commands.Basic.Qos(), 1)[:-1] + b"\x00"
+    with serve(tmp_path, "--management-port", "off", "--metrics-port", "off") as (_proc, port):
+        gateway = _closes_after(port, qos_on_closed_channel, bad_end)
+    assert _closes_after(5672, qos_on_closed_channel, bad_end) == gateway == [504]
