@@ -49,7 +49,7 @@ def _shed(lines: list[bytes]) -> int:
 
 def _start_gateway(port: int, data_dir: str, extra: list[str]) -> subprocess.Popen[bytes]:
     cmd = [PY, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", data_dir,
-           "--management-port", "off", *extra]
+           "--management-port", "off", "--cmq-api-port", "off", "--mqtt-port", "off", *extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None
     deadline = time.monotonic() + 30

@@ -42,7 +42,8 @@ ENDPOINTS = [
 
 def start(data_dir: str, root: Path) -> tuple[subprocess.Popen[str], int, dict[str, int]]:
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-                             "--management-port", "0", "--metrics-port", "0", "--data-dir", data_dir],
+                             "--management-port", "0", "--metrics-port", "0", "--cmq-api-port", "off",
+                             "--mqtt-port", "off", "--data-dir", data_dir],
                             cwd=root, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     port, operator = None, {}

@@ -143,7 +143,7 @@ def mosquitto_pid() -> int | None:
 
 def start_gateway(data_dir: str, *extra: str) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-                             "--management-port", "off", "--metrics-port", "off", "--mqtt-port", "0",
+                             "--management-port", "off", "--metrics-port", "off", "--mqtt-port", "0", "--cmq-api-port", "off",
                              "--data-dir", data_dir, *extra], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:

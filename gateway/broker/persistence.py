@@ -142,20 +142,20 @@ def permission_key(vhost: str, user: str) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """Field-table values as JSON can hold them (bytes and decimals become text, timestamps
-    numbers)."""
+    """Field-table values as JSON can hold them (bytes become text, decimals and timestamps
+    numbers): a client may give any argument any type, as RabbitMQ allows."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, Decimal):
+        return float(value)
     if hasattr(value, "isoformat"):
         return value.timestamp()
     if isinstance(value, Typed):
         return _plain(value.value)
-    if isinstance(value, Decimal):
-        return str(value)  # exact digits; JSON has no decimal type
     return value
 
 

@@ -511,8 +511,12 @@ class ServerConnection:
 
     def _fatal(self, detail: str, channel: int) -> ProtocolError:
         """A framing fault: we lost sync with the peer, so close without waiting for close-ok
-        (rabbit_reader's fatal_frame_error)."""
-        event = self._fail(RemoteProtocolError(FRAME_ERROR, detail, channel=channel))
+        (rabbit_reader's fatal_frame_error). A connection already closing has sent its one
+        connection.close: it only hangs up, as RabbitMQ does."""
+        if self.state is ConnState.CLOSING:
+            event = ProtocolError(FRAME_ERROR, reply_text(FRAME_ERROR, detail), channel, 0, 0)
+        else:
+            event = self._fail(RemoteProtocolError(FRAME_ERROR, detail, channel=channel))
         self.state = ConnState.CLOSED
         self._in = b""
         self._pos = 0
