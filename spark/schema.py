@@ -63,6 +63,8 @@ JSON_COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("value", _L),
     ("limit", _L),
     ("object", _S),
+    # CA4 / MQ7: the API that carried the message when not AMQP ("cmq-api", "mqtt").
+    ("protocol", _S),
 )
 
 # open_file: the row came from the file a running gateway is still writing (more may follow).
