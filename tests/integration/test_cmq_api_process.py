@@ -43,7 +43,8 @@ def test_CA1_on_by_default_with_serve(tmp_path: Path) -> None:
     """Without --cmq-api-port, `serve` serves the API on 15680 and says so; when something
     else holds 15680 it says that, in one line naming the option that moves it."""
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-                             "--data-dir", str(tmp_path), "--management-port", "off", "--metrics-port", "off"],
+                             "--data-dir", str(tmp_path), "--management-port", "off", "--metrics-port", "off",
+                             "--mqtt-port", "off"],
                             cwd=ROOT, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     try:
