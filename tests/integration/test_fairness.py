@@ -1,15 +1,17 @@
 """A flooded queue must not starve another connection's slow consumer (issue 15, target 4).
 
 The same pika code runs against RabbitMQ and a `cmq-gateway serve` process: one connection
-publishes a flood to queue A and another drains it as fast as it can, while a third consumes a
-backlog on queue B with prefetch 1 and acks each message 10 ms after it arrived. The slow
-consumer's count is taken over a fixed number of flood messages, not a wall-clock span, and the
-gateway's is compared with RabbitMQ's from the same test run: a ratio, never a time threshold.
+publishes a flood to queue A and another drains it as fast as it can (each in a process of its
+own), while a third consumes a backlog on queue B with prefetch 1 and acks each message 10 ms
+after it arrived. The slow consumer is counted over a fixed number of flood messages, not a
+wall-clock span, and the gateway's figure is compared with RabbitMQ's from the same test run: a
+ratio, never a time threshold.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,8 @@ from typing import Any
 from tests.integration.differential import blocking
 from tests.integration.test_process import serve
 
-FLOOD = 60_000  # messages through queue A
+FLOOD = 40_000  # messages through queue A
+ROUNDS = 3
 BACKLOG = 3_000  # on queue B: more than the slow consumer can take during the flood
 SLOW_ACK_SECONDS = 0.01
 HANG = 300.0  # hang protection only
@@ -108,11 +111,22 @@ def _slow_share(url: str, prefix: str) -> dict[str, Any]:
 
 
 def test_flood_does_not_starve_a_slow_consumer(tmp_path: Path, rabbitmq_url: str, unique: str) -> None:
-    """W4 round-robin delivery holds across queues: the slow consumer of queue B gets at least
-    half the share of the flood it gets from RabbitMQ in the same run."""
-    reference = _slow_share(rabbitmq_url, f"{unique}-rmq")
+    """W4 round-robin delivery holds across connections and queues: while the same flood of
+    FLOOD messages passes, the slow consumer of queue B is served at least half as often as
+    RabbitMQ serves it (medians of three rounds, the brokers alternating in one run).
+
+    The rate is the slow consumer's count over the flood divided by the time the flood took on
+    that broker: the count alone rewards a broker for delivering the flood slowly (RabbitMQ's
+    flow control held this flood to 5-9 s where the gateway took 2.5-5.7 s)."""
+    rates: dict[str, list[float]] = {"rabbitmq": [], "gateway": []}
+    runs: list[tuple[str, dict[str, Any]]] = []
     with serve(tmp_path / "data") as (_proc, port):
-        got = _slow_share(f"amqp://guest:guest@127.0.0.1:{port}/%2F", f"{unique}-gw")
-    print(f"\nslow consumer over {FLOOD} flood messages: rabbitmq {reference}, gateway {got}")
-    assert reference["slow"] > 0, "the reference run measured nothing"
-    assert got["slow"] >= reference["slow"] / 2, (got, reference)
+        urls = {"rabbitmq": rabbitmq_url, "gateway": f"amqp://guest:guest@127.0.0.1:{port}/%2F"}
+        for i in range(ROUNDS):
+            for name, url in urls.items():
+                got = _slow_share(url, f"{unique}-{name}-{i}")
+                runs.append((name, got))
+                rates[name].append(got["slow_per_second"])
+    print(f"\nslow consumer over {FLOOD} flood messages: {runs}")
+    assert min(rates["rabbitmq"]) > 0, "the reference run measured nothing"
+    assert statistics.median(rates["gateway"]) >= statistics.median(rates["rabbitmq"]) / 2, runs
