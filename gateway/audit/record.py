@@ -59,6 +59,10 @@ _INT_FIELDS = frozenset(k for k, t in FIELD_TYPES.items() if t in ("int", "long"
 # "YYYY-MM-DDTHH:MM:SS" prefix is cached per whole second.  One tuple, swapped atomically, so
 # that two writer threads never pair a second with another second's prefix.
 _cache: tuple[int, str] = (-1, "")
+# The microseconds as text, in two table lookups: ``f"{us:06d}"`` cost 320 ns, a sixth of the
+# writer process's time per record (py-spy); ``MILLI[us // 1000] + MICRO_Z[us % 1000]`` 90 ns.
+MILLI = [f"{i:03d}" for i in range(1000)]
+MICRO_Z = [f"{i:03d}Z" for i in range(1000)]
 
 
 def format_ts(t: float) -> str:
@@ -73,7 +77,7 @@ def format_ts(t: float) -> str:
     if sec != cached_sec:
         prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
         _cache = (sec, prefix)
-    return f"{prefix}.{us:06d}Z"
+    return f"{prefix}.{MILLI[us // 1000]}{MICRO_Z[us % 1000]}"
 
 
 def _normalise(key: str, value: Any) -> Any:

@@ -49,7 +49,7 @@ from typing import IO, Any
 
 from gateway.audit import layout
 from gateway.audit.counting import count_key
-from gateway.audit.record import format_line, format_ts
+from gateway.audit.record import MICRO_Z, MILLI, format_line, format_ts
 from gateway.audit.rows import ROWS, Row
 
 __all__ = ["AuditLog", "NullAudit"]
@@ -449,6 +449,7 @@ class AuditLog:
         pending: dict[tuple[Any, ...], int] = {}  # row counts: (row id, vhost, picked values)
         pget = pending.get
         last_sec = -1
+        milli, micro_z = MILLI, MICRO_Z
         prefix = ""  # "YYYY-MM-DDTHH:MM:SS." of last_sec
         file_folder = self._file_folder if self._file is not None else None
         room = self.rotate_bytes - self._file_size - len(buf)
@@ -456,7 +457,7 @@ class AuditLog:
             sec = int(t)
             us = round((t - sec) * 1_000_000)
             if sec == last_sec and us < 1_000_000:
-                ts = f"{prefix}{us:06d}Z"
+                ts = prefix + milli[us // 1000] + micro_z[us % 1000]
             else:
                 ts = format_ts(t)
                 if us < 1_000_000:

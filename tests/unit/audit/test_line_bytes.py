@@ -6,13 +6,16 @@ schema."""
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.audit.record import FIELD_TYPES, format_line, format_ts, line_writer
-from gateway.audit.rows import ROWS, Row
+from gateway.audit.rows import ACK, ROWS, Row
+from gateway.audit.writer import AuditLog
 
 _text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=16)  # no lone surrogates
 _int = st.one_of(st.integers(0, 2**40), st.integers(-(2**70), 2**70), st.booleans())
@@ -90,3 +93,29 @@ def test_A2_a_value_msgspec_refuses_takes_the_json_path() -> None:
     else:
         raise AssertionError("a lone surrogate was written")
     assert out == b"kept\n"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.floats(0, 4e9))
+def test_A2_timestamps_keep_six_digit_microseconds(t: float) -> None:
+    """format_ts's table lookups write what ``{us:06d}`` wrote, rounding carried included."""
+    sec = int(t)
+    us = round((t - sec) * 1_000_000)
+    if us >= 1_000_000:
+        sec, us = sec + 1, us - 1_000_000
+    expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)) + f".{us:06d}Z"
+    assert format_ts(t) == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(1.7e9, 1.7e9 + 3), min_size=1, max_size=40).map(sorted))
+def test_A2_the_writer_stamps_each_record_as_format_ts(tmp_path_factory: Any, times: list[float]) -> None:
+    """The writer's per-second shortcut gives each line the ts format_ts gives its time."""
+    log = AuditLog(str(tmp_path_factory.mktemp("audit")), process=False, _thread=False)
+    buf, nlines, _, _ = log._format([(t, ACK.id, "/", ("u", "p", "q", "m", 1.5)) for t in times],
+                                    bytearray(), 0, "", "")
+    stamps = [json.loads(line)["ts"] for line in bytes(buf).splitlines()]
+    assert nlines == len(times)
+    assert stamps == [format_ts(t) for t in times]
+    log._write(buf, nlines)
+    log._close_file()
