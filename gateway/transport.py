@@ -63,12 +63,9 @@ _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk,
                              ev.Content))
 # Events (a publish is one) handled per loop turn before the other connections get theirs,
 # and the time a turn may take: a publish to a fanout of 50 queues is 50 enqueues, and 256 of
-# them held the loop for a second while the consumers' acks waited (scenario 3). A slow
-# consumer's ack waits for the turns of the connections read before it: with 256 events and
-# 5 ms a turn, a prefetch-1 consumer beside a flood got 37 deliveries/s to RabbitMQ's 62; with
-# 64 and 2 ms, 50 (tests/integration/test_fairness.py, issue 15).
-EVENTS_PER_TURN = 64
-TURN_SECONDS = 0.002
+# them held the loop for a second while the consumers' acks waited (scenario 3).
+EVENTS_PER_TURN = 256
+TURN_SECONDS = 0.005
 
 
 def is_loopback(host: str) -> bool:
