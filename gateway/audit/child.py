@@ -52,7 +52,7 @@ def main() -> None:
             os._exit(0)
         if kind == b"B":
             # The batch as it came, in one pass (what _drain does in chunks for a thread).
-            log._write(log._format(marshal.loads(payload), [], 0, "", "")[0])
+            log._write(*log._format(marshal.loads(payload), bytearray(), 0, "", "")[:2])
             continue
         if kind == b"F":
             log._periodic()

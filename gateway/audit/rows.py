@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.audit.counting import FIELDS_READ, count_key
-from gateway.audit.record import formatter
+from gateway.audit.record import formatter, line_writer
 
 __all__ = ["ACK", "ACK_MQTT", "DELIVER", "DELIVER_MQTT", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_QUEUE_VIA",
            "PUBLISH_TOPIC", "PUBLISH_TOPIC_VIA", "ROUTE", "ROWS", "Row",
@@ -27,7 +27,7 @@ __all__ = ["ACK", "ACK_MQTT", "DELIVER", "DELIVER_MQTT", "ENQUEUE", "PUBLISH_QUE
 class Row:
     """One record shape: its event and its keys, in the order the values come."""
 
-    __slots__ = ("_count_names", "event", "fmt", "id", "keys", "pick")
+    __slots__ = ("_count_names", "event", "fmt", "id", "keys", "pick", "put")
 
     def __init__(self, event: str, *keys: str) -> None:
         if len(set(keys)) != len(keys):
@@ -36,6 +36,8 @@ class Row:
         self.event = event
         self.keys = keys
         self.fmt: Callable[..., str] = formatter(keys)
+        # put(out, ts, event, vhost, *values): fmt(...).encode() appended to a bytearray.
+        self.put: Callable[..., None] = line_writer(keys)
         read = [(k, keys.index(k)) for k in FIELDS_READ.get(event, ()) if k in keys]
         self._count_names = tuple(k for k, _ in read)
         # pick(values): the values count_key reads, as count_key_picked takes them back.

@@ -49,7 +49,7 @@ from typing import IO, Any
 
 from gateway.audit import layout
 from gateway.audit.counting import count_key
-from gateway.audit.record import format_line, format_ts
+from gateway.audit.record import MICRO_Z, MILLI, format_line, format_ts
 from gateway.audit.rows import ROWS, Row
 
 __all__ = ["AuditLog", "NullAudit"]
@@ -406,8 +406,8 @@ class AuditLog:
         popleft = q.popleft
         remaining = len(q)
         shed = self.dropped - self._dropped_reported
-        buf: list[bytes] = []
-        buf_bytes = 0
+        buf = bytearray()
+        nlines = 0
         hour = ""  # the folder changes only with the ts's "YYYY-MM-DDTHH" prefix
         folder = ""
         while True:
@@ -423,7 +423,7 @@ class AuditLog:
                 shed = 0
             else:
                 break
-            buf, buf_bytes, hour, folder = self._format(items, buf, buf_bytes, hour, folder)
+            buf, nlines, hour, folder = self._format(items, buf, nlines, hour, folder)
             if remaining and self._shares_gil:
                 # Formatting holds the GIL; without a pause the event loop thread waited up
                 # to the 5 ms switch interval each time (scenario 7 p99 after a busy run:
@@ -431,12 +431,12 @@ class AuditLog:
                 # the writer process, which has no loop to wait for: there sleep(0) only gave
                 # its CPU away (36% of its samples under load, py-spy).
                 time.sleep(0)
-        self._write(buf)
+        self._write(buf, nlines)
 
-    def _format(self, items: list[_Item], buf: list[bytes], buf_bytes: int, hour: str, folder: str
-                ) -> tuple[list[bytes], int, str, str]:
-        """Count ``items``, then format those the ``events`` filter keeps into ``buf``, writing
-        (and rotating) as files fill up.
+    def _format(self, items: list[_Item], buf: bytearray, nlines: int, hour: str, folder: str
+                ) -> tuple[bytearray, int, str, str]:
+        """Count ``items``, then format those the ``events`` filter keeps into ``buf`` (which
+        holds ``nlines`` lines), writing (and rotating) as files fill up.
 
         The writer process runs this for every record of every message (4 a message in
         scenario 1), on a core it shares with the gateway, so the loop is hand-tuned (3.6 ->
@@ -449,14 +449,15 @@ class AuditLog:
         pending: dict[tuple[Any, ...], int] = {}  # row counts: (row id, vhost, picked values)
         pget = pending.get
         last_sec = -1
+        milli, micro_z = MILLI, MICRO_Z
         prefix = ""  # "YYYY-MM-DDTHH:MM:SS." of last_sec
         file_folder = self._file_folder if self._file is not None else None
-        room = self.rotate_bytes - self._file_size - buf_bytes
+        room = self.rotate_bytes - self._file_size - len(buf)
         for t, event, vhost, fields in items:
             sec = int(t)
             us = round((t - sec) * 1_000_000)
             if sec == last_sec and us < 1_000_000:
-                ts = f"{prefix}{us:06d}Z"
+                ts = prefix + milli[us // 1000] + micro_z[us % 1000]
             else:
                 ts = format_ts(t)
                 if us < 1_000_000:
@@ -470,53 +471,56 @@ class AuditLog:
                 pending[pk] = pget(pk, 0) + 1
                 if events is not None and row.event not in events:
                     continue
-                line = row.fmt(ts, row.event, vhost, *fields).encode()
+                start = len(buf)
+                row.put(buf, ts, row.event, vhost, *fields)
             else:
                 if event != "audit_dropped":  # the writer's own record: not a broker event
                     k = count_key(event, vhost, fields)
                     self.counts[k] = self.counts.get(k, 0) + 1
                     if events is not None and event not in events:
                         continue
-                line = format_line(ts, event, vhost, fields).encode()
-            n = len(line)
+                start = len(buf)
+                buf += format_line(ts, event, vhost, fields).encode()
+            n = len(buf) - start  # the line is in buf already: the file it goes to is decided now
             if n > room or folder is not file_folder:
                 if self._file is None or folder != self._file_folder or (
-                    self._file_size + buf_bytes + n > self.rotate_bytes and self._file_size + buf_bytes > 0
+                    self._file_size + start + n > self.rotate_bytes and self._file_size + start > 0
                 ):
-                    self._write(buf)
-                    buf, buf_bytes = [], 0
+                    line = buf[start:]
+                    del buf[start:]
+                    self._write(buf, nlines)
+                    buf, nlines = line, 0
                     self._close_file()
                     self._open_file(ts, folder)
                 file_folder = self._file_folder
-                room = self.rotate_bytes - self._file_size - buf_bytes
-            buf.append(line)
-            buf_bytes += n
+                room = self.rotate_bytes - self._file_size - (len(buf) - n)
+            nlines += 1
             room -= n
             # Bound the bytes held in memory when the writer has fallen far behind.
-            if buf_bytes >= 4 * 1024 * 1024:
-                self._write(buf)
-                buf, buf_bytes = [], 0
+            if len(buf) >= 4 * 1024 * 1024:
+                self._write(buf, nlines)
+                buf, nlines = bytearray(), 0
         counts = self.counts
         for (rid, vhost, picked), n in pending.items():
             k = rows[rid].count_key_picked(vhost, picked)
             counts[k] = counts.get(k, 0) + n
-        return buf, buf_bytes, hour, folder
+        return buf, nlines, hour, folder
 
-    def _write(self, lines: list[bytes]) -> None:
-        if not lines or self._file is None:
+    def _write(self, data: bytearray, nlines: int) -> None:
+        """Write ``data``, ``nlines`` whole lines, to the open file."""
+        if not nlines or self._file is None:
             return
-        data = b"".join(lines)
         try:
             self._file.write(data)
             self._file.flush()  # whole lines visible to tailing readers
         except OSError:
-            log.exception("audit write failed; %d records lost", len(lines))
+            log.exception("audit write failed; %d records lost", nlines)
             with self._drop_lock:
-                self.dropped += len(lines)
+                self.dropped += nlines
             self._close_file()
             return
         self._file_size += len(data)
-        self.written += len(lines)
+        self.written += nlines
 
     def _open_file(self, ts: str, folder: str) -> None:
         folder_path = os.path.join(self.directory, folder)
