@@ -15,7 +15,7 @@ from tests.integration.cmq_client import CmqClient
 
 ADMIN_ID, ADMIN_KEY = "AKIDadmin0000000000000000000000000000", "admin-secret-key-0123456789abcdef"
 READER_ID, READER_KEY = "AKIDreader000000000000000000000000000", "reader-secret-key-0123456789abcd"
-WAIT = 20.0  # hang protection only
+WAIT = 60.0  # hang protection only (a loaded CI machine pushes 100 HTTP messages slowly)
 
 
 def users() -> UserDB:
