@@ -286,6 +286,18 @@ def _auth_failures(p: pd.DataFrame) -> Rendering:
     return fig, words
 
 
+def _annotated_bars(labels: list[str], values: Any, notes: list[str], xlabel: str, color: str) -> Figure:
+    """One horizontal bar per row, largest first, each with its note at the end of the bar."""
+    fig, ax = _figure(len(labels))
+    bars = ax.barh(labels, values, color=color)
+    ax.bar_label(bars, labels=notes, fontsize=8, padding=2)
+    ax.invert_yaxis()
+    ax.margins(x=0.35)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
 def _publishers(p: pd.DataFrame) -> Rendering:
     if p.empty:
         return None, "No messages published in this range."
@@ -296,14 +308,9 @@ def _publishers(p: pd.DataFrame) -> Rendering:
     total = int(p["messages"].sum())
     if len(p) == 1:  # one bar would say no more than the sentence
         return None, f"{_plural(total, 'message')} published, all by {labels[0]} ({details[0]})."
-    fig, ax = _figure(len(rows))
-    bars = ax.barh(labels[:len(rows)], rows["messages"], color="#5b8def")
-    ax.bar_label(bars, labels=[f"{int(m):,} ({d})" for m, d in zip(rows["messages"], details, strict=True)],
-                 fontsize=8, padding=2)
-    ax.invert_yaxis()
-    ax.margins(x=0.35)
-    ax.set_xlabel("messages published")
-    ax.grid(axis="x", alpha=0.3)
+    fig = _annotated_bars(labels[:len(rows)], rows["messages"],
+                          [f"{int(m):,} ({d})" for m, d in zip(rows["messages"], details, strict=True)],
+                          "messages published", "#5b8def")
     return fig, (f"{total:,} messages from {len(p):,} publishers (user and host); the busiest, {labels[0]}, "
                  f"published {int(rows['messages'].iloc[0]):,} ({details[0]}).")
 
@@ -318,15 +325,10 @@ def _limits(p: pd.DataFrame) -> Rendering:
     if len(p) == 1:
         return None, (f"{total:,} breach{'es' if total != 1 else ''} of {p['rule'].iloc[0]}, all by {labels[0]}: worst value "
                       f"{p['worst_value'].iloc[0]}, CMQ's limit {p['limit'].iloc[0]}.")
-    fig, ax = _figure(len(rows))
-    bars = ax.barh(labels[:len(rows)], rows["breaches"], color="#8e6bbf")
-    ax.bar_label(bars, labels=[f"{int(b):,} (worst {w}, limit {lim})" for b, w, lim in
-                               zip(rows["breaches"], rows["worst_value"], rows["limit"], strict=True)],
-                 fontsize=8, padding=2)
-    ax.invert_yaxis()
-    ax.margins(x=0.35)
-    ax.set_xlabel("breaches")
-    ax.grid(axis="x", alpha=0.3)
+    fig = _annotated_bars(labels[:len(rows)], rows["breaches"],
+                          [f"{int(b):,} (worst {w}, limit {lim})" for b, w, lim in
+                           zip(rows["breaches"], rows["worst_value"], rows["limit"], strict=True)],
+                          "breaches", "#8e6bbf")
     return fig, (f"{total:,} breaches of CMQ limits in {len(p):,} places (rule, object, user): each is what "
                  f"to fix before moving to CMQ.")
 
