@@ -48,7 +48,7 @@ from gateway.protocol.sasl import EXTERNAL, offered
 if TYPE_CHECKING:
     from gateway.broker import Session
 
-__all__ = ["AMQPConnection", "is_loopback"]
+__all__ = ["AMQPConnection", "ClientWrites", "is_loopback"]
 
 log = logging.getLogger("cmq_gateway.transport")
 
@@ -77,7 +77,55 @@ def is_loopback(host: str) -> bool:
     return bool(addr.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
-class AMQPConnection(asyncio.Protocol):
+class ClientWrites(asyncio.Protocol):
+    """The write side every client protocol shares (AMQP here, MQTT in gateway.mqtt): one
+    write per loop iteration of what the sans-IO core queued, the socket's back-pressure passed
+    to the broker session, and the unsent bytes counted as held memory (W5). Subclasses set
+    ``gw``, ``conn`` (the core), ``transport``, ``session``, ``_lost`` and
+    ``_flush_scheduled``, and say what happens once the core has closed."""
+
+    gw: Any
+    conn: Any
+    transport: asyncio.Transport | None
+    session: Any
+    _lost: bool
+    _flush_scheduled: bool
+
+    def write_buffer_size(self) -> int:
+        """Bytes written to the socket and not yet sent (W5: held memory)."""
+        transport = self.transport
+        return 0 if transport is None or self._lost else transport.get_write_buffer_size()
+
+    def pause_writing(self) -> None:
+        if self.session is not None:
+            self.session.pause_delivery()
+
+    def resume_writing(self) -> None:
+        if self.session is not None:
+            self.session.resume_delivery()
+
+    def request_flush(self) -> None:
+        """Given to the Session: one write at the end of this loop iteration."""
+        if not self._flush_scheduled and not self._lost:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._lost or self.transport is None:
+            return
+        out = self.conn.data_to_send()
+        if out:
+            self.gw.bytes_out += len(out)
+            self.transport.write(out)
+        if self.conn.closed:
+            self._core_closed()
+
+    def _core_closed(self) -> None:
+        raise NotImplementedError
+
+
+class AMQPConnection(ClientWrites):
     """The transport for one client. ``gateway`` is the server's shared state (see server.py)."""
 
     def __init__(self, gateway: Any) -> None:
@@ -206,11 +254,6 @@ class AMQPConnection(asyncio.Protocol):
             if partial:
                 self.publisher = True
 
-    def write_buffer_size(self) -> int:
-        """Bytes written to the socket and not yet sent (W5: held memory)."""
-        transport = self.transport
-        return 0 if transport is None or self._lost else transport.get_write_buffer_size()
-
     def eof_received(self) -> bool | None:
         return None  # let asyncio close the transport; connection_lost cleans up
 
@@ -231,31 +274,10 @@ class AMQPConnection(asyncio.Protocol):
             self.gw.audit.emit("connection_close", self.vhost or "/", user=self.user, peer=self.peer,
                                reason="closed" if exc is None else str(exc))
 
-    def pause_writing(self) -> None:
-        if self.session is not None:
-            self.session.pause_delivery()
-
-    def resume_writing(self) -> None:
-        if self.session is not None:
-            self.session.resume_delivery()
-
     # -- writes -----------------------------------------------------------------------------
 
-    def request_flush(self) -> None:
-        """Given to the Session: one write at the end of this loop iteration."""
-        if not self._flush_scheduled and not self._lost:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._lost or self.transport is None:
-            return
-        out = self.conn.data_to_send()
-        if out:
-            self.gw.bytes_out += len(out)
-            self.transport.write(out)
-        if self.conn.closed and self.lingering_since is None:
+    def _core_closed(self) -> None:
+        if self.lingering_since is None:  # after our close-ok the peer hangs up (tick cuts it)
             self._hang_up()
 
     # -- events -----------------------------------------------------------------------------

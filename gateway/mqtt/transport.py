@@ -21,7 +21,7 @@ from gateway.auth import AuthError
 from gateway.mqtt import codec as P
 from gateway.mqtt.connection import KeepAliveTimeout, MQTTServerConnection, ProtocolError
 from gateway.mqtt.session import DEFAULT_INFLIGHT, OPS, MQTTSession, SessionState, session_key
-from gateway.transport import CLOSE_TIMEOUT, EVENTS_PER_TURN, is_loopback
+from gateway.transport import CLOSE_TIMEOUT, EVENTS_PER_TURN, ClientWrites, is_loopback
 
 if TYPE_CHECKING:
     from gateway.mqtt.server import MQTTService
@@ -36,7 +36,7 @@ NEVER_EXPIRES = 0xFFFFFFFF
 BAD_LOGIN, NOT_AUTHORIZED, BAD_CLIENT_ID = (0x86, 4), (0x87, 5), (0x85, 2)
 
 
-class MQTTConnection(asyncio.Protocol):
+class MQTTConnection(ClientWrites):
     def __init__(self, service: MQTTService) -> None:
         self.service = service
         self.gw = service.gw
@@ -118,42 +118,16 @@ class MQTTConnection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return None
 
-    def write_buffer_size(self) -> int:
-        """Bytes queued toward the client: memory the broker holds (W5, gateway/memory.py)."""
-        transport = self.transport
-        return 0 if transport is None or self._lost else transport.get_write_buffer_size()
-
     def connection_lost(self, exc: Exception | None) -> None:
         self._end("closed" if exc is None else str(exc))
 
-    def pause_writing(self) -> None:
-        if self.session is not None:
-            self.session.pause_delivery()
-
-    def resume_writing(self) -> None:
-        if self.session is not None:
-            self.session.resume_delivery()
-
     # -- writes -----------------------------------------------------------------------------
 
-    def request_flush(self) -> None:
-        if not self._flush_scheduled and not self._lost:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._lost or self.transport is None:
-            return
-        out = self.core.data_to_send()
-        if out:
-            self.gw.bytes_out += len(out)
-            self.transport.write(out)
-        if self.core.closed:
-            if self.closing_since is None:
-                self.closing_since = time.monotonic()
-            if not self.transport.is_closing():
-                self.transport.close()
+    def _core_closed(self) -> None:
+        if self.closing_since is None:
+            self.closing_since = time.monotonic()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
 
     # -- packets ----------------------------------------------------------------------------
 
