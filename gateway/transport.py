@@ -48,7 +48,7 @@ from gateway.protocol.sasl import EXTERNAL, offered
 if TYPE_CHECKING:
     from gateway.broker import Session
 
-__all__ = ["AMQPConnection", "ClientWrites", "is_loopback"]
+__all__ = ["AMQPConnection", "ClientProtocol", "is_loopback"]
 
 log = logging.getLogger("cmq_gateway.transport")
 
@@ -77,12 +77,13 @@ def is_loopback(host: str) -> bool:
     return bool(addr.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
-class ClientWrites(asyncio.Protocol):
-    """The write side every client protocol shares (AMQP here, MQTT in gateway.mqtt): one
-    write per loop iteration of what the sans-IO core queued, the socket's back-pressure passed
-    to the broker session, and the unsent bytes counted as held memory (W5). Subclasses set
-    ``gw``, ``conn`` (the core), ``transport``, ``session``, ``_lost`` and
-    ``_flush_scheduled``, and say what happens once the core has closed."""
+class ClientProtocol(asyncio.Protocol):
+    """What every client protocol shares (AMQP here, MQTT in gateway.mqtt): taking the
+    socket (peer name, loopback, the server's set of connections), one write per loop
+    iteration of what the sans-IO core queued, the socket's back-pressure passed to the broker
+    session, and the unsent bytes counted as held memory (W5). Subclasses set ``gw``, ``conn``
+    (the core), ``session``, ``_lost`` and ``_flush_scheduled``, and say what happens once the
+    core has closed."""
 
     gw: Any
     conn: Any
@@ -90,6 +91,18 @@ class ClientWrites(asyncio.Protocol):
     session: Any
     _lost: bool
     _flush_scheduled: bool
+    peer: str
+    from_loopback: bool
+
+    def _take(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports do not subclass asyncio.Transport; they have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+        peername = transport.get_extra_info("peername")
+        if peername:
+            host, port = peername[0], peername[1]
+            self.peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            self.from_loopback = is_loopback(host)
+        self.gw.connections.add(self)
 
     def write_buffer_size(self) -> int:
         """Bytes written to the socket and not yet sent (W5: held memory)."""
@@ -125,7 +138,7 @@ class ClientWrites(asyncio.Protocol):
         raise NotImplementedError
 
 
-class AMQPConnection(ClientWrites):
+class AMQPConnection(ClientProtocol):
     """The transport for one client. ``gateway`` is the server's shared state (see server.py)."""
 
     def __init__(self, gateway: Any) -> None:
@@ -160,14 +173,7 @@ class AMQPConnection(ClientWrites):
     # -- asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports do not subclass asyncio.Transport; they have its methods.
-        self.transport = cast(asyncio.Transport, transport)
-        peername = transport.get_extra_info("peername")
-        if peername:
-            host, port = peername[0], peername[1]
-            self.peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            self.from_loopback = is_loopback(host)
-        self.gw.connections.add(self)
+        self._take(transport)
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:  # the TLS handshake is over: the peer's certificate is known
             from gateway.tls import connection_info, peer_username

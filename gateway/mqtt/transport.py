@@ -13,7 +13,7 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
@@ -21,7 +21,7 @@ from gateway.auth import AuthError
 from gateway.mqtt import codec as P
 from gateway.mqtt.connection import KeepAliveTimeout, MQTTServerConnection, ProtocolError
 from gateway.mqtt.session import DEFAULT_INFLIGHT, OPS, MQTTSession, SessionState, session_key
-from gateway.transport import CLOSE_TIMEOUT, EVENTS_PER_TURN, ClientWrites, is_loopback
+from gateway.transport import CLOSE_TIMEOUT, EVENTS_PER_TURN, ClientProtocol
 
 if TYPE_CHECKING:
     from gateway.mqtt.server import MQTTService
@@ -36,7 +36,7 @@ NEVER_EXPIRES = 0xFFFFFFFF
 BAD_LOGIN, NOT_AUTHORIZED, BAD_CLIENT_ID = (0x86, 4), (0x87, 5), (0x85, 2)
 
 
-class MQTTConnection(ClientWrites):
+class MQTTConnection(ClientProtocol):
     def __init__(self, service: MQTTService) -> None:
         self.service = service
         self.gw = service.gw
@@ -64,13 +64,7 @@ class MQTTConnection(ClientWrites):
     # -- asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        peername = transport.get_extra_info("peername")
-        if peername:
-            host, port = peername[0], peername[1]
-            self.peer = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            self.from_loopback = is_loopback(host)
-        self.gw.connections.add(self)
+        self._take(transport)
         self.core.tick(time.monotonic())
 
     def data_received(self, data: bytes) -> None:
