@@ -496,7 +496,7 @@ class Broker:
                 emit("visibility_expire", vh.name, queue=q.name, msg_id=m.msg_id, attempt=m.receive_count)
             elif isinstance(e, Q.DeadLettered):
                 # Q8: CMQ's dead-letter queue takes it (maxReceiveCount / maxTimeToLive).
-                self._unpersist_msg(q, m)
+                self.unpersist_message(q, m)
                 emit("dead_letter", vh.name, queue=q.name, msg_id=m.msg_id, reason=e.reason,
                      subscription=e.to_queue, size=m.size)
                 target = vh.queues.get(e.to_queue)
@@ -505,15 +505,15 @@ class Broker:
                     with contextlib.suppress(Exception):
                         vh.publish("", target.name, msg.properties, msg.body)
             elif isinstance(e, Q.Expired | Q.MaxLengthDropped):
-                self._unpersist_msg(q, m)
+                self.unpersist_message(q, m)
                 maxlen = isinstance(e, Q.MaxLengthDropped)
                 if not self._dead_letter_exchange(vh, q, m, "maxlen" if maxlen else "expired"):
                     emit("discard", vh.name, queue=q.name, msg_id=m.msg_id, size=m.size,
                          reason="max_length" if maxlen else "expired")
             elif isinstance(e, Q.RewindableRemoved):
-                self._unpersist_msg(q, m)
+                self.unpersist_message(q, m)
 
-    def _unpersist_msg(self, q: BrokerQueue, m: Q.QueueMessage) -> None:
+    def unpersist_message(self, q: BrokerQueue, m: Q.QueueMessage) -> None:
         msg = m.payload
         if q.durable and isinstance(msg, Message) and msg.persistent:
             self.unpersist(P.message_key(q.vhost, q.name, m.msg_id), missing_ok=True)
@@ -559,7 +559,7 @@ class Broker:
             return
         now = self.clock.now()
         touched: set[Session] = set()
-        limit = q.qargs.delivery_limit
+        limit = q.qargs.delivery_limit  # read once: this loop is the delivery hot path
         while True:
             consumer = q.next_consumer()
             if consumer is None:
@@ -576,6 +576,12 @@ class Broker:
         for s in touched:
             s.request_flush()
 
+    def receive(self, q: BrokerQueue, now: float) -> Q.Receipt | None:
+        """One CMQ receive from ``q`` (M11), honouring its x-delivery-limit: what every
+        consumer, basic.get and CMQ API ReceiveMessage takes a message through."""
+        limit = q.qargs.delivery_limit
+        return q.receive(now) if limit is None else self._receive_limited(q, now, limit)
+
     def _receive_limited(self, q: BrokerQueue, now: float, limit: int) -> Q.Receipt | None:
         """x-delivery-limit without a CMQ dead-letter queue (M7): a message past ``limit``
         receives is dead-lettered (x-dead-letter-exchange) or dropped instead."""
@@ -584,7 +590,7 @@ class Broker:
             if m.receive_count <= limit:
                 return receipt
             q.cmq.delete(receipt, now)
-            self._unpersist_msg(q, m)
+            self.unpersist_message(q, m)
             if not self._dead_letter_exchange(self.vhosts[q.vhost], q, m, "delivery_limit"):
                 self.audit.emit("discard", q.vhost, queue=q.name, msg_id=m.msg_id, size=m.size,
                                 reason="rejected")
@@ -607,8 +613,7 @@ class Broker:
         wait = q.cmq.attributes.polling_wait_seconds
         receipt = None
         if not (wait > 0 and q.waiters):  # earlier long polls go first
-            limit = q.qargs.delivery_limit
-            receipt = q.receive(now) if limit is None else self._receive_limited(q, now, limit)
+            receipt = self.receive(q, now)
         if receipt is not None:
             self._answer_get(ch, q, receipt, no_ack)
         elif wait > 0:
@@ -694,7 +699,7 @@ class Broker:
     def settle_deleted(self, q: BrokerQueue, receipt: Q.Receipt) -> None:
         """A no-ack delivery: deleted at once."""
         if q.cmq.delete(receipt, self.clock.now()):
-            self._unpersist_msg(q, receipt.message)
+            self.unpersist_message(q, receipt.message)
 
     def drop_received(self, q: BrokerQueue, receipt: Q.Receipt, user: str | None = None) -> None:
         """A received message rejected without requeue outside a channel (the management
@@ -702,7 +707,7 @@ class Broker:
         m = q.cmq.drop(receipt, self.clock.now())
         if m is None:
             return
-        self._unpersist_msg(q, m)
+        self.unpersist_message(q, m)
         if not self._dead_letter_exchange(self.vhosts[q.vhost], q, m, "rejected"):
             self.audit.emit("discard", q.vhost, queue=q.name, msg_id=m.msg_id, size=m.size, reason="rejected",
                             user=user)
@@ -715,7 +720,7 @@ class Broker:
         now = self.clock.now()
         if q.cmq.delete(u.handle, now):
             m = u.handle.message
-            self._unpersist_msg(q, m)
+            self.unpersist_message(q, m)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
             if session.protocol is None:
@@ -740,7 +745,7 @@ class Broker:
         else:
             m = q.cmq.drop(u.handle, now)
             if m is not None:
-                self._unpersist_msg(q, m)
+                self.unpersist_message(q, m)
                 session.emit("nack", queue=q.name, msg_id=u.msg_id, reason="rejected")
                 if not self._dead_letter_exchange(vh, q, m, "rejected"):
                     session.emit("discard", queue=q.name, msg_id=u.msg_id, size=m.size, reason="rejected")

@@ -216,11 +216,9 @@ def _receive_now(api: CmqApi, vh: Any, q: Any, count: int) -> list[Receipt]:
     broker = api.broker
     now = broker.now()
     q.last_used = now
-    limit = q.qargs.delivery_limit
     out: list[Receipt] = []
     while len(out) < count:
-        # x-delivery-limit without a CMQ dead-letter queue: the broker's own receive (M7)
-        receipt = q.receive(now) if limit is None else broker._receive_limited(q, now, limit)
+        receipt = broker.receive(q, now)  # the broker's own receive: x-delivery-limit too (M7)
         if receipt is None:
             break
         out.append(receipt)
@@ -275,7 +273,7 @@ def _delete(api: CmqApi, caller: Caller, vh: Any, q: Any, handle: str) -> CmqApi
     if m is None or not q.cmq.delete(Receipt(m, number), now):
         api.emit("stale_ack", caller, queue=q.name, msg_id=msg_id)
         return invalid
-    broker._unpersist_msg(q, m)
+    broker.unpersist_message(q, m)
     published = getattr(m.payload, "published_at", None)
     latency = round((now - published) * 1000.0, 3) if published is not None else None
     api.emit("ack", caller, queue=q.name, msg_id=msg_id, latency_ms=latency)
