@@ -566,6 +566,10 @@ class Broker:
                 break
             receipt = q.receive(now) if limit is None else self._receive_limited(q, now, limit)
             if receipt is None:
+                # Nothing for it after all: it keeps its turn. Else every dispatch without a
+                # message (after an ack, say) moves the turn on, and with as many of those
+                # as consumers per message one consumer would get every message.
+                q.keep_turn()
                 break
             consumer.channel.deliver(consumer, q, receipt)
             touched.add(consumer.channel.session)

@@ -116,6 +116,11 @@ class BrokerQueue:
         if i < self._rr:
             self._rr -= 1
 
+    def keep_turn(self) -> None:
+        """The consumer next_consumer just gave found no message: it is the next one again."""
+        if self._rr > 0:
+            self._rr -= 1
+
     def next_consumer(self) -> Consumer | None:
         """The next consumer with credit, round-robin (M11, W4)."""
         consumers = self.consumers
