@@ -16,6 +16,7 @@ from gateway.config import (
     DEFAULT_MANAGEMENT_PORT,
     DEFAULT_METRICS_PORT,
     DEFAULT_MQTT_PORT,
+    DEFAULT_MQTTS_PORT,
     DEFAULT_PORT,
     DEFAULT_TLS_PORT,
     OFF,
@@ -89,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--mqtt-port", type=_port_or_off, default=None, metavar="PORT|off",
                        help=f"MQTT 3.1.1 and 5.0 on the CMQ topics of amq.topic (default: {DEFAULT_MQTT_PORT}, "
                             "as RabbitMQ's MQTT plugin; 0 picks a free port; off turns it off)")
+    serve.add_argument("--mqtts-port", type=_port_or_off, default=None, metavar="PORT|off",
+                       help=f"MQTT over TLS, on the MQTT hosts (default: {DEFAULT_MQTTS_PORT}, as RabbitMQ, "
+                            "when the config has a tls section; a verified client certificate logs in "
+                            "without a password; 0 picks a free port; off turns it off)")
     serve.add_argument("--tls-port", type=_port_or_off, default=None, metavar="PORT|off",
                        help=f"AMQPS (AMQP over TLS) port, on the AMQP hosts (default: {DEFAULT_TLS_PORT}, "
                             "as RabbitMQ, when the config has a tls section with certfile, keyfile and "
@@ -171,6 +176,15 @@ def _serve(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         config.tls = dataclasses.replace(config.tls, port=args.tls_port)
+    if args.mqtts_port is not None and args.mqtts_port != OFF and config.tls is None:
+        print("cmq-gateway: --mqtts-port needs a tls section (certfile, keyfile, ...) in the config",
+              file=sys.stderr)
+        return 2
+    if config.tls is not None:
+        config.mqtt_tls_port_defaulted = args.mqtts_port is None and config.mqtt_tls_port is None
+        config.mqtt_tls_port = _operator_port(args.mqtts_port, config.mqtt_tls_port, DEFAULT_MQTTS_PORT)
+    else:
+        config.mqtt_tls_port = None
     if args.profile is not None:
         config.profile = args.profile
     config.management_port = _operator_port(args.management_port, config.management_port,

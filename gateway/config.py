@@ -29,7 +29,8 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
     metrics: {port: 15692, host: "0.0.0.0"}      # or off; Prometheus /metrics
                                       # (without a host: 0.0.0.0 and ::, as the listeners)
     cmq_api: {port: 15680, host: "0.0.0.0"}      # or off; CMQ's HTTP API (CA1, gateway.cmqapi)
-    mqtt: {port: 1883, host: "0.0.0.0", max_packet_size: 1048576}   # or off; MQTT 3.1.1/5.0 (MQ1)
+    mqtt: {port: 1883, host: "0.0.0.0", max_packet_size: 1048576,   # or off; MQTT 3.1.1/5.0 (MQ1)
+           tls_port: 8883}            # MQTT over TLS with a tls section (or off); hosts: as AMQP
     tls:                              # SE2: AMQPS, and HTTPS for management and /metrics
       certfile: /etc/cmq-gateway/server.pem
       keyfile: /etc/cmq-gateway/server.key
@@ -77,6 +78,7 @@ DEFAULT_TLS_PORT = 5671
 # 8080, 4040), MQTT (1883, 8883) and NATS (4222, 8222).
 DEFAULT_CMQ_API_PORT = 15680
 DEFAULT_MQTT_PORT = 1883
+DEFAULT_MQTTS_PORT = 8883  # RabbitMQ's mqtt.listeners.ssl
 OFF = -1  # management / metrics explicitly turned off (config `management: off`, `--management-port off`)
 
 
@@ -194,7 +196,12 @@ class GatewayConfig:
     # MQ1: the MQTT listener; None is off. `cmq-gateway serve` turns it on at 1883 unless the
     # config or --mqtt-port says otherwise; the in-process test gateways leave it off.
     mqtt_port: int | None = None
-    mqtt_host: str = "0.0.0.0"
+    # None: the hosts of the AMQP listeners (0.0.0.0 and :: by default), as AMQPS.
+    mqtt_host: str | None = None
+    # MQTT over TLS (the tls section's certificate); None is off. `cmq-gateway serve` turns it on
+    # at 8883 when there is a tls section, as --tls-port does for AMQPS.
+    mqtt_tls_port: int | None = None
+    mqtt_tls_port_defaulted: bool = False
     # Nobody asked for the port (the default 1883): when it is taken (a Mosquitto on the host)
     # the gateway says so and serves without MQTT instead of refusing to start.
     mqtt_port_defaulted: bool = False
@@ -210,6 +217,14 @@ class GatewayConfig:
             return []
         hosts = list(dict.fromkeys(lst.host for lst in self.listeners)) or ["0.0.0.0", "::"]
         return [Listener(h, self.tls.port) for h in hosts]
+
+    def mqtt_listeners(self, port: int) -> list[Listener]:
+        """MQ1: the MQTT (or MQTTS) listeners on ``port``: on ``mqtt_host``, or on every host the
+        AMQP listeners use (dual-stack by default)."""
+        if self.mqtt_host:
+            return [Listener(self.mqtt_host, port)]
+        hosts = list(dict.fromkeys(lst.host for lst in self.listeners)) or ["0.0.0.0", "::"]
+        return [Listener(h, port) for h in hosts]
 
     def with_listen(self, host: str | None, port: int | None) -> GatewayConfig:
         """The command line's --host/--port replace the file's listeners."""
@@ -298,6 +313,10 @@ def parse_config(raw: Any) -> GatewayConfig:
     mqtt = raw.get("mqtt")
     if isinstance(mqtt, Mapping) and mqtt.get("max_packet_size") is not None:
         cfg.mqtt_max_packet_size = mqtt["max_packet_size"]
+    if isinstance(mqtt, Mapping) and mqtt.get("tls_port") is not None:
+        cfg.mqtt_tls_port = OFF if mqtt["tls_port"] in (False, "off") else mqtt["tls_port"]
+        if cfg.mqtt_tls_port != OFF and cfg.tls is None:
+            raise ConfigError("config: mqtt.tls_port: needs a tls section (certfile, keyfile, ...)")
     return cfg
 
 

@@ -312,7 +312,8 @@ SCHEMA = Map({
     "cmq_api": OPERATOR_PORT,  # CA1: CMQ's HTTP API (gateway.cmqapi)
     "tls": TLS,  # branch tls-timeouts
     # MQ1: the MQTT listener (gateway/mqtt); max_packet_size bounds what a client may send (MQ7).
-    "mqtt": OneOf(OFF, PORT, Map({"port": OneOf(OFF, PORT), "host": Str(), "max_packet_size": Int(2, 268435455)})),
+    "mqtt": OneOf(OFF, PORT, Map({"port": OneOf(OFF, PORT), "host": Str(), "max_packet_size": Int(2, 268435455),
+                                     "tls_port": OneOf(OFF, PORT)})),
     "profile": PROFILE,  # branch profiles
     # SE3 (gateway.push_policy): URL globs, and the private networks pushes may reach anyway.
     "push": Map({"allow": ListOf(Str()), "allow_addresses": ListOf(Str("an IP network such as 10.1.0.0/16",

@@ -73,11 +73,12 @@ _IN_USE = {
     "amqps": "(another AMQPS broker?): choose another with --tls-port, or --tls-port off",
     "cmq-api": "(another cmq-gateway?): choose another with --cmq-api-port, or --cmq-api-port off",
     "mqtt": "(Mosquitto, or RabbitMQ's MQTT plugin?): choose another with --mqtt-port, or --mqtt-port off",
+    "mqtts": "(Mosquitto, or RabbitMQ's MQTT plugin?): choose another with --mqtts-port, or --mqtts-port off",
 }
 # The option of a port whose name does not say it (the others: --<first word>-port).
 _OPTION = {"amqp": "--port", "amqps": "--tls-port"}
 # What a taken port's address is followed by, where the address alone does not say it.
-_LABEL = {"amqps": " (AMQPS)", "management API": " (management API)", "metrics": " (metrics)"}
+_LABEL = {"amqps": " (AMQPS)", "mqtts": " (MQTTS)", "management API": " (management API)", "metrics": " (metrics)"}
 
 
 def _listen_reason(e: OSError, port: int, serves: str) -> str:
@@ -292,13 +293,12 @@ class Gateway:
                 s.close()
             raise
         try:
-            mqtt_sock = self._bind_mqtt()
+            mqtt_socks = self._bind_mqtt()
         except BaseException:
             for s in socks + tls_socks:
                 s.close()
             raise
-        if mqtt_sock is not None:
-            tls_socks.append(mqtt_sock)  # closed with them should the start fail
+        tls_socks += [sock for sock, _tls in mqtt_socks]  # closed with them should the start fail
         try:
             # The directories' locks before anything in them is touched: a refused second
             # gateway must not close (rename) the running one's open audit file.
@@ -322,13 +322,13 @@ class Gateway:
                 self._servers.append(server)
                 host, port = sock.getsockname()[:2]
                 self.addresses.append((host, port))
-            for sock in tls_socks:
-                if sock is mqtt_sock:
-                    from gateway.mqtt.server import MQTTService
-                    self.mqtt = MQTTService(self)
-                    self._servers.append(await self.mqtt.serve(sock))
-                else:
-                    await self._serve_tls(sock)
+            for sock in tls_socks[:len(tls_socks) - len(mqtt_socks)]:
+                await self._serve_tls(sock)
+            if mqtt_socks:
+                from gateway.mqtt.server import MQTTService
+                self.mqtt = MQTTService(self)
+                for sock, tls in mqtt_socks:
+                    self._servers.append(await self.mqtt.serve(sock, self.ssl_context if tls else None))
             self._ticker = asyncio.get_running_loop().create_task(self._tick_forever())
             await self._start_operator_window()
         except BaseException:
@@ -337,18 +337,31 @@ class Gateway:
             await self.stop()  # what did start (the store, the audit log, the locks) is closed
             raise
 
-    def _bind_mqtt(self) -> socket.socket | None:
-        """MQ1's listener; a default port someone else holds is a warning, not a failure."""
+    def _bind_mqtt(self) -> list[tuple[socket.socket, bool]]:
+        """MQ1's listeners, plain and over TLS, each on the AMQP hosts unless mqtt_host says
+        otherwise: (socket, over TLS). A default port someone else holds is a warning, not a
+        failure."""
         config = self.config
-        if config.mqtt_port is None or config.mqtt_port < 0:  # < 0: `mqtt: off` in the file
-            return None
+        out: list[tuple[socket.socket, bool]] = []
+        wanted = [(config.mqtt_port, config.mqtt_port_defaulted, "mqtt", False)]
+        if config.tls is not None:
+            wanted.append((config.mqtt_tls_port, config.mqtt_tls_port_defaulted, "mqtts", True))
         try:
-            return _bind(Listener(config.mqtt_host, config.mqtt_port), "mqtt")
-        except ListenError as e:
-            if not config.mqtt_port_defaulted:
-                raise
-            self.mqtt_skipped = str(e)  # said once the start is known to succeed
-            return None
+            for port, defaulted, serves, tls in wanted:
+                if port is None or port < 0:  # < 0: off in the file
+                    continue
+                try:
+                    out += [(sock, tls) for sock in _bind_all(config.mqtt_listeners(port), serves)]
+                except ListenError as e:
+                    if not defaulted:
+                        raise
+                    skipped = f"{'MQTTS' if tls else 'MQTT'} not served: {e}"
+                    self.mqtt_skipped = f"{self.mqtt_skipped}; {skipped}" if self.mqtt_skipped else skipped
+        except BaseException:
+            for sock, _tls in out:
+                sock.close()
+            raise
+        return out
 
     async def _serve_tls(self, sock: socket.socket) -> None:
         assert self.config.tls is not None
@@ -596,10 +609,12 @@ async def _serve(config: GatewayConfig) -> None:
         where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in gw.tls_addresses)
         print(f"cmq-gateway: AMQPS (TLS) on {where}", file=sys.stderr, flush=True)
     if gw.mqtt is not None:
-        host, port = gw.mqtt.address
-        print(f"cmq-gateway: MQTT on {f'[{host}]' if ':' in host else host}:{port}", file=sys.stderr, flush=True)
-    elif gw.mqtt_skipped:
-        print(f"cmq-gateway: MQTT not served: {gw.mqtt_skipped}", file=sys.stderr, flush=True)
+        for what, addresses in (("MQTT", gw.mqtt.addresses), ("MQTTS (TLS)", gw.mqtt.tls_addresses)):
+            if addresses:
+                where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses)
+                print(f"cmq-gateway: {what} on {where}", file=sys.stderr, flush=True)
+    if gw.mqtt_skipped:
+        print(f"cmq-gateway: {gw.mqtt_skipped}", file=sys.stderr, flush=True)
     served: dict[str, list[str]] = {}
     for name, address in gw.operator_addresses():
         served.setdefault(name, []).append(f"{gw.operator_scheme(name)}://{address}/")

@@ -259,7 +259,7 @@ def _connection_json(mgmt: Management, conn: Any) -> dict[str, Any]:
         "name": _conn_name(conn),
         "node": NODE,
         "type": "network",
-        "protocol": getattr(conn, "protocol", "AMQP 0-9-1"),  # MQTT connections: "MQTT 3.1.1" / "MQTT 5-0"
+        "protocol": getattr(conn, "protocol", "AMQP 0-9-1"),  # MQTT connections: "MQTT 3.1.1" / "MQTT 5.0"
         "user": conn.user,
         "user_who_performed_action": conn.user,
         "vhost": getattr(conn, "vhost", None) or getattr(session, "vhost_name", "/"),
@@ -272,7 +272,7 @@ def _connection_json(mgmt: Management, conn: Any) -> dict[str, Any]:
         "channel_max": getattr(core, "channel_max", 0),
         "frame_max": getattr(core, "frame_max", 0),
         "timeout": getattr(core, "heartbeat", 0),
-        "auth_mechanism": getattr(core, "mechanism", None) or "PLAIN",
+        "auth_mechanism": getattr(core, "mechanism", None) or getattr(conn, "auth_mechanism", None) or "PLAIN",
         "client_properties": jsonable(getattr(conn, "client_properties", {}) or {}),
         "connected_at": connected_at,
         "ssl": False,
@@ -355,6 +355,11 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         gw = mgmt.target.gateway
         listeners = [{"node": NODE, "protocol": "amqp", "ip_address": h, "port": p}
                      for h, p in getattr(gw, "addresses", [])]
+        mqtt = getattr(gw, "mqtt", None)
+        if mqtt is not None:  # RabbitMQ lists its MQTT plugin's listeners as "mqtt" and "mqtt/ssl"
+            listeners += [{"node": NODE, "protocol": protocol, "ip_address": h, "port": p}
+                          for protocol, addresses in (("mqtt", mqtt.addresses), ("mqtt/ssl", mqtt.tls_addresses))
+                          for h, p in addresses]
         ready = sum(q.cmq.active for q in queues)
         unacked = sum(q.cmq.inactive for q in queues)
         exchanges = sum(len(mgmt.vhost(v).exchanges) + 1 for v in names)

@@ -26,17 +26,32 @@ class MQTTService:
         self.max_packet_size: int = gw.config.mqtt_max_packet_size
         self.sessions: dict[tuple[str, str], SessionState] = {}
         self.retained = RetainedStore(gw.broker)
-        self.address: tuple[str, int] = ("", 0)
+        self.addresses: list[tuple[str, int]] = []  # plain MQTT, one per host (IPv4 and IPv6)
+        self.tls_addresses: list[tuple[str, int]] = []  # MQTT over TLS (RabbitMQ's 8883)
 
-    async def serve(self, sock: socket.socket) -> asyncio.AbstractServer:
+    async def serve(self, sock: socket.socket, ssl_context: Any = None) -> asyncio.AbstractServer:
         from gateway.mqtt.transport import MQTTConnection
 
-        self.address = sock.getsockname()[:2]
-        return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(self), sock=sock)
+        (self.tls_addresses if ssl_context is not None else self.addresses).append(sock.getsockname()[:2])
+        if ssl_context is None:
+            return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(self), sock=sock)
+        tls = self.gw.config.tls
+        # The TLS handshake has its own limit, as on the AMQPS port (SE4); CONNECT's follows it.
+        return await asyncio.get_running_loop().create_server(
+            lambda: MQTTConnection(self), sock=sock, ssl=ssl_context,
+            ssl_handshake_timeout=tls.handshake_timeout or None)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.addresses or self.tls_addresses)[0]
 
     @property
     def port(self) -> int:
         return self.address[1]
+
+    @property
+    def tls_port(self) -> int:
+        return self.tls_addresses[0][1]
 
     def stored_session(self, vhost: str, client_id: str) -> SessionState | None:
         """A persistent session from before a restart (MQ3)."""

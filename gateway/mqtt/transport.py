@@ -20,7 +20,14 @@ from pamqp import commands as C
 from gateway.auth import AuthError
 from gateway.mqtt import codec as P
 from gateway.mqtt.connection import KeepAliveTimeout, MQTTServerConnection, ProtocolError
-from gateway.mqtt.session import DEFAULT_INFLIGHT, OPS, MQTTSession, SessionState, session_key
+from gateway.mqtt.session import (
+    DEFAULT_INFLIGHT,
+    OPS,
+    TOPIC_ALIAS_MAXIMUM,
+    MQTTSession,
+    SessionState,
+    session_key,
+)
 from gateway.transport import CLOSE_TIMEOUT, EVENTS_PER_TURN, ClientProtocol
 
 if TYPE_CHECKING:
@@ -57,6 +64,9 @@ class MQTTConnection(ClientProtocol):
         self.blocked = False
         self.publisher = False  # has published: subject to W5 blocking, as AMQP publishers
         self.will: P.Will | None = None
+        self.tls_info: dict[str, Any] = {}  # the management API's ssl_* fields (MQTTS)
+        self.cert_user: str | None = None  # named by a verified client certificate
+        self.auth_mechanism = "PLAIN"  # EXTERNAL after a certificate login (management API)
         self._flush_scheduled = False
         self._backlog = False  # packets left in the core's buffer: handled in a later turn
         self._lost = False
@@ -65,6 +75,13 @@ class MQTTConnection(ClientProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._take(transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:  # MQTTS: the handshake is over, the certificate known
+            from gateway.tls import connection_info, peer_username
+
+            self.tls_info = connection_info(ssl_object)
+            tls = self.gw.config.tls
+            self.cert_user = peer_username(ssl_object, tls.ssl_cert_login_from if tls else "distinguished_name")
         self.core.tick(time.monotonic())
 
     def data_received(self, data: bytes) -> None:
@@ -162,7 +179,8 @@ class MQTTConnection(ClientProtocol):
         if p.level not in (4, 5):
             core.accept(P.ConnAck(1))  # unacceptable protocol version, in 3.1.1's format
             return
-        self.protocol = "MQTT 5-0" if v5 else "MQTT 3.1.1"
+        # As RabbitMQ's management API shows an MQTT connection: {'MQTT', "5.0"} printed.
+        self.protocol = "MQTT 5.0" if v5 else "MQTT 3.1.1"
         self.client_properties = {"client_id": p.client_id, "protocol": self.protocol}
         assigned = None
         client_id = p.client_id
@@ -177,15 +195,26 @@ class MQTTConnection(ClientProtocol):
         if ":" in username:
             vhost, username = username.split(":", 1)
         users = self.gw.config.users
-        if p.username is None or p.password is None:
+        cert_login = p.username is None and p.password is None and self.cert_user is not None
+        if (p.username is None or p.password is None) and not cert_login:
             self._refuse(BAD_LOGIN, "user name and password are required", username or None)
             return
         try:
-            user = users.authenticate("PLAIN", b"\0" + username.encode() + b"\0" + p.password,
-                                      from_loopback=self.from_loopback)
+            if cert_login:
+                # As RabbitMQ's ssl_cert_login: no credentials in CONNECT, a verified client
+                # certificate names the user (SE2's EXTERNAL); a user name and password, when
+                # given, take priority.
+                assert self.cert_user is not None
+                username = self.cert_user
+                user = users.authenticate_external(username, from_loopback=self.from_loopback)
+            else:
+                assert p.password is not None
+                user = users.authenticate("PLAIN", b"\0" + username.encode() + b"\0" + p.password,
+                                          from_loopback=self.from_loopback)
         except AuthError as e:
             self._refuse(BAD_LOGIN, str(e), username)
             return
+        self.auth_mechanism = "EXTERNAL" if cert_login else "PLAIN"
         if users.vhost_permission(user.name, vhost) is None:
             self._refuse(NOT_AUTHORIZED, f"access to vhost '{vhost}' refused for user '{user.name}'", user.name,
                          vhost)
@@ -238,8 +267,8 @@ class MQTTConnection(ClientProtocol):
         present = resumed  # as Mosquitto: a persistent session found, with or without subscriptions
         props: dict[str, Any] = {}
         if v5:
-            props = {"maximum_packet_size": service.max_packet_size, "topic_alias_maximum": 0,
-                     "shared_available": 0, "subscription_id_available": 0}
+            props = {"maximum_packet_size": service.max_packet_size, "topic_alias_maximum": TOPIC_ALIAS_MAXIMUM,
+                     "subscription_id_available": 0}  # shared subscriptions: available (the default)
             if assigned:
                 props["assigned_client_id"] = assigned
         core.accept(P.ConnAck(0, present, props))

@@ -177,8 +177,8 @@ def test_MQ1_management_lists_mqtt_connections(tmp_path: Path, topic: str) -> No
         listed = requests.get(f"http://{mgmt}/api/connections", auth=("guest", "guest"), timeout=10).json()
         amqp.close()
         protocols = sorted(x["protocol"] for x in listed)
-        assert protocols == ["AMQP 0-9-1", "MQTT 5-0"]
-        mine = next(x for x in listed if x["protocol"] == "MQTT 5-0")
+        assert protocols == ["AMQP 0-9-1", "MQTT 5.0"]
+        mine = next(x for x in listed if x["protocol"] == "MQTT 5.0")
         assert mine["user"] == "guest" and mine["client_properties"]["client_id"] == f"{topic}-m"
         # Closed from the management API as an AMQP connection is: DISCONNECT 0x98
         # (administrative action) in MQTT 5.
@@ -211,7 +211,7 @@ def test_MQ6_a_limit_breach_is_a_reason_code_or_a_disconnect(level: int, topic: 
 
 
 @pytest.mark.parametrize("packet, code", [
-    (P.Publish("", b"x", properties={"topic_alias": 1}), 0x94),
+    (P.Publish("x", b"x", properties={"topic_alias": 17}), 0x94),  # above CONNACK's maximum, 16
     (P.Publish("a/+/b", b"x"), 0x90)])
 def test_MQ7_topic_alias_and_wildcard_topic_names_close_with_their_code(gw: Any, packet: P.Publish,
                                                                         code: int) -> None:

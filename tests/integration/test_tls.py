@@ -301,12 +301,13 @@ def test_SE2_unreadable_certificate_is_one_line_exit_2(tmp_path: Path, certs: Ce
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 
 
-def test_SE2_tls_port_without_a_tls_section_is_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("option", ["--tls-port", "--mqtts-port"])  # AMQPS; MQTT over TLS (MQ1)
+def test_SE2_MQ1_tls_port_without_a_tls_section_is_exit_2(tmp_path: Path, option: str) -> None:
     done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-                           "--tls-port", "0", "--data-dir", str(tmp_path), "--mqtt-port", "off"],
+                           option, "0", "--data-dir", str(tmp_path), "--mqtt-port", "off"],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stderr) == (
-        2, "cmq-gateway: --tls-port needs a tls section (certfile, keyfile, ...) in the config\n")
+        2, f"cmq-gateway: {option} needs a tls section (certfile, keyfile, ...) in the config\n")
 
 
 def test_SE2_tls_config_keys() -> None:
