@@ -25,8 +25,10 @@ place of the AMQP wire core, and drives it with the methods an AMQP client would
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import re
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +66,15 @@ NO_LOCAL, RETAIN_AS_PUBLISHED = 0x04, 0x08
 DEFAULT_INFLIGHT = 100
 NOT_AUTHORIZED, QUOTA_EXCEEDED, UNSPECIFIED = 0x87, 0x97, 0x80
 NO_SUBSCRIPTION_EXISTED, PACKET_ID_NOT_FOUND, TOPIC_NAME_INVALID = 0x11, 0x92, 0x90
+# Client-to-server topic aliases a connection may set (CONNACK's Topic Alias Maximum), as
+# RabbitMQ's mqtt.topic_alias_maximum default.
+TOPIC_ALIAS_MAXIMUM = 16
+# Shared subscriptions ($share/<group>/<filter>) are consumed on channels from FIRST_SHARED on;
+# their delivery tags carry the channel above SHARED_TAG_SHIFT bits, so that one in-flight
+# table and one settle path serve the session's queue and the shared ones alike.
+FIRST_SHARED, SHARED_TAG_SHIFT = 4, 40
+SHARED_TAG = 1 << SHARED_TAG_SHIFT
+_PLAIN_GROUP = re.compile(r"[A-Za-z0-9_-]{1,24}")
 
 
 def session_key(vhost: str, client_id: str) -> str:
@@ -72,6 +83,24 @@ def session_key(vhost: str, client_id: str) -> str:
 
 def queue_name(client_id: str) -> str:
     return f"mqtt-subscription-{client_id}"
+
+
+def shared_queue_name(group: str, topic_filter: str) -> str:
+    """The one queue of a shared subscription group (every member consumes it, so each
+    message goes to one of them). Under the mqtt-subscription- prefix that MQTT users'
+    permissions already name; the filter as a digest, as it may hold characters a CMQ
+    queue name cannot (L2)."""
+    digest = hashlib.sha256(f"{group}/{topic_filter}".encode()).hexdigest()[:16]
+    return f"mqtt-subscription-share-{group}-{digest}" if _PLAIN_GROUP.fullmatch(group) else \
+        f"mqtt-subscription-share-{digest}"
+
+
+def split_shared(topic_filter: str) -> tuple[str, str] | None:
+    """(group, filter) of ``$share/<group>/<filter>`` (MQTT 5 4.8.2); None when malformed."""
+    parts = topic_filter.split("/", 2)
+    if len(parts) != 3 or not parts[1] or "+" in parts[1] or "#" in parts[1] or not valid_filter(parts[2]):
+        return None
+    return parts[1], parts[2]
 
 
 def reason_of_reply(reply_code: int, reply_text: str) -> int:
@@ -159,6 +188,7 @@ class SessionState:
         self.persistent = persistent
         self.expiry = expiry  # MQTT 5 session expiry (seconds); None: never
         self.subs: dict[str, tuple[int, int]] = {}  # filter -> (QoS, options)
+        self.shared: dict[str, tuple[int, int]] = {}  # "$share/<group>/<filter>" -> (QoS, options)
         self.inbound_qos2: set[int] = set()  # PUBLISH QoS 2 routed, PUBREL not yet received
         self.released: set[int] = set()  # outbound QoS 2: PUBREL sent, PUBCOMP awaited
         self.pid_of_msg: dict[str, int] = {}  # outbound in flight: CMQ msg id -> packet id
@@ -173,6 +203,7 @@ class SessionState:
         across a restart too (MQ4)."""
         return json.dumps({"vhost": self.vhost, "client_id": self.client_id, "expiry": self.expiry,
                            "subs": {f: list(v) for f, v in self.subs.items()},
+                           "shared": {f: list(v) for f, v in self.shared.items()},
                            "inbound_qos2": sorted(self.inbound_qos2), "released": sorted(self.released),
                            "qos2_pids": {m: p for m, p in self.pid_of_msg.items() if m in self.qos2_msgs}}).encode()
 
@@ -181,6 +212,7 @@ class SessionState:
         r = json.loads(raw)
         s = cls(r["vhost"], r["client_id"], True, r.get("expiry"))
         s.subs = {f: (int(v[0]), int(v[1])) for f, v in r["subs"].items()}
+        s.shared = {f: (int(v[0]), int(v[1])) for f, v in r.get("shared", {}).items()}
         s.inbound_qos2 = set(r.get("inbound_qos2", ()))
         s.released = set(r.get("released", ()))
         s.pid_of_msg = {m: int(p) for m, p in r.get("qos2_pids", {}).items()}
@@ -229,7 +261,10 @@ class Bridge:
 
     def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
                      exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
-        self.s.deliver(delivery_tag, redelivered, routing_key, properties, body)
+        if channel == CONSUME:
+            self.s.deliver(delivery_tag, redelivered, routing_key, properties, body)
+        else:
+            self.s.deliver_shared(channel, delivery_tag, redelivered, routing_key, properties, body)
 
     def close_channel(self, channel: int, reply_code: int, reply_text: str, class_id: int = 0,
                       method_id: int = 0) -> None:
@@ -264,6 +299,9 @@ class MQTTSession:
         self._qos_of_topic: dict[str, tuple[str, int]] = {}  # routing key -> (topic, best QoS)
         self._methods: dict[str, Any] = {}  # topic -> its basic.publish (read only by the broker)
         self.options_used = False  # a filter asks for "no local" or "retain as published"
+        self.aliases: dict[int, str] = {}  # MQTT 5 topic aliases of this connection (not the session's)
+        self.shared_channels: dict[str, int] = {}  # shared subscription -> the channel consuming its queue
+        self.shared_of_channel: dict[int, tuple[str, int]] = {}  # that channel -> (filter, QoS)
         # channel 2's confirms: (seq, packet kind PUBACK/PUBREC, packet id, retained lsn)
         self.confirms: deque[tuple[int, int, int, int]] = deque()
         self.awaiting_rec: set[int] = set()  # QoS 2 routed, PUBREC waits for its confirm
@@ -298,6 +336,10 @@ class MQTTSession:
             self.core.send(P.Ack(P.PUBREL, pid))
         if session_present and self.state.subs:
             self._ensure_queue()
+        if session_present:
+            for shared, (qos, _opts) in list(self.state.shared.items()):
+                if self._consume_shared(shared, qos) is not None:
+                    del self.state.shared[shared]  # refused now (its rights were taken away)
 
     def _ensure_queue(self) -> tuple[int, str] | None:
         if self.consuming:
@@ -350,7 +392,10 @@ class MQTTSession:
                 codes.append(0x8F if self.level >= 5 else 0x80)
                 continue
             if topic_filter.startswith("$share/"):
-                codes.append(0x9E if self.level >= 5 else 0x80)
+                if opts & NO_LOCAL:  # MQTT-3.8.3-4
+                    self.conn.close_with(P.PROTOCOL_ERROR, "no local on a shared subscription")
+                    return
+                codes.append(self._subscribe_shared(topic_filter, qos, opts))
                 continue
             err = self._ensure_queue()
             if err is None:
@@ -375,6 +420,11 @@ class MQTTSession:
     def unsubscribe(self, packet: P.Unsubscribe) -> None:
         codes = []
         for topic_filter in packet.filters:
+            if topic_filter in self.state.shared:
+                del self.state.shared[topic_filter]
+                self._stop_shared(topic_filter)
+                codes.append(0)
+                continue
             if self.state.subs.pop(topic_filter, None) is None:
                 codes.append(NO_SUBSCRIPTION_EXISTED)
                 continue
@@ -386,6 +436,76 @@ class MQTTSession:
         self._save()
         self.core.send(P.UnsubAck(packet.packet_id, codes))
 
+    # -- shared subscriptions (MQTT 5 4.8.2) -----------------------------------------------------
+
+    def _subscribe_shared(self, shared: str, qos: int, opts: int) -> int:
+        """SUBSCRIBE to ``$share/<group>/<filter>``: the group's queue, bound as the filter is
+        (MQ2), consumed on a channel of its own; the broker gives each message to one of its
+        consumers, that is to one member of the group. Its SUBACK code."""
+        parts = split_shared(shared)
+        if parts is None:
+            return 0x8F if self.level >= 5 else 0x80
+        err = self._consume_shared(shared, qos)
+        if err is not None:
+            log.info("mqtt subscribe %s refused for %s: %s", shared, self.user, err[1])
+            return reason_of_reply(*err) if self.level >= 5 else 0x80
+        # No retained messages on a shared subscription (MQTT 5 4.8.2).
+        self.state.shared[shared] = (qos, opts)
+        return qos
+
+    def _consume_shared(self, shared: str, qos: int) -> tuple[int, str] | None:
+        parts = split_shared(shared)
+        assert parts is not None
+        group, topic_filter = parts
+        channel = self.shared_channels.get(shared)
+        if channel is not None:
+            self.shared_of_channel[channel] = (topic_filter, qos)  # subscribed again: its new QoS
+            return None
+        st = self.state
+        queue = shared_queue_name(group, topic_filter)
+        # The group outlives a member: durable, and gone once unused for as long as the
+        # declaring session would be kept (a clean session: at once, as its own queue).
+        expires = 1 if not st.persistent else None if st.expiry is None else max(1, st.expiry)
+        exists = queue in self.broker.vhost(st.vhost).queues
+        err = self._call(OPS, C.Queue.Declare(queue=queue, passive=exists, durable=True,
+                                              arguments={"x-expires": expires * 1000} if expires else None))
+        if err is None:
+            err = self._call(OPS, C.Queue.Bind(queue=queue, exchange=EXCHANGE,
+                                               routing_key=filter_to_binding(topic_filter)))
+        if err is not None:
+            return err
+        channel = FIRST_SHARED
+        while channel in self.bs.channels:
+            channel += 1
+        self.bs.on_event(ev.ChannelOpen(channel))
+        self._call(channel, C.Basic.Qos(prefetch_count=self.inflight_max))
+        err = self._call(channel, C.Basic.Consume(queue=queue, consumer_tag=f"mqtt-share-{channel}",
+                                                  arguments={"x-cmq-receive-metadata": True}))
+        if err is not None:
+            self.bs.on_event(ev.ChannelClose(channel, 200, "", 0, 0))
+            return err
+        self.shared_channels[shared] = channel
+        self.shared_of_channel[channel] = (topic_filter, qos)
+        return None
+
+    def _stop_shared(self, shared: str) -> None:
+        """UNSUBSCRIBE: its channel closes; what it had in flight goes back to the group."""
+        channel = self.shared_channels.pop(shared, None)
+        if channel is not None:
+            del self.shared_of_channel[channel]
+            for pid, (tag, _msg) in list(self.inflight.items()):
+                if tag >> SHARED_TAG_SHIFT == channel:
+                    del self.inflight[pid]
+            self.bs.on_event(ev.ChannelClose(channel, 200, "unsubscribed", 0, 0))
+
+    def deliver_shared(self, channel: int, tag: int, redelivered: bool, routing_key: str, raw_props: bytes,
+                       body: bytes) -> None:
+        sub = self.shared_of_channel.get(channel)
+        topic = routing_key_to_topic(routing_key)
+        sub_qos = sub[1] if sub is not None and matches(sub[0], topic) else -1  # $-topics (MQ2)
+        self.deliver(channel << SHARED_TAG_SHIFT | tag, redelivered, routing_key, raw_props, body,
+                     (topic, sub_qos))
+
     def _save(self) -> None:
         if self.state.persistent:
             self.broker.persist(session_key(self.state.vhost, self.state.client_id), self.state.to_json())
@@ -394,10 +514,11 @@ class MQTTSession:
 
     def publish(self, packet: P.Publish) -> None:
         """Route the client's PUBLISH; PUBACK / PUBREC once it is durable (confirmed)."""
-        if "topic_alias" in packet.properties:
-            # CONNACK said topic_alias_maximum 0 (MQTT-3.3.2-8)
-            self.conn.close_with(P.TOPIC_ALIAS_INVALID, "topic aliases are not supported")
-            return
+        if self.level >= 5 and (not packet.topic or "topic_alias" in packet.properties):
+            topic = self._aliased_topic(packet)
+            if topic is None:
+                return
+            packet.topic = topic
         if not valid_topic(packet.topic):
             self.conn.close_with(TOPIC_NAME_INVALID, f"topic name {packet.topic!r} is not valid (MQTT-3.3.2-2)")
             return
@@ -407,6 +528,25 @@ class MQTTSession:
                 self.core.send(P.Ack(P.PUBREC, packet.packet_id))
             return
         self.route(packet.topic, packet.payload, packet.qos, packet.retain, packet.packet_id, packet.properties)
+
+    def _aliased_topic(self, packet: P.Publish) -> str | None:
+        """MQTT 5 topic aliases from the client (3.3.2.3.4): a topic name with an alias sets it
+        for this connection, an empty one with an alias uses it. None: the connection is being
+        closed, with 0x94 for an alias out of 1..TOPIC_ALIAS_MAXIMUM, 0x82 for an empty
+        topic name without a known alias."""
+        alias = packet.properties.get("topic_alias")
+        if alias is not None and not 0 < alias <= TOPIC_ALIAS_MAXIMUM:
+            self.conn.close_with(P.TOPIC_ALIAS_INVALID,
+                                 f"topic alias {alias} is not in 1..{TOPIC_ALIAS_MAXIMUM} (MQTT-3.3.2-8/9)")
+            return None
+        if packet.topic:
+            if alias is not None and valid_topic(packet.topic):
+                self.aliases[alias] = packet.topic
+            return packet.topic
+        topic = self.aliases.get(alias) if alias is not None else None
+        if topic is None:
+            self.conn.close_with(P.PROTOCOL_ERROR, "an empty topic name without a known topic alias")
+        return topic
 
     def route(self, topic: str, payload: bytes, qos: int, retain: bool, pid: int,
               mprops: dict[str, Any], will: bool = False) -> None:
@@ -549,8 +689,10 @@ class MQTTSession:
             retain = retain or bool(opts & RETAIN_AS_PUBLISHED and headers.get(RETAIN_HEADER))
         return sub_qos, retain
 
-    def deliver(self, tag: int, redelivered: bool, routing_key: str, raw_props: bytes, body: bytes) -> None:
-        topic, sub_qos = self._topic_qos(routing_key)
+    def deliver(self, tag: int, redelivered: bool, routing_key: str, raw_props: bytes, body: bytes,
+                shared: tuple[str, int] | None = None) -> None:
+        """``shared``: (topic, QoS) of a shared subscription's delivery (deliver_shared)."""
+        topic, sub_qos = self._topic_qos(routing_key) if shared is None else shared
         if sub_qos < 0:
             # No filter of the session takes it ($-topics under a wildcard, MQ2): consumed.
             self._ack_soon(tag)
@@ -568,7 +710,7 @@ class MQTTSession:
             msg_id, msg_qos = headers.get("x-cmq-msg-id"), headers.get(QOS_HEADER)
             if self.level >= 5:
                 mprops = self._mqtt_properties(props, headers)
-                if self.options_used:
+                if self.options_used and shared is None:
                     sub_qos, retain = self._options_qos(topic, headers)
                     if sub_qos < 0:
                         self._ack_soon(tag)  # its own message, for "no local" filters only
@@ -637,7 +779,7 @@ class MQTTSession:
 
     def _ack_soon(self, tag: int) -> None:
         # Inside basic.deliver the delivery is not yet recorded as unacked: ack after it.
-        if self.no_ack:
+        if self.no_ack and tag < SHARED_TAG:
             return  # consumed without acknowledgements: already deleted
         self._to_ack.append(tag)
         if not self._ack_scheduled:
@@ -658,7 +800,11 @@ class MQTTSession:
         self.conn.request_flush()
 
     def _settle(self, tag: int) -> None:
-        ch = self.bs.channels.get(CONSUME)
+        if tag >= SHARED_TAG:  # a shared subscription's delivery: its own channel
+            ch = self.bs.channels.get(tag >> SHARED_TAG_SHIFT)
+            tag &= SHARED_TAG - 1
+        else:
+            ch = self.bs.channels.get(CONSUME)
         if ch is None or not tag:
             return
         try:
