@@ -74,7 +74,7 @@ TOPIC_ALIAS_MAXIMUM = 16
 # table and one settle path serve the session's queue and the shared ones alike.
 FIRST_SHARED, SHARED_TAG_SHIFT = 4, 40
 SHARED_TAG = 1 << SHARED_TAG_SHIFT
-_PLAIN_GROUP = re.compile(r"[A-Za-z0-9_-]{1,24}")
+_PLAIN_GROUP = re.compile(r"[A-Za-z0-9_-]{1,23}")  # the name within CMQ's 64 bytes (L2)
 
 
 def session_key(vhost: str, client_id: str) -> str:
@@ -479,14 +479,14 @@ class MQTTSession:
             channel += 1
         self.bs.on_event(ev.ChannelOpen(channel))
         self._call(channel, C.Basic.Qos(prefetch_count=self.inflight_max))
+        # Known before the consume: what waits in the queue is delivered inside it.
+        self.shared_channels[shared] = channel
+        self.shared_of_channel[channel] = (topic_filter, qos)
         err = self._call(channel, C.Basic.Consume(queue=queue, consumer_tag=f"mqtt-share-{channel}",
                                                   arguments={"x-cmq-receive-metadata": True}))
         if err is not None:
-            self.bs.on_event(ev.ChannelClose(channel, 200, "", 0, 0))
-            return err
-        self.shared_channels[shared] = channel
-        self.shared_of_channel[channel] = (topic_filter, qos)
-        return None
+            self._stop_shared(shared)
+        return err
 
     def _stop_shared(self, shared: str) -> None:
         """UNSUBSCRIBE: its channel closes; what it had in flight goes back to the group."""

@@ -16,6 +16,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from gateway.mqtt import codec as P
+from gateway.server import gateway_in_thread
 from tests.integration.mqtt_client import RawClient
 from tests.integration.mqtt_fixtures import VERSIONS, gw_fixture, port_fixture, topic_fixture  # noqa: F401
 from tests.integration.mqtt_fixtures import client as _client
@@ -226,3 +227,32 @@ def test_MQ3_shared_subscription_takes_amqp_publishes_and_redelivers_a_members_u
     assert again is not None and (again.topic, again.payload, again.dup) == (f"{topic}/x", b"from-amqp", True)
     b.send(P.Ack(P.PUBACK, again.packet_id))
     b.close()
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_MQ3_persistent_shared_subscription_keeps_its_messages_across_a_restart(tmp_path: Any, level: int,
+                                                                               topic: str) -> None:
+    """A persistent session's shared subscription is part of the session (MQ3): QoS 1 messages
+    published while its only member is away wait in the group's durable queue, through a
+    gateway restart, and reach the member when it resumes."""
+    shared = f"$share/p{topic}/{topic}/#"
+    persistent: dict[str, Any] = {"clean": False} if level == 4 else {"clean": False, "session_expiry": 300}
+    with gateway_in_thread(port=0, hosts=("127.0.0.1",), mqtt_port=0, data_dir=str(tmp_path)) as g:
+        m = RawClient(g.mqtt.port, level)
+        m.connect(f"{topic}-m", **persistent)
+        m.send(P.Subscribe(1, [(shared, 1)]))
+        assert m.recv().reason_codes == [1]
+        m.close()
+        pub = RawClient(g.mqtt.port, level)
+        pub.connect(f"{topic}-p")
+        for i in range(3):
+            pub.send(P.Publish(f"{topic}/k", f"m{i}".encode(), 1, packet_id=i + 1))
+            assert pub.recv().kind == P.PUBACK
+        pub.close()
+    with gateway_in_thread(port=0, hosts=("127.0.0.1",), mqtt_port=0, data_dir=str(tmp_path)) as g:
+        m = RawClient(g.mqtt.port, level)
+        assert m.connect(f"{topic}-m", **persistent).session_present
+        got = [_next_publish(m) for _ in range(3)]
+        assert [(p.topic, p.payload, p.qos) for p in got if p is not None] == [
+            (f"{topic}/k", f"m{i}".encode(), 1) for i in range(3)]
+        m.close()

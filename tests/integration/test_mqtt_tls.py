@@ -125,6 +125,7 @@ def test_MQ1_mqtts_client_certificate_logs_in_without_a_password(certs: Certs, l
             return m.payload
 
         assert asyncio.run(run()) == b"cert"
+        assert _paho_round_trip("127.0.0.1", gw.mqtt.tls_port, level, topic, ctx, user=None) == b"over 127.0.0.1"
     [conn] = seen
     assert (conn["user"], conn["auth_mechanism"], conn["ssl"], conn["protocol"]) == \
         ("svc", "EXTERNAL", True, "MQTT 5.0" if level == 5 else "MQTT 3.1.1")
