@@ -256,3 +256,25 @@ def test_MQ3_persistent_shared_subscription_keeps_its_messages_across_a_restart(
         assert [(p.topic, p.payload, p.qos) for p in got if p is not None] == [
             (f"{topic}/k", f"m{i}".encode(), 1) for i in range(3)]
         m.close()
+
+
+def test_MQ5_no_retained_message_on_a_shared_subscription(gw: Any, topic: str) -> None:
+    """MQTT 5 3.3.1.3 sends the retained message on a new non-shared subscription only: a
+    shared one gets the messages published after it. (Mosquitto sends the retained one to the
+    shared subscriber as well.)"""
+    p = RawClient(gw.mqtt.port, 5)
+    p.connect(f"{topic}-p")
+    p.send(P.Publish(topic, b"kept", 1, retain=True, packet_id=1))
+    assert p.recv().kind == P.PUBACK
+    c = RawClient(gw.mqtt.port, 5)
+    c.connect(f"{topic}-c")
+    c.send(P.Subscribe(1, [(f"$share/g/{topic}", 1)]))
+    assert c.recv().reason_codes == [1]
+    p.send(P.Publish(topic, b"after", 1, packet_id=2))
+    assert p.recv().kind == P.PUBACK
+    got = _next_publish(c)
+    assert got is not None and (got.payload, got.retain) == (b"after", False)
+    p.send(P.Publish(topic, b"", 1, retain=True, packet_id=3))  # clears the retained message
+    p.recv()
+    for x in (c, p):
+        x.close()

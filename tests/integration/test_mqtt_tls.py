@@ -209,3 +209,13 @@ def test_MQ1_mqtt_tls_port_config_key(tmp_path: Path, certs: Certs) -> None:
     assert [(x.host, x.port) for x in parse_config({"mqtt": {"host": "::1"}}).mqtt_listeners(1)] == [("::1", 1)]
     with pytest.raises(ConfigError, match="mqtt.tls_port: needs a tls section"):
         parse_config({"mqtt": {"tls_port": 8883}})
+
+
+def test_MQ1_serve_without_host_serves_mqtt_on_ipv4_and_ipv6(tmp_path: Path) -> None:
+    """`cmq-gateway serve` without --host: MQTT on 0.0.0.0 and ::, one port, as AMQP."""
+    with serve(tmp_path / "data", host=None) as (proc, _port):
+        lines = "".join(proc.lines)  # type: ignore[attr-defined]
+        port = proc.mqtt_port  # type: ignore[attr-defined]
+        assert f"MQTT on 0.0.0.0:{port}, [::]:{port}" in lines, lines
+        assert _paho_round_trip("::1", port, 5, "serve-v6", None) == b"over ::1"
+        assert _paho_round_trip("127.0.0.1", port, 4, "serve-v4", None) == b"over 127.0.0.1"
