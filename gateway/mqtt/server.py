@@ -14,6 +14,7 @@ from gateway.mqtt.retained import RetainedStore
 from gateway.mqtt.session import EXCHANGE, SessionState, message_properties, session_key
 from gateway.mqtt.topics import topic_to_routing_key
 from semantics.errors import CMQError
+from semantics.store.keys import key_prefix
 
 log = logging.getLogger("cmq_gateway.mqtt")
 
@@ -57,6 +58,19 @@ class MQTTService:
         """A persistent session from before a restart (MQ3)."""
         raw = self.gw.broker.store.get(session_key(vhost, client_id))
         return None if raw is None else SessionState.from_json(raw)
+
+    def shared_held(self, vhost: str, shared: str, but: str) -> bool:
+        """Whether a session other than client ``but``'s holds the shared subscription
+        ``shared``: one in memory (live, or kept since it left), or a persistent one in the store
+        (not yet resumed since a restart). Scans the store: only when a subscription ends."""
+        for (v, client_id), state in self.sessions.items():
+            if v == vhost and client_id != but and shared in state.shared:
+                return True
+        for _key, raw in self.gw.broker.store.items(key_prefix("ms", vhost)):
+            state = SessionState.from_json(raw)
+            if state.client_id != but and (vhost, state.client_id) not in self.sessions and shared in state.shared:
+                return True
+        return False
 
     def publish_will(self, state: SessionState, user: str, peer: str, will: Will) -> None:
         """A delayed will falls due (MQ5): published as its client would have, through a

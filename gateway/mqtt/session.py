@@ -423,6 +423,7 @@ class MQTTSession:
             if topic_filter in self.state.shared:
                 del self.state.shared[topic_filter]
                 self._stop_shared(topic_filter)
+                self.release_shared(topic_filter)
                 codes.append(0)
                 continue
             if self.state.subs.pop(topic_filter, None) is None:
@@ -497,6 +498,21 @@ class MQTTSession:
                 if tag >> SHARED_TAG_SHIFT == channel:
                     del self.inflight[pid]
             self.bs.on_event(ev.ChannelClose(channel, 200, "unsubscribed", 0, 0))
+
+    def release_shared(self, shared: str) -> None:
+        """This session no longer holds ``shared``: the group's queue goes too once no session
+        consumes it or holds it for later (a persistent one away), or it would fill forever
+        (a group made by a session that never expires has no x-expires)."""
+        st = self.state
+        parts = split_shared(shared)
+        if parts is None or self.service.shared_held(st.vhost, shared, but=st.client_id):
+            return
+        queue = shared_queue_name(*parts)
+        q = self.broker.vhost(st.vhost).queues.get(queue)
+        if q is not None and not q.consumers:
+            err = self._call(OPS, C.Queue.Delete(queue=queue))
+            if err is not None:
+                log.info("mqtt shared subscription queue %s left in place: %s", queue, err[1])
 
     def deliver_shared(self, channel: int, tag: int, redelivered: bool, routing_key: str, raw_props: bytes,
                        body: bytes) -> None:
@@ -846,6 +862,10 @@ class MQTTSession:
         next connection (MQ6); a clean session's exclusive queue goes with it (MQ3)."""
         if self.closed:
             return
+        if not self.state.persistent:  # a clean session's shared subscriptions end with it
+            for shared in list(self.state.shared):
+                self._stop_shared(shared)
+                self.release_shared(shared)
         self.closed = True
         self.inflight.clear()
         self.bs.on_connection_lost()

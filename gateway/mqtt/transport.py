@@ -243,6 +243,8 @@ class MQTTConnection(ClientProtocol):
         old_queue = state is not None and state.persistent
         resume = state is not None and not p.clean_start
         resumed = resume and state is not None and state.persistent and persistent
+        # The shared subscriptions a discarded session held: their groups may be left empty.
+        dropped_shared = list(state.shared) if state is not None and not resumed else []
         if resumed and state is not None:
             state.expiry = expiry
         else:
@@ -264,6 +266,8 @@ class MQTTConnection(ClientProtocol):
             # A clean start discards what a persistent session left behind (MQ3).
             session._call(OPS, C.Queue.Delete(queue=state.queue))
             service.gw.broker.unpersist(session_key(state.vhost, client_id))
+        for shared in dropped_shared:
+            session.release_shared(shared)
         present = resumed  # as Mosquitto: a persistent session found, with or without subscriptions
         props: dict[str, Any] = {}
         if v5:

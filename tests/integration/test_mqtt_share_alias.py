@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import paho.mqtt.client as paho
@@ -278,3 +279,39 @@ def test_MQ5_no_retained_message_on_a_shared_subscription(gw: Any, topic: str) -
     p.recv()
     for x in (c, p):
         x.close()
+
+
+def test_MQ3_a_shared_groups_queue_goes_with_its_last_holder(gw: Any, topic: str) -> None:
+    """The group's queue stays while a session holds the subscription, even a persistent one
+    that is away; once none does (unsubscribed, a clean session gone, a persistent session
+    discarded by a clean start) and nobody consumes it, it is deleted rather than filling up."""
+    from gateway.mqtt.session import shared_queue_name
+
+    shared = f"$share/h{topic}/{topic}"
+    queue = shared_queue_name(f"h{topic}", topic)
+    queues = gw.broker.vhost("/").queues
+    away = RawClient(gw.mqtt.port, 4)
+    away.connect(f"{topic}-away", clean=False)
+    away.send(P.Subscribe(1, [(shared, 1)]))
+    assert away.recv().reason_codes == [1]
+    away.close()
+    clean = RawClient(gw.mqtt.port, 5)
+    clean.connect(f"{topic}-clean")
+    clean.send(P.Subscribe(1, [(shared, 1)]))
+    assert clean.recv().reason_codes == [1]
+    clean.send(P.Unsubscribe(2, [shared]))
+    assert isinstance(clean.recv(), P.UnsubAck)
+    assert queue in queues  # the persistent session away still holds it
+    clean.close()
+    back = RawClient(gw.mqtt.port, 4)
+    assert not back.connect(f"{topic}-away", clean=True).session_present  # discards that session
+    back.close()
+    time.sleep(0.2)
+    assert queue not in queues
+    last = RawClient(gw.mqtt.port, 5)
+    last.connect(f"{topic}-last")
+    last.send(P.Subscribe(1, [(shared, 0)]))
+    assert last.recv().reason_codes == [0] and queue in queues
+    last.close()  # a clean session gone: its group with it
+    time.sleep(0.2)
+    assert queue not in queues
