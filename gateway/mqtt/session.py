@@ -74,6 +74,7 @@ TOPIC_ALIAS_MAXIMUM = 16
 # table and one settle path serve the session's queue and the shared ones alike.
 FIRST_SHARED, SHARED_TAG_SHIFT = 4, 40
 SHARED_TAG = 1 << SHARED_TAG_SHIFT
+CLEAN_SHARED_EXPIRES = 86400  # seconds
 _PLAIN_GROUP = re.compile(r"[A-Za-z0-9_-]{1,23}")  # the name within CMQ's 64 bytes (L2)
 
 
@@ -464,9 +465,11 @@ class MQTTSession:
             return None
         st = self.state
         queue = shared_queue_name(group, topic_filter)
-        # The group outlives a member: durable, and gone once unused for as long as the
-        # declaring session would be kept (a clean session: at once, as its own queue).
-        expires = 1 if not st.persistent else None if st.expiry is None else max(1, st.expiry)
+        # The group outlives a member: durable. release_shared deletes it when its last holder
+        # goes; x-expires covers what that cannot see: the declaring persistent session's expiry,
+        # and for a clean one (gone without a trace in a crash) RabbitMQ's former MQTT
+        # subscription_ttl, a day, so that a persistent member joining later is not cut short.
+        expires = CLEAN_SHARED_EXPIRES if not st.persistent else None if st.expiry is None else max(1, st.expiry)
         exists = queue in self.broker.vhost(st.vhost).queues
         err = self._call(OPS, C.Queue.Declare(queue=queue, passive=exists, durable=True,
                                               arguments={"x-expires": expires * 1000} if expires else None))
