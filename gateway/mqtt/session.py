@@ -451,7 +451,7 @@ class MQTTSession:
         if err is not None:
             log.info("mqtt subscribe %s refused for %s: %s", shared, self.user, err[1])
             return reason_of_reply(*err) if self.level >= 5 else 0x80
-        # No retained messages on a shared subscription (MQTT 5 4.8.2).
+        # No retained messages: MQTT 5 3.3.1.3 sends them on a new non-shared subscription only.
         self.state.shared[shared] = (qos, opts)
         return qos
 
