@@ -584,6 +584,11 @@ def _load_definitions(gw: Gateway, definitions: dict[str, Any]) -> None:
         print(f"cmq-gateway: definitions: {line}", file=sys.stderr, flush=True)
 
 
+def _addresses(addresses: list[tuple[str, int]]) -> str:
+    """``127.0.0.1:5672, [::1]:5672``: the listeners' addresses as the start-up lines say them."""
+    return ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses)
+
+
 async def _serve(config: GatewayConfig) -> None:
     gw = Gateway(config)
     with _logs_held_until_started():
@@ -602,17 +607,16 @@ async def _serve(config: GatewayConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in gw.addresses)
+    where = _addresses(gw.addresses)
     # One parseable line: scripts (and the restart tests) read the port from it.
     print(f"cmq-gateway: listening on {where} (data dir {config.data_dir})", file=sys.stderr, flush=True)
     if gw.tls_addresses:
-        where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in gw.tls_addresses)
+        where = _addresses(gw.tls_addresses)
         print(f"cmq-gateway: AMQPS (TLS) on {where}", file=sys.stderr, flush=True)
     if gw.mqtt is not None:
         for what, addresses in (("MQTT", gw.mqtt.addresses), ("MQTTS (TLS)", gw.mqtt.tls_addresses)):
             if addresses:
-                where = ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses)
-                print(f"cmq-gateway: {what} on {where}", file=sys.stderr, flush=True)
+                print(f"cmq-gateway: {what} on {_addresses(addresses)}", file=sys.stderr, flush=True)
     if gw.mqtt_skipped:
         print(f"cmq-gateway: {gw.mqtt_skipped}", file=sys.stderr, flush=True)
     served: dict[str, list[str]] = {}
