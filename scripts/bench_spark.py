@@ -39,6 +39,35 @@ USED = "ts,event,size"  # the columns AGG reads
 CODE = ROOT
 
 
+def tree_cpu() -> float:
+    """CPU seconds of this process and every descendant (the JVM, the Python workers and
+    planners), finished children included: on a machine shared with other work, CPU time per
+    query says more than wall time.  Local mode only (a cluster's executors are not ours)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parent[int(entry)] = int(fields[1])
+        cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    me = os.getpid()
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = parent.get(pid, 0)
+        return False
+
+    return sum(c for pid, c in cpu.items() if ours(pid))
+
+
 def run(root: str, master: str) -> None:
     from tests.spark.standalone import spark_env
 
@@ -71,27 +100,32 @@ def run(root: str, master: str) -> None:
             reader = reader.option(k, v)
         return reader.load(root)
 
-    def timed(make: Callable[[], DataFrame]) -> tuple[float, Any]:
-        t0 = time.perf_counter()
+    local = master.startswith("local")
+
+    def timed(make: Callable[[], DataFrame]) -> tuple[float, float, Any]:
+        c0, t0 = tree_cpu() if local else 0.0, time.perf_counter()
         row = make().selectExpr(*AGG).collect()[0]
-        return time.perf_counter() - t0, row
+        return time.perf_counter() - t0, (tree_cpu() if local else 0.0) - c0, row
 
     def case(label: str, connector: Callable[[], DataFrame], builtin: Callable[[], DataFrame]) -> None:
         timed(connector)  # warm-up: the JVM's code paths and the Python workers
         timed(builtin)
-        a: list[float] = []
-        b: list[float] = []
+        a: list[tuple[float, float]] = []
+        b: list[tuple[float, float]] = []
         for _ in range(ROUNDS):  # interleaved, so that load from elsewhere hits both alike
-            dt, row_a = timed(connector)
-            a.append(dt)
-            dt, row_b = timed(builtin)
-            b.append(dt)
+            wall, cpu, row_a = timed(connector)
+            a.append((wall, cpu))
+            wall, cpu, row_b = timed(builtin)
+            b.append((wall, cpu))
         assert (row_a.n, row_a.bytes, row_a.events) == (row_b.n, row_b.bytes, row_b.events), (row_a, row_b)
-        ma, mb = statistics.median(a), statistics.median(b)
-        print(f"{label:42s} {row_a.n:>10,} rows  cmq-audit {ma:5.2f}s {row_a.n / ma:>10,.0f} rows/s  "
-              f"spark.read.json {mb:5.2f}s {row_b.n / mb:>10,.0f} rows/s  ratio {mb / ma:4.2f}x", flush=True)
+        ma, mb = (statistics.median(w for w, _ in x) for x in (a, b))
+        ca, cb = (statistics.median(c for _, c in x) for x in (a, b))
+        cpu = f"  cpu {ca:5.2f}s vs {cb:5.2f}s, ratio {cb / ca:4.2f}x" if local else ""
+        print(f"{label:34s} {row_a.n:>9,} rows  cmq-audit {ma:5.2f}s {row_a.n / ma:>9,.0f} rows/s  "
+              f"spark.read.json {mb:5.2f}s {row_b.n / mb:>9,.0f} rows/s  ratio {mb / ma:4.2f}x{cpu}", flush=True)
 
-    print(f"master {master}, medians of {ROUNDS}, ratio = spark.read.json time / cmq-audit time", flush=True)
+    print(f"master {master}, medians of {ROUNDS}, ratio = spark.read.json time / cmq-audit time "
+          f"(cpu: seconds of CPU of the driver, the JVM and the Python workers)", flush=True)
     case("full scan, every column", audit, lambda: spark.read.schema(json_schema).json(root))
     case(f"full scan, columns={USED}", lambda: audit(columns=USED),
          lambda: spark.read.schema(json_schema).json(root))

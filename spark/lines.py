@@ -90,40 +90,20 @@ def last_line_end(root: str, key: str, size: int) -> int:
     return 0
 
 
-def _parse(body: bytes, schema: pa.Schema) -> pa.Table:
+def _read_json(body: bytes, names: frozenset[str] | None = None) -> pa.Table:
+    """The record fields in ``names`` (all by default) of whole JSON lines; pyarrow skips the
+    others without converting them, which is most of the cost of a field."""
     import pyarrow.json as pj
+
+    from spark.schema import json_arrow_schema
 
     return pj.read_json(
         io.BytesIO(body),
         read_options=pj.ReadOptions(use_threads=True, block_size=_BLOCK),
-        parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+        parse_options=pj.ParseOptions(
+            explicit_schema=json_arrow_schema(names), unexpected_field_behavior="ignore"
+        ),
     )
-
-
-def _read_json(body: bytes, names: frozenset[str] | None = None) -> pa.Table:
-    """The record fields in ``names`` (all by default) of whole JSON lines.
-
-    Timestamps are read as strings and cast afterwards: pyarrow's JSON reader converts them
-    several times slower than a cast of the whole column (about a third of the parse time).
-    The cast takes only ISO-8601 with a zone, which is what the writer produces; anything
-    else (a naive time, which the JSON reader takes as UTC) goes through the JSON reader's own
-    conversion, so what is accepted or refused as a bad line does not change."""
-    import pyarrow as pa
-
-    from spark.schema import json_arrow_schema
-
-    schema = json_arrow_schema(names)
-    times = [i for i, f in enumerate(schema) if pa.types.is_timestamp(f.type)]
-    if not times:
-        return _parse(body, schema)
-    as_text = pa.schema([f.with_type(pa.string()) if i in times else f for i, f in enumerate(schema)])
-    table = _parse(body, as_text)
-    try:
-        for i in times:
-            table = table.set_column(i, schema.field(i), table.column(i).cast(schema.field(i).type))
-    except pa.ArrowInvalid:
-        return _parse(body, schema)
-    return table
 
 
 def _line_by_line(body: bytes, base: int, names: frozenset[str] | None) -> Parsed:
