@@ -33,10 +33,7 @@ keeps it per scan).  With ``pushFilters=true`` use one DataFrame per filtered qu
 
 from __future__ import annotations
 
-import glob
-import json
 import logging
-import os
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -51,6 +48,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from spark.dirs import audit_dirs
 from spark.plan import FileRange, plan_batch, read_range, skipped_batch, to_batches
 from spark.pushdown import Pushdown
 from spark.schema import AUDIT_SCHEMA, JSON_COLUMNS, SKIPPED_SCHEMA, select_columns
@@ -68,36 +66,6 @@ _OUTPUTS = ("records", "skipped")
 
 
 _DEFAULT_PARTITION_BYTES = 64 * 1024 * 1024
-
-
-def audit_dirs(options: dict[str, str]) -> list[str]:
-    """The audit directories of ``path`` / ``paths`` (``load([...])`` passes a JSON list as
-    ``paths``), globs expanded in sorted order, each directory once."""
-    given: list[str] = []
-    paths = options.get("paths")
-    if paths:
-        given += json.loads(paths) if paths.lstrip().startswith("[") else paths.split(",")
-    if options.get("path"):
-        given += options["path"].split(",")
-    out: list[str] = []
-    seen: set[str] = set()
-    for spec in (p.strip() for p in given):
-        if not spec:
-            continue
-        if glob.has_magic(spec):
-            found = sorted(d for d in glob.glob(spec) if os.path.isdir(d))
-            if not found:
-                raise ValueError(f"cmq-audit: no directory matches {spec!r}")
-        else:
-            found = [spec]
-        for d in found:
-            real = os.path.realpath(d)
-            if real not in seen:
-                seen.add(real)
-                out.append(d)
-    if not out:
-        raise ValueError("cmq-audit: give the audit directory: .load(DIR) or .option('path', DIR)")
-    return out
 
 
 def _options(options: dict[str, str]) -> tuple[list[str], int, str]:

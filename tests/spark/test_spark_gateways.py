@@ -4,6 +4,7 @@ the ``gateway`` column."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -83,3 +84,16 @@ def test_A4_a_glob_that_matches_nothing_and_a_stream_over_two_gateways_are_refus
         spark.read.format("cmq-audit").load(str(tmp_path / "nothing-*")).count()
     with pytest.raises(ValueError, match="one audit directory"):
         AuditStreamReader({"path": ",".join(two_gateways)}, AUDIT_SCHEMA)
+
+
+def test_A4_one_report_over_two_gateways(spark, two_gateways: tuple[str, str], tmp_path: Path) -> None:
+    """The report (and ``cmq-audit report --audit-dir A,B``) counts both gateways' records."""
+    from spark.report import write_report
+
+    write_report(spark, ",".join(two_gateways), str(tmp_path), progress=lambda _msg: None)
+    got = json.loads((tmp_path / "report.json").read_text())
+    assert got["records"] == 2 * sum(W.EVENTS.values())
+    events: Counter[str] = Counter()
+    for row in got["sections"]["timeline"]["rows"]:
+        events[row["event"]] += row["count"]
+    assert events == Counter({e: 2 * n for e, n in W.EVENTS.items()})
