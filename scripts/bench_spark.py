@@ -1,11 +1,21 @@
-"""Measure the cmq-audit connector against spark.read.json over the same records.
+"""Measure the cmq-audit connector against spark.read.json over the same records, in one run.
 
-    .venv/bin/python scripts/bench_spark.py [--records 1000000] [--keep DIR]
+    .venv/bin/python scripts/bench_spark.py [--records 1000000] [--keep DIR] [--cluster | --master URL]
 
 Writes ~N records with the real AuditLog (spark.demo, 5 publishes/s, so they span several
-hours), then times, on local[2]: a full scan (count + sum over typed columns, so every row is
-parsed) and a one-hour time-range scan, by the connector and by spark.read.json with an
-explicit schema (no inference pass).
+hours), then times each case as the connector and spark.read.json (explicit schema, no
+inference pass) back to back, three rounds after one warm-up each, and prints the medians and
+their ratio.  Each query is count + sum + count distinct + max over typed columns, so every row
+is parsed:
+
+* full scan: every column of the connector (it cannot learn which columns a query uses: the
+  Python data source API has no column pruning) against spark.read.json, which prunes itself;
+* full scan, ``columns`` option: the connector told the columns the query uses;
+* one hour: by the from/to options, and by WHERE with pushFilters.
+
+``--cluster`` starts a standalone master and one worker (2 cores) from pyspark's own launcher
+for the run, as tests/spark/test_spark_cluster.py does; ``--master URL`` uses a running one;
+the default is local[2].
 """
 
 from __future__ import annotations
@@ -13,62 +23,153 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.spark.standalone, and this checkout ahead of an installed copy
+ROUNDS = 3
+AGG = ["count(*) as n", "sum(size) as bytes", "count(distinct event) as events", "max(ts) as last"]
+USED = "ts,event,size"  # the columns AGG reads
+CODE = ROOT
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--records", type=int, default=1_000_000)
-    ap.add_argument("--keep", default=None, help="reuse/keep the generated log here")
-    args = ap.parse_args()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    root = args.keep or tempfile.mkdtemp(prefix="bench-spark-")
-    from spark.demo import write_demo_log
+def tree_cpu() -> float:
+    """CPU seconds of this process and every descendant (the JVM, the Python workers and
+    planners), finished children included: on a machine shared with other work, CPU time per
+    query says more than wall time.  Local mode only (a cluster's executors are not ours)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parent[int(entry)] = int(fields[1])
+        cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / tick  # utime stime cutime cstime
+    me = os.getpid()
 
-    if not os.path.isdir(os.path.join(root)) or not os.listdir(root):
-        t0 = time.perf_counter()
-        n = write_demo_log(root, int(args.records / 9.1), rate=5.0, rotate_bytes=32 * 1024 * 1024)
-        print(f"generated {n:,} records in {time.perf_counter() - t0:.1f}s", flush=True)
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == me:
+                return True
+            pid = parent.get(pid, 0)
+        return False
 
-    from pyspark.sql import SparkSession
+    return sum(c for pid, c in cpu.items() if ours(pid))
+
+
+def run(root: str, master: str) -> None:
+    from tests.spark.standalone import spark_env
+
+    # The driver, the planner and the executors all import the connector from CODE.
+    os.environ.update({k: v for k, v in spark_env(CODE).items() if k.startswith("PYSPARK") or k == "PYTHONPATH"})
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructField, StructType
 
     from spark import register
     from spark.schema import JSON_COLUMNS
 
-    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-             .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g").getOrCreate())
+    builder = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g"))
+    if master.startswith("spark://"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "1536m")
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    agg = ["count(*) as n", "sum(size) as bytes", "count(distinct event) as events", "max(ts) as last"]
-    first = spark.read.format("cmq-audit").load(root).selectExpr("min(ts) as t").collect()[0].t
+    first = spark.read.format("cmq-audit").option("columns", "ts").load(root).selectExpr("min(ts) as t").collect()[0].t
     lo = first.replace(minute=0, second=0, microsecond=0)
     hour = (lo.replace(hour=lo.hour + 2)).strftime("%Y-%m-%dT%H:00:00Z")
     hour_end = (lo.replace(hour=lo.hour + 3)).strftime("%Y-%m-%dT%H:00:00Z")
     where = f"ts >= timestamp'{hour}' and ts < timestamp'{hour_end}'"
     json_schema = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS])
 
-    def timed(label: str, make) -> None:  # type: ignore[no-untyped-def]
-        best = None
-        for _ in range(2):  # the first run also warms the JVM and the Python workers
-            t0 = time.perf_counter()
-            row = make().selectExpr(*agg).collect()[0]
-            dt = time.perf_counter() - t0
-            best = dt if best is None else min(best, dt)
-        print(f"{label:44s} {row.n:>10,} rows {best:6.1f}s {row.n / best:>12,.0f} rows/s", flush=True)
+    def audit(**options: str) -> DataFrame:
+        reader = spark.read.format("cmq-audit")
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return reader.load(root)
 
-    timed("cmq-audit, full scan", lambda: spark.read.format("cmq-audit").load(root))
-    timed("spark.read.json, full scan", lambda: spark.read.schema(json_schema).json(root))
-    timed("cmq-audit, one hour (from/to options)",
-          lambda: spark.read.format("cmq-audit").option("from", hour).option("to", hour_end).load(root))
-    timed("cmq-audit, one hour (WHERE, pushFilters)",
-          lambda: spark.read.format("cmq-audit").option("pushFilters", "true").load(root).where(where))
-    timed("spark.read.json, one hour (WHERE)", lambda: spark.read.schema(json_schema).json(root).where(where))
+    local = master.startswith("local")
+
+    def timed(make: Callable[[], DataFrame]) -> tuple[float, float, Any]:
+        c0, t0 = tree_cpu() if local else 0.0, time.perf_counter()
+        row = make().selectExpr(*AGG).collect()[0]
+        return time.perf_counter() - t0, (tree_cpu() if local else 0.0) - c0, row
+
+    def case(label: str, connector: Callable[[], DataFrame], builtin: Callable[[], DataFrame]) -> None:
+        timed(connector)  # warm-up: the JVM's code paths and the Python workers
+        timed(builtin)
+        a: list[tuple[float, float]] = []
+        b: list[tuple[float, float]] = []
+        for _ in range(ROUNDS):  # interleaved, so that load from elsewhere hits both alike
+            wall, cpu, row_a = timed(connector)
+            a.append((wall, cpu))
+            wall, cpu, row_b = timed(builtin)
+            b.append((wall, cpu))
+        assert (row_a.n, row_a.bytes, row_a.events) == (row_b.n, row_b.bytes, row_b.events), (row_a, row_b)
+        ma, mb = (statistics.median(w for w, _ in x) for x in (a, b))
+        ca, cb = (statistics.median(c for _, c in x) for x in (a, b))
+        cpu = f"  cpu {ca:5.2f}s vs {cb:5.2f}s, ratio {cb / ca:4.2f}x" if local else ""
+        print(f"{label:34s} {row_a.n:>9,} rows  cmq-audit {ma:5.2f}s {row_a.n / ma:>9,.0f} rows/s  "
+              f"spark.read.json {mb:5.2f}s {row_b.n / mb:>9,.0f} rows/s  ratio {mb / ma:4.2f}x{cpu}", flush=True)
+
+    print(f"master {master}, medians of {ROUNDS}, ratio = spark.read.json time / cmq-audit time "
+          f"(cpu: seconds of CPU of the driver, the JVM and the Python workers)", flush=True)
+    case("full scan, every column", audit, lambda: spark.read.schema(json_schema).json(root))
+    case(f"full scan, columns={USED}", lambda: audit(columns=USED),
+         lambda: spark.read.schema(json_schema).json(root))
+    case("one hour, from/to options", lambda: audit(**{"from": hour, "to": hour_end, "columns": USED}),
+         lambda: spark.read.schema(json_schema).json(root).where(where))
+    case("one hour, WHERE + pushFilters", lambda: audit(pushFilters="true", columns=USED).where(where),
+         lambda: spark.read.schema(json_schema).json(root).where(where))
     spark.stop()
-    if not args.keep:
-        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--keep", default=None, help="reuse/keep the generated log here")
+    ap.add_argument("--code", default=None,
+                    help="import the connector from this checkout instead (a 'before' measurement)")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--master", default="local[2]")
+    where.add_argument("--cluster", action="store_true", help="start a standalone cluster for the run")
+    args = ap.parse_args()
+    if args.code:
+        global CODE
+        CODE = Path(args.code).resolve()
+        sys.path.insert(0, str(CODE))
+    root = args.keep or tempfile.mkdtemp(prefix="bench-spark-")
+    if not os.path.isdir(root) or not os.listdir(root):
+        from spark.demo import write_demo_log
+
+        t0 = time.perf_counter()
+        # spark.demo writes about 8.67 records per message lifecycle.
+        n = write_demo_log(root, round(args.records / 8.67), rate=5.0, rotate_bytes=32 * 1024 * 1024)
+        print(f"generated {n:,} records in {time.perf_counter() - t0:.1f}s", flush=True)
+    try:
+        if args.cluster:
+            from tests.spark.standalone import standalone
+
+            with tempfile.TemporaryDirectory(prefix="bench-spark-cluster-") as tmp, \
+                    standalone(Path(tmp), memory="2g") as url:
+                run(root, url)
+        else:
+            run(root, args.master)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``cmq-audit``: reports over the gateway's audit log.
 
-    cmq-audit report --audit-dir DIR --out DIR [--from T --to T] [--master URL]
+    cmq-audit report --audit-dir DIR[,DIR...] --out DIR [--from T --to T] [--master URL]
     cmq-audit demo --audit-dir DIR [--messages N]     # a plausible log to try the report on
 """
 
@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cmq-audit {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     rep = sub.add_parser("report", help="write an HTML report with plots")
-    rep.add_argument("--audit-dir", required=True, metavar="DIR", help="the gateway's --audit-dir")
+    rep.add_argument("--audit-dir", required=True, metavar="DIR",
+                     help="the gateway's --audit-dir; several gateways' comma-separated or as a glob")
     rep.add_argument("--out", required=True, metavar="DIR", help="where index.html and the PNGs go")
     rep.add_argument("--from", dest="start", metavar="T", help="ISO-8601 UTC time or Unix seconds (inclusive)")
     rep.add_argument("--to", dest="end", metavar="T", help="ISO-8601 UTC time or Unix seconds (exclusive)")
@@ -51,6 +52,7 @@ def _session(master: str | None):  # type: ignore[no-untyped-def]
 def _bad_input(args: argparse.Namespace) -> str | None:
     """Checked before Spark starts (which takes seconds), each as one line."""
     from gateway.audit.layout import list_files
+    from spark.dirs import audit_dirs
     from spark.times import parse_time
 
     if args.command == "demo":
@@ -58,8 +60,13 @@ def _bad_input(args: argparse.Namespace) -> str | None:
             return (f"cmq-audit demo: {args.audit_dir} already holds an audit log; a second demo would "
                     f"add to it: remove it or choose another --audit-dir")
         return None
-    if not os.path.isdir(args.audit_dir):
-        return f"cmq-audit report: --audit-dir {args.audit_dir}: no such directory"
+    try:
+        dirs = audit_dirs({"path": args.audit_dir})
+    except ValueError as e:
+        return f"cmq-audit report: --audit-dir {e}"
+    for d in dirs:
+        if not os.path.isdir(d):
+            return f"cmq-audit report: --audit-dir {d}: no such directory"
     times = {}
     for flag, value in (("--from", args.start), ("--to", args.end)):
         if value is not None:

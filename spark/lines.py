@@ -90,7 +90,9 @@ def last_line_end(root: str, key: str, size: int) -> int:
     return 0
 
 
-def _read_json(body: bytes) -> pa.Table:
+def _read_json(body: bytes, names: frozenset[str] | None = None) -> pa.Table:
+    """The record fields in ``names`` (all by default) of whole JSON lines; pyarrow skips the
+    others without converting them, which is most of the cost of a field."""
     import pyarrow.json as pj
 
     from spark.schema import json_arrow_schema
@@ -99,12 +101,12 @@ def _read_json(body: bytes) -> pa.Table:
         io.BytesIO(body),
         read_options=pj.ReadOptions(use_threads=True, block_size=_BLOCK),
         parse_options=pj.ParseOptions(
-            explicit_schema=json_arrow_schema(), unexpected_field_behavior="ignore"
+            explicit_schema=json_arrow_schema(names), unexpected_field_behavior="ignore"
         ),
     )
 
 
-def _line_by_line(body: bytes, base: int) -> Parsed:
+def _line_by_line(body: bytes, base: int, names: frozenset[str] | None) -> Parsed:
     import pyarrow as pa
 
     good: list[tuple[int, bytes]] = []
@@ -122,27 +124,29 @@ def _line_by_line(body: bytes, base: int) -> Parsed:
             skipped.append(Skipped(base + pos, len(line), line))
         pos += len(line)
     try:
-        table = _read_json(b"".join(line for _, line in good)) if good else None
+        table = _read_json(b"".join(line for _, line in good), names) if good else None
     except pa.ArrowInvalid:
         # Valid JSON of the wrong type somewhere (e.g. "size": "big"): find it line by line.
         tables = []
         for offset, line in good:
             try:
-                tables.append(_read_json(line))
+                tables.append(_read_json(line, names))
             except pa.ArrowInvalid:
                 skipped.append(Skipped(offset, len(line), line))
         table = pa.concat_tables(tables) if tables else None
     if table is None:
         from spark.schema import json_arrow_schema
 
-        table = json_arrow_schema().empty_table()
+        table = json_arrow_schema(names).empty_table()
     skipped.sort(key=lambda s: s.offset)
     return Parsed(table, skipped)
 
 
-def parse_lines(data: bytes, base: int, *, closed_end: bool) -> Parsed:
+def parse_lines(data: bytes, base: int, *, closed_end: bool, names: frozenset[str] | None = None) -> Parsed:
     """Parse whole lines of ``data`` (which starts at file offset ``base``).  ``closed_end``:
-    the data runs to the end of a closed file, so a last line without newline is torn."""
+    the data runs to the end of a closed file, so a last line without newline is torn.
+    ``names``: the record fields to convert (all by default); a line is still skipped when it
+    is not JSON, but a field left out is not checked for its type."""
     import pyarrow as pa
 
     from spark.schema import json_arrow_schema
@@ -151,11 +155,11 @@ def parse_lines(data: bytes, base: int, *, closed_end: bool) -> Parsed:
     tail = data[cut:]
     torn = [Skipped(base + cut, len(tail), tail)] if tail and closed_end else []
     body = data[:cut]
-    if not body.strip():
-        return Parsed(json_arrow_schema().empty_table(), torn)
+    if not body or body.isspace():  # isspace: no copy of a range of many MiB, as strip() makes
+        return Parsed(json_arrow_schema(names).empty_table(), torn)
     try:
-        parsed = Parsed(_read_json(body), [])
+        parsed = Parsed(_read_json(body, names), [])
     except pa.ArrowInvalid:
-        parsed = _line_by_line(body, base)
+        parsed = _line_by_line(body, base, names)
     parsed.skipped.extend(torn)
     return parsed

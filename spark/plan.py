@@ -23,7 +23,7 @@ __all__ = ["FileRange", "plan_batch", "read_range", "skipped_batch", "split"]
 
 @dataclass(frozen=True)
 class FileRange(InputPartition):
-    root: str
+    root: str  # the audit directory: one gateway's (column gateway)
     key: str  # dt=…/hour=…/audit-….jsonl
     dt: str
     hour: int
@@ -45,26 +45,28 @@ def split(root: str, af: layout.AuditFile, start: int, end: int, closed_end: boo
         at = cut
 
 
-def plan_batch(root: str, pushdown: Pushdown, max_bytes: int) -> list[FileRange]:
+def plan_batch(roots: list[str], pushdown: Pushdown, max_bytes: int) -> list[FileRange]:
     """Closed files, and the file a running gateway is writing up to its last complete line, so
     that operators see the log while it grows.  Files are append-only and known by one key
     whatever their name, so a file listed open and renamed before it is read still yields the
     same bytes, each line once.  Folders and files ruled out by the pushed filters are never
-    listed or opened."""
+    listed or opened.  Several directories (one per gateway) are listed one after the other."""
     out: list[FileRange] = []
-    for af in layout.list_files(root, include_open=True, keep_folder=pushdown.keep_folder):
-        if not af.size or not pushdown.keep_file(af.key):
-            continue
-        end = last_line_end(root, af.key, af.size) if af.is_open else af.size
-        out.extend(split(root, af, 0, end, not af.is_open, max_bytes))
+    for root in roots:
+        for af in layout.list_files(root, include_open=True, keep_folder=pushdown.keep_folder):
+            if not af.size or not pushdown.keep_file(af.key):
+                continue
+            end = last_line_end(root, af.key, af.size) if af.is_open else af.size
+            out.extend(split(root, af, 0, end, not af.is_open, max_bytes))
     return out
 
 
-def read_range(part: FileRange) -> Parsed | None:
+def read_range(part: FileRange, names: frozenset[str] | None = None) -> Parsed | None:
+    """The range parsed; ``names``: the record fields to convert (all by default)."""
     data = read_bytes(part.root, part.key, part.start, part.end)
     if data is None:  # deleted by retention since planning
         return None
-    return parse_lines(data, part.start, closed_end=part.closed_end)
+    return parse_lines(data, part.start, closed_end=part.closed_end, names=names)
 
 
 def to_batches(part: FileRange, parsed: Parsed, schema: StructType, pushdown: Pushdown | None,
@@ -82,12 +84,16 @@ def to_batches(part: FileRange, parsed: Parsed, schema: StructType, pushdown: Pu
     n = table.num_rows
     if n == 0:
         return
-    table = table.append_column("dt", pa.array([part.dt] * n, pa.string()))
-    table = table.append_column("hour", pa.array([part.hour] * n, pa.int32()))
-    table = table.append_column("file", pa.array([part.key] * n, pa.string()))
-    table = table.append_column("open_file", pa.array([part.from_open] * n, pa.bool_()))
     target = arrow_schema(schema)
-    table = table.select(target.names).cast(target)
+    layout_values = {"dt": part.dt, "hour": part.hour, "file": part.key, "open_file": part.from_open,
+                     "gateway": part.root}
+    for name in target.names:
+        if name in layout_values:  # one value for the whole range, only if asked for
+            field = target.field(name)
+            table = table.append_column(field, pa.repeat(pa.scalar(layout_values[name], field.type), n))
+    table = table.select(target.names)
+    if not table.schema.equals(target):
+        table = table.cast(target)
     yield from table.to_batches(max_chunksize=max_rows)
 
 
@@ -104,5 +110,6 @@ def skipped_batch(part: FileRange, parsed: Parsed, schema: StructType) -> Iterat
         "offset": pa.array([s.offset for s in parsed.skipped], pa.int64()),
         "length": pa.array([s.length for s in parsed.skipped], pa.int64()),
         "text": pa.array([s.text.decode("utf-8", "replace") for s in parsed.skipped], pa.string()),
+        "gateway": pa.array([part.root] * len(parsed.skipped), pa.string()),
     }
     yield pa.RecordBatch.from_arrays([cols[n] for n in target.names], schema=target)

@@ -33,6 +33,7 @@ __all__ = [
     "SKIPPED_SCHEMA",
     "arrow_schema",
     "json_arrow_schema",
+    "select_columns",
 ]
 
 _S, _L, _I = StringType(), LongType(), IntegerType()
@@ -68,8 +69,9 @@ JSON_COLUMNS: tuple[tuple[str, DataType], ...] = (
 )
 
 # open_file: the row came from the file a running gateway is still writing (more may follow).
+# gateway: the audit directory the row was read from (each gateway writes its own, issue 14).
 LAYOUT_COLUMNS: tuple[tuple[str, DataType], ...] = (
-    ("dt", _S), ("hour", _I), ("file", _S), ("open_file", BooleanType()))
+    ("dt", _S), ("hour", _I), ("file", _S), ("open_file", BooleanType()), ("gateway", _S))
 
 AUDIT_SCHEMA = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS + LAYOUT_COLUMNS])
 
@@ -80,6 +82,7 @@ SKIPPED_SCHEMA = StructType(
         StructField("offset", _L, True),
         StructField("length", _L, True),
         StructField("text", _S, True),
+        StructField("gateway", _S, True),
     ]
 )
 
@@ -91,6 +94,19 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def json_arrow_schema() -> pa.Schema:
-    """Explicit schema for pyarrow's JSON reader: the record fields only."""
-    return arrow_schema(StructType([StructField(n, t, True) for n, t in JSON_COLUMNS]))
+def json_arrow_schema(names: frozenset[str] | None = None) -> pa.Schema:
+    """Explicit schema for pyarrow's JSON reader: the record fields only (those in ``names``,
+    all by default; the reader skips the others without converting them)."""
+    return arrow_schema(StructType([StructField(n, t, True) for n, t in JSON_COLUMNS
+                                    if names is None or n in names]))
+
+
+def select_columns(spec: str) -> StructType:
+    """``option("columns", "ts,event,size")``: the audit schema narrowed to those columns, in
+    schema order.  Raises ValueError naming an unknown column."""
+    wanted = {c.strip() for c in spec.split(",") if c.strip()}
+    unknown = wanted - set(AUDIT_SCHEMA.names)
+    if unknown or not wanted:
+        raise ValueError(f"cmq-audit: columns must name columns of the audit schema, "
+                         f"not {sorted(unknown) or spec!r} (known: {', '.join(AUDIT_SCHEMA.names)})")
+    return StructType([f for f in AUDIT_SCHEMA if f.name in wanted])

@@ -3,13 +3,21 @@
     from spark import register
     register(spark)
     df = spark.read.format("cmq-audit").load("/var/log/cmq-gateway")
+    both = spark.read.format("cmq-audit").load(["/logs/gw-a", "/logs/gw-b"])  # or "/logs/gw-*"
+    slim = spark.read.format("cmq-audit").option("columns", "ts,event,size").load(dir)
     hour = (spark.read.format("cmq-audit")
             .option("from", "2024-05-01T10:00:00Z").option("to", "2024-05-01T11:00:00Z")
             .option("event", "publish,ack").load(dir))       # pruned before any file is opened
     skipped = spark.read.format("cmq-audit").option("output", "skipped").load(dir)  # torn lines
     stream = spark.readStream.format("cmq-audit").load(dir)
 
-Options: ``path`` (the audit directory); ``from`` / ``to`` (ISO-8601 or Unix seconds: keep
+Options: ``path`` (the audit directory; several, one per gateway, comma-separated or as a
+list to ``load``, and each may be a glob such as ``/logs/gw-*``: their records are merged, and
+the column ``gateway`` holds the directory each row came from, as given or as the glob
+matched it; a directory given twice is read once); ``columns`` (comma-separated: the only
+columns to return, in schema order; the others are not even converted from JSON, which is
+most of the cost of a scan. A line is still skipped when it is not JSON, but a field left out
+is not checked for its type); ``from`` / ``to`` (ISO-8601 or Unix seconds: keep
 ``from <= ts < to``; folders outside are never listed); ``event``, ``vhost``, ``topic``,
 ``queue`` (comma-separated values to keep); ``maxPartitionBytes`` (default 64 MiB: a larger
 file is read as several line-aligned ranges); ``output`` (``records``, the default, or
@@ -40,9 +48,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from spark.dirs import audit_dirs
 from spark.plan import FileRange, plan_batch, read_range, skipped_batch, to_batches
 from spark.pushdown import Pushdown
-from spark.schema import AUDIT_SCHEMA, SKIPPED_SCHEMA
+from spark.schema import AUDIT_SCHEMA, JSON_COLUMNS, SKIPPED_SCHEMA, select_columns
 from spark.times import parse_time
 
 if TYPE_CHECKING:
@@ -56,19 +65,34 @@ log = logging.getLogger(__name__)
 _OUTPUTS = ("records", "skipped")
 
 
-def _options(options: dict[str, str]) -> tuple[str, int, str]:
+_DEFAULT_PARTITION_BYTES = 64 * 1024 * 1024
+
+
+def _options(options: dict[str, str]) -> tuple[list[str], int, str]:
     """Validated on the driver at planning time, so a bad option fails the query early.
     ``options`` has lower-case keys (``AuditDataSource._plain_options``)."""
-    root = options.get("path")
-    if not root:
-        raise ValueError("cmq-audit: give the audit directory: .load(DIR) or .option('path', DIR)")
-    max_bytes = int(options.get("maxpartitionbytes", str(64 * 1024 * 1024)))
+    roots = audit_dirs(options)
+    max_bytes = int(options.get("maxpartitionbytes", str(_DEFAULT_PARTITION_BYTES)))
     if max_bytes < 1024:
         raise ValueError("cmq-audit: maxPartitionBytes must be at least 1024")
     output = options.get("output", "records").lower()
     if output not in _OUTPUTS:
         raise ValueError(f"cmq-audit: output must be one of {_OUTPUTS}, not {output!r}")
-    return root, max_bytes, output
+    return roots, max_bytes, output
+
+
+_JSON_NAMES = frozenset(n for n, _ in JSON_COLUMNS)
+
+
+def parse_names(schema: StructType, pushdown: Pushdown | None) -> frozenset[str] | None:
+    """The record fields a read must convert: the schema's and those the row filters test;
+    None (all of them) for the full schema, so a full read checks every field as before."""
+    names = _JSON_NAMES & set(schema.names)
+    if names == _JSON_NAMES:
+        return None
+    if pushdown is not None:
+        names |= {c for c, _, _ in pushdown.row_conds}
+    return frozenset(names or {"v"})  # at least one field, so that rows are counted
 
 
 def read_partition(part: object, schema: StructType, output: str,
@@ -76,7 +100,7 @@ def read_partition(part: object, schema: StructType, output: str,
     """Shared by the batch and the stream reader; stateless, runs on an executor."""
     if not isinstance(part, FileRange):  # Spark plans InputPartition(None) when there is no file
         return
-    parsed = read_range(part)
+    parsed = read_range(part, parse_names(schema, pushdown) if output == "records" else None)
     if parsed is None:
         log.warning("cmq-audit: %s was deleted before it was read", part.key)
         return
@@ -105,7 +129,7 @@ class AuditReader(DataSourceReader):
     """Batch reader; prunes by the ``from``/``to``/``event``/... options only (safe to reuse)."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.root, self.max_bytes, self.output = _options(options)
+        self.roots, self.max_bytes, self.output = _options(options)
         self.schema = schema
         self.pushdown = Pushdown()
         for f in option_filters(options):
@@ -113,7 +137,7 @@ class AuditReader(DataSourceReader):
                 raise ValueError(f"cmq-audit: cannot apply option filter {f}")
 
     def partitions(self) -> list[FileRange]:  # type: ignore[override]
-        return plan_batch(self.root, self.pushdown, self.max_bytes)
+        return plan_batch(self.roots, self.pushdown, self.max_bytes)
 
     def read(self, partition: object) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return read_partition(partition, self.schema, self.output,
@@ -137,7 +161,10 @@ class AuditDataSource(DataSource):
 
     def schema(self) -> StructType:
         output = self.options.get("output", "records").lower()
-        return SKIPPED_SCHEMA if output == "skipped" else AUDIT_SCHEMA
+        if output == "skipped":
+            return SKIPPED_SCHEMA
+        columns = self.options.get("columns")
+        return select_columns(columns) if columns else AUDIT_SCHEMA
 
     def _plain_options(self) -> dict[str, str]:
         # Spark's options are case-insensitive; readers get a plain dict with lower-case keys.

@@ -41,7 +41,11 @@ class AuditStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         from spark.source import _options
 
-        self.root, self.max_bytes, self.output = _options(options)
+        roots, self.max_bytes, self.output = _options(options)
+        if len(roots) != 1:  # an offset is one position in one directory's write order
+            raise ValueError(f"cmq-audit: a stream reads one audit directory, not {len(roots)}: "
+                             f"start one stream per gateway")
+        self.root = roots[0]
         self.schema = schema
         self.starting = options.get("startingoffsets", "earliest").lower()
         if self.starting not in ("earliest", "latest"):

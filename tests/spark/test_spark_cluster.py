@@ -6,84 +6,28 @@ through ``spark-submit --master spark://…`` with compose/submit_report.py; the
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import pyspark
 import pytest
 import requests
 import yaml
 
 from tests.integration.test_process import serve
 from tests.spark import real_log as W
+from tests.spark.standalone import HANG, ROOT, SPARK_HOME, spark_env, standalone
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-SPARK_HOME = Path(pyspark.__file__).resolve().parent
-HANG = 300  # seconds: guards a hang only
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env() -> dict[str, str]:
-    # Executors run the reader's Python code: this interpreter (pyarrow and the project) and
-    # this checkout's packages ahead of any installed copy.
-    return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1",
-            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-
-
-@contextmanager
-def _daemon(log: Path, *args: str, ready: str) -> Iterator[subprocess.Popen[bytes]]:
-    """``spark-class ARGS`` until the log shows ``ready``; stopped (its own process group) after."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
-    try:
-        deadline = time.monotonic() + HANG
-        while ready not in log.read_text(errors="replace"):
-            assert proc.poll() is None, f"{args[0]} exited: {log.read_text(errors='replace')[-3000:]}"
-            assert time.monotonic() < deadline, f"{args[0]} not ready: {log.read_text(errors='replace')[-3000:]}"
-            time.sleep(0.2)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the group holds only this daemon and its children
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """``spark://127.0.0.1:PORT`` of a master with one registered worker, and the worker's
     work directory (where each application's executors leave their logs)."""
     tmp = tmp_path_factory.mktemp("spark-cluster")
-    port = _free_port()
-    url = f"spark://127.0.0.1:{port}"
-    with ExitStack() as stack:
-        stack.enter_context(_daemon(
-            tmp / "master.log", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-            "--port", str(port), "--webui-port", str(_free_port()), ready=f"Starting Spark master at {url}"))
-        stack.enter_context(_daemon(
-            tmp / "worker.log", "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-            "--port", str(_free_port()), "--webui-port", str(_free_port()), "--cores", "2",
-            "--memory", "1536m", "--work-dir", str(tmp / "work"), ready="Successfully registered with master"))
+    with standalone(tmp, memory="1536m") as url:
         yield url, tmp / "work"
 
 
@@ -105,7 +49,7 @@ def test_report_through_spark_submit_on_a_standalone_cluster(cluster: tuple[str,
          "--conf", "spark.ui.enabled=false", "--conf", "spark.driver.host=127.0.0.1",
          "--conf", "spark.executor.memory=768m", "--conf", "spark.sql.shuffle.partitions=4",
          str(ROOT / "compose" / "submit_report.py"), "report", "--audit-dir", str(audit_dir), "--out", str(out)],
-        capture_output=True, text=True, timeout=2 * HANG, env=_env(), cwd=tmp_path)
+        capture_output=True, text=True, timeout=2 * HANG, env=spark_env(), cwd=tmp_path)
     assert submit.returncode == 0, submit.stderr[-5000:]
     # The job ran on the cluster: an application with executors on this worker.
     (app,) = [p for p in work.iterdir() if re.fullmatch(r"app-[\d-]+", p.name)]
