@@ -70,11 +70,12 @@ class _Client:
         self.dec.level = 4
 
     @classmethod
-    async def open(cls, t: Target, client_id: str) -> _Client:
+    async def open(cls, t: Target, client_id: str, clean: bool = True) -> _Client:
         reader, writer = await asyncio.open_connection(t.host, t.port)
         c = cls(reader, writer)
         password = t.password.encode() if t.password is not None else None
-        writer.write(P.encode(P.Connect(level=4, client_id=client_id, username=t.username, password=password), 4))
+        writer.write(P.encode(P.Connect(level=4, client_id=client_id, clean_start=clean, username=t.username,
+                                        password=password), 4))
         ack = await asyncio.wait_for(c.recv(), 10)
         if not isinstance(ack, P.ConnAck) or ack.reason_code:
             raise ConnectionError(f"{t.name} refused the connection: {ack}")
@@ -115,13 +116,16 @@ def cpu_seconds(pid: int | None) -> float:
         return 0.0
 
 
-async def run_once(t: Target, qos: int, count: int, size: int, window: int, drain_timeout: float = 10.0
-                   ) -> dict[str, float]:
+async def run_once(t: Target, qos: int, count: int, size: int, window: int, drain_timeout: float = 10.0,
+                   persistent: bool = False) -> dict[str, float]:
     """One publisher and one subscriber on a fresh topic: msg/s, p50/p99 latency (ms),
-    deliveries received, the broker's CPU per message (us, when its pid is known)."""
+    deliveries received, the broker's CPU per message (us, when its pid is known).
+    ``persistent``: the subscriber's session is not clean (the gateway's queue is durable, so a
+    QoS 1 PUBACK waits for the store's fsync, MQ4); it is cleaned away afterwards."""
     tag = uuid.uuid4().hex[:10]
     topic = f"perf/{tag}/{qos}"
-    sub = await _Client.open(t, f"perf-sub-{tag}")
+    sub_id = f"perf-sub-{tag}"
+    sub = await _Client.open(t, sub_id, clean=not persistent)
     pub: _Client | None = None
     try:
         sub.writer.write(P.encode(P.Subscribe(1, [(topic, qos)]), 4))
@@ -133,6 +137,8 @@ async def run_once(t: Target, qos: int, count: int, size: int, window: int, drai
         sub.close()
         if pub is not None:
             pub.close()
+        if persistent:
+            (await _Client.open(t, sub_id)).close()  # a clean session ends the persistent one
 
 
 async def _measure(t: Target, sub: _Client, pub: _Client, topic: str, qos: int, count: int, size: int,
@@ -208,7 +214,8 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
 
 
 def compare_mqtt(targets: list[Target], qos_levels: list[int], count: int, size: int, window: int,
-                 repeat: int, drain_timeout: float = 10.0, progress: Any = None) -> dict[str, Any]:
+                 repeat: int, drain_timeout: float = 10.0, progress: Any = None, persistent: bool = False
+                 ) -> dict[str, Any]:
     """Every target per QoS level, alternating, ``repeat`` times: each run's figures and the
     medians."""
     runs: dict[str, dict[str, list[dict[str, float]]]] = {str(q): {t.name: [] for t in targets}
@@ -216,14 +223,14 @@ def compare_mqtt(targets: list[Target], qos_levels: list[int], count: int, size:
     for qos in qos_levels:
         for i in range(repeat):
             for t in targets:
-                r = asyncio.run(run_once(t, qos, count, size, window, drain_timeout))
+                r = asyncio.run(run_once(t, qos, count, size, window, drain_timeout, persistent))
                 runs[str(qos)][t.name].append(r)
                 if progress is not None:
                     print(f"QoS {qos} run {i + 1}/{repeat} {t.name}: {r['rate']:,.0f} msg/s, "
                           f"p99 {r['p99_ms']:.1f} ms, {r['received']:.0f}/{count}", file=progress, flush=True)
     medians = {q: {name: {k: _median(rs, k) for k in rs[0]} for name, rs in by.items()} for q, by in runs.items()}
     return {"config": {"brokers": [t.name for t in targets], "qos": qos_levels, "count": count, "size": size,
-                       "window": window, "repeat": repeat},
+                       "window": window, "repeat": repeat, "persistent": persistent},
             "runs": runs, "medians": medians}
 
 
@@ -238,8 +245,9 @@ def table(result: dict[str, Any]) -> str:
     names: list[str] = cfg["brokers"]
     two = len(names) == 2
     head = "| QoS | figure | " + " | ".join(names) + (f" | {names[1]} / {names[0]} |" if two else " |")
-    lines = [f"{cfg['count']} messages of {cfg['size']} bytes, one publisher and one subscriber, QoS 1 window "
-             f"{cfg['window']}, median of {cfg['repeat']} run(s) per broker, alternating", "",
+    session = "a persistent" if cfg.get("persistent") else "a clean"
+    lines = [f"{cfg['count']} messages of {cfg['size']} bytes, one publisher and one subscriber ({session} "
+             f"session), QoS 1 window {cfg['window']}, median of {cfg['repeat']} run(s) per broker, alternating", "",
              head, "|---|---|" + "---|" * (len(names) + (1 if two else 0))]
     for q, by in result["medians"].items():
         for key, label, digits in (("rate", "msg/s", 0), ("p50_ms", "p50 latency ms", 1),
@@ -266,6 +274,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--qos", type=_qos_levels, default="0,1", help="QoS levels to measure, comma-separated")
     m.add_argument("--count", type=int, default=20000, help="messages per run")
     m.add_argument("--window", type=int, default=100, help="QoS 1: PUBLISHes in flight, unacknowledged")
+    m.add_argument("--persistent-session", action="store_true",
+                   help="the subscriber keeps its session (the gateway: a durable queue, PUBACK after fsync)")
 
 
 def mqtt_from_args(args: argparse.Namespace, default_amqp_uri: str) -> int:
@@ -280,7 +290,7 @@ def mqtt_from_args(args: argparse.Namespace, default_amqp_uri: str) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result = compare_mqtt(targets, args.qos, args.count, args.size, args.window, args.repeat,
-                          args.drain_timeout, None if args.quiet else sys.stderr)
+                          args.drain_timeout, None if args.quiet else sys.stderr, args.persistent_session)
     text = table(result)
     if args.markdown:
         with open(args.markdown, "w") as f:
