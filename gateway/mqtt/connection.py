@@ -65,6 +65,11 @@ class MQTTServerConnection:
             return self._fail(e.reason_code, str(e))
         if packet is None:
             return None
+        cls = type(packet)
+        # The two packets of every message (PUBLISH, and the acknowledgements a client may all
+        # send) need none of the checks below once CONNECT was read.
+        if (cls is P.Publish or cls is P.Ack) and self._got_connect:
+            return packet
         kind = packet.type
         if not self._got_connect:
             if kind != P.CONNECT:
