@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import struct
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,7 @@ def reason_of(e: CMQError) -> int:
     return UNSPECIFIED
 
 
+_U32, _I64 = struct.Struct(">I"), struct.Struct(">q")
 _ID_KEY = b"\x0cx-cmq-msg-id"
 _QOS_KEY = b"\x12" + QOS_HEADER.encode()
 
@@ -99,18 +101,20 @@ _QOS_KEY = b"\x12" + QOS_HEADER.encode()
 def _delivery_headers(raw: bytes) -> tuple[str, int | None] | None:
     """(CMQ msg id, publish QoS) read straight from a delivery's property bytes, as the
     broker writes them (M11 headers; the QoS as a long); None: decode the table instead.
-    Decoding the whole table was a fifth of the time of a delivery."""
+    Decoding the whole table was a fifth of the time of a delivery; the lengths and the QoS
+    are read with precompiled structs (int.from_bytes on slices was half of what is left)."""
     i = raw.rfind(_ID_KEY)
-    if i < 0 or raw[i + 13] != 0x53:  # 'S': long string
+    start = i + 18
+    if i < 0 or len(raw) < start or raw[i + 13] != 0x53:  # 'S': long string
         return None
-    n = int.from_bytes(raw[i + 14:i + 18], "big")
-    msg_id = raw[i + 18:i + 18 + n].decode("utf-8", "replace")
-    j = raw.find(_QOS_KEY)
+    msg_id = raw[start:start + _U32.unpack_from(raw, i + 14)[0]].decode("utf-8", "replace")
+    # The publisher's own headers come before the M11 entries the broker appends.
+    j = raw.find(_QOS_KEY, 0, i)
     if j < 0:
         return msg_id, None
     if raw[j + 19] != 0x6C:  # 'l': as Properties.build writes an int
         return None
-    return msg_id, int.from_bytes(raw[j + 20:j + 28], "big", signed=True)
+    return msg_id, _I64.unpack_from(raw, j + 20)[0]
 
 
 def publish_bytes(topic: str, payload: bytes, qos: int, pid: int, dup: bool, level: int,
