@@ -81,11 +81,20 @@ class MQTTConnection(ClientProtocol):
         broker.begin_batch()
         try:
             budget = EVENTS_PER_TURN
+            next_event = self.core.next_event
             while not self._lost:
-                event = self.core.next_event()
+                event = next_event()
                 if event is None:
                     break
-                self._dispatch(event)
+                s = self.mqtt
+                # The packets of every message straight to the session; the rest by _dispatch.
+                if type(event) is P.Publish and s is not None:
+                    self.publisher = True
+                    s.publish(event)
+                elif type(event) is P.Ack and s is not None and event.kind == P.PUBACK:
+                    s.puback(event)
+                else:
+                    self._dispatch(event)
                 budget -= 1
                 if not budget:
                     more = True
