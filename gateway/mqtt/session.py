@@ -607,9 +607,13 @@ class MQTTSession:
         pid = before
         inflight = self.inflight
         if pid is None or pid in inflight and inflight[pid][1] != msg_id:
-            pid = self._alloc_pid()
-            if not pid:
-                return  # stays unacknowledged: sent again after the visibility timeout (MQ6)
+            pid = self._next_pid  # _alloc_pid's first try, inline: it is nearly always free
+            if pid in inflight or pid in state.released or pid in state.msg_of_pid:
+                pid = self._alloc_pid()
+                if not pid:
+                    return  # stays unacknowledged: sent again after the visibility timeout (MQ6)
+            else:
+                self._next_pid = pid % 65535 + 1
         data = publish_bytes(topic, body, qos, pid, redelivered, self.level, retain) if not mprops else \
             P.encode(P.Publish(topic, body, qos, retain, dup=redelivered, packet_id=pid, properties=mprops),
                      self.level)

@@ -19,6 +19,7 @@ from pamqp import commands as C
 
 from gateway.auth import AuthError
 from gateway.mqtt import codec as P
+from gateway.mqtt.codec import PUBACK, Ack, Publish
 from gateway.mqtt.connection import KeepAliveTimeout, MQTTServerConnection, ProtocolError
 from gateway.mqtt.session import DEFAULT_INFLIGHT, OPS, MQTTSession, SessionState, session_key
 from gateway.transport import CLOSE_TIMEOUT, EVENTS_PER_TURN, ClientProtocol
@@ -88,10 +89,10 @@ class MQTTConnection(ClientProtocol):
                     break
                 s = self.mqtt
                 # The packets of every message straight to the session; the rest by _dispatch.
-                if type(event) is P.Publish and s is not None:
+                if type(event) is Publish and s is not None:
                     self.publisher = True
                     s.publish(event)
-                elif type(event) is P.Ack and s is not None and event.kind == P.PUBACK:
+                elif type(event) is Ack and s is not None and event.kind == PUBACK:
                     s.puback(event)
                 else:
                     self._dispatch(event)
