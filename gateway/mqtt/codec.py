@@ -299,35 +299,39 @@ class Decoder:
         end = len(buf)
         if end - pos < 2:
             return None
-        length, shift, i = 0, 0, pos + 1
-        while True:
-            if i >= end:
-                return None
-            b = buf[i]
-            length |= (b & 0x7F) << shift
-            i += 1
-            if not b & 0x80:
-                break
-            shift += 7
-            if i - pos > 4:
-                raise MalformedPacket("remaining length longer than 4 bytes")
-        total = i - pos + length
-        if total > self.max_packet_size:
-            raise MalformedPacket(f"packet of {total} bytes is larger than max_packet_size "
+        length = buf[pos + 1]
+        if length < 0x80:  # a one-byte remaining length: every packet under 130 bytes
+            i = pos + 2
+        else:
+            length, shift, i = 0, 0, pos + 1
+            while True:
+                if i >= end:
+                    return None
+                b = buf[i]
+                length |= (b & 0x7F) << shift
+                i += 1
+                if not b & 0x80:
+                    break
+                shift += 7
+                if i - pos > 4:
+                    raise MalformedPacket("remaining length longer than 4 bytes")
+        stop = i + length
+        if stop - pos > self.max_packet_size:
+            raise MalformedPacket(f"packet of {stop - pos} bytes is larger than max_packet_size "
                                   f"{self.max_packet_size}", PACKET_TOO_LARGE)
-        if end - pos < total:
+        if stop > end:
             return None
-        self._pos = pos + total
+        self._pos = stop
         first = buf[pos]
         # Hot paths, the two packets of every QoS 1 message: a PUBACK without reason code and
         # a PUBLISH without properties (3.1.1). Anything unusual takes the full decoder.
         if first == 0x40 and length == 2:
             return Ack(PUBACK, (buf[i] << 8) | buf[i + 1])
         if first >> 4 == PUBLISH and self.level == 4 and length >= 2:
-            fast = _publish_fast(first, buf, i, pos + total)
+            fast = _publish_fast(first, buf, i, stop)
             if fast is not None:
                 return fast
-        return self.decode(first, buf, i, pos + total)
+        return self.decode(first, buf, i, stop)
 
     def decode(self, first: int, data: bytes, start: int, end: int) -> Packet:
         kind, flags = first >> 4, first & 0x0F
@@ -373,7 +377,7 @@ def _publish_fast(first: int, buf: bytes, start: int, end: int) -> Publish | Non
         if not pid:
             return None
         j += 2
-    return Publish(topic, buf[j:end], qos, bool(first & 1), bool(first & 8), pid)
+    return Publish(topic, buf[j:end], qos, first & 1 != 0, first & 8 != 0, pid)
 
 
 def _connect(r: _Reader) -> Connect:

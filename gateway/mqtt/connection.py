@@ -16,6 +16,7 @@ __all__ = ["KeepAliveTimeout", "MQTTServerConnection", "ProtocolError"]
 KEEP_ALIVE_TIMEOUT = 0x8D
 # Packets only a server sends: a client that sends one breaks the protocol.
 _SERVER_ONLY = (P.CONNACK, P.SUBACK, P.UNSUBACK, P.PINGRESP)
+_PUBLISH, _ACK = P.Publish, P.Ack
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,11 @@ class MQTTServerConnection:
             return self._fail(e.reason_code, str(e))
         if packet is None:
             return None
+        cls = type(packet)
+        # The two packets of every message (PUBLISH, and the acknowledgements a client may all
+        # send) need none of the checks below once CONNECT was read.
+        if (cls is _PUBLISH or cls is _ACK) and self._got_connect:
+            return packet
         kind = packet.type
         if not self._got_connect:
             if kind != P.CONNECT:

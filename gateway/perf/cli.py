@@ -3,6 +3,7 @@
     cmq-gateway perf [run] --uri amqp://... --producers 1 --consumers 1 --size 16 --rate 1000 ...
     cmq-gateway perf --rate 0 ...      # as fast as the broker takes: an overload test
     cmq-gateway perf compare --uri-a amqp://rabbit --uri-b amqp://gateway --scenarios 1,2,3
+    cmq-gateway perf mqtt --uri-b mqtt://guest:guest@127.0.0.1:1884 --repeat 3   # vs Mosquitto
 
 `register(subparsers)` adds the `perf` subcommand to the `cmq-gateway` parser and sets
 `func` (args -> exit code) as its default; `main(argv)` runs it standalone
@@ -87,7 +88,8 @@ def _scenarios(text: str) -> list[int]:
 
 def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "mode", nargs="?", choices=("run", "compare"), default="run", help="run one load, or compare two brokers"
+        "mode", nargs="?", choices=("run", "compare", "mqtt"), default="run",
+        help="run one load, compare two brokers, or measure MQTT brokers (gateway/perf/mqtt.py)",
     )
     r = p.add_argument_group("run")
     r.add_argument("--uri", default=_DEFAULT_URI, help="any AMQP 0-9-1 broker")
@@ -197,10 +199,17 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser(prog: str = "cmq-gateway perf") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="AMQP 0-9-1 load generator (PerfTest-like)",
-                                epilog=_EPILOG, formatter_class=_HelpFormatter)
+def _add_all(p: argparse.ArgumentParser) -> None:
+    from gateway.perf.mqtt import add_options
+
     _add_options(p)
+    add_options(p)
+
+
+def build_parser(prog: str = "cmq-gateway perf") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="AMQP 0-9-1 load generator (PerfTest-like), and an MQTT publish -> deliver measurement",
+                                epilog=_EPILOG, formatter_class=_HelpFormatter)
+    _add_all(p)
     p.set_defaults(func=run_from_args)
     return p
 
@@ -214,7 +223,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=_HelpFormatter,
     )
-    _add_options(p)
+    _add_all(p)
     p.set_defaults(func=run_from_args)
     return p
 
@@ -271,6 +280,10 @@ def _print_summary(result: dict[str, Any]) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    if args.mode == "mqtt":
+        from gateway.perf.mqtt import mqtt_from_args
+
+        return mqtt_from_args(args, _DEFAULT_URI)
     if args.mode == "compare":
         from gateway.perf.compare import compare_from_args
 
