@@ -267,16 +267,21 @@ class Store:
         scans every key: meant for start-up and management, not for the hot path.
         """
         with self._lock:
-            if prefix:
-                found = [(k, v) for k, v in self._map.items() if k.startswith(prefix)]
-            else:
-                found = list(self._map.items())
-            return iter([(k, self._read(v) if type(v) is int else v) for k, v in found])  # type: ignore[misc]
+            m = self._map
+            return iter([(k, self._read(v) if type(v := m[k]) is int else v)  # type: ignore[misc]
+                         for k in self._keys(prefix)])
 
     def keys(self, prefix: str = "") -> list[str]:
         """The keys that start with ``prefix`` (no value is read): a copy, as for ``items``."""
         with self._lock:
-            return [k for k in self._map if k.startswith(prefix)]
+            return self._keys(prefix)
+
+    def _keys(self, prefix: str) -> list[str]:
+        """The keys under ``prefix`` (caller holds ``_lock``): a start-up scans 10^6 keys once
+        per kind of record, so no (key, value) pair is made for a key that does not match."""
+        if not prefix:
+            return list(self._map)
+        return [k for k in self._map if k.startswith(prefix)]
 
     def heads(self, prefix: str, size: int) -> Iterator[tuple[str, bytes, int]]:
         """``(key, the first size bytes of its value, the value's length)`` for the keys
@@ -284,7 +289,7 @@ class Store:
         (10^6 messages: their metadata) reads it straight from the mapped files, and no
         body is copied. A copy of the keys is taken first, as for ``items``."""
         with self._lock:
-            found = [(k, v) for k, v in self._map.items() if k.startswith(prefix)]
+            found = [(k, self._map[k]) for k in self._keys(prefix)]
             maps: dict[int, mmap.mmap] = {}
             for _, value in found:
                 if type(value) is int and location_file(value) not in maps:
@@ -299,8 +304,8 @@ class Store:
                 else:
                     yield k, v[:size], len(v)  # type: ignore[index,arg-type]
         finally:
-            for m in maps.values():
-                m.close()
+            for mapped in maps.values():
+                mapped.close()
 
     @property
     def durable_lsn(self) -> int:
