@@ -24,17 +24,37 @@ import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_compare import _start_gateway, _stop  # noqa: E402
+from bench_compare import PY, ROOT, _stop  # noqa: E402
 from pamqp import commands  # noqa: E402
 
 from gateway.perf.backlog import _message_count, _publish, broker_rss  # noqa: E402
 from gateway.perf.client import AmqpClient, parse_uri  # noqa: E402
+
+
+def _start_gateway(port: int, data_dir: str, extra: list[str], timeout: float = 600.0) -> subprocess.Popen[bytes]:
+    """bench_compare's start, with room for a recovery: returns at "listening on"."""
+    cmd = [PY, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", data_dir,
+           "--management-port", "off", "--cmq-api-port", "off", "--mqtt-port", "off", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if b"listening on" in line:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # never a full pipe
+            return proc
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise SystemExit(f"the gateway did not start: {' '.join(cmd)}")
 
 
 def _free_port() -> int:

@@ -106,3 +106,16 @@ def test_map_table_is_given_back_after_a_drain(tmp_path) -> None:
         s.put("q/kept", b"1")
         s.sync()
         assert s._map is not table and dict(s.items()) == {"q/kept": b"1"}
+
+
+def test_prefix_scans_by_kind_follow_every_write(tmp_path) -> None:
+    with Store.open(os.fspath(tmp_path), fsync=False) as s:
+        for key in ("q/v/a", "q/v/ab", "q/w/a", "m/v/a/1", "plain"):
+            s.put(key, b"1")
+        assert s.keys("q/") == ["q/v/a", "q/v/ab", "q/w/a"]
+        assert s.keys("q/v/a") == ["q/v/a", "q/v/ab"]  # a prefix inside a kind
+        assert s.keys("pl") == ["plain"] and s.keys("x/") == []
+        s.delete("q/v/ab")
+        s.put("q/z", b"2")
+        assert s.keys("q/") == ["q/v/a", "q/w/a", "q/z"]
+        assert [k for k, _ in s.items("m/")] == ["m/v/a/1"]
