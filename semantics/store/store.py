@@ -236,6 +236,7 @@ class Store:
         if type(v) is not int:
             return v  # type: ignore[return-value]
         with self._lock:
+            self._check()  # its read fds are closed
             v = self._map.get(key)  # again: a compaction may have moved it meanwhile
             if type(v) is not int:
                 return v  # type: ignore[return-value]
