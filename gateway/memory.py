@@ -21,14 +21,7 @@ process add up, like their RSS would.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import logging
-from collections.abc import Callable
-
-__all__ = ["HELD", "MESSAGE_OVERHEAD", "HeldMemory", "MemoryReturn"]
-
-log = logging.getLogger("cmq_gateway.memory")
+__all__ = ["HELD", "MESSAGE_OVERHEAD", "HeldMemory"]
 
 # Bytes of Python objects per queued message besides its body and properties: the Message,
 # the queue's message record, its ID and the index entries (tracemalloc: 690 bytes per
@@ -51,44 +44,3 @@ class HeldMemory:
 
 
 HELD = HeldMemory()
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None elsewhere (musl, macOS: nothing to call)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return trim  # type: ignore[no-any-return]
-
-
-class MemoryReturn:
-    """Gives the memory a drained backlog used back to the OS.
-
-    Freed bodies and dict tables go back to glibc's heap, which keeps them: after 10^5
-    1 KB persistent messages drained, RSS stayed at over twice its idle size (issue 15).
-    ``malloc_trim(0)`` hands the free pages in that heap back (measured in
-    docs/BENCHMARKS.md). It walks the heap, so it runs once per drain: when what the broker
-    holds falls under a quarter of the peak since the last time, and that peak was large."""
-
-    MIN_PEAK = 64 << 20
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._trim = _malloc_trim()
-
-    def tick(self, held: int) -> bool:
-        """Called with the held bytes now and then; True when it gave memory back."""
-        if held > self.peak:
-            self.peak = held
-            return False
-        if self.peak < self.MIN_PEAK or held * 4 >= self.peak:
-            return False
-        self.peak = held
-        if self._trim is None:
-            return False
-        self._trim(0)
-        return True

@@ -31,7 +31,6 @@ from gateway import version
 from gateway.alarms import Alarms
 from gateway.audit import AuditLog, NullAudit
 from gateway.config import GatewayConfig, Listener
-from gateway.memory import MemoryReturn
 from gateway.transport import AMQPConnection
 
 __all__ = [
@@ -253,7 +252,6 @@ class Gateway:
         self.connections: set[AMQPConnection] = set()
         self.server_properties: dict[str, Any] = {}
         self.alarms = Alarms()
-        self.memory_return = MemoryReturn()  # freed memory back to the OS after a drain (issue 15)
         self.blocked = False  # a resource alarm is in effect (W5): publishers are blocked
         self.block_reason = ""
         self._servers: list[asyncio.AbstractServer] = []
@@ -446,7 +444,6 @@ class Gateway:
         """Heartbeats, close timeouts and the W5 alarms, for every connection at once."""
         self.alarms.outgoing = sum(c.write_buffer_size() for c in self.connections)
         self.check_alarms()
-        self.memory_return.tick(self.alarms.held)
         mono = time.monotonic()
         for conn in list(self.connections):
             conn.tick(mono)
