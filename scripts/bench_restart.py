@@ -1,14 +1,19 @@
-"""Scenario 6's restart recovery for the gateway: how long `cmq-gateway serve` takes, from its
-start, until a passive queue.declare shows every message of a backlog back.
+"""Scenario 6's restart recovery and memory for the gateway (issue 15, targets 2 and 3).
 
-It starts a gateway (`serve --host 127.0.0.1 --port 5699 --management-port off`, a new data dir,
-the audit log and /metrics as `serve` has them by default), publishes --count persistent 1 KB
-messages to a durable queue with gateway.perf.backlog's publisher (confirms), stops the gateway
-(SIGTERM, a clean shutdown), starts it again on the same data dir and polls a passive
-queue.declare every 50 ms until message_count reaches --count. Prints the time to the
-"listening on" line and the time to the full count, both from the second process's start.
+It starts a gateway (`serve --host 127.0.0.1 --port P --management-port off`, a new data dir,
+the audit log and /metrics as `serve` has them by default, /metrics on a free port), reads
+its idle RSS, publishes --count persistent messages of --size bytes to a durable queue with
+gateway.perf.backlog's publisher (confirms), reads the RSS again (RSS per retained message),
+then --restarts times: stops the gateway (SIGTERM, a clean shutdown), starts it again on the
+same data dir and polls a passive queue.declare every 50 ms until message_count reaches
+--count (time from the new process's start; the median is reported). Finally it drains the
+queue with one consumer (prefetch 1000, an ack per 100) and reads the RSS after the drain
+(and 2 s later), compared with the idle RSS.
 
-    .venv/bin/python scripts/bench_restart.py [--count 100000] [--size 1024]
+RabbitMQ is shared on this machine and may not be restarted: its restart time is the figure
+measured in issue 15 (--rabbitmq-seconds, default 6.7 s for 10^6 1 KB messages) unless given.
+
+    .venv/bin/python scripts/bench_restart.py [--count 100000] [--size 1024] [--restarts 3]
 """
 
 from __future__ import annotations
@@ -17,51 +22,142 @@ import argparse
 import asyncio
 import os
 import shutil
+import socket
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_compare import _start_gateway, _stop  # noqa: E402
+from bench_compare import PY, ROOT, _stop  # noqa: E402
+from pamqp import commands  # noqa: E402
 
-from gateway.perf.backlog import _message_count, _publish  # noqa: E402
+from gateway.perf.backlog import _message_count, _publish, broker_rss  # noqa: E402
+from gateway.perf.client import AmqpClient, parse_uri  # noqa: E402
+
+
+def _start_gateway(port: int, data_dir: str, extra: list[str], timeout: float = 600.0) -> subprocess.Popen[bytes]:
+    """bench_compare's start, with room for a recovery: returns at "listening on"."""
+    cmd = [PY, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", data_dir,
+           "--management-port", "off", "--cmq-api-port", "off", "--mqtt-port", "off", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if b"listening on" in line:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # never a full pipe
+            return proc
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise SystemExit(f"the gateway did not start: {' '.join(cmd)}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _drain(uri: str, queue: str, count: int) -> float:
+    """Consume ``count`` messages with acks; returns the seconds it took."""
+    client = await AmqpClient.connect(parse_uri(uri))
+    done = asyncio.Event()
+    got = 0
+    t0 = time.monotonic()
+    try:
+        await client.open_channel(1)
+        await client.rpc(1, commands.Basic.Qos(prefetch_count=1000), commands.Basic.QosOk)
+
+        def on_delivery(channel: int, tag: int, latency_ns: int) -> None:
+            nonlocal got
+            got += 1
+            if got % 100 == 0 or got >= count:
+                client.send_method(1, commands.Basic.Ack(delivery_tag=tag, multiple=True))
+            if got >= count:
+                done.set()
+
+        client.on_delivery = on_delivery
+        await client.rpc(1, commands.Basic.Consume(queue=queue, consumer_tag="drain"), commands.Basic.ConsumeOk)
+        await asyncio.wait_for(done.wait(), 3600)
+        return time.monotonic() - t0
+    finally:
+        await client.close()
+
+
+def _wait_count(uri: str, queue: str, count: int, t1: float, timeout: float) -> int:
+    recovered = 0
+    while time.monotonic() - t1 < timeout:
+        try:
+            recovered = asyncio.run(_message_count(uri, queue))
+        except Exception:
+            recovered = 0
+        if recovered >= count:
+            break
+        time.sleep(0.05)
+    return recovered
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--count", type=int, default=100_000)
     ap.add_argument("--size", type=int, default=1024)
-    ap.add_argument("--port", type=int, default=5699)
+    ap.add_argument("--port", type=int, default=0, help="0: a free port (never 5672)")
+    ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--rabbitmq-seconds", type=float, default=6.7,
+                    help="RabbitMQ's restart time for the same backlog (issue 15: 6.7 s at 10^6 x 1 KB)")
+    ap.add_argument("--no-drain", action="store_true")
     args = ap.parse_args()
-    uri = f"amqp://guest:guest@127.0.0.1:{args.port}/"
+    port = args.port or _free_port()
+    extra = ["--metrics-port", "0"]
+    uri = f"amqp://guest:guest@127.0.0.1:{port}/"
     queue = "perf-restart-backlog"
     data_dir = tempfile.mkdtemp(prefix="bench-restart-")
     try:
-        gw = _start_gateway(args.port, data_dir, [])
+        gw = _start_gateway(port, data_dir, extra)
         try:
+            time.sleep(1.0)
+            idle = broker_rss(gw.pid, False) or 0
             t0 = time.monotonic()
             asyncio.run(_publish(uri, queue, args.count, args.size))
             print(f"published {args.count:,} x {args.size} B persistent in {time.monotonic() - t0:.1f} s")
+            time.sleep(1.0)
+            full = broker_rss(gw.pid, False) or 0
         finally:
             _stop(gw)
-        t1 = time.monotonic()
-        gw = _start_gateway(args.port, data_dir, [])  # returns at "listening on"
-        listening = time.monotonic() - t1
+        print(f"idle RSS {idle / 2**20:.1f} MiB; after publishing {full / 2**20:.1f} MiB: "
+              f"{(full - idle) / args.count:.0f} B per retained message")
+        times = []
+        listening = []
+        for i in range(args.restarts):
+            t1 = time.monotonic()
+            gw = _start_gateway(port, data_dir, extra)  # returns at "listening on"
+            listening.append(time.monotonic() - t1)
+            recovered = _wait_count(uri, queue, args.count, t1, args.timeout)
+            times.append(time.monotonic() - t1)
+            rss = broker_rss(gw.pid, False) or 0
+            print(f"restart {i + 1}: listening after {listening[-1]:.2f} s, all {recovered:,} messages back "
+                  f"after {times[-1]:.2f} s; RSS {rss / 2**20:.1f} MiB = {(rss - idle) / args.count:.0f} B "
+                  "per message over idle")
+            if i < args.restarts - 1 or args.no_drain:
+                _stop(gw)
+        med = statistics.median(times)
+        print(f"restart median of {len(times)}: {med:.2f} s; RabbitMQ {args.rabbitmq_seconds:.2f} s "
+              f"(issue 15's figure unless measured): {med / args.rabbitmq_seconds:.2f}x")
+        if args.no_drain:
+            return
         try:
-            recovered = 0
-            while time.monotonic() - t1 < args.timeout:
-                try:
-                    recovered = asyncio.run(_message_count(uri, queue))
-                except Exception:
-                    recovered = 0
-                if recovered >= args.count:
-                    break
-                time.sleep(0.05)
-            total = time.monotonic() - t1
-            print(f"restart: listening after {listening:.2f} s, all {recovered:,} messages back after "
-                  f"{total:.2f} s (from the start of `serve`)")
+            secs = asyncio.run(_drain(uri, queue, args.count))
+            after = broker_rss(gw.pid, False) or 0
+            time.sleep(2.0)
+            later = broker_rss(gw.pid, False) or 0
+            print(f"drained in {secs:.1f} s; RSS after drain {after / 2**20:.1f} MiB, 2 s later "
+                  f"{later / 2**20:.1f} MiB = {later / idle:.2f}x idle ({idle / 2**20:.1f} MiB)")
         finally:
             _stop(gw)
     finally:

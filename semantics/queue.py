@@ -489,6 +489,8 @@ class CmqQueue:
         else:
             msg.state = REMOVED
             del self._messages[msg.msg_id]
+            if not self._messages:
+                self._emptied()
 
     def release(self, receipt: Receipt, now: float) -> bool:
         """basic.nack/reject with requeue (M13): Active again at once, at its original position.
@@ -616,6 +618,20 @@ class CmqQueue:
         msg.handle = 0
         if event is not None:
             self._events.append(event)
+        if not self._messages:
+            self._emptied()
+
+    def _emptied(self) -> None:
+        """No message is left, so every timer entry is stale: they go now (in place, as
+        _advance may hold the lanes), with the table the message dict grew to, instead of
+        one by one as each deadline comes. The retention deadline is days away: a drained
+        backlog of 10^5 messages kept every one of them alive through it (issue 15)."""
+        self._vis.clear()
+        self._dl.clear()
+        self._heap.clear()
+        self._vis_limit = self._dl_limit = self._heap_limit = _MIN_COMPACT
+        self._next_due = _INF
+        self._messages = {}
 
     def _drop_rewindable(self) -> None:
         for msg in [m for m in self._messages.values() if m.state is DELETED]:

@@ -20,7 +20,7 @@ from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
 from gateway.broker.limit_report import LimitReport
-from gateway.broker.message import Message
+from gateway.broker.message import DISK_BODY_MIN, DiskMessage, Message, recovered
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import ReplyRouter
 from gateway.broker.scheduler import Scheduler
@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 __all__ = ["Broker", "BrokerConfig"]
 
 log = logging.getLogger("cmq_gateway.broker")
+
+# Bytes of each message record read at a restart: its metadata, not its body (a record
+# whose metadata is longer is read whole).
+_HEAD_BYTES = 512
 
 # How often a failed store write is retried (a full disk may get room back at any time).
 STORE_RETRY_SECONDS = 1.0
@@ -131,6 +135,9 @@ class Broker:
         self.read_only = False
         self.on_store_change: Callable[[bool], None] = lambda failed: None  # the server's disk alarm
         self._confirms_ready: list[Channel] = []  # channels with acks to send at end_batch()
+        # (lsn, queue message) of persistent bodies to leave in the store once that LSN is
+        # durable (Message.to_disk), in LSN order.
+        self._to_disk: deque[tuple[int, Q.QueueMessage]] = deque()
         self.scheduler = Scheduler(clock, loop, on_ran=self._flush_sessions)
         self._loop = loop
         self._dirty = asyncio.Event() if loop is not None else None
@@ -321,6 +328,24 @@ class Broker:
         for ch in list(self.confirm_waiters):
             if not ch.on_durable(durable):
                 self.confirm_waiters.discard(ch)
+        if self._to_disk:
+            self._bodies_to_disk(durable)
+
+    def body_stored(self, lsn: int, qmsg: Q.QueueMessage) -> None:
+        """Record ``lsn`` holds the body of ``qmsg``, whose message is in no other queue: it
+        lets go of the body once the record is durable (issue 15: retained persistent
+        messages cost their index, not their bodies)."""
+        self._to_disk.append((lsn, qmsg))
+
+    def _bodies_to_disk(self, durable: int) -> None:
+        pending = self._to_disk
+        store = self.store
+        waiting = (Q.ACTIVE, Q.DELAYED, Q.PARKED)
+        while pending and pending[0][0] <= durable:
+            qm = pending.popleft()[1]
+            # A message already delivered is acked soon: reading its body back would be waste.
+            if qm.state in waiting:
+                qm.payload.to_disk(store)  # type: ignore[attr-defined]
 
     # -- time --------------------------------------------------------------------------------
 
@@ -505,17 +530,22 @@ class Broker:
                     with contextlib.suppress(Exception):
                         vh.publish("", target.name, msg.properties, msg.body)
             elif isinstance(e, Q.Expired | Q.MaxLengthDropped):
-                self.unpersist_message(q, m)
+                self.unpersist_message(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
                 maxlen = isinstance(e, Q.MaxLengthDropped)
                 if not self._dead_letter_exchange(vh, q, m, "maxlen" if maxlen else "expired"):
                     emit("discard", vh.name, queue=q.name, msg_id=m.msg_id, size=m.size,
                          reason="max_length" if maxlen else "expired")
             elif isinstance(e, Q.RewindableRemoved):
-                self.unpersist_message(q, m)
+                self.unpersist_message(q, m, body_needed=False)
 
-    def unpersist_message(self, q: BrokerQueue, m: Q.QueueMessage) -> None:
+    def unpersist_message(self, q: BrokerQueue, m: Q.QueueMessage, body_needed: bool = True) -> None:
+        """The record of ``m`` goes. Its body, when it was left in that record, comes back
+        into memory first unless the caller says it is no longer needed (an ack): a message
+        dead-lettered, or kept for a rewind (Q6), is read again later."""
         msg = m.payload
         if q.durable and isinstance(msg, Message) and msg.persistent:
+            if type(msg) is DiskMessage and (body_needed or m.state is not Q.REMOVED):
+                msg.to_memory()
             self.unpersist(P.message_key(q.vhost, q.name, m.msg_id), missing_ok=True)
 
     def _dead_letter_exchange(self, vh: VHost, q: BrokerQueue, m: Q.QueueMessage, reason: str) -> bool:
@@ -548,7 +578,7 @@ class Broker:
         if q.durable:
             self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
             prefix = P.queue_messages_prefix(vh.name, q.name)
-            for key in [k for k, _ in self.store.items(prefix)]:
+            for key in self.store.keys(prefix):
                 self.unpersist(key)
 
     # -- delivery (M11-M13) ------------------------------------------------------------------
@@ -594,7 +624,7 @@ class Broker:
             if m.receive_count <= limit:
                 return receipt
             q.cmq.delete(receipt, now)
-            self.unpersist_message(q, m)
+            self.unpersist_message(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
             if not self._dead_letter_exchange(self.vhosts[q.vhost], q, m, "delivery_limit"):
                 self.audit.emit("discard", q.vhost, queue=q.name, msg_id=m.msg_id, size=m.size,
                                 reason="rejected")
@@ -703,7 +733,7 @@ class Broker:
     def settle_deleted(self, q: BrokerQueue, receipt: Q.Receipt) -> None:
         """A no-ack delivery: deleted at once."""
         if q.cmq.delete(receipt, self.clock.now()):
-            self.unpersist_message(q, receipt.message)
+            self.unpersist_message(q, receipt.message, body_needed=False)
 
     def drop_received(self, q: BrokerQueue, receipt: Q.Receipt, user: str | None = None) -> None:
         """A received message rejected without requeue outside a channel (the management
@@ -711,7 +741,7 @@ class Broker:
         m = q.cmq.drop(receipt, self.clock.now())
         if m is None:
             return
-        self.unpersist_message(q, m)
+        self.unpersist_message(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
         if not self._dead_letter_exchange(self.vhosts[q.vhost], q, m, "rejected"):
             self.audit.emit("discard", q.vhost, queue=q.name, msg_id=m.msg_id, size=m.size, reason="rejected",
                             user=user)
@@ -724,7 +754,7 @@ class Broker:
         now = self.clock.now()
         if q.cmq.delete(u.handle, now):
             m = u.handle.message
-            self.unpersist_message(q, m)
+            self.unpersist_message(q, m, body_needed=False)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
             if session.protocol is None:
@@ -749,7 +779,7 @@ class Broker:
         else:
             m = q.cmq.drop(u.handle, now)
             if m is not None:
-                self.unpersist_message(q, m)
+                self.unpersist_message(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
                 session.emit("nack", queue=q.name, msg_id=u.msg_id, reason="rejected")
                 if not self._dead_letter_exchange(vh, q, m, "rejected"):
                     session.emit("discard", queue=q.name, msg_id=u.msg_id, size=m.size, reason="rejected")
@@ -835,22 +865,55 @@ class Broker:
                 vh.apply_policies()
 
     def _recover_messages(self, now: float) -> None:
+        """Persistent messages come back with their bodies left in the store (issue 15: a
+        restart with 10^6 1 KB messages copied every body into memory): only the head of
+        each record is read, straight from the mapped journal."""
         from gateway.protocol.properties import Properties
 
         store = self.store
-        records = [P.decode_message(raw) for _, raw in store.items(P.MESSAGES_PREFIX)]
-        records.sort(key=lambda r: r["enqueue_time"])
+        found: list[tuple[float, tuple[str, str, str, str], Message, int]] = []
+        names: dict[bytes, tuple[str, str, str, str]] = {}
+        # Equal property bytes share one Properties: it only caches what it decodes from them.
+        shared: dict[bytes, Properties] = {}
+        last = -math.inf
+        ordered = True
+        decode = P.decode_message_head
+        append = found.append
+        for key, head, length in store.heads(P.MESSAGES_PREFIX, _HEAD_BYTES):
+            got = decode(head, names)
+            if got is None:  # a head longer than _HEAD_BYTES (large properties): read it all
+                head = store.get(key) or b""
+                got = decode(head, names)
+                assert got is not None
+            enq, four, msg_id, raw, body_at = got
+            props = shared.get(raw)
+            if props is None:
+                props = shared[raw] = Properties(raw)
+            size = length - body_at
+            if size >= DISK_BODY_MIN:
+                msg = recovered(store, key, props, four[2], four[3], enq, msg_id)
+            else:
+                body = head[body_at:] if length <= len(head) else (store.get(key) or b"")[body_at:]
+                msg = Message(body, props, four[2], four[3], enq, (), msg_id)
+            if enq < last:
+                ordered = False
+            last = enq
+            append((enq, four, msg, size))
+        if not ordered:  # the journal's order is the enqueue order unless the clock stepped back
+            found.sort(key=lambda r: r[0])
         touched: dict[BrokerQueue, VHost] = {}
-        for r in records:
-            vh = self.vhost(r["vhost"])
-            q = vh.queues.get(r["queue"])
-            if q is None:
-                continue
-            msg = Message(r["body"], Properties(r["properties"]), r["exchange"], r["routing_key"],
-                          r["enqueue_time"])
-            msg.msg_id = r["msg_id"]
-            q.cmq.restore(msg, len(msg.body), now, msg_id=r["msg_id"], enqueue_time=r["enqueue_time"])
-            touched[q] = vh
+        q: BrokerQueue | None = None
+        at: tuple[str, str, str, str] | None = None
+        for enq, four, msg, size in found:
+            if four is not at:  # the same queue as the message before: no lookups
+                at = four
+                vh = self.vhost(four[0])
+                q = vh.queues.get(four[1])
+                if q is not None:
+                    touched[q] = vh
+            if q is not None:
+                q.cmq.restore(msg, size, now, msg_id=msg.msg_id, enqueue_time=enq)
+        del found
         # Once a queue, when all its messages are back (it was once a message: a quarter of
         # the recovery's time went to rescheduling the same queue).
         for q, vh in touched.items():

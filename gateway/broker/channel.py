@@ -84,18 +84,19 @@ class Channel:
                 properties = type(properties)(props)
         else:
             props = properties.raw  # PF5: byte for byte as published
+        body = msg.body  # once: a DiskMessage reads it from the store
         if consumer is not None:
             conn.send_deliver(self.number, consumer.tag, tag, redelivered, msg.exchange,
-                              msg.routing_key, props, msg.body)
+                              msg.routing_key, props, body)
         else:
             conn.send_get_ok(self.number, tag, redelivered, msg.exchange, msg.routing_key, get_count or 0,
-                             props, msg.body)
+                             props, body)
         no_ack = consumer.no_ack if consumer is not None else get_count is None
         s = self.session
         if s.protocol is None:
-            s.broker.emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(msg.body)))
+            s.broker.emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body)))
         else:  # MQ7
-            s.broker.emit_row(DELIVER_MQTT, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(msg.body),
+            s.broker.emit_row(DELIVER_MQTT, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body),
                                                            s.protocol))
         if no_ack:
             self.session.broker.settle_deleted(q, receipt)

@@ -37,7 +37,7 @@ from gateway.broker.errors import (
     resource_locked,
 )
 from gateway.broker.exchange import EXCHANGE_TYPES, Dest, Exchange, message_tags, sub_label, sub_name
-from gateway.broker.message import Message
+from gateway.broker.message import DISK_BODY_MIN, Message
 from gateway.broker.policies import Policy, choose, queue_arguments
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import REPLY_PREFIX
@@ -575,6 +575,7 @@ class VHost:
             result = topic.publish(tmsg, now, attempt)
             matched = len(result.matched)
             if result.retained:
+                msg.key = ""  # the topic holds it too: its body stays in memory
                 out.routed = True  # D2: kept by the topic until its subscriptions settle
                 if self.broker.read_only and ex.durable and msg.persistent:
                     out.rejected = True  # not journalled while the store fails: not confirmed
@@ -686,11 +687,21 @@ class VHost:
         msg_id = qmsg.msg_id
         self.broker.emit_row(ENQUEUE, self.name, (q.name, msg_id, len(msg.body), via, subscription))
         if persist:
-            lsn = self.broker.persist(P.message_key(self.name, q.name, msg_id), P.encode_message(
+            key = P.message_key(self.name, q.name, msg_id)
+            body = msg.body
+            lsn = self.broker.persist(key, P.encode_message(
                 self.name, q.name, msg_id, now, msg.exchange, msg.routing_key,
-                msg.properties.raw, msg.body))
+                msg.properties.raw, body))
             if lsn > out.lsn:
                 out.lsn = lsn
+            # Its body is left in the store once durable, if this record is its only holder.
+            if msg.key is None and len(body) >= DISK_BODY_MIN:
+                msg.key = key
+                self.broker.body_stored(lsn, qmsg)
+            else:
+                msg.key = ""
+        else:
+            msg.key = ""
         self.broker.after_queue_change(self, q)
 
     # -- deletions caused by sessions --------------------------------------------------------

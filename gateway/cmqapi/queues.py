@@ -273,7 +273,7 @@ def _delete(api: CmqApi, caller: Caller, vh: Any, q: Any, handle: str) -> CmqApi
     if m is None or not q.cmq.delete(Receipt(m, number), now):
         api.emit("stale_ack", caller, queue=q.name, msg_id=msg_id)
         return invalid
-    broker.unpersist_message(q, m)
+    broker.unpersist_message(q, m, body_needed=False)
     published = getattr(m.payload, "published_at", None)
     latency = round((now - published) * 1000.0, 3) if published is not None else None
     api.emit("ack", caller, queue=q.name, msg_id=msg_id, latency_ms=latency)

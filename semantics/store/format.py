@@ -25,6 +25,16 @@ A snapshot (``snapshot-<n>.snap``) holds the live map as of the end of segment `
 
     SNAPSHOT_HEADER = magic "CQS1" | lsn u64 | count u64 | crc32 u32
     followed by ``count`` PUT records (each with its own CRC), then end of file.
+
+Values left on disk
+-------------------
+A value of at least ``OFFLOAD_MIN`` bytes is not kept in memory once it is on disk: the map
+holds its *location* instead, one int packing the file, the offset and the length
+(:func:`location`), and the value is read back when asked for. 10^6 message bodies were
+10^6 bytes objects in the map (and as many copied out of the files at every start); an int
+is 36 bytes. File ids: segment ``n`` is ``2n``, snapshot ``n`` is ``2n + 1``, so every file
+a compaction replaces (segments and snapshots numbered below the new snapshot ``n``) has an
+id below ``2n``.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from __future__ import annotations
 import mmap
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 # What the parsers read: a file read into bytes or mapped. Slicing either gives bytes, so the
@@ -52,14 +62,21 @@ __all__ = [
     "SNAPSHOT_HEADER",
     "SNAPSHOT_MAGIC",
     "Batch",
+    "OFFLOAD_MIN",
     "encode_batch_header",
     "encode_record",
     "encode_snapshot_header",
     "find_next_batch",
     "iter_snapshot_chunks",
+    "location",
+    "location_file",
+    "location_length",
+    "location_offset",
     "parse_batch",
     "parse_snapshot_header",
     "parse_snapshot_records",
+    "segment_file_id",
+    "snapshot_file_id",
 ]
 
 BATCH_MAGIC = b"CQJB"
@@ -76,6 +93,40 @@ MAX_VALUE_BYTES = 0xFFFFFFFF
 
 _REC_PREFIX = struct.Struct("<BHIQ")  # the part of RECORD_HEADER after the CRC
 _crc32 = zlib.crc32
+
+# Values from this size on stay on disk once written (see "Values left on disk"): below it
+# the bytes object costs little more than its location and a read would cost more than it saves.
+OFFLOAD_MIN = 128
+
+# A location: file id << 72 | offset << 32 | length (offsets below 2^40, lengths below 2^32).
+_OFF_SHIFT = 32
+_FILE_SHIFT = 72
+_LEN_MASK = (1 << 32) - 1
+_OFF_MASK = (1 << 40) - 1
+
+
+def segment_file_id(n: int) -> int:
+    return 2 * n
+
+
+def snapshot_file_id(n: int) -> int:
+    return 2 * n + 1
+
+
+def location(file_id: int, offset: int, length: int) -> int:
+    return (file_id << _FILE_SHIFT) | (offset << _OFF_SHIFT) | length
+
+
+def location_file(loc: int) -> int:
+    return loc >> _FILE_SHIFT
+
+
+def location_offset(loc: int) -> int:
+    return (loc >> _OFF_SHIFT) & _OFF_MASK
+
+
+def location_length(loc: int) -> int:
+    return loc & _LEN_MASK
 
 
 def encode_record(kind: int, lsn: int, key: bytes, value: bytes) -> bytes:
@@ -102,8 +153,8 @@ class Batch:
     start: int
     end: int
     first_lsn: int
-    # (kind, key, value); value is b"" for a delete.
-    ops: list[tuple[int, str, bytes]]
+    # (kind, key, value); value is b"" for a delete, a location (int) for a value left on disk.
+    ops: list[tuple[int, str, bytes | int]]
 
 
 class BadBatch(Exception):
@@ -124,11 +175,12 @@ def _batch_header_ok(data: Buffer, pos: int) -> tuple[int, int, int] | None:
     return body_len, count, first_lsn
 
 
-def parse_batch(data: Buffer, pos: int) -> Batch:
+def parse_batch(data: Buffer, pos: int, file_id: int = -1) -> Batch:
     """Verify and decode the batch at ``pos`` or raise :class:`BadBatch`.
 
     Nothing of a batch is returned unless every record in it checks out, so a caller applies
-    whole batches only (one batch = one sync = one unit of durability).
+    whole batches only (one batch = one sync = one unit of durability). With a ``file_id``
+    (>= 0) a value of OFFLOAD_MIN bytes or more comes back as its location in that file.
     """
     size = len(data)
     header = _batch_header_ok(data, pos)
@@ -142,8 +194,10 @@ def parse_batch(data: Buffer, pos: int) -> Batch:
     view = memoryview(data)
     unpack = RECORD_HEADER.unpack_from
     hsize = RECORD_HEADER.size
-    ops: list[tuple[int, str, bytes]] = []
+    ops: list[tuple[int, str, bytes | int]] = []
     append = ops.append
+    big = OFFLOAD_MIN if file_id >= 0 else 1 << 40
+    file_bits = file_id << _FILE_SHIFT
     r = pos + BATCH_HEADER.size
     lsn = first_lsn
     for _ in range(count):
@@ -159,7 +213,13 @@ def parse_batch(data: Buffer, pos: int) -> Batch:
             raise BadBatch(pos, f"record at {r}: CRC mismatch")
         if rec_lsn != lsn or kind not in (PUT, DELETE):
             raise BadBatch(pos, f"record at {r}: lsn {rec_lsn} / type {kind} out of sequence")
-        append((kind, str(view[k0:v0], "utf-8"), data[v0:nxt] if kind == PUT else b""))
+        if kind != PUT:
+            value: bytes | int = b""
+        elif vlen >= big:
+            value = file_bits | (v0 << _OFF_SHIFT) | vlen
+        else:
+            value = data[v0:nxt]
+        append((kind, str(view[k0:v0], "utf-8"), value))
         lsn += 1
         r = nxt
     if r != end:
@@ -192,10 +252,13 @@ def parse_snapshot_header(data: Buffer) -> tuple[int, int]:
 
 
 def parse_snapshot_records(
-    data: Buffer, count: int, into: dict[str, bytes]
+    data: Buffer, count: int, into: dict[str, bytes | int], file_id: int = -1
 ) -> tuple[int, BadBatch | None]:
-    """Load up to ``count`` records into ``into``; returns (records read, damage or None)."""
+    """Load up to ``count`` records into ``into``; returns (records read, damage or None).
+    With a ``file_id`` (>= 0) large values come back as locations, as in :func:`parse_batch`."""
     size = len(data)
+    big = OFFLOAD_MIN if file_id >= 0 else 1 << 40
+    file_bits = file_id << _FILE_SHIFT
     view = memoryview(data)
     unpack = RECORD_HEADER.unpack_from
     hsize = RECORD_HEADER.size
@@ -209,7 +272,7 @@ def parse_snapshot_records(
         nxt = v0 + vlen
         if nxt > size or kind != PUT or _crc32(view[r + 4:nxt]) != crc:
             return n, BadBatch(r, "bad snapshot record")
-        into[str(view[k0:v0], "utf-8")] = data[v0:nxt]
+        into[str(view[k0:v0], "utf-8")] = file_bits | (v0 << _OFF_SHIFT) | vlen if vlen >= big else data[v0:nxt]
         r = nxt
     if r != size:
         return count, BadBatch(r, f"{size - r} unexpected bytes after the last snapshot record")
@@ -217,21 +280,29 @@ def parse_snapshot_records(
 
 
 def iter_snapshot_chunks(
-    lsn: int, items: Iterable[tuple[str, bytes]], count: int, chunk_bytes: int = 1 << 20
+    lsn: int, items: Iterable[tuple[str, bytes]], count: int, chunk_bytes: int = 1 << 20,
+    placed: Callable[[str, int, int], None] | None = None,
 ) -> Iterable[bytes]:
-    """The snapshot file's bytes in chunks of about ``chunk_bytes`` (one join per chunk)."""
-    pieces: list[bytes] = [encode_snapshot_header(lsn, count)]
+    """The snapshot file's bytes in chunks of about ``chunk_bytes`` (one join per chunk).
+    ``placed(key, offset, length)`` is told where each value of OFFLOAD_MIN bytes or more lands."""
+    head = encode_snapshot_header(lsn, count)
+    pieces: list[bytes] = [head]
     size = 0
+    pos = len(head)
+    hsize = RECORD_HEADER.size
     for key, value in items:
         kb = key.encode()
         pieces.append(encode_record(PUT, lsn, kb, value))
         pieces.append(kb)
         pieces.append(value)
-        size += len(kb) + len(value) + RECORD_HEADER.size
+        n = len(kb) + len(value) + hsize
+        if placed is not None and len(value) >= OFFLOAD_MIN:
+            placed(key, pos + hsize + len(kb), len(value))
+        pos += n
+        size += n
         if size >= chunk_bytes:
             yield b"".join(pieces)
             pieces.clear()
             size = 0
     if pieces:
         yield b"".join(pieces)
-

@@ -34,6 +34,8 @@ from .format import (
     parse_batch,
     parse_snapshot_header,
     parse_snapshot_records,
+    segment_file_id,
+    snapshot_file_id,
 )
 
 __all__ = ["Recovered", "RecoveryReport", "recover"]
@@ -55,7 +57,9 @@ class RecoveryReport:
 
 @dataclass(slots=True)
 class Recovered:
-    data: dict[str, bytes]
+    # A large value is its location in a file (format.py, "Values left on disk"): the
+    # bodies stay in the page cache or on disk, and only the index is rebuilt.
+    data: dict[str, bytes | int]
     last_lsn: int
     segment: int  # number of the segment to append to
     segment_bytes: int  # its size
@@ -80,13 +84,13 @@ def _note_aside(report: RecoveryReport, aside: str, nbytes: int) -> None:
     report.aside_paths.append(aside)
 
 
-def _load_snapshot(path: str, salvage: bool, data: dict[str, bytes], report: RecoveryReport,
-                   do_fsync: bool) -> tuple[int, bool]:
+def _load_snapshot(path: str, file_id: int, salvage: bool, data: dict[str, bytes | int],
+                   report: RecoveryReport, do_fsync: bool) -> tuple[int, bool]:
     """Load a snapshot into ``data``; returns (its lsn, whether salvage dropped something)."""
     buf = _map(path)
     try:
         lsn, count = parse_snapshot_header(buf)
-        read, damage = parse_snapshot_records(buf, count, data)
+        read, damage = parse_snapshot_records(buf, count, data, file_id)
     except BadBatch as exc:
         read, damage, lsn = 0, exc, -1
     report.snapshot_records = read
@@ -108,8 +112,8 @@ class _OutOfSequence(BadBatch):
 
 
 def _replay_segment(
-    path: str, last: bool, expected: int, resync: bool, salvage: bool, data: dict[str, bytes],
-    report: RecoveryReport, do_fsync: bool,
+    path: str, file_id: int, last: bool, expected: int, resync: bool, salvage: bool,
+    data: dict[str, bytes | int], report: RecoveryReport, do_fsync: bool,
 ) -> tuple[int, int, bool]:
     """Apply the batches of one segment.
 
@@ -121,7 +125,7 @@ def _replay_segment(
     pos = 0
     while pos < size:
         try:
-            batch = parse_batch(buf, pos)
+            batch = parse_batch(buf, pos, file_id)
             first = batch.first_lsn
             if first != expected + 1 and not (resync and first > expected):
                 raise _OutOfSequence(pos, f"batch starts at lsn {first}, expected {expected + 1}")
@@ -178,14 +182,14 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
         os.unlink(os.path.join(directory, name))
         changed = True
 
-    data: dict[str, bytes] = {}
+    data: dict[str, bytes | int] = {}
     needs_snapshot = False
     snapshot_bytes = 0
     last_lsn = 0
     if snapshots:
         first = snapshots[-1]
         path = os.path.join(directory, snapshot_name(first))
-        last_lsn, needs_snapshot = _load_snapshot(path, salvage, data, report, do_fsync)
+        last_lsn, needs_snapshot = _load_snapshot(path, snapshot_file_id(first), salvage, data, report, do_fsync)
         snapshot_bytes = os.path.getsize(path)
         # Older snapshots and segments before the newest snapshot are what a compaction had
         # not yet removed when it was interrupted; the snapshot replaces them.
@@ -211,8 +215,8 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
     resync = needs_snapshot
     for i, n in enumerate(segments):
         last_lsn, segment_bytes, resync = _replay_segment(
-            os.path.join(directory, segment_name(n)), i == len(segments) - 1, last_lsn, resync,
-            salvage, data, report, do_fsync)
+            os.path.join(directory, segment_name(n)), segment_file_id(n), i == len(segments) - 1, last_lsn,
+            resync, salvage, data, report, do_fsync)
         journal_bytes += segment_bytes
     needs_snapshot = needs_snapshot or bool(report.damaged)
     report.segments = len(segments)

@@ -31,26 +31,48 @@ again and rewrites everything pending from memory, so a resumed store never coun
 whose write-back failed (the "fsyncgate" lesson: those pages were cut off, the bytes are
 written anew and fsynced anew). ``durable_lsn`` only moves once a write and its fsync have
 both succeeded; nothing is reported durable that is not.
+
+Values left on disk
+-------------------
+A value of ``OFFLOAD_MIN`` bytes or more is held in memory only until its batch is written:
+``_write_batch`` then puts its location in the map in its place (unless a later put or
+delete replaced it meanwhile: it checks the map still holds that very object), recovery
+rebuilds the map with locations without copying a value out of the files, and a compaction
+moves the locations into the snapshot it wrote before the old files go. ``get`` reads such a
+value back with one ``pread`` under ``_lock`` (so no compaction closes the file under it);
+``heads`` reads only the start of each value out of the mapped files, for a start-up pass
+that needs no more. A value read back is not checked against its CRC again: recovery verified every
+record it indexed, and a record the process wrote itself is checked at the next start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import mmap
 import os
 import threading
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from .errors import StoreClosedError, StoreFailedError
+from .errors import StoreClosedError, StoreCorruptError, StoreFailedError
 from .files import DirLock, fsync_dir, list_numbered, segment_name, snapshot_name
 from .format import (
+    BATCH_HEADER,
     DELETE,
     MAX_KEY_BYTES,
+    OFFLOAD_MIN,
     PUT,
     RECORD_HEADER,
     encode_batch_header,
     encode_record,
     iter_snapshot_chunks,
+    location,
+    location_file,
+    location_length,
+    location_offset,
+    segment_file_id,
+    snapshot_file_id,
 )
 from .recovery import RecoveryReport, recover
 
@@ -61,6 +83,19 @@ COMPACT_RATIO = 2.0
 COMPACT_MIN_BYTES = 32 << 20
 
 _OVERHEAD = RECORD_HEADER.size
+# What a value left on disk costs in memory: its location (an int of three 30-bit digits).
+_LOCATION_BYTES = 36
+
+Value = bytes | int  # bytes in memory, or a location (format.py) of a value left on disk
+Batch = tuple[list[bytes], int, int, int, list[tuple[str, bytes, int]]]
+
+
+def _disk_bytes(v: Value) -> int:
+    return location_length(v) if type(v) is int else len(v)  # type: ignore[arg-type]
+
+
+def _memory_bytes(v: Value) -> int:
+    return _LOCATION_BYTES if type(v) is int else len(v)  # type: ignore[arg-type]
 
 
 class Store:
@@ -79,6 +114,9 @@ class Store:
         # pending[0] is a placeholder for the batch header, filled in by sync().
         self._pending: list[bytes] = [b""]
         self._pending_bytes = 0
+        # (key, value, offset of the value in the batch body): the values to leave on disk
+        # once their batch is written.
+        self._pending_big: list[tuple[str, bytes, int]] = []
         self._pending_first = 1
         self._durable = 0
         self._failed: BaseException | None = None
@@ -90,8 +128,14 @@ class Store:
         self._snapshot_bytes = 0
         self.recovery = RecoveryReport()
         self._live_bytes = 0  # estimate of the snapshot size, for compaction_due
+        self._memory = 0  # what the map holds in memory (values left on disk count their location)
+        self._readers: dict[int, int] = {}  # file id -> a read-only fd (under _lock)
+        self._peak = 0  # the map's largest size since it was last rebuilt (see _shrink)
+        # The keys by kind (up to the first "/"), made by a prefix scan and dropped by the
+        # next put or delete: see _keys.
+        self._kinds: dict[str, list[str]] | None = None
         if directory is None:
-            self._map: dict[str, bytes] = {}
+            self._map: dict[str, Value] = {}
             self._lsn = 0
             self._segment = 0
             return
@@ -114,7 +158,10 @@ class Store:
         self.recovery = found.report
         self._file = open(os.path.join(directory, segment_name(self._segment)), "ab", buffering=0)  # noqa: SIM115 - lives as long as the store
         self._good_size = os.fstat(self._file.fileno()).st_size
-        self._live_bytes = sum(len(k) + len(v) + _OVERHEAD for k, v in self._map.items())
+        keys = sum(map(len, self._map)) + _OVERHEAD * len(self._map)
+        self._live_bytes = keys + sum(map(_disk_bytes, self._map.values()))
+        self._memory = keys + sum(map(_memory_bytes, self._map.values()))
+        self._peak = len(self._map)
         if found.needs_snapshot:
             # Salvage dropped damaged bytes: a fresh snapshot makes the next open clean.
             self.maybe_compact(force=True)
@@ -144,12 +191,22 @@ class Store:
         with self._lock:
             self._check()
             self._lsn = lsn = self._lsn + 1
+            self._kinds = None
             old = self._map.get(key)
             self._map[key] = value
             size = len(kb) + len(value) + _OVERHEAD
-            self._live_bytes += size - (0 if old is None else len(key) + len(old) + _OVERHEAD)
+            if old is None:
+                self._live_bytes += size
+                self._memory += size
+                if len(self._map) > self._peak:
+                    self._peak = len(self._map)
+            else:
+                self._live_bytes += len(value) - _disk_bytes(old)
+                self._memory += len(value) - _memory_bytes(old)
             if self._file is not None:
                 pending = self._pending
+                if len(value) >= OFFLOAD_MIN:
+                    self._pending_big.append((key, value, self._pending_bytes + _OVERHEAD + len(kb)))
                 pending.append(encode_record(PUT, lsn, kb, value))
                 pending.append(kb)
                 pending.append(value)
@@ -162,9 +219,11 @@ class Store:
         with self._lock:
             self._check()
             self._lsn = lsn = self._lsn + 1
+            self._kinds = None
             old = self._map.pop(key, None)
             if old is not None:
-                self._live_bytes -= len(key) + len(old) + _OVERHEAD
+                self._live_bytes -= len(key) + _disk_bytes(old) + _OVERHEAD
+                self._memory -= len(key) + _memory_bytes(old) + _OVERHEAD
             if self._file is not None:
                 self._pending.append(encode_record(DELETE, lsn, kb, b""))
                 self._pending.append(kb)
@@ -172,7 +231,34 @@ class Store:
         return lsn
 
     def get(self, key: str) -> bytes | None:
-        return self._map.get(key)
+        """The value of ``key`` (read back from its file when it was left on disk), or None."""
+        v = self._map.get(key)
+        if type(v) is not int:
+            return v  # type: ignore[return-value]
+        with self._lock:
+            self._check()  # its read fds are closed
+            v = self._map.get(key)  # again: a compaction may have moved it meanwhile
+            if type(v) is not int:
+                return v  # type: ignore[return-value]
+            return self._read(v)
+
+    def _read(self, loc: int) -> bytes:
+        """The value at ``loc`` (caller holds ``_lock``)."""
+        file_id = location_file(loc)
+        fd = self._readers.get(file_id)
+        if fd is None:
+            fd = self._readers[file_id] = os.open(self._path_of(file_id), os.O_RDONLY | os.O_CLOEXEC)
+        length = location_length(loc)
+        data = os.pread(fd, length, location_offset(loc))
+        if len(data) != length:
+            raise StoreCorruptError(f"{self._path_of(file_id)}: {length} bytes at offset {location_offset(loc)} "
+                                    f"are past the end of the file")
+        return data
+
+    def _path_of(self, file_id: int) -> str:
+        assert self._dir is not None
+        n, snap = divmod(file_id, 2)
+        return os.path.join(self._dir, snapshot_name(n) if snap else segment_name(n))
 
     def __contains__(self, key: str) -> bool:
         return key in self._map
@@ -187,11 +273,63 @@ class Store:
         scans every key: meant for start-up and management, not for the hot path.
         """
         with self._lock:
-            if prefix:
-                found = [(k, v) for k, v in self._map.items() if k.startswith(prefix)]
-            else:
-                found = list(self._map.items())
-        return iter(found)
+            m = self._map
+            return iter([(k, self._read(v) if type(v := m[k]) is int else v)  # type: ignore[misc]
+                         for k in self._keys(prefix)])
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """The keys that start with ``prefix`` (no value is read): a copy, as for ``items``."""
+        with self._lock:
+            return self._keys(prefix)
+
+    def _keys(self, prefix: str) -> list[str]:
+        """The keys under ``prefix`` (caller holds ``_lock``): a start-up scans 10^6 keys once
+        per kind of record, so no (key, value) pair is made for a key that does not match."""
+        if not prefix:
+            return list(self._map)
+        slash = prefix.find("/")
+        if slash < 0:
+            return [k for k in self._map if k.startswith(prefix)]
+        if self._kinds is None:
+            # One pass sorts every key by its kind; the start-up's scans (a handful of kinds,
+            # each once) then each read only their own keys instead of all 10^6.
+            kinds: dict[str, list[str]] = {}
+            for k in self._map:
+                kind = k[:k.find("/") + 1]
+                found = kinds.get(kind)
+                if found is None:
+                    kinds[kind] = [k]
+                else:
+                    found.append(k)
+            self._kinds = kinds
+        keys = self._kinds.get(prefix[:slash + 1], [])
+        if slash + 1 == len(prefix):
+            return list(keys)
+        return [k for k in keys if k.startswith(prefix)]
+
+    def heads(self, prefix: str, size: int) -> Iterator[tuple[str, bytes, int]]:
+        """``(key, the first size bytes of its value, the value's length)`` for the keys
+        that start with ``prefix``: a start-up pass that needs only the head of each value
+        (10^6 messages: their metadata) reads it straight from the mapped files, and no
+        body is copied. A copy of the keys is taken first, as for ``items``."""
+        with self._lock:
+            found = [(k, self._map[k]) for k in self._keys(prefix)]
+            maps: dict[int, mmap.mmap] = {}
+            for _, value in found:
+                if type(value) is int and location_file(value) not in maps:
+                    with open(self._path_of(location_file(value)), "rb") as f:
+                        maps[location_file(value)] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            for k, v in found:
+                if type(v) is int:
+                    off = location_offset(v)
+                    length = location_length(v)
+                    yield k, maps[location_file(v)][off:off + min(size, length)], length
+                else:
+                    yield k, v[:size], len(v)  # type: ignore[index,arg-type]
+        finally:
+            for mapped in maps.values():
+                mapped.close()
 
     @property
     def durable_lsn(self) -> int:
@@ -205,7 +343,13 @@ class Store:
 
     @property
     def live_bytes(self) -> int:
-        """Bytes of the keys and values held (plus record headers): memory the store holds."""
+        """Bytes of the keys and values held in memory (plus record headers): memory the
+        store holds. A value left on disk counts as its location, not its length."""
+        return self._memory
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the live keys and values wherever they are (the next snapshot's size)."""
         return self._live_bytes
 
     @property
@@ -239,26 +383,32 @@ class Store:
                 self._durable = self._lsn
                 return self._durable
             batch = self._take_batch()
-        return self._write_batch(batch)
+        durable = self._write_batch(batch)
+        if self._peak > 4096 and len(self._map) * 4 < self._peak:
+            self._shrink()
+        return durable
 
-    def _take_batch(self) -> tuple[list[bytes], int, int, int]:
-        """Swap the pending batch out (caller holds ``_lock``): (pieces, body bytes, first, last)."""
+    def _take_batch(self) -> Batch:
+        """Swap the pending batch out (caller holds ``_lock``): (pieces, body bytes, first,
+        last, the values to leave on disk once written)."""
         pending, self._pending = self._pending, [b""]
         body_len, self._pending_bytes = self._pending_bytes, 0
+        big, self._pending_big = self._pending_big, []
         first, last = self._pending_first, self._lsn
         self._pending_first = last + 1
-        return pending, body_len, first, last
+        return pending, body_len, first, last, big
 
-    def _write_batch(self, batch: tuple[list[bytes], int, int, int]) -> int:
+    def _write_batch(self, batch: Batch) -> int:
         """Write one batch with one write and one fsync (caller holds ``_sync_lock``).
 
         On failure the batch goes back in front of what is pending, for the next sync."""
-        pending, body_len, first, last = batch
+        pending, body_len, first, last, big = batch
         if last < first:
             return self._durable
         assert self._file is not None
         pending[0] = encode_batch_header(body_len, last - first + 1, first)
         data = b"".join(pending)
+        start = self._good_size
         try:
             if self._failed is not None:
                 self._cut_back()  # a failed write may have left part of a batch behind
@@ -266,21 +416,39 @@ class Store:
             if self._fsync:
                 os.fsync(self._file.fileno())
         except OSError as exc:
-            self._put_back(pending, body_len, first, exc)
+            self._put_back(pending, body_len, first, big, exc)
             raise StoreFailedError(f"store write failed: {exc!r}; retried by the next sync") from exc
         self._good_size += len(data)
         self._journal_bytes += len(data)
         self._durable = last
         self._failed = None
+        if big:
+            self._leave_on_disk(big, segment_file_id(self._segment), start + BATCH_HEADER.size)
         return last
 
-    def _put_back(self, pieces: list[bytes], body_len: int, first: int, exc: BaseException) -> None:
+    def _leave_on_disk(self, big: list[tuple[str, bytes, int]], file_id: int, base: int) -> None:
+        """The values of a batch just written give way to their locations, unless a later
+        put or delete replaced them meanwhile (then the map no longer holds that object)."""
+        with self._lock:
+            m = self._map
+            freed = 0
+            for key, value, offset in big:
+                if m.get(key) is value:
+                    m[key] = location(file_id, base + offset, len(value))
+                    freed += len(value) - _LOCATION_BYTES
+            self._memory -= freed
+
+    def _put_back(self, pieces: list[bytes], body_len: int, first: int, big: list[tuple[str, bytes, int]],
+                  exc: BaseException) -> None:
         """A batch that failed is pending again, ahead of what was appended meanwhile (the
         LSNs stay contiguous, so the next sync writes both as one batch)."""
         with self._lock:
             pieces[0] = b""
             pieces.extend(self._pending[1:])
             self._pending = pieces
+            # The values appended meanwhile now sit behind the put-back batch body.
+            big.extend((k, v, off + body_len) for k, v, off in self._pending_big)
+            self._pending_big = big
             self._pending_bytes += body_len
             self._pending_first = first
             self._failed = exc
@@ -345,20 +513,42 @@ class Store:
         # From here on syncs append to segment `new` while the snapshot is written.
         final = os.path.join(directory, snapshot_name(new))
         tmp = final + ".tmp"
+        snap_id = snapshot_file_id(new)
+        replaced = segment_file_id(new)  # every file id below it goes once the snapshot is in
+        sources: dict[int, mmap.mmap] = {}
+
+        def value_of(v: Value) -> bytes:
+            if type(v) is not int:
+                return v  # type: ignore[return-value]
+            file_id = location_file(v)
+            m = sources.get(file_id)
+            if m is None:
+                with open(self._path_of(file_id), "rb") as f:
+                    m = sources[file_id] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            off = location_offset(v)
+            return m[off:off + location_length(v)]
+
+        def placed(key: str, offset: int, length: int) -> None:
+            state[key] = location(snap_id, offset, length)  # an existing key: no resize
+
         try:
             size = 0
             with open(tmp, "wb") as f:
-                for chunk in iter_snapshot_chunks(lsn, state.items(), len(state)):
+                values = ((k, value_of(v)) for k, v in state.items())
+                for chunk in iter_snapshot_chunks(lsn, values, len(state), placed=placed):
                     f.write(chunk)
                     size += len(chunk)
                 f.flush()
                 if self._fsync:
                     os.fsync(f.fileno())
-            del state
+            for m in sources.values():
+                m.close()
+            sources.clear()
             os.replace(tmp, final)
             if self._fsync:
                 fsync_dir(directory)
             self._snapshot_bytes = size
+            self._relocate(state, replaced)
             segments, snapshots, _ = list_numbered(directory)
             for n in segments:
                 if n < new:
@@ -375,6 +565,40 @@ class Store:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        finally:
+            for m in sources.values():
+                m.close()
+
+    def _relocate(self, state: dict[str, Value], replaced: int) -> None:
+        """Values left in files about to go (ids below ``replaced``) now live in the new
+        snapshot: ``state`` holds their locations there. A map entry that points elsewhere
+        was put after the snapshot's LSN and stays. The lock is taken per slice, so the
+        event loop is not held up for the whole map."""
+        items = iter(state.items())
+        while True:
+            with self._lock:
+                m = self._map
+                done = True
+                for key, v in itertools.islice(items, 8192):
+                    done = False
+                    if type(v) is int:
+                        cur = m.get(key)
+                        if type(cur) is int and location_file(cur) < replaced:
+                            m[key] = v
+                if done:
+                    # Every read from now on finds the new snapshot: the old files may close.
+                    for file_id in [f for f in self._readers if f < replaced]:
+                        os.close(self._readers.pop(file_id))
+                    return
+
+    def _shrink(self) -> None:
+        """A dict never gives back the table it grew to when its keys go: after 10^6 messages
+        drained, the map kept tens of MB for a handful of keys. Rebuilt once it holds under a
+        quarter of its peak (the copy costs at most a quarter of the growth it undoes)."""
+        with self._lock:
+            if self._peak > 4096 and len(self._map) * 4 < self._peak:
+                self._map = dict(self._map)
+                self._peak = len(self._map)
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -397,6 +621,9 @@ class Store:
                 if self._file is not None:
                     self._file.close()
                     self._file = None
+                for fd in self._readers.values():
+                    os.close(fd)
+                self._readers.clear()
                 if self._dirlock is not None:
                     self._dirlock.release()
                     self._dirlock = None

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from semantics.store import Store, StoreClosedError, StoreFailedError, StoreLockedError
 from semantics.store import store as store_module
-from semantics.store.format import BATCH_HEADER, RECORD_HEADER
+from semantics.store.format import BATCH_HEADER, OFFLOAD_MIN, RECORD_HEADER
 from tests.small_disk import fill, free, small_disk
 
 
@@ -352,6 +352,8 @@ def test_concurrent_syncs_do_not_interleave(tmp_path) -> None:
 _ops = st.lists(
     st.one_of(
         st.tuples(st.just("put"), st.sampled_from("abcdef"), st.binary(max_size=40)),
+        # Values the store leaves on disk once written (OFFLOAD_MIN and up).
+        st.tuples(st.just("put"), st.sampled_from("abcdef"), st.binary(min_size=OFFLOAD_MIN, max_size=400)),
         st.tuples(st.just("delete"), st.sampled_from("abcdef"), st.just(b"")),
         st.tuples(st.sampled_from(["sync", "compact", "reopen"]), st.just(""), st.just(b"")),
     ),
@@ -385,5 +387,7 @@ def test_store_behaves_like_a_dict(tmp_path_factory, ops) -> None:
                 s = Store.open(d, fsync=False, compact_min_bytes=0)
                 assert s.last_lsn == lsn
             assert dict(s.items()) == model
+            assert {k: s.get(k) for k in model} == model
+            assert {k: (h, n) for k, h, n in s.heads("", 50)} == {k: (v[:50], len(v)) for k, v in model.items()}
     finally:
         s.close()
