@@ -27,7 +27,7 @@ _EPILOG = """\
 A plain run publishes at a fixed --rate (1,000 msg/s per producer by default), a load a broker
 sustains, so its latencies are end-to-end delivery times. --rate 0 publishes as fast as the
 broker takes (its flow control decides): an overload test, whose latencies are mostly time
-spent queued. `perf compare` runs its own scenarios (1-6 at --rate 0, 7 at 1,000 msg/s),
+spent queued. `perf compare` runs its own scenarios (1-6 and 8 at --rate 0, 7 at 1,000 msg/s),
 whatever --rate says.
 """
 
