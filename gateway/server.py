@@ -31,7 +31,7 @@ from gateway import version
 from gateway.alarms import Alarms
 from gateway.audit import AuditLog, NullAudit
 from gateway.config import GatewayConfig, Listener
-from gateway.transport import AMQPConnection
+from gateway.transport import AMQPConnection, LightPeers
 
 __all__ = [
     "Gateway",
@@ -251,6 +251,7 @@ class Gateway:
         self.broker: Any = None
         self.audit: Any = NullAudit()
         self.connections: set[AMQPConnection] = set()
+        self.light_peers = LightPeers()  # whose input ends a busy connection's read turn
         self.server_properties: dict[str, Any] = {}
         self.alarms = Alarms()
         self.blocked = False  # a resource alarm is in effect (W5): publishers are blocked
@@ -441,6 +442,7 @@ class Gateway:
         if self.broker is not None:
             await self.broker.close()
         self.audit.close()
+        self.light_peers.close()
         for lock in self._locks:
             lock.release()
         self._locks = []

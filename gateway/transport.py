@@ -17,6 +17,14 @@ paused and the rest is handled in a ``call_soon`` callback (likewise after TURN_
 their turn. Nothing more is read from this peer until its buffered frames are handled, which
 also bounds the input buffer (a publisher is throttled by TCP, as RabbitMQ's credit flow does).
 
+Turns of that size still made a light connection wait: a prefetch-1 consumer's ack sat in the
+kernel behind the flood's publisher turn and its consumer's turn, about 6-16 ms a delivery, where
+RabbitMQ's per-connection reader processes take it up at once (1-2 ms). So connections that send
+little (``LightPeers``: under LIGHT_EVENTS_PER_SECOND) are watched in an epoll set of their own,
+and a busy connection's turn ends as soon as one of them has input, checked every
+LIGHT_CHECK_SECONDS; the light one is then read in the same loop iteration. Busy turns that
+only busy connections wait behind keep their full size, so throughput pays nothing for it.
+
 Back-pressure runs both ways: the socket's ``pause_writing``/``resume_writing`` stop and
 restart deliveries to this connection (a slow consumer), and while a resource alarm is in
 effect (W5, gateway/alarms.py) a connection that publishes, or is in the middle of sending a
@@ -66,6 +74,57 @@ _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk,
 # them held the loop for a second while the consumers' acks waited (scenario 3).
 EVENTS_PER_TURN = 256
 TURN_SECONDS = 0.005
+# Light connections (see the module docstring): fewer events a second than this, measured over
+# LIGHT_WINDOW_SECONDS. A consumer acking 1,000 deliveries a second is busy; one with prefetch 1
+# and 10 ms of work per message (~100 acks a second) is light.
+LIGHT_EVENTS_PER_SECOND = 500
+LIGHT_BYTES_PER_WINDOW = 1 << 16  # a few large messages are not light: their bodies take turns
+LIGHT_WINDOW_SECONDS = 0.5
+LIGHT_CHECK_SECONDS = 0.00025
+
+
+class LightPeers:
+    """The sockets of the light connections, in an epoll set of their own: one ``poll(0)``
+    says whether any of them has input waiting, whatever their number. A connection leaves the
+    set while its reading is paused, so a socket nobody reads never ends other turns."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._members: dict[int, object] = {}  # fd -> the connection registered with it
+
+    def add(self, conn: object, fd: int) -> None:
+        if self._epoll is None:
+            return
+        try:
+            if fd in self._members:  # a closed socket's fd, reused (epoll dropped the old one)
+                self._epoll.modify(fd, select.EPOLLIN)
+            else:
+                self._epoll.register(fd, select.EPOLLIN)
+        except OSError:
+            try:
+                self._epoll.register(fd, select.EPOLLIN)
+            except OSError:
+                return  # closed under us: it takes no part
+        self._members[fd] = conn
+
+    def discard(self, conn: object, fd: int) -> None:
+        if self._members.get(fd) is not conn:
+            return
+        del self._members[fd]
+        assert self._epoll is not None
+        try:
+            self._epoll.unregister(fd)
+        except OSError:
+            pass  # the socket is closed already, which removed it from the set
+
+    def waiting(self) -> bool:
+        """Has any light connection input the kernel holds for it?"""
+        return bool(self._members) and bool(self._epoll.poll(0, 1))  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+            self._members.clear()
 
 
 def is_loopback(host: str) -> bool:
@@ -169,6 +228,12 @@ class AMQPConnection(ClientProtocol):
         self._flush_scheduled = False
         self._lost = False
         self._partial = 0  # partial body bytes counted in HELD (W5)
+        self._fd = -1  # the socket's, for LightPeers
+        self._light = False  # in gw.light_peers
+        self._busy = False  # sent LIGHT_EVENTS_PER_SECOND or more in its last window
+        self._window_events = 0
+        self._window_bytes = 0
+        self._window_start = time.monotonic()
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -184,9 +249,14 @@ class AMQPConnection(ClientProtocol):
             self.cert_user = peer_username(ssl_object, tls.ssl_cert_login_from if tls else "distinguished_name")
             self.conn.mechanisms = offered(external=self.cert_user is not None)
         self.conn.tick(time.monotonic())  # starts the core's handshake deadline (SE4)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self._fd = sock.fileno()
+        self._sync_light()
 
     def data_received(self, data: bytes) -> None:
         self.gw.bytes_in += len(data)
+        self._window_bytes += len(data)
         self.conn.receive_data(data)
         if not self._backlog:  # else a turn is already scheduled and reading paused
             self._process()
@@ -194,12 +264,16 @@ class AMQPConnection(ClientProtocol):
     def _process(self) -> None:
         """Handle at most EVENTS_PER_TURN events; schedule the rest for a later turn."""
         more = False
+        budget = EVENTS_PER_TURN
         if not self._lost:
             next_event = self.conn.next_event
             dispatch = self._dispatch
-            budget = EVENTS_PER_TURN
             clock = time.perf_counter
-            deadline = clock() + TURN_SECONDS
+            start = clock()
+            deadline = start + TURN_SECONDS
+            # A light connection's own turns are short; a busy one looks for light input.
+            check_at = deadline if self._light else start
+            light_waiting = self.gw.light_peers.waiting
             broker = self.gw.broker
             broker.begin_batch()  # deliveries caused by this turn: one dispatch per queue
             try:
@@ -209,9 +283,15 @@ class AMQPConnection(ClientProtocol):
                         break
                     dispatch(event)
                     budget -= 1
-                    if not budget or clock() >= deadline:
+                    if not budget:
                         more = True
                         break
+                    now = clock()
+                    if now >= check_at:
+                        if now >= deadline or light_waiting():
+                            more = True
+                            break
+                        check_at = now + LIGHT_CHECK_SECONDS
             except Exception:  # a bug below us must not take the event loop down with it
                 log.exception("internal error on connection %s", self.peer)
                 self._force_close(541, "INTERNAL_ERROR - internal error")
@@ -225,6 +305,7 @@ class AMQPConnection(ClientProtocol):
         if self._lost:
             return
         self._count_partial()
+        self._measure(EVENTS_PER_TURN - budget, more)
         gw = self.gw
         if gw.memory_over():
             gw.check_alarms()
@@ -249,6 +330,35 @@ class AMQPConnection(ClientProtocol):
             self.transport.pause_reading()
         else:
             self.transport.resume_reading()
+        self._sync_light()
+
+    def _measure(self, events: int, more: bool) -> None:
+        """Count this turn's events towards the connection's rate; a turn that could not
+        handle all its input, or many bytes, make it busy at once."""
+        self._window_events += events
+        now = time.monotonic()
+        elapsed = now - self._window_start
+        if more or self._window_bytes > LIGHT_BYTES_PER_WINDOW:
+            busy = True
+        elif elapsed >= LIGHT_WINDOW_SECONDS:
+            busy = self._window_events >= LIGHT_EVENTS_PER_SECOND * elapsed
+        else:
+            return
+        if elapsed >= LIGHT_WINDOW_SECONDS:
+            self._window_events = self._window_bytes = 0
+            self._window_start = now
+        if busy != self._busy:
+            self._busy = busy
+            self._sync_light()
+
+    def _sync_light(self) -> None:
+        want = not (self._busy or self._reading_paused or self._lost or self._fd < 0)
+        if want != self._light:
+            self._light = want
+            if want:
+                self.gw.light_peers.add(self, self._fd)
+            else:
+                self.gw.light_peers.discard(self, self._fd)
 
     def _count_partial(self) -> None:
         """W5: the body bytes of contents still arriving are held memory, and a connection
@@ -268,6 +378,7 @@ class AMQPConnection(ClientProtocol):
             return
         self._lost = True
         self.gw.connections.discard(self)
+        self._sync_light()
         HELD.partial -= self._partial  # a body that never finished is let go
         self._partial = 0
         if self.session is not None:

@@ -28,7 +28,7 @@ _EPILOG = """\
 A plain run publishes at a fixed --rate (1,000 msg/s per producer by default), a load a broker
 sustains, so its latencies are end-to-end delivery times. --rate 0 publishes as fast as the
 broker takes (its flow control decides): an overload test, whose latencies are mostly time
-spent queued. `perf compare` runs its own scenarios (1-6 at --rate 0, 7 at 1,000 msg/s),
+spent queued. `perf compare` runs its own scenarios (1-6 and 8 at --rate 0, 7 at 1,000 msg/s),
 whatever --rate says.
 """
 
@@ -159,6 +159,13 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds to wait for the deliveries still in flight after the window",
     )
+    r.add_argument(
+        "--slow-ack-ms",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="MS",
+        help="also a prefetch-1 consumer of a queue of its own, acking each delivery MS after it (0: none)",
+    )
     r.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     r.add_argument("--quiet", action="store_true", help="no progress line on stderr")
     c = p.add_argument_group("compare")
@@ -166,7 +173,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     c.add_argument("--uri-b", default=None, help="the broker compared with it")
     c.add_argument("--name-a", default="RabbitMQ", help="broker a's name in the table")
     c.add_argument("--name-b", default="cmq-gateway", help="broker b's name in the table")
-    c.add_argument("--scenarios", type=_scenarios, default=None, help="comma-separated, default all: 1-7")
+    c.add_argument("--scenarios", type=_scenarios, default=None, help="comma-separated, default all: 1-8")
     c.add_argument(
         "--repeat", type=_positive_int, default=1, help="runs per scenario and broker, alternating"
     )
@@ -248,6 +255,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         producer_processes=args.producer_processes,
         consumer_processes=args.consumer_processes,
         drain_timeout=args.drain_timeout,
+        slow_ack_ms=args.slow_ack_ms,
         json=args.json,
         progress=not args.quiet,
     )
@@ -275,6 +283,13 @@ def _print_summary(result: dict[str, Any]) -> None:
     )
     if g["saturated"]:
         print("WARNING: the generator itself is the limit (a worker process used >= 90% of a core)")
+    slow = result.get("slow")
+    if slow is not None:
+        turn = slow["turnaround_us"]
+        print(
+            f"slow consumer: {slow['rate']:.1f} deliveries/s"
+            + (f", ack -> next delivery p50 {turn['p50'] / 1000:.2f} ms p99 {turn['p99'] / 1000:.2f} ms" if turn else "")
+        )
     for err in result["errors"]:
         print(f"error: {err}")
 

@@ -51,6 +51,14 @@ def metrics_of(scenario: int, result: dict[str, Any]) -> dict[str, tuple[str, fl
     lat = result["latency_us"] or {}
     rates = result["rates"]
     out: dict[str, tuple[str, float | None]] = {}
+    slow = result.get("slow")
+    if slow is not None:
+        turn = slow["turnaround_us"] or {}
+        out["slow consumer received"] = ("deliveries/s", slow["rate"])
+        out["slow turnaround p50"] = ("ms", turn["p50"] / 1000 if turn else None)
+        out["slow turnaround p99"] = ("ms", turn["p99"] / 1000 if turn else None)
+        out["flood received"] = ("deliveries/s", rates["received"])
+        return out
     if scenario != 7:
         out["sent"] = ("msg/s", rates["sent"])
         if result["config"]["confirm"]:

@@ -29,6 +29,9 @@ class RunConfig:
     producer_processes: int = 0  # 0: one per producer, at most the CPU count
     consumer_processes: int = 0
     drain_timeout: float = 10.0
+    # Fairness (scenario 8): one more consumer, on a queue of its own with a backlog, prefetch 1,
+    # acking each delivery this many ms after it arrived; 0 = none.
+    slow_ack_ms: float = 0.0
     json: bool = False
     progress: bool = True
 

@@ -18,8 +18,11 @@ import time
 from multiprocessing.connection import Connection, wait
 from typing import Any, TextIO
 
+from pamqp import commands
+
 from gateway.perf.client import AmqpClient, parse_uri
 from gateway.perf.config import RunConfig
+from gateway.perf.frames import encode_properties, publish_template
 from gateway.perf.stats import LatencyHistogram
 from gateway.perf.topology import Topology, build_topology, declare, delete
 from gateway.perf.worker import Snapshot, WorkerSpec, worker_main
@@ -89,7 +92,41 @@ def _specs(cfg: RunConfig, topo: Topology) -> list[WorkerSpec]:
     cp = cfg.consumer_processes or min(n_cons, cpus)
     for chunk in _split(consumer_queues, cp) if n_cons else []:
         specs.append(WorkerSpec(worker_id=len(specs), role="consumer", queues=chunk, **common))  # type: ignore[arg-type]
+    if cfg.slow_ack_ms:
+        common.update(prefetch=1, multi_ack=1)
+        specs.append(WorkerSpec(worker_id=len(specs), role="slow", queues=[[_slow_queue(topo)]],
+                                ack_delay=cfg.slow_ack_ms / 1000, **common))  # type: ignore[arg-type]
     return specs
+
+
+def _slow_queue(topo: Topology) -> str:
+    return f"{topo.queues[0].rsplit('-', 1)[0]}-slow"
+
+
+def _slow_backlog(cfg: RunConfig) -> int:
+    """More than the slow consumer can take in the run, its start-up and the drain."""
+    return int((cfg.duration + cfg.drain_timeout + _READY_TIMEOUT_S) * 1000 / cfg.slow_ack_ms) + 100
+
+
+async def _slow_queue_setup(cfg: RunConfig, topo: Topology, create: bool) -> None:
+    """Declare the slow consumer's queue with its backlog, or delete it."""
+    client = await AmqpClient.connect(parse_uri(cfg.uri))
+    name = _slow_queue(topo)
+    try:
+        await client.open_channel(1)
+        if not create:
+            await client.rpc(1, commands.Queue.Delete(queue=name), commands.Queue.DeleteOk)
+            return
+        await client.rpc(1, commands.Queue.Declare(queue=name), commands.Queue.DeclareOk)
+        t = publish_template(1, "", name, cfg.size, encode_properties(delivery_mode=1), client.frame_max)
+        message = t.head + time.monotonic_ns().to_bytes(8, "big") + t.tail
+        for _ in range(_slow_backlog(cfg) // 1000 + 1):
+            await client.writable()
+            client.write(message * 1000)
+        # Replies come in order: once this one is back, every publish before it was handled.
+        await client.rpc(1, commands.Queue.Declare(queue=name, passive=True), commands.Queue.DeclareOk)
+    finally:
+        await client.close()
 
 
 class _Run:
@@ -102,12 +139,17 @@ class _Run:
         self.done: set[int] = set()
         self.errors: list[str] = []
         self.hist = LatencyHistogram()
+        self.slow_hist = LatencyHistogram()  # the slow consumer's ack -> next delivery
         self.bases: dict[int, dict[int, int]] = {s.worker_id: {} for s in specs}
         self.per_second: list[dict[str, float]] = []
+        self.roles = {s.worker_id: s.role for s in specs}
 
     def total(self, attr: str, role: str | None = None) -> int:
+        """Summed over the workers of ``role``; None: the producers and (fast) consumers."""
         return sum(
-            getattr(self.snaps[s.worker_id], attr) for s in self.specs if role is None or s.role == role
+            getattr(self.snaps[s.worker_id], attr)
+            for s in self.specs
+            if s.role == role or (role is None and s.role != "slow")
         )
 
     def absorb(self, msg: tuple[Any, ...]) -> None:
@@ -118,8 +160,9 @@ class _Run:
             return
         if kind in ("tick", "done"):
             snap: Snapshot = msg[2]
-            self.hist.merge_cumulative(snap.latency, self.bases[wid])
-            self.hist.max_us = max(self.hist.max_us, snap.latency_max_us)
+            hist = self.slow_hist if self.roles[wid] == "slow" else self.hist
+            hist.merge_cumulative(snap.latency, self.bases[wid])
+            hist.max_us = max(hist.max_us, snap.latency_max_us)
             self.snaps[wid] = snap
             if kind == "done":
                 self.done.add(wid)
@@ -165,6 +208,8 @@ def run(cfg: RunConfig, progress_out: TextIO | None = sys.stderr) -> dict[str, A
     topo = build_topology(cfg.pattern, run_id, cfg.queues, cfg.tag_fanout, cfg.durable_queues)
     specs = _specs(cfg, topo)
     asyncio.run(run_async_topology(cfg.uri, topo, create=True))
+    if cfg.slow_ack_ms:
+        asyncio.run(_slow_queue_setup(cfg, topo, create=True))
     ctx = mp.get_context("spawn")
     procs: list[Any] = []
     pipes: dict[int, Connection] = {}
@@ -202,6 +247,7 @@ def run(cfg: RunConfig, progress_out: TextIO | None = sys.stderr) -> dict[str, A
         prev: dict[str, int] = {}
         producers = [s.worker_id for s in specs if s.role == "producer"]
         consumers = [s.worker_id for s in specs if s.role == "consumer"]
+        slow = [s.worker_id for s in specs if s.role == "slow"]
         # The window, then the producers' confirm tail.
         while time.monotonic() < start + cfg.duration or not all(w in state.done for w in producers):
             if state.errors:
@@ -228,7 +274,7 @@ def run(cfg: RunConfig, progress_out: TextIO | None = sys.stderr) -> dict[str, A
             elif time.monotonic() - last_change > 2.0:
                 break
             state.pump(pipes, 0.2)
-        for w in consumers:
+        for w in consumers + slow:
             if w not in state.done:
                 pipes[w].send(("stop",))
         stop_end = time.monotonic() + 15.0
@@ -242,6 +288,8 @@ def run(cfg: RunConfig, progress_out: TextIO | None = sys.stderr) -> dict[str, A
                 proc.join(timeout=5.0)
         try:
             asyncio.run(run_async_topology(cfg.uri, topo, create=False))
+            if cfg.slow_ack_ms:
+                asyncio.run(_slow_queue_setup(cfg, topo, create=False))
         except Exception as exc:  # cleanup must not hide the run's own error
             state.errors.append(f"cleanup failed: {exc!r}")
     return _result(cfg, topo, specs, state, cpu0, cpu1)
@@ -294,5 +342,12 @@ def _result(
             "host_cpu_busy_percent": host,
             "cpu_count": os.cpu_count(),
         },
+        "slow": {
+            "received": state.total("received_window", "slow"),
+            "rate": round(state.total("received_window", "slow") / d, 1),
+            "turnaround_us": state.slow_hist.summary(),
+        }
+        if cfg.slow_ack_ms
+        else None,
         "errors": state.errors,
     }

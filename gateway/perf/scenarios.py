@@ -12,6 +12,10 @@
 6. a backlog of N 1 KB persistent messages: broker memory per retained message, and the time a
    restart takes to recover them (gateway.perf.backlog)
 7. latency at a fixed 1,000 msg/s: p50 and p99
+8. fairness: scenario 1's flood, and beside it a consumer of another queue with prefetch 1 that
+   acks each delivery 10 ms after it arrived. Alone it would take ~90 messages a second; how
+   many it gets while the flood runs shows whether the flood starves it (issue 15). Its
+   turnaround (ack written -> next delivery read) is where the broker made it wait.
 
 Scenarios 1-5 publish as fast as the broker takes (its flow control decides), so their
 latencies are queueing time; scenario 7 is the latency measurement.
@@ -34,6 +38,7 @@ TITLES: dict[int, str] = {
     5: "topic exchange, 500 */# bindings, each message to 5",
     6: "backlog of 1 KB persistent messages: memory and restart",
     7: "latency at a fixed 1,000 msg/s",
+    8: "fairness: a prefetch-1 consumer acking after 10 ms beside scenario 1's flood",
 }
 
 # Multi-queue scenarios use two consumer connections (two worker processes) so that the
@@ -48,6 +53,7 @@ SCENARIOS: dict[int, Callable[[RunConfig, bool], RunConfig]] = {
     5: lambda base, tags: replace(base, size=16, pattern="topic", queues=500, tag_fanout=5, consumers=2),
     6: lambda base, tags: replace(base, size=1024, persistent=True, confirm=1024, consumers=0),
     7: lambda base, tags: replace(base, size=16, pattern="queue", queues=1, rate=1000.0),
+    8: lambda base, tags: replace(base, size=16, pattern="queue", queues=1, slow_ack_ms=10.0),
 }
 
 

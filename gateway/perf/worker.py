@@ -46,6 +46,7 @@ class WorkerSpec:
     rate: float = 0.0
     prefetch: int = 1000
     multi_ack: int = 1
+    ack_delay: float = 0.0  # role "slow": seconds from a delivery to its ack (prefetch 1)
 
 
 @dataclass
@@ -125,9 +126,8 @@ class _Worker:
                 self._setup_producer(c, r) for c, r in zip(self.clients, self.spec.routes, strict=True)
             ]
         else:
-            starters = [
-                self._setup_consumer(c, q) for c, q in zip(self.clients, self.spec.queues, strict=True)
-            ]
+            setup = self._setup_slow if self.spec.role == "slow" else self._setup_consumer
+            starters = [setup(c, q) for c, q in zip(self.clients, self.spec.queues, strict=True)]
         runners = await asyncio.gather(*starters)
         self.pipe.send(("ready", self.spec.worker_id))
         await self.go.wait()
@@ -296,6 +296,45 @@ class _Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop.wait(), 0.1)
                 flush()
+
+        return consume()
+
+
+    async def _setup_slow(self, client: AmqpClient, queues: list[str]) -> Coroutine[Any, Any, None]:
+        """A consumer that works on each message for ``ack_delay`` before acking it, with
+        prefetch 1: it can only go as fast as the broker turns its ack into the next delivery.
+        Its histogram holds that turnaround (ack written -> next delivery read), not latency."""
+        await client.open_channel(1)
+        await client.rpc(1, commands.Basic.Qos(prefetch_count=1), commands.Basic.QosOk)
+        loop = asyncio.get_running_loop()
+        delay = self.spec.ack_delay
+        snap = self.snap
+        record = self.hist.record_ns
+        acked_ns = 0
+
+        def ack(tag: int) -> None:
+            nonlocal acked_ns
+            if client.is_open:
+                client.write(basic_ack(1, tag, False))
+                acked_ns = time.monotonic_ns()
+
+        def on_delivery(channel: int, tag: int, latency_ns: int) -> None:
+            nonlocal acked_ns
+            if self.go.is_set():  # the backlog's first delivery can come before "go"
+                snap.received += 1
+                if acked_ns:
+                    record(time.monotonic_ns() - acked_ns)
+            acked_ns = 0
+            loop.call_later(delay, ack, tag)
+
+        client.on_delivery = on_delivery
+        for i, q in enumerate(queues):
+            await client.rpc(
+                1, commands.Basic.Consume(queue=q, consumer_tag=f"perf-slow-{i}"), commands.Basic.ConsumeOk
+            )
+
+        async def consume() -> None:
+            await self.stop.wait()
 
         return consume()
 

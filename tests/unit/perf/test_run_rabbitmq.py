@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from typing import Any
 
 import pytest
 from pamqp import commands
@@ -100,8 +101,10 @@ def test_main_json_output_shape(capsys: pytest.CaptureFixture[str]) -> None:
         "latency_us",
         "per_second",
         "generator",
+        "slow",
         "errors",
     }
+    assert out["slow"] is None  # no --slow-ack-ms
     assert set(out["rates"]) == {"sent", "confirmed", "received"}
     assert set(out["latency_us"]) == {"count", "p50", "p95", "p99", "max"}
     assert set(out["generator"]) == {
@@ -131,3 +134,26 @@ def test_topology_is_deleted_after_a_run(monkeypatch: pytest.MonkeyPatch) -> Non
     run(RunConfig(uri=URI, rate=10, duration=0.5, pattern="fanout", queues=2, progress=False), None)
     assert len(names) == 2
     assert [asyncio.run(_queue_exists(n)) for n in names] == [False, False]
+
+
+def test_slow_consumer_is_counted_apart_and_its_queue_deleted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scenario 8's extra consumer: its deliveries and turnarounds are reported on their own,
+    never mixed into the flood's counts or latencies, and its backlog queue goes afterwards."""
+    import gateway.perf.runner as runner
+
+    topos: list[Any] = []
+    real = runner.build_topology
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        topos.append(real(*args, **kwargs))
+        return topos[-1]
+
+    monkeypatch.setattr(runner, "build_topology", spy)
+    result = run(RunConfig(uri=URI, rate=50, duration=1.0, slow_ack_ms=20.0, progress=False), None)
+    assert result["errors"] == []
+    assert result["received"] == result["sent"] == result["latency_us"]["count"]
+    slow = result["slow"]
+    assert 0 < slow["received"] <= 1.0 * 1000 / 20
+    assert slow["turnaround_us"]["count"] > 0
+    assert {w["role"] for w in result["generator"]["workers"]} == {"producer", "consumer", "slow"}
+    assert asyncio.run(_queue_exists(runner._slow_queue(topos[0]))) is False

@@ -70,6 +70,9 @@ def test_scenarios_match_the_brief() -> None:
     assert scenario_config(4, "amqp://x", 10.0, native_tags=True).pattern == "tags"
     assert (s[5].pattern, s[5].queues, s[5].tag_fanout) == ("topic", 500, 5)
     assert (s[7].rate, s[7].producers) == (1000.0, 1)
+    # 8: scenario 1's flood, and a prefetch-1 consumer acking 10 ms after each delivery.
+    assert (s[8].size, s[8].pattern, s[8].rate, s[8].slow_ack_ms) == (16, "queue", 0.0, 10.0)
+    assert [s[n].slow_ack_ms for n in range(1, 8)] == [0.0] * 7
     # 1-6 measure throughput: unlimited, whatever a plain run's default rate is (issue 12).
     assert [s[n].rate for n in range(1, 7)] == [0.0] * 6
 
@@ -88,6 +91,13 @@ def test_metrics_and_tables() -> None:
         "latency p99": ("ms", 3.0),
     }
     assert metrics_of(7, result) == {"latency p50": ("ms", 1.5), "latency p99": ("ms", 3.0)}
+    slow = {"received": 450, "rate": 45.0, "turnaround_us": {"p50": 2500.0, "p99": 40000.0}}
+    assert metrics_of(8, result | {"slow": slow}) == {
+        "slow consumer received": ("deliveries/s", 45.0),
+        "slow turnaround p50": ("ms", 2.5),
+        "slow turnaround p99": ("ms", 40.0),
+        "flood received": ("deliveries/s", 5000.0),
+    }
     rows = [Row(1, "sent", "msg/s", 2000.0, 1000.0), Row(7, "latency p99", "ms", 2.0, None)]
     assert rows[0].ratio == 0.5 and rows[1].ratio is None
     assert markdown_table(rows, "RabbitMQ", "gw").splitlines() == [
