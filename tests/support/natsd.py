@@ -66,7 +66,7 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # A pytest run killed hard must not leave JetStream servers behind on a shared machine.
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -139,7 +139,7 @@ class NatsServer:
             log.flush()
             self.proc = subprocess.Popen([nats_server_binary(), "-c", str(self.config)],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         preexec_fn=_die_with_parent)
+                                         preexec_fn=die_with_parent)
 
     def kill9(self) -> None:
         """SIGKILL: no flush, no leaving the Raft groups cleanly."""

@@ -11,10 +11,13 @@ cluster (restart_all) or that a later test must not see.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
+from tests.support.gateway_procs import GatewayGroup, GatewayProcess
 from tests.support.natsd import NatsCluster
 
 
@@ -57,3 +60,36 @@ def fresh_nats_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nat
 @pytest.fixture
 def fresh_nats_single(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsCluster]:
     yield from _cluster(tmp_path_factory, 1, "nats-fresh-single")
+
+
+@pytest.fixture(scope="session")
+def cluster_gateways(nats_cluster: NatsCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayGroup]:
+    """Three gateway processes on the session's three-node cluster, for tests that do not kill
+    them (a test that kills or restarts one takes ``spawn_gateways`` instead).
+
+    CMQ_CLUSTER_SELFCHECK=1 checks the tests themselves instead: the three are one embedded
+    gateway, a single broker, where every CL1 expectation must hold trivially."""
+    if os.environ.get("CMQ_CLUSTER_SELFCHECK"):
+        one = GatewayProcess(tmp_path_factory.mktemp("selfcheck-gateway"), "gw")
+        with one:
+            group = GatewayGroup(tmp_path_factory.mktemp("unused"), None, 0)
+            group.gateways = [one, one, one]
+            yield group
+        return
+    with GatewayGroup(tmp_path_factory.mktemp("cluster-gateways"), nats_cluster.store_url, 3) as group:
+        yield group
+
+
+@pytest.fixture
+def spawn_gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., GatewayGroup]]:
+    """``spawn_gateways(store_url, count)``: gateways of this test's own, stopped after it."""
+    groups: list[GatewayGroup] = []
+
+    def spawn(store: str | None, count: int = 2, **kwargs: Any) -> GatewayGroup:
+        group = GatewayGroup(tmp_path_factory.mktemp("gateways"), store, count, **kwargs)
+        groups.append(group)
+        return group.start()
+
+    yield spawn
+    for group in groups:
+        group.stop()
