@@ -11,24 +11,42 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from typing import Any
+
+import nats.errors
 
 from gateway.broker import persistence as P
 from gateway.broker.broker import Broker
 from gateway.broker.exchange import Exchange
+from gateway.broker.message import Message
 from gateway.broker.policies import Policy
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import MetaWatch
+from gateway.jetstream.queues import ClusterQueue, ensure_stream
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.vhost import ClusterVHost
+from gateway.protocol.properties import Properties
+from semantics import queue as Q
 from semantics.clock import Clock, SystemClock
+from semantics.jetstream.names import CONSUMER
 from semantics.store.keys import parse_key
+from semantics.waiters import Waiters
 
 __all__ = ["ClusterBroker"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
 CLOSE_SETTLE_SECONDS = 5.0
+STARTUP_STREAMS_SECONDS = 30.0
+COUNT_EVERY = 1.0  # seconds between refreshes of a recently used queue's JetStream count
+COUNT_RECENT = 60.0  # a queue used (declared, got from, published to) this recently is counted
+PULL_WAIT = 1.0  # a pull request waits this long at the server for messages (then asks again)
+PULL_MAX = 256  # messages per pull, at most
+UNLIMITED_CREDIT = 64  # what a consumer without prefetch is pulled for at a time
+GET_WAIT = 1.0  # a plain basic.get waits this long for JetStream's answer before get-empty
+VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
+MSG_ID = "Nats-Msg-Id"
 
 
 class ClusterBroker(Broker):
@@ -54,7 +72,11 @@ class ClusterBroker(Broker):
             await broker.watch.load()
             broker._recover()
             store.on_durable = broker._on_durable
+            # The streams of the queues it knows, before it serves: a declare-ok counts them.
+            if broker._ensuring:
+                await asyncio.wait(list(broker._ensuring), timeout=STARTUP_STREAMS_SECONDS)
             broker.watch.start()
+            broker._spawn(broker._count_loop())
         except BaseException:
             await link.close()
             raise
@@ -65,6 +87,9 @@ class ClusterBroker(Broker):
         self.gateway_id = gateway_id
         super().__init__(data_dir, **kwargs)
         self.watch = MetaWatch(self)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ensuring: set[asyncio.Task[Any]] = set()
+        self._replies: list[tuple[str, bytes]] = []
 
     # -- the store: JetStream acknowledges as it goes (no group commit thread) ---------------
 
@@ -90,13 +115,269 @@ class ClusterBroker(Broker):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.store.settled(), CLOSE_SETTLE_SECONDS)
         await self.watch.stop()
+        for task in list(self._tasks):
+            task.cancel()
         await super().close()
         await self.link.close()
 
     def forget_queue(self, vh: Any, q: Any) -> None:
+        remote = self.store.applying  # deleted by another gateway: it deletes the stream
         super().forget_queue(vh, q)
         if not q.durable:  # shared in the bucket too (gateway.jetstream.vhost)
             self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
+        if isinstance(q, ClusterQueue):
+            q.leases.clear()
+            if not remote:
+                self._spawn(self._delete_stream(q))
+
+    # -- queue messages in JetStream (Q1-Q8, M10-M13, CL3) -----------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def queue_made(self, q: ClusterQueue) -> None:
+        task = asyncio.get_running_loop().create_task(self._ensure(q))
+        self._tasks.add(task)
+        self._ensuring.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._ensuring.discard)
+
+    async def _count_loop(self) -> None:
+        """Counts (declare-ok, get-ok, the management API) of queues in use follow what other
+        gateways publish and consume, at most COUNT_EVERY late (docs/CLUSTER.md, "Counts")."""
+        js = self.link.js
+        while not self._closed:
+            await asyncio.sleep(COUNT_EVERY)
+            now = self.clock.now()
+            for vh in list(self.vhosts.values()):
+                for q in list(vh.queues.values()):
+                    if (not isinstance(q, ClusterQueue) or not q.ready.is_set() or q.deleted
+                            or (now - q.last_used > COUNT_RECENT and not q.consumers)):
+                        continue
+                    try:
+                        info = await js.consumer_info(q.stream, CONSUMER)
+                    except Exception:  # noqa: BLE001 - deleted meanwhile, or NATS away
+                        continue
+                    q.remote_ready = info.num_pending or 0
+
+    async def _ensure(self, q: ClusterQueue) -> None:
+        while not q.deleted and not self._closed:
+            try:
+                await ensure_stream(self.link, q)
+                break
+            except Exception as e:  # noqa: BLE001 - no JetStream for now: try again
+                log.warning("stream of queue %r not ready: %r", q.name, e)
+                await asyncio.sleep(1.0)
+        self._want(q)
+
+    async def _delete_stream(self, q: ClusterQueue) -> None:
+        if not q.stream:
+            return
+        try:
+            await self.link.js.delete_stream(q.stream)
+        except Exception as e:  # noqa: BLE001 - already gone (deleted by another gateway too)
+            log.info("stream %s not deleted: %r", q.stream, e)
+
+    def purge_stream(self, q: Any) -> None:
+        if not isinstance(q, ClusterQueue):
+            return
+        for msg_id in [m for m in q.leases if q.cmq.get(m) is None]:
+            del q.leases[msg_id]  # purged here; the stream's purge removes it there
+        q.remote_ready = 0
+        if q.stream:
+            self._spawn(self.link.js.purge_stream(q.stream))
+
+    def publish_message(self, q: ClusterQueue, msg: Message, now: float, delay: float | None,
+                        expires_at: float | None) -> int:
+        payload = P.encode_message(q.vhost, q.name, msg.msg_id, now, msg.exchange, msg.routing_key,
+                                   msg.properties.raw, msg.body)
+        headers = {MSG_ID: msg.msg_id}
+        if delay:
+            headers[VISIBLE_AT] = repr(now + delay)
+        if expires_at is not None:
+            headers["Cmq-Expires-At"] = repr(expires_at)
+        q.remote_ready += 1
+        q.last_used = now
+        return self.store.track(self._publish, q, payload, headers)
+
+    async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str]) -> None:
+        if not q.ready.is_set():
+            await q.ready.wait()
+        await self.link.js.publish(q.subject, payload, headers=headers)
+
+    def _on_durable(self, durable: int) -> None:
+        refused = self.store.refused
+        if refused:
+            # M14: a write JetStream refused (L8 max_msgs) is a basic.nack, in its place.
+            for ch in self.confirm_waiters:
+                if any(lsn in refused for _, lsn in ch.pending_confirms):
+                    ch.pending_confirms = deque((seq, -1 if lsn in refused else lsn)
+                                               for seq, lsn in ch.pending_confirms)
+            refused.clear()
+        super()._on_durable(durable)
+
+    # pulling: as much as this gateway's consumers and gets can take
+
+    def dispatch(self, q: Any) -> None:
+        super().dispatch(q)
+        self._want(q)
+
+    def _need(self, q: ClusterQueue) -> int:
+        need = 0
+        for c in q.consumers:
+            if c.has_credit():
+                need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
+        if q.waiters is not None:
+            need += len(q.waiters)
+        return min(need - q.cmq.active, PULL_MAX)
+
+    def _want(self, q: Any) -> None:
+        if (isinstance(q, ClusterQueue) and not q.pulling and q.psub is not None and not q.deleted
+                and not self._closed and self._need(q) > 0):
+            q.pulling = True
+            self._spawn(self._pull(q))
+
+    async def _pull(self, q: ClusterQueue) -> None:
+        try:
+            while not q.deleted and not self._closed and (need := self._need(q)) > 0:
+                try:
+                    msgs = await q.psub.fetch(need, timeout=PULL_WAIT)
+                except nats.errors.TimeoutError:
+                    continue
+                except Exception as e:  # noqa: BLE001 - NATS away (reconnecting): later
+                    log.info("pull from %s failed: %r", q.stream, e)
+                    await asyncio.sleep(0.5)
+                    continue
+                self._take(q, msgs)
+        finally:
+            q.pulling = False
+
+    def _take(self, q: ClusterQueue, msgs: list[Any]) -> None:
+        """Pulled deliveries into the local model (leases), then delivered as usual."""
+        now = self.clock.now()
+        cmq = q.cmq
+        for m in msgs:
+            md = m.metadata
+            q.remote_ready = md.num_pending
+            headers = m.headers or {}
+            visible_at = headers.get(VISIBLE_AT)
+            msg_id = headers.get(MSG_ID, "")
+            if visible_at is not None and float(visible_at) > now:
+                # Q4: too early; JetStream keeps it for the rest of the delay, for every gateway.
+                q.delay_naked.add(msg_id)
+                self._reply(m, b"-NAK {\"delay\": %d}" % int((float(visible_at) - now) * 1e9))
+                continue
+            q.leases[msg_id] = m
+            if cmq.get(msg_id) is not None:
+                continue  # JetStream's delivery of a message leased here already: the newer lease
+            r = P.decode_message(m.data)
+            msg = Message(r["body"], Properties(r["properties"]), r["exchange"], r["routing_key"],
+                          r["enqueue_time"])
+            msg.msg_id = msg_id
+            count = md.num_delivered - 1
+            if msg_id in q.delay_naked:
+                q.delay_naked.discard(msg_id)
+                count -= 1
+            exp = headers.get("Cmq-Expires-At")
+            cmq.restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=r["enqueue_time"],
+                        receive_count=max(0, count), expires_at=None if exp is None else float(exp))
+        vh = self.vhosts[q.vhost]
+        self.after_queue_change(vh, q)
+        self._return_surplus(q)
+
+    def _return_surplus(self, q: ClusterQueue) -> None:
+        """Leases pulled for consumers that went meanwhile go back to JetStream at once."""
+        if q.consumers or q.waiters is not None:
+            return
+        now = self.clock.now()
+        while (r := q.cmq.receive(now)) is not None:
+            q.cmq.delete(r, now)
+            lease = q.leases.pop(r.message.msg_id, None)
+            if lease is not None:
+                self._reply(lease, b"-NAK")
+
+    def _reply(self, m: Any, payload: bytes) -> None:
+        """An ack, nak or term of one delivery; sent in order, batched per loop turn."""
+        self._replies.append((m.reply, payload))
+        if len(self._replies) == 1:
+            self._loop.call_soon(self._send_replies)  # type: ignore[union-attr]
+
+    def _send_replies(self) -> None:
+        replies, self._replies = self._replies, []
+        self._spawn(self._publish_replies(replies))
+
+    async def _publish_replies(self, replies: list[tuple[str, bytes]]) -> None:
+        nc = self.link.nc
+        for subject, payload in replies:
+            try:
+                await nc.publish(subject, payload)
+            except Exception as e:  # noqa: BLE001 - lost: JetStream's ack_wait redelivers it
+                log.info("ack to JetStream lost: %r", e)
+                return
+
+    # settlement: the local model decides, JetStream follows
+
+    def unpersist_message(self, q: Any, m: Q.QueueMessage) -> None:
+        """Deleted here (ack, no-ack delivery, reject, expiry, dead-letter): acked there."""
+        if isinstance(q, ClusterQueue):
+            lease = q.leases.pop(m.msg_id, None)
+            if lease is not None:
+                self._reply(lease, b"+ACK")
+
+    def reject(self, session: Any, u: Any, requeue: bool) -> None:
+        """M13 requeue: Active again for every gateway (nak), not only here."""
+        q = u.queue
+        if not requeue or not isinstance(q, ClusterQueue):
+            super().reject(session, u, requeue)
+            return
+        if q.deleted:
+            return
+        limit = q.attrs.max_receive_count
+        if limit is not None and u.handle.message.receive_count >= limit:
+            super().reject(session, u, requeue)  # Q8: the local model dead-letters it now
+            return
+        m = q.cmq.drop(u.handle, self.clock.now())
+        if m is not None:
+            lease = q.leases.pop(m.msg_id, None)
+            if lease is not None:
+                self._reply(lease, b"-NAK")
+            session.emit("requeue", queue=q.name, msg_id=u.msg_id)
+        self.after_queue_change(self.vhosts[q.vhost], q)
+
+    def _queue_events(self, vh: Any, q: Any, events: list[Q.QueueEvent]) -> None:
+        """Q1: a visibility timeout that ends here hands the message back to JetStream (nak),
+        so that any gateway receives it next, instead of keeping it Active here."""
+        if isinstance(q, ClusterQueue):
+            now = self.clock.now()
+            for e in events:
+                if isinstance(e, Q.VisibilityExpired):
+                    m = e.message
+                    lease = q.leases.pop(m.msg_id, None)
+                    if lease is not None and q.cmq.delete(Q.Receipt(m, m.handle), now):
+                        self._reply(lease, b"-NAK")
+        super()._queue_events(vh, q, events)
+
+    def consumer_gone(self, q: Any) -> None:
+        super().consumer_gone(q)
+        if isinstance(q, ClusterQueue) and not q.deleted:
+            self._return_surplus(q)
+
+    def get(self, ch: Any, q: Any, no_ack: bool) -> None:
+        """basic.get with nothing leased here: wait (as a long poll, Q5) for one pull."""
+        if not isinstance(q, ClusterQueue) or q.cmq.active or ch.draining:
+            super().get(ch, q, no_ack)
+            return
+        now = self.clock.now()
+        q.last_used = now
+        if q.waiters is None:
+            q.waiters = Waiters()
+        q.waiters.add(ch, now + max(q.cmq.attributes.polling_wait_seconds, GET_WAIT))
+        ch.waiting_get = (q, no_ack)
+        ch.held = []
+        self.after_queue_change(self.vhosts[q.vhost], q, dispatch=False)
+        self._want(q)
 
     # -- declarations of every gateway (CL1) -------------------------------------------------
 

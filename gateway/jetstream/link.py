@@ -7,6 +7,7 @@ answers or JetStream is off, so that ``serve`` can say so and exit 2 before it l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from dataclasses import dataclass
@@ -35,10 +36,9 @@ class Link:
 
     async def close(self) -> None:
         if not self.nc.is_closed:
-            try:
-                await asyncio.wait_for(self.nc.drain(), 5)
-            except Exception:  # noqa: BLE001 - closing anyway
-                await self.nc.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.nc.flush(), 2)  # the last acks and naks go out
+            await self.nc.close()
 
 
 def servers_of(url: str) -> list[str]:

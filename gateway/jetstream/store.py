@@ -67,6 +67,7 @@ class JetStreamStore:
         self.recovery = _Report()
         self.on_durable: Callable[[int], None] = lambda lsn: None  # the broker's confirms
         self.applying = False  # a change from another gateway: into the map only
+        self.refused: set[int] = set()  # LSNs of writes JetStream refused (M14: nack)
         self.origin = ""  # this gateway's id, on every write (gateway.jetstream.meta)
 
     @classmethod
@@ -166,6 +167,7 @@ class JetStreamStore:
                 # Refused by JetStream itself (a stream deleted meanwhile, a limit): retrying
                 # gives the same answer. What refuses messages is handled by the writer.
                 log.warning("jetstream refused a write (lsn %d): %s", lsn, e)
+                self.refused.add(lsn)
                 break
             except (ConnectionClosedError, asyncio.CancelledError):
                 if self._closed:

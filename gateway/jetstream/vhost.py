@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gateway.audit.rows import ENQUEUE
 from gateway.broker import persistence as P
 from gateway.broker.errors import resource_locked
-from gateway.broker.vhost import VHost
+from gateway.broker.vhost import PublishOutcome, VHost
+from gateway.jetstream.queues import ClusterQueue
+from semantics.errors import LimitError
 
 if TYPE_CHECKING:
     from gateway.broker.exchange import Exchange
+    from gateway.broker.message import Message
     from gateway.broker.queue import BrokerQueue
     from gateway.broker.session import Session
 
@@ -23,6 +27,8 @@ __all__ = ["ClusterVHost"]
 
 
 class ClusterVHost(VHost):
+    queue_class = ClusterQueue
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # CL4: queues exclusive to a connection of another gateway (name -> gateway id).
@@ -91,3 +97,43 @@ class ClusterVHost(VHost):
             self.broker.persist(P.binding_key(self.name, source, dest[0], dest[1], key), P.encode_json(
                 {"vhost": self.name, "source": source, "kind": dest[0], "dest": dest[1], "key": key,
                  "arguments": dict(arguments or {})}))
+
+    # -- messages: into the queue's stream, not the local model ------------------------------
+
+    def _make_queue(self, name: str, **kwargs: Any) -> BrokerQueue:
+        q = super()._make_queue(name, **kwargs)
+        self.broker.queue_made(q)  # type: ignore[attr-defined]
+        return q
+
+    def _enqueue(self, q: BrokerQueue, msg: Message, now: float, delay: float | None,
+                 out: PublishOutcome, via: str | None, subscription: str | None) -> None:
+        """M10/CL3: one JetStream publish to the queue's stream; the confirm waits for its
+        PubAck (the LSN). Limits JetStream keeps (L8 max_msgs) refuse there, as a nack."""
+        if msg.cycle and q.name in msg.cycle:
+            out.routed = True
+            self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="expired",
+                       policy="dead_letter_cycle")
+            return
+        size = len(msg.body)
+        attrs = q.attrs
+        if size > attrs.max_msg_size and q.cmq.refuse_size:
+            raise LimitError("L6", f"message of {size:,} bytes is larger than queue '{q.name}' "
+                             f"max_msg_size {attrs.max_msg_size:,} bytes", value=size, limit=attrs.max_msg_size)
+        if delay is None:
+            delay = attrs.delay_seconds or None
+        expires_at = None
+        ttl = msg.ttl if attrs.message_ttl is None else min(attrs.message_ttl, msg.ttl or attrs.message_ttl)
+        if ttl is not None:
+            expires_at = now + (delay or 0.0) + ttl
+        out.routed = True
+        self.broker.emit_row(ENQUEUE, self.name, (q.name, msg.msg_id, size, via, subscription))
+        lsn = self.broker.publish_message(q, msg, now, delay, expires_at)  # type: ignore[attr-defined]
+        if lsn > out.lsn:
+            out.lsn = lsn
+
+    def purge_queue(self, session: Session | None, name: str, user: str | None = None) -> int:
+        q = self.queue(name, session)
+        remote = q.remote_ready if isinstance(q, ClusterQueue) else 0
+        count = super().purge_queue(session, name, user)
+        self.broker.purge_stream(q)  # type: ignore[attr-defined]
+        return count + remote

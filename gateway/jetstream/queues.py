@@ -1,0 +1,86 @@
+"""A CMQ queue whose messages live in a JetStream stream (docs/CLUSTER.md, "Queue messages").
+
+:class:`ClusterQueue` is the broker's queue with what this gateway holds of the shared one:
+the deliveries it pulled from the queue's durable consumer (its *leases*: JetStream message ->
+its reply subject for ack/nak) and the count of messages still in JetStream. The local CMQ
+model (``semantics.queue.CmqQueue``) holds only the leased messages: it delivers them to this
+gateway's consumers and counts their receives, restored from JetStream's ``num_delivered``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import APIError
+
+from gateway.broker.queue import BrokerQueue
+from gateway.jetstream.link import Link
+from semantics.jetstream.config import consumer_config, stream_config
+from semantics.jetstream.names import CONSUMER
+
+__all__ = ["ClusterQueue", "ensure_stream"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+STREAM_IN_USE = 10058  # "stream name already in use with a different configuration"
+
+
+class ClusterQueue(BrokerQueue):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stream = ""
+        self.subject = ""
+        self.ready: asyncio.Event = asyncio.Event()  # the stream and its consumer exist
+        self.psub: Any = None  # the pull subscription on the shared consumer
+        self.leases: dict[str, Any] = {}  # msg_id -> the JetStream message last pulled for it
+        self.delay_naked: set[str] = set()  # naked here for a delay (Q4): one delivery not counted
+        self.pulling = False
+        self.remote_ready = 0  # messages JetStream has not delivered yet (num_pending)
+
+    @property
+    def message_count(self) -> int:
+        """Ready messages: those leased here and Active, and those JetStream still holds."""
+        return self.cmq.active + self.remote_ready
+
+
+async def ensure_stream(link: Link, q: ClusterQueue) -> None:
+    """The queue's stream and durable consumer, created if missing (every gateway may try:
+    the same configuration is accepted again), then this gateway's pull subscription."""
+    js = link.js
+    s = stream_config(q.vhost, q.name, q.attrs, replicas=link.replicas, durable=q.durable)
+    config = StreamConfig(
+        name=s["name"], subjects=s["subjects"],
+        retention=RetentionPolicy.LIMITS if s["retention"] == "limits" else RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE if s["storage"] == "file" else StorageType.MEMORY,
+        max_age=s["max_age"], max_msgs=s["max_msgs"], discard=DiscardPolicy.NEW,
+        duplicate_window=s["duplicate_window"], num_replicas=s["num_replicas"])
+    try:
+        await js.add_stream(config)
+    except APIError as e:
+        if e.err_code != STREAM_IN_USE:
+            raise
+        await js.update_stream(config)  # an attribute changed (retention, size): the new one wins
+    c = consumer_config(q.attrs)
+    cconfig = ConsumerConfig(durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT,
+                             deliver_policy=DeliverPolicy.ALL, ack_wait=c["ack_wait"],
+                             max_deliver=c["max_deliver"], max_ack_pending=c["max_ack_pending"])
+    try:
+        await js.add_consumer(s["name"], cconfig)
+    except APIError as e:
+        log.info("consumer of %s kept as it is: %s", s["name"], e)
+    q.stream, q.subject = s["name"], s["subjects"][0]
+    q.psub = await js.pull_subscribe_bind(durable=CONSUMER, stream=s["name"])
+    info = await js.consumer_info(s["name"], CONSUMER)
+    q.remote_ready = info.num_pending or 0
+    q.ready.set()
