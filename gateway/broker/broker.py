@@ -759,6 +759,11 @@ class Broker:
                     session.emit("discard", queue=q.name, msg_id=u.msg_id, size=m.size, reason="rejected")
         self.after_queue_change(vh, q)
 
+    def answer_count(self, ch: Channel, q: BrokerQueue | None, count: int, frame: Callable[[int], Any]) -> None:
+        """queue.declare-ok / delete-ok / purge-ok with the queue's message count. Here the
+        count is known at once; the cluster broker (gateway.jetstream) asks JetStream first."""
+        ch.session.conn.send_method(ch.number, frame(count))
+
     def consumer_gone(self, q: BrokerQueue) -> None:
         self.vhosts[q.vhost].consumer_gone(q)
 

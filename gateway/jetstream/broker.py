@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections import deque
 from typing import Any
-
-import nats.errors
 
 from gateway.broker import persistence as P
 from gateway.broker.broker import Broker
@@ -23,7 +22,7 @@ from gateway.broker.message import Message
 from gateway.broker.policies import Policy
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import MetaWatch
-from gateway.jetstream.queues import ClusterQueue, ensure_stream
+from gateway.jetstream.queues import ClusterQueue, ensure_stream, subscribe
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.vhost import ClusterVHost
 from gateway.protocol.properties import Properties
@@ -44,7 +43,7 @@ COUNT_RECENT = 60.0  # a queue used (declared, got from, published to) this rece
 PULL_WAIT = 1.0  # a pull request waits this long at the server for messages (then asks again)
 PULL_MAX = 256  # messages per pull, at most
 UNLIMITED_CREDIT = 64  # what a consumer without prefetch is pulled for at a time
-GET_WAIT = 1.0  # a plain basic.get waits this long for JetStream's answer before get-empty
+GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
 MSG_ID = "Nats-Msg-Id"
 
@@ -128,7 +127,9 @@ class ClusterBroker(Broker):
         if isinstance(q, ClusterQueue):
             q.leases.clear()
             if not remote:
-                self._spawn(self._delete_stream(q))
+                q.stale_remote = q.remote_ready
+                q.count_done = asyncio.get_running_loop().create_future()
+                self._spawn(self._delete_stream(q, q.count_done))
 
     # -- queue messages in JetStream (Q1-Q8, M10-M13, CL3) -----------------------------------
 
@@ -138,7 +139,8 @@ class ClusterBroker(Broker):
         task.add_done_callback(self._tasks.discard)
 
     def queue_made(self, q: ClusterQueue) -> None:
-        task = asyncio.get_running_loop().create_task(self._ensure(q))
+        # The declaring gateway creates the stream; those that learn of it wait for it first.
+        task = asyncio.get_running_loop().create_task(self._ensure(q, create=not self.store.applying))
         self._tasks.add(task)
         self._ensuring.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -153,8 +155,10 @@ class ClusterBroker(Broker):
             now = self.clock.now()
             for vh in list(self.vhosts.values()):
                 for q in list(vh.queues.values()):
-                    if (not isinstance(q, ClusterQueue) or not q.ready.is_set() or q.deleted
-                            or (now - q.last_used > COUNT_RECENT and not q.consumers)):
+                    if not isinstance(q, ClusterQueue) or not q.ready.is_set() or q.deleted:
+                        continue
+                    self._unstick(q, now)
+                    if now - q.last_used > COUNT_RECENT and not q.consumers:
                         continue
                     try:
                         info = await js.consumer_info(q.stream, CONSUMER)
@@ -162,32 +166,74 @@ class ClusterBroker(Broker):
                         continue
                     q.remote_ready = info.num_pending or 0
 
-    async def _ensure(self, q: ClusterQueue) -> None:
+    async def _ensure(self, q: ClusterQueue, create: bool) -> None:
         while not q.deleted and not self._closed:
             try:
-                await ensure_stream(self.link, q)
+                await ensure_stream(self.link, q, self.pulled, create)
                 break
             except Exception as e:  # noqa: BLE001 - no JetStream for now: try again
                 log.warning("stream of queue %r not ready: %r", q.name, e)
                 await asyncio.sleep(1.0)
         self._want(q)
 
-    async def _delete_stream(self, q: ClusterQueue) -> None:
-        if not q.stream:
-            return
+    async def _counted(self, q: ClusterQueue, done: asyncio.Future[int], change: Any) -> None:
+        """``change`` (a purge or delete of the stream), after reading how many messages
+        JetStream held undelivered, the count its -ok reports."""
+        remote = q.stale_remote
         try:
-            await self.link.js.delete_stream(q.stream)
+            if not q.ready.is_set():
+                await asyncio.wait_for(q.ready.wait(), 5)
+            remote = (await self.link.js.consumer_info(q.stream, CONSUMER)).num_pending or 0
+        except Exception as e:  # noqa: BLE001 - the estimate stands
+            log.info("count of %s not read: %r", q.stream, e)
+        finally:
+            if not done.done():
+                done.set_result(remote)
+        try:
+            await change(q.stream)
         except Exception as e:  # noqa: BLE001 - already gone (deleted by another gateway too)
-            log.info("stream %s not deleted: %r", q.stream, e)
+            log.info("stream %s not changed: %r", q.stream, e)
+
+    async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int]) -> None:
+        await self._counted(q, done, self.link.js.delete_stream)
 
     def purge_stream(self, q: Any) -> None:
         if not isinstance(q, ClusterQueue):
             return
         for msg_id in [m for m in q.leases if q.cmq.get(m) is None]:
             del q.leases[msg_id]  # purged here; the stream's purge removes it there
-        q.remote_ready = 0
-        if q.stream:
-            self._spawn(self.link.js.purge_stream(q.stream))
+        q.stale_remote, q.remote_ready = q.remote_ready, 0
+        q.count_done = asyncio.get_running_loop().create_future()
+        self._spawn(self._counted(q, q.count_done, self.link.js.purge_stream))
+
+    def answer_count(self, ch: Any, q: Any, count: int, frame: Any) -> None:
+        """The -ok waits (the channel's later frames held behind it) for JetStream's count of
+        undelivered messages, which replaces this gateway's estimate in ``count``."""
+        if not isinstance(q, ClusterQueue):
+            super().answer_count(ch, q, count, frame)
+            return
+        done, q.count_done = q.count_done, None
+        local = max(0, count - (q.stale_remote if done is not None else q.remote_ready))
+        ch.held = []
+        self._spawn(self._answer_count(ch, q, local, frame, done))
+
+    async def _answer_count(self, ch: Any, q: ClusterQueue, local: int, frame: Any,
+                            done: asyncio.Future[int] | None) -> None:
+        remote = q.remote_ready
+        try:
+            if done is not None:
+                remote = await asyncio.wait_for(done, 5)
+            else:
+                # Not before its stream is there: an -ok means this gateway can serve it.
+                await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
+                remote = (await asyncio.wait_for(self.link.js.consumer_info(q.stream, CONSUMER), 2)).num_pending or 0
+                q.remote_ready = remote
+        except Exception as e:  # noqa: BLE001 - the estimate stands
+            log.info("count of %s not read: %r", q.stream, e)
+        session = ch.session
+        if session.channels.get(ch.number) is ch and not ch.closing:
+            session.conn.send_method(ch.number, frame(local + remote))
+            session.replay_held(ch)
 
     def publish_message(self, q: ClusterQueue, msg: Message, now: float, delay: float | None,
                         expires_at: float | None) -> int:
@@ -200,7 +246,7 @@ class ClusterBroker(Broker):
             headers["Cmq-Expires-At"] = repr(expires_at)
         q.remote_ready += 1
         q.last_used = now
-        return self.store.track(self._publish, q, payload, headers)
+        return self.store.track(self._publish, q, payload, headers, chain=q.chain)
 
     async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str]) -> None:
         if not q.ready.is_set():
@@ -234,25 +280,74 @@ class ClusterBroker(Broker):
         return min(need - q.cmq.active, PULL_MAX)
 
     def _want(self, q: Any) -> None:
-        if (isinstance(q, ClusterQueue) and not q.pulling and q.psub is not None and not q.deleted
-                and not self._closed and self._need(q) > 0):
-            q.pulling = True
-            self._spawn(self._pull(q))
+        """Ask JetStream for what this gateway can take and has not asked for yet: a pull
+        request (batch, and for consumers a wait of PULL_WAIT at the server; for plain
+        basic.gets no wait, so that "no messages" is JetStream's answer, not a timer's)."""
+        if not isinstance(q, ClusterQueue) or q.inbox is None or q.deleted or self._closed:
+            return
+        extra = self._need(q) - q.requested
+        if extra <= 0:
+            return
+        q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
+        waiting = any(c.has_credit() for c in q.consumers) or (q.waiters is not None
+                                                                and len(q.waiters) > len(q.plain_gets))
+        request: dict[str, Any] = {"batch": extra}
+        if waiting:
+            request["expires"] = int(PULL_WAIT * 1e9)
+        else:
+            request["no_wait"] = True
+            q.no_wait_batches.append(extra)
+        q.requested += extra
+        q.asked_at = self.clock.now()
+        self._spawn(self.link.nc.publish(q.next_subject, json.dumps(request).encode(), q.inbox))
 
-    async def _pull(self, q: ClusterQueue) -> None:
-        try:
-            while not q.deleted and not self._closed and (need := self._need(q)) > 0:
-                try:
-                    msgs = await q.psub.fetch(need, timeout=PULL_WAIT)
-                except nats.errors.TimeoutError:
-                    continue
-                except Exception as e:  # noqa: BLE001 - NATS away (reconnecting): later
-                    log.info("pull from %s failed: %r", q.stream, e)
-                    await asyncio.sleep(0.5)
-                    continue
-                self._take(q, msgs)
-        finally:
-            q.pulling = False
+    def pulled(self, q: ClusterQueue, m: Any) -> None:
+        """One message on the queue's inbox: a delivery, or a status ending a pull request."""
+        status = m.headers.get("Status") if m.headers else None
+        if status is None:
+            q.requested = max(0, q.requested - 1)
+            q.arrived.append(m)
+            if len(q.arrived) == 1:
+                self._loop.call_soon(self._take_arrived, q)  # type: ignore[union-attr]
+            return
+        if status == "100":
+            return  # a heartbeat
+        self._take_arrived(q)  # what came before the status first: a get waits for it
+        if status == "404" and q.no_wait_batches:  # no_wait: nothing there now
+            q.requested = max(0, q.requested - q.no_wait_batches.pop(0))
+            self._nothing_to_get(q)
+        elif status == "408":  # a waiting request expired: what it did not get
+            pending = int(m.headers.get("Nats-Pending-Messages", "0") or 0)
+            q.requested = max(0, q.requested - pending) if pending else 0
+        else:  # 409 and others (leader change, too many waiting): start over
+            q.requested = 0
+            q.no_wait_batches.clear()
+            self._nothing_to_get(q)
+        self._want(q)
+
+    def _take_arrived(self, q: ClusterQueue) -> None:
+        msgs, q.arrived = q.arrived, []
+        if not q.deleted:
+            self._take(q, msgs)
+
+    def _unstick(self, q: ClusterQueue, now: float) -> None:
+        """A pull request whose end never came (NATS restarted meanwhile): asked anew."""
+        if q.requested and now - q.asked_at > 3 * PULL_WAIT:
+            q.requested = 0
+            q.no_wait_batches.clear()
+            self._nothing_to_get(q)
+            self._want(q)
+
+    def _nothing_to_get(self, q: ClusterQueue) -> None:
+        """A pull found nothing: the plain basic.gets waiting for it get get-empty (M11),
+        those with a polling wait keep waiting (Q5)."""
+        gets, q.plain_gets = q.plain_gets, []
+        for ch in gets:
+            if ch.waiting_get is not None and ch.waiting_get[0] is q and q.waiters is not None:
+                q.waiters.cancel(ch)
+                if not q.waiters:
+                    q.waiters = None
+                self._get_answered(ch, q, None)
 
     def _take(self, q: ClusterQueue, msgs: list[Any]) -> None:
         """Pulled deliveries into the local model (leases), then delivered as usual."""
@@ -362,7 +457,25 @@ class ClusterBroker(Broker):
     def consumer_gone(self, q: Any) -> None:
         super().consumer_gone(q)
         if isinstance(q, ClusterQueue) and not q.deleted:
+            if not q.consumers and q.waiters is None and q.requested:
+                self._spawn(self._forget_requests(q))
             self._return_surplus(q)
+
+    async def _forget_requests(self, q: ClusterQueue) -> None:
+        """Nobody here takes from the queue any more: its waiting pull requests must not take
+        messages that another gateway's consumers would get (JetStream drops a request whose
+        reply subject lost its interest), so the inbox is replaced."""
+        old = q.sub
+        q.sub = q.inbox = None
+        q.requested = 0
+        q.no_wait_batches.clear()
+        try:
+            await subscribe(self.link, q, self.pulled)
+        finally:
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await old.unsubscribe()
+        self._want(q)
 
     def get(self, ch: Any, q: Any, no_ack: bool) -> None:
         """basic.get with nothing leased here: wait (as a long poll, Q5) for one pull."""
@@ -373,7 +486,10 @@ class ClusterBroker(Broker):
         q.last_used = now
         if q.waiters is None:
             q.waiters = Waiters()
-        q.waiters.add(ch, now + max(q.cmq.attributes.polling_wait_seconds, GET_WAIT))
+        wait = q.cmq.attributes.polling_wait_seconds
+        q.waiters.add(ch, now + (wait if wait > 0 else GET_WAIT))
+        if wait <= 0:
+            q.plain_gets.append(ch)  # answered get-empty by the first pull that finds nothing
         ch.waiting_get = (q, no_ack)
         ch.held = []
         self.after_queue_change(self.vhosts[q.vhost], q, dispatch=False)

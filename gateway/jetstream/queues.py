@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from nats.js.api import (
@@ -22,17 +23,19 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import APIError
+from nats.js.errors import APIError, NotFoundError
 
 from gateway.broker.queue import BrokerQueue
 from gateway.jetstream.link import Link
+from gateway.jetstream.store import Chain
 from semantics.jetstream.config import consumer_config, stream_config
 from semantics.jetstream.names import CONSUMER
 
-__all__ = ["ClusterQueue", "ensure_stream"]
+__all__ = ["ClusterQueue", "ensure_stream", "subscribe"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
+OTHERS_STREAM_TRIES = 15  # 3 s of 0.2 s waits for the declaring gateway's stream
 STREAM_IN_USE = 10058  # "stream name already in use with a different configuration"
 
 
@@ -42,11 +45,23 @@ class ClusterQueue(BrokerQueue):
         self.stream = ""
         self.subject = ""
         self.ready: asyncio.Event = asyncio.Event()  # the stream and its consumer exist
-        self.psub: Any = None  # the pull subscription on the shared consumer
+        # Pulls: requests to next_subject, answered on inbox (a subscription of this gateway).
+        self.inbox: str | None = None
+        self.next_subject = ""
+        self.sub: Any = None
+        self.requested = 0  # messages asked for and not yet come (nor refused)
+        self.no_wait_batches: list[int] = []  # no_wait requests not yet answered, in order
+        self.asked_at = 0.0
+        self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
+        self.chain = Chain()  # its publishes, in order across retries (CL3)
         self.leases: dict[str, Any] = {}  # msg_id -> the JetStream message last pulled for it
         self.delay_naked: set[str] = set()  # naked here for a delay (Q4): one delivery not counted
-        self.pulling = False
+        self.plain_gets: list[Any] = []  # channels whose basic.get (no polling wait) waits for a pull
         self.remote_ready = 0  # messages JetStream has not delivered yet (num_pending)
+        # A purge or delete under way: JetStream's count just before it, and the estimate the
+        # broker's own count included (replaced by the former in the -ok's count).
+        self.count_done: asyncio.Future[int] | None = None
+        self.stale_remote = 0
 
     @property
     def message_count(self) -> int:
@@ -54,11 +69,33 @@ class ClusterQueue(BrokerQueue):
         return self.cmq.active + self.remote_ready
 
 
-async def ensure_stream(link: Link, q: ClusterQueue) -> None:
+async def ensure_stream(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQueue, Any], None],
+                        create: bool = True) -> None:
     """The queue's stream and durable consumer, created if missing (every gateway may try:
     the same configuration is accepted again), then this gateway's pull subscription."""
     js = link.js
     s = stream_config(q.vhost, q.name, q.attrs, replicas=link.replicas, durable=q.durable)
+    q.stream, q.subject = s["name"], s["subjects"][0]
+    if not create:
+        # Declared by another gateway, which creates the stream: wait for it a little rather
+        # than have every gateway ask for the same stream at once (slow in a loaded cluster).
+        for _ in range(OTHERS_STREAM_TRIES):
+            try:
+                await js.consumer_info(s["name"], CONSUMER)
+                break
+            except NotFoundError:
+                await asyncio.sleep(0.2)
+        else:
+            create = True
+    if create:
+        await _create(js, s, q)
+    await subscribe(link, q, pulled)
+    info = await js.consumer_info(s["name"], CONSUMER)
+    q.remote_ready = info.num_pending or 0
+    q.ready.set()
+
+
+async def _create(js: Any, s: dict[str, Any], q: ClusterQueue) -> None:
     config = StreamConfig(
         name=s["name"], subjects=s["subjects"],
         retention=RetentionPolicy.LIMITS if s["retention"] == "limits" else RetentionPolicy.WORK_QUEUE,
@@ -79,8 +116,14 @@ async def ensure_stream(link: Link, q: ClusterQueue) -> None:
         await js.add_consumer(s["name"], cconfig)
     except APIError as e:
         log.info("consumer of %s kept as it is: %s", s["name"], e)
-    q.stream, q.subject = s["name"], s["subjects"][0]
-    q.psub = await js.pull_subscribe_bind(durable=CONSUMER, stream=s["name"])
-    info = await js.consumer_info(s["name"], CONSUMER)
-    q.remote_ready = info.num_pending or 0
-    q.ready.set()
+
+
+async def subscribe(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQueue, Any], None]) -> None:
+    if q.sub is None:
+        async def on_message(m: Any) -> None:
+            pulled(q, m)
+
+        inbox = link.nc.new_inbox()
+        q.sub = await link.nc.subscribe(inbox, cb=on_message, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        q.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{q.stream}.{CONSUMER}"
+        q.inbox = inbox

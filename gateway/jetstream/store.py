@@ -17,6 +17,7 @@ nothing here is called from the broker's sync thread.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -30,7 +31,7 @@ from semantics.jetstream.names import META_BUCKET, kv_key, store_key
 from semantics.store import Store
 from semantics.store.errors import StoreClosedError
 
-__all__ = ["SHARED_KINDS", "JetStreamStore"]
+__all__ = ["SHARED_KINDS", "Chain", "JetStreamStore"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
@@ -39,6 +40,14 @@ log = logging.getLogger("cmq_gateway.jetstream")
 SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "meta"})
 RETRY_SECONDS = 0.5
 KV_DEL = {"KV-Operation": "DEL"}
+
+
+class Chain:
+    """Writes whose order must hold across retries (see JetStreamStore.track)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[int, Any, tuple[Any, ...]]] = []
+        self.retrier: asyncio.Task[None] | None = None
 
 
 class _Report:
@@ -149,16 +158,22 @@ class JetStreamStore:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def track(self, write: Callable[..., Awaitable[Any]], *args: Any) -> int:
+    def track(self, write: Callable[..., Awaitable[Any]], *args: Any, chain: Chain | None = None) -> int:
         """Run ``write(*args)`` until JetStream takes it, under a new LSN (returned): the
-        one way anything reaches JetStream, so durable_lsn covers every write."""
+        one way anything reaches JetStream, so durable_lsn covers every write. Writes of one
+        ``chain`` (one queue's messages) keep their order across retries: once one fails,
+        it and every later one go through the chain's retrier, one at a time, in LSN order."""
         lsn = self._lsn = self._lsn + 1
         self._open[lsn] = None
         self._idle.clear()
-        self._loop.create_task(self._run(lsn, write, args))
+        if chain is not None and chain.waiting:
+            chain.waiting.append((lsn, write, args))
+        else:
+            self._loop.create_task(self._run(lsn, write, args, chain))
         return lsn
 
-    async def _run(self, lsn: int, write: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+    async def _run(self, lsn: int, write: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
+                   chain: Chain | None = None) -> None:
         while True:
             try:
                 await write(*args)
@@ -179,9 +194,25 @@ class JetStreamStore:
                 self._failed = e
                 if self._closed:
                     break
+                if chain is not None:
+                    # Retried by the chain, behind any earlier write of it that failed too.
+                    bisect.insort(chain.waiting, (lsn, write, args), key=lambda w: w[0])
+                    if chain.retrier is None:
+                        chain.retrier = self._loop.create_task(self._retry_chain(chain))
+                    return
                 await asyncio.sleep(RETRY_SECONDS)
         self._failed = None
         self._settle(lsn)
+
+    async def _retry_chain(self, chain: Chain) -> None:
+        await asyncio.sleep(RETRY_SECONDS)
+        try:
+            while chain.waiting and not self._closed:
+                lsn, write, args = chain.waiting[0]
+                await self._run(lsn, write, args)  # no chain: retried here until it is taken
+                chain.waiting.pop(0)
+        finally:
+            chain.retrier = None
 
     def _settle(self, lsn: int) -> None:
         del self._open[lsn]

@@ -133,7 +133,6 @@ class ClusterVHost(VHost):
 
     def purge_queue(self, session: Session | None, name: str, user: str | None = None) -> int:
         q = self.queue(name, session)
-        remote = q.remote_ready if isinstance(q, ClusterQueue) else 0
-        count = super().purge_queue(session, name, user)
+        count = super().purge_queue(session, name, user) + q.message_count - q.cmq.active
         self.broker.purge_stream(q)  # type: ignore[attr-defined]
-        return count + remote
+        return count
