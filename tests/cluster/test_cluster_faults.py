@@ -20,7 +20,6 @@ from tests.support import cluster_load
 from tests.support.amqp_checks import connection, drain, eventually, passive_queue, publish_confirmed
 from tests.support.gateway_procs import GatewayGroup
 from tests.support.natsd import NatsCluster
-from tests.support.natsd_fixtures import *  # noqa: F401,F403
 
 SEEN_WITHIN = 10.0
 

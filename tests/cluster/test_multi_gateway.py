@@ -27,7 +27,6 @@ from tests.support.amqp_checks import (
     publish_confirmed,
 )
 from tests.support.gateway_procs import GatewayGroup
-from tests.support.natsd_fixtures import *  # noqa: F401,F403
 
 # How long a declare may take to reach the other gateways (a KV watch: normally milliseconds).
 SEEN_WITHIN = 10.0
