@@ -33,6 +33,7 @@ from semantics.limits import TOPIC_LIFECYCLE_SECONDS
 from semantics.profile import COMPATIBLE, DEFAULT_PROFILE, Profile, profile_named
 from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store, StoreFailedError
+from semantics.store.backend import StoreBackend
 from semantics.store.store import COMPACT_MIN_BYTES
 from semantics.store.versioning import upgrade
 from semantics.waiters import Waiters
@@ -74,6 +75,10 @@ class Broker:
 
     emit_row: Callable[[Row, str, tuple[Any, ...]], None]
     emit_fields: Callable[[str, str, dict[str, Any]], None]
+    store: StoreBackend
+    # What vhost() makes: the cluster broker (gateway.jetstream) gives its own subclass, so
+    # that the embedded path runs VHost's methods with no test of which store is behind.
+    vhost_class: type[VHost] = VHost
 
     @property
     def audit(self) -> Any:
@@ -89,7 +94,8 @@ class Broker:
         self.emit_fields = fields_emitter(sink)
 
     def __init__(self, data_dir: str | None, *, clock: Clock, audit: Any, config: Any,
-                 loop: asyncio.AbstractEventLoop | None = None, lock: Any = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, lock: Any = None,
+                 store: StoreBackend | None = None) -> None:
         self.data_dir = data_dir
         self.clock = clock
         self.audit = audit if audit is not None else NullAudit()  # sets emit_row/emit_fields too
@@ -103,10 +109,12 @@ class Broker:
         self._recovering = False
         # Advertised in connection.start capabilities (W1): exchange.bind works (M8).
         self.exchange_exchange_bindings = True
-        self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True),
-                                salvage=bool(getattr(self.config, "salvage", False)),
-                                compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)),
-                                lock=lock)
+        if store is None:
+            store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True),
+                               salvage=bool(getattr(self.config, "salvage", False)),
+                               compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)),
+                               lock=lock)
+        self.store = store
         self._log_recovery()
         self._upgrade_store()
         self.vhosts: dict[str, VHost] = {}
@@ -163,7 +171,7 @@ class Broker:
     def vhost(self, name: str) -> VHost:
         vh = self.vhosts.get(name)
         if vh is None:
-            vh = self.vhosts[name] = VHost(self, name, self.profile_of(name))
+            vh = self.vhosts[name] = self.vhost_class(self, name, self.profile_of(name))
         return vh
 
     def new_cmq_queue(self, name: str, attrs: QueueAttributes, refuse_size: bool = True) -> Q.CmqQueue:
