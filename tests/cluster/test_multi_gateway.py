@@ -9,6 +9,7 @@ through one are consumed through another, each exactly once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -27,7 +28,6 @@ from tests.support.amqp_checks import (
     publish_confirmed,
 )
 from tests.support.gateway_procs import GatewayGroup
-from tests.support.natsd_fixtures import *  # noqa: F401,F403
 
 # How long a declare may take to reach the other gateways (a KV watch: normally milliseconds).
 SEEN_WITHIN = 10.0
@@ -66,12 +66,17 @@ async def test_CL1_publish_through_one_consumed_through_another_aio_pika(
         await sch.set_qos(prefetch_count=10)
         queue = await eventually_async(lambda: sch.declare_queue(unique, passive=True))
         got: list[tuple[bytes, int]] = []
-        async with queue.iterator() as it:
-            async for message in it:
-                async with message.process():
-                    got.append((message.body, message.headers["n"]))
-                if len(got) == 50:
-                    break
+
+        async def consume() -> None:
+            async with queue.iterator() as it:
+                async for message in it:
+                    async with message.process():
+                        got.append((message.body, message.headers["n"]))
+                    if len(got) == 50:
+                        break
+
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(consume(), 30)
         assert got == [(b"a%02d" % i, i) for i in range(50)]
     finally:
         await pub.close()

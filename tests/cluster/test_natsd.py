@@ -11,7 +11,6 @@ import pytest
 from nats.js.api import StreamConfig
 
 from tests.support.natsd import NatsCluster
-from tests.support.natsd_fixtures import *  # noqa: F401,F403
 
 
 async def _connect(cluster: NatsCluster) -> nats.NATS:
