@@ -282,6 +282,16 @@ class NatsCluster:
         self.wait_ready(timeout)
         return s
 
+    def revive(self, timeout: float = READY_TIMEOUT) -> list[str]:
+        """Start every server that is down (same ports, same dirs), then wait once for all.
+        Two servers brought back one at a time would wait for the first to be current while
+        the second, whose votes its Raft groups need, is still down."""
+        down = [s for s in self.servers if not s.running]
+        for s in down:
+            s.start()
+        self.wait_ready(timeout)
+        return [s.name for s in down]
+
     def restart_all(self, *, kill: bool = True, down_seconds: float = 0.0,
                     timeout: float = READY_TIMEOUT, while_down: Callable[[], None] | None = None) -> None:
         """Take every server down (SIGKILL unless ``kill`` is False), optionally stay down,

@@ -44,10 +44,7 @@ def nats_cluster_intact(nats_cluster: NatsCluster) -> Iterator[NatsCluster]:
     """The session cluster, checked whole after the test (a node left down would skew the
     next test's numbers), and brought back whole if it was not."""
     yield nats_cluster
-    down = [s.name for s in nats_cluster.servers if not s.running]
-    for name in down:
-        nats_cluster.restart(name)
-    nats_cluster.wait_ready()
+    down = nats_cluster.revive()
     assert not down, f"the test left nats servers {down} down"
 
 
