@@ -22,6 +22,7 @@ from gateway.broker.message import Message
 from gateway.broker.policies import Policy
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import MetaWatch
+from gateway.jetstream.presence import Presence
 from gateway.jetstream.queues import ClusterQueue, ensure_stream, subscribe
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.vhost import ClusterVHost
@@ -75,6 +76,7 @@ class ClusterBroker(Broker):
             if broker._ensuring:
                 await asyncio.wait(list(broker._ensuring), timeout=STARTUP_STREAMS_SECONDS)
             broker.watch.start()
+            await broker.presence.start()
             broker._spawn(broker._count_loop())
         except BaseException:
             await link.close()
@@ -86,6 +88,7 @@ class ClusterBroker(Broker):
         self.gateway_id = gateway_id
         super().__init__(data_dir, **kwargs)
         self.watch = MetaWatch(self)
+        self.presence = Presence(self)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
@@ -114,6 +117,7 @@ class ClusterBroker(Broker):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.store.settled(), CLOSE_SETTLE_SECONDS)
         await self.watch.stop()
+        await self.presence.stop()
         for task in list(self._tasks):
             task.cancel()
         await super().close()
@@ -133,12 +137,42 @@ class ClusterBroker(Broker):
 
     # -- queue messages in JetStream (Q1-Q8, M10-M13, CL3) -----------------------------------
 
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` on the loop, cancelled when the broker closes."""
+        self._spawn(coro)
+
+    def cluster_queues(self) -> list[ClusterQueue]:
+        return [q for vh in self.vhosts.values() for q in vh.queues.values() if isinstance(q, ClusterQueue)]
+
+    # -- CL4: exclusive, auto-delete and single active consumer across gateways --------------
+
+    def reap_dead(self, presence: Presence) -> None:
+        """Exclusive queues of a dead gateway go, as RabbitMQ's go with their node."""
+        for vh in list(self.vhosts.values()):
+            if not isinstance(vh, ClusterVHost):
+                continue
+            for name, owner in list(vh.remote_exclusive.items()):
+                if not presence.alive(owner):
+                    del vh.remote_exclusive[name]
+                    if name in vh.queues:
+                        vh.delete_queue(None, name, if_unused=False, if_empty=False, reason="owner_closed")
+
+    def single_active_free(self, token: str) -> None:
+        from semantics.jetstream.names import queue_token
+        for q in self.cluster_queues():
+            if q.consumers and not q.sac_active and queue_token(q.vhost, q.name) == token:
+                self.spawn(self.presence.claim(q))
+
+    def single_active_won(self, q: ClusterQueue) -> None:
+        self.dispatch(q)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def queue_made(self, q: ClusterQueue) -> None:
+        q.on_consumers = self.presence.consumers_changed
         # The declaring gateway creates the stream; those that learn of it wait for it first.
         task = asyncio.get_running_loop().create_task(self._ensure(q, create=not self.store.applying))
         self._tasks.add(task)
@@ -272,7 +306,7 @@ class ClusterBroker(Broker):
 
     def _need(self, q: ClusterQueue) -> int:
         need = 0
-        for c in q.consumers:
+        for c in (q.consumers if q.sac_active or not q.qargs.single_active_consumer else ()):
             if c.has_credit():
                 need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
         if q.waiters is not None:

@@ -53,6 +53,8 @@ class ClusterQueue(BrokerQueue):
         self.no_wait_batches: list[int] = []  # no_wait requests not yet answered, in order
         self.asked_at = 0.0
         self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
+        self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
+        self.on_consumers: Callable[[ClusterQueue], None] | None = None  # presence.consumers_changed
         self.chain = Chain()  # its publishes, in order across retries (CL3)
         self.leases: dict[str, Any] = {}  # msg_id -> the JetStream message last pulled for it
         self.delay_naked: set[str] = set()  # naked here for a delay (Q4): one delivery not counted
@@ -62,6 +64,16 @@ class ClusterQueue(BrokerQueue):
         # broker's own count included (replaced by the former in the -ok's count).
         self.count_done: asyncio.Future[int] | None = None
         self.stale_remote = 0
+
+    def add_consumer(self, consumer: Any) -> None:
+        super().add_consumer(consumer)
+        if self.on_consumers is not None:
+            self.on_consumers(self)
+
+    def remove_consumer(self, consumer: Any) -> None:
+        super().remove_consumer(consumer)
+        if self.on_consumers is not None:
+            self.on_consumers(self)
 
     @property
     def message_count(self) -> int:
