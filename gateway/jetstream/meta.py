@@ -23,7 +23,7 @@ from semantics.store.keys import parse_key
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
 
-__all__ = ["ORIGIN", "MetaWatch"]
+__all__ = ["ORIGIN", "MetaWatch", "stop_watching"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
@@ -83,13 +83,18 @@ class MetaWatch:
                 log.exception("cannot apply %s from the metadata bucket", key)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+        await stop_watching(self._task, self._sub)
+
+
+async def stop_watching(task: asyncio.Task[None] | None, sub: Any) -> None:
+    """End a bucket watch: its task, then its subscription."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    if sub is not None:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
 
 
 def _key(msg: Any) -> str | None:

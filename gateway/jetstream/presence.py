@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.api import DeliverPolicy
 
+from gateway.jetstream.meta import stop_watching
 from semantics.jetstream.names import LEASE_BUCKET, queue_token
 
 if TYPE_CHECKING:
@@ -69,13 +70,7 @@ class Presence:
         self._task = asyncio.get_running_loop().create_task(self._beat())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+        await stop_watching(self._task, self._sub)
         with contextlib.suppress(Exception):
             for token, holder in list(self.sac.items()):
                 if holder == self.me:
