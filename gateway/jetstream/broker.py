@@ -15,11 +15,15 @@ import uuid
 from collections import deque
 from typing import Any
 
+from nats.errors import MaxPayloadError
+from nats.js.errors import APIError
+
 from gateway.broker import persistence as P
 from gateway.broker.broker import Broker
 from gateway.broker.exchange import Exchange
 from gateway.broker.message import Message
 from gateway.broker.policies import Policy
+from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import MetaWatch
 from gateway.jetstream.presence import Presence
@@ -47,6 +51,7 @@ UNLIMITED_CREDIT = 64  # what a consumer without prefetch is pulled for at a tim
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
 MSG_ID = "Nats-Msg-Id"
+NAK_WAIT = 2.0
 
 
 class ClusterBroker(Broker):
@@ -89,6 +94,7 @@ class ClusterBroker(Broker):
         super().__init__(data_dir, **kwargs)
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
+        self.bodies = Bodies(link)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
@@ -271,21 +277,37 @@ class ClusterBroker(Broker):
 
     def publish_message(self, q: ClusterQueue, msg: Message, now: float, delay: float | None,
                         expires_at: float | None) -> int:
+        big = len(msg.body) > self.bodies.limit
         payload = P.encode_message(q.vhost, q.name, msg.msg_id, now, msg.exchange, msg.routing_key,
-                                   msg.properties.raw, msg.body)
+                                   msg.properties.raw, b"" if big else msg.body)
         headers = {MSG_ID: msg.msg_id}
+        if big:
+            headers[BODY_HEADER] = f"{q.stream or q.name}.{msg.msg_id}"
         if delay:
             headers[VISIBLE_AT] = repr(now + delay)
         if expires_at is not None:
             headers["Cmq-Expires-At"] = repr(expires_at)
         q.remote_ready += 1
+        q.in_flight += 1
         q.last_used = now
-        return self.store.track(self._publish, q, payload, headers, chain=q.chain)
+        return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
 
-    async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str]) -> None:
+    async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
         if not q.ready.is_set():
             await q.ready.wait()
-        await self.link.js.publish(q.subject, payload, headers=headers)
+        try:
+            if body is not None:
+                await self.bodies.put(headers[BODY_HEADER], body)
+            await self.link.js.publish(q.subject, payload, headers=headers)
+        except (APIError, MaxPayloadError):
+            self._published(q)  # refused for good (the store nacks it)
+            raise
+        self._published(q)
+
+    def _published(self, q: ClusterQueue) -> None:
+        q.in_flight -= 1
+        if not q.in_flight and q.plain_gets:
+            self._want(q)
 
     def _on_durable(self, durable: int) -> None:
         refused = self.store.refused
@@ -317,12 +339,14 @@ class ClusterBroker(Broker):
         """Ask JetStream for what this gateway can take and has not asked for yet: a pull
         request (batch, and for consumers a wait of PULL_WAIT at the server; for plain
         basic.gets no wait, so that "no messages" is JetStream's answer, not a timer's)."""
-        if not isinstance(q, ClusterQueue) or q.inbox is None or q.deleted or self._closed:
+        if not isinstance(q, ClusterQueue) or q.inbox is None or q.deleted or self._closed or q.naks_pending:
             return
+        q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
+        if q.in_flight and q.plain_gets:
+            return  # a basic.get follows the publishes before it (asked again when they land)
         extra = self._need(q) - q.requested
         if extra <= 0:
             return
-        q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
         waiting = any(c.has_credit() for c in q.consumers) or (q.waiters is not None
                                                                 and len(q.waiters) > len(q.plain_gets))
         request: dict[str, Any] = {"batch": extra}
@@ -385,11 +409,16 @@ class ClusterBroker(Broker):
 
     def _take(self, q: ClusterQueue, msgs: list[Any]) -> None:
         """Pulled deliveries into the local model (leases), then delivered as usual."""
+        if q.held_back:
+            q.held_back.extend(msgs)  # behind a large body being read: in order (M11)
+            return
         now = self.clock.now()
         cmq = q.cmq
-        for m in msgs:
+        for i, m in enumerate(msgs):
             md = m.metadata
-            q.remote_ready = md.num_pending
+            if md.sequence.consumer > q.last_delivery:
+                q.last_delivery = md.sequence.consumer
+                q.remote_ready = md.num_pending
             headers = m.headers or {}
             visible_at = headers.get(VISIBLE_AT)
             msg_id = headers.get(MSG_ID, "")
@@ -398,11 +427,19 @@ class ClusterBroker(Broker):
                 q.delay_naked.add(msg_id)
                 self._reply(m, b"-NAK {\"delay\": %d}" % int((float(visible_at) - now) * 1e9))
                 continue
-            q.leases[msg_id] = m
             if cmq.get(msg_id) is not None:
+                q.leases[msg_id] = m
                 continue  # JetStream's delivery of a message leased here already: the newer lease
             r = P.decode_message(m.data)
-            msg = Message(r["body"], Properties(r["properties"]), r["exchange"], r["routing_key"],
+            body = r["body"]
+            if BODY_HEADER in headers:
+                body = q.fetched.pop(msg_id, None)
+                if body is None:
+                    q.held_back = msgs[i:]  # this one and those after it wait for its body
+                    self._spawn(self._fetch_body(q, m, headers[BODY_HEADER], msg_id))
+                    break
+            q.leases[msg_id] = m
+            msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"],
                           r["enqueue_time"])
             msg.msg_id = msg_id
             count = md.num_delivered - 1
@@ -416,6 +453,18 @@ class ClusterBroker(Broker):
         self.after_queue_change(vh, q)
         self._return_surplus(q)
 
+    async def _fetch_body(self, q: ClusterQueue, m: Any, name: str, msg_id: str) -> None:
+        """A large body (gateway.jetstream.bodies) read back, then the message taken."""
+        try:
+            q.fetched[msg_id] = await self.bodies.get(name)
+        except Exception as e:  # noqa: BLE001 - back to JetStream; another pull tries again
+            log.warning("body %s of queue %r not read: %r", name, q.name, e)
+            q.held_back.pop(0)
+            self._nak(q, m)
+        held, q.held_back = q.held_back, []
+        if not q.deleted and held:
+            self._take(q, held)
+
     def _return_surplus(self, q: ClusterQueue) -> None:
         """Leases pulled for consumers that went meanwhile go back to JetStream at once."""
         if q.consumers or q.waiters is not None:
@@ -425,7 +474,24 @@ class ClusterBroker(Broker):
             q.cmq.delete(r, now)
             lease = q.leases.pop(r.message.msg_id, None)
             if lease is not None:
-                self._reply(lease, b"-NAK")
+                self._nak(q, lease)
+
+    def _nak(self, q: ClusterQueue, m: Any) -> None:
+        """Active again for every gateway (M13, Q1). Confirmed by JetStream before this
+        gateway pulls again: its next pull (a basic.get right after a requeue) must find it,
+        and JetStream applies acks and pull requests on separate queues."""
+        q.naks_pending += 1
+        self._spawn(self._nak_confirmed(q, m))
+
+    async def _nak_confirmed(self, q: ClusterQueue, m: Any) -> None:
+        try:
+            await self.link.nc.request(m.reply, b"-NAK", timeout=NAK_WAIT)
+        except Exception as e:  # noqa: BLE001 - lost: ack_wait makes it Active anyway
+            log.info("nak to JetStream not confirmed: %r", e)
+        finally:
+            q.naks_pending -= 1
+            if not q.naks_pending:
+                self._want(q)
 
     def _reply(self, m: Any, payload: bytes) -> None:
         """An ack, nak or term of one delivery; sent in order, batched per loop turn."""
@@ -454,6 +520,9 @@ class ClusterBroker(Broker):
             lease = q.leases.pop(m.msg_id, None)
             if lease is not None:
                 self._reply(lease, b"+ACK")
+                name = (lease.headers or {}).get(BODY_HEADER)
+                if name is not None:
+                    self._spawn(self.bodies.delete(name))
 
     def reject(self, session: Any, u: Any, requeue: bool) -> None:
         """M13 requeue: Active again for every gateway (nak), not only here."""
@@ -471,7 +540,7 @@ class ClusterBroker(Broker):
         if m is not None:
             lease = q.leases.pop(m.msg_id, None)
             if lease is not None:
-                self._reply(lease, b"-NAK")
+                self._nak(q, lease)
             session.emit("requeue", queue=q.name, msg_id=u.msg_id)
         self.after_queue_change(self.vhosts[q.vhost], q)
 
@@ -485,7 +554,7 @@ class ClusterBroker(Broker):
                     m = e.message
                     lease = q.leases.pop(m.msg_id, None)
                     if lease is not None and q.cmq.delete(Q.Receipt(m, m.handle), now):
-                        self._reply(lease, b"-NAK")
+                        self._nak(q, lease)
         super()._queue_events(vh, q, events)
 
     def consumer_gone(self, q: Any) -> None:

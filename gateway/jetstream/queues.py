@@ -52,10 +52,15 @@ class ClusterQueue(BrokerQueue):
         self.requested = 0  # messages asked for and not yet come (nor refused)
         self.no_wait_batches: list[int] = []  # no_wait requests not yet answered, in order
         self.asked_at = 0.0
+        self.in_flight = 0  # publishes to it from here not yet acknowledged by JetStream
+        self.naks_pending = 0  # naks sent and not yet confirmed: no pull until they are
         self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
         self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
         self.on_consumers: Callable[[ClusterQueue], None] | None = None  # presence.consumers_changed
         self.chain = Chain()  # its publishes, in order across retries (CL3)
+        self.held_back: list[Any] = []  # pulled behind a large body still being read
+        self.last_delivery = 0  # the consumer sequence of the newest delivery seen (its counts)
+        self.fetched: dict[str, bytes] = {}  # large bodies read back, for the message's next take
         self.leases: dict[str, Any] = {}  # msg_id -> the JetStream message last pulled for it
         self.delay_naked: set[str] = set()  # naked here for a delay (Q4): one delivery not counted
         self.plain_gets: list[Any] = []  # channels whose basic.get (no polling wait) waits for a pull

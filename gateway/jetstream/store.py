@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from nats.errors import ConnectionClosedError
+from nats.errors import ConnectionClosedError, MaxPayloadError
 from nats.js.errors import APIError
 
 from gateway.jetstream.link import Link
@@ -178,7 +178,7 @@ class JetStreamStore:
             try:
                 await write(*args)
                 break
-            except APIError as e:
+            except (APIError, MaxPayloadError) as e:
                 # Refused by JetStream itself (a stream deleted meanwhile, a limit): retrying
                 # gives the same answer. What refuses messages is handled by the writer.
                 log.warning("jetstream refused a write (lsn %d): %s", lsn, e)

@@ -196,3 +196,21 @@ def test_CL1_purge_and_delete_count_and_empty_the_stream(js_gateways: Callable[.
         _eventually(lambda: q not in a.broker.vhosts["/"].queues)
     other.close()
     conn.close()
+
+
+def test_CL1_a_body_larger_than_one_nats_message_crosses_gateways(js_gateways: Callable[..., Any]) -> None:
+    """Bodies above NATS's max_payload (1 MiB) go through the CMQ_BODIES object store."""
+    import os
+    a, b = js_gateways(2)
+    q = _name("big")
+    conn, ch = _declare_both(a, b, q)
+    ch.confirm_delivery()
+    body = os.urandom(3 << 20)
+    ch.basic_publish("", q, body, pika.BasicProperties(delivery_mode=2, headers={"k": "v"}))
+    other = _conn(b)
+    och = other.channel()
+    method, props, got = _get(och, q)
+    assert got == body and props.headers == {"k": "v"}
+    och.basic_ack(method.delivery_tag)
+    other.close()
+    conn.close()
