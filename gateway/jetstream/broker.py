@@ -452,6 +452,7 @@ class ClusterBroker(Broker):
         vh = self.vhosts[q.vhost]
         self.after_queue_change(vh, q)
         self._return_surplus(q)
+        self._want(q)  # what was naked for its delay (Q4) left a get or a credit unserved
 
     async def _fetch_body(self, q: ClusterQueue, m: Any, name: str, msg_id: str) -> None:
         """A large body (gateway.jetstream.bodies) read back, then the message taken."""
