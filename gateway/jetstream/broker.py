@@ -27,7 +27,7 @@ from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import MetaWatch
 from gateway.jetstream.presence import Presence
-from gateway.jetstream.queues import ClusterQueue, ensure_stream, subscribe
+from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.vhost import ClusterVHost
 from gateway.protocol.properties import Properties
@@ -172,13 +172,42 @@ class ClusterBroker(Broker):
     def single_active_won(self, q: ClusterQueue) -> None:
         self.dispatch(q)
 
+    def _start_rewind(self, q: ClusterQueue, to_time: float) -> None:
+        q.rewinding += 1
+        self._spawn(self._rewind(q, to_time))
+
+    async def _rewind(self, q: ClusterQueue, to_time: float) -> None:
+        """M15/Q6: the queue's consumer starts again at ``to_time`` for every gateway; what
+        this gateway leased from the old one is dropped (the new one delivers it again)."""
+        try:
+            await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
+            await rewind_consumer(self.link.js, q, to_time)
+        except Exception as e:  # noqa: BLE001 - the queue keeps its consumer as it was
+            log.warning("rewind of queue %r failed: %r", q.name, e)
+        finally:
+            q.rewinding -= 1
+        now = self.clock.now()
+        for msg_id in list(q.leases):
+            m = q.cmq.get(msg_id)
+            if m is not None and m.state is Q.MessageState.ACTIVE:
+                q.cmq.delete(Q.Receipt(m, m.handle), now)
+        q.leases.clear()
+        q.requested = 0
+        q.no_wait_batches.clear()
+        self._want(q)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def new_cmq_queue(self, name: str, attrs: Any, refuse_size: bool = True) -> Any:
+        return LeasedCmqQueue(name, attrs, refuse_size=refuse_size)
+
     def queue_made(self, q: ClusterQueue) -> None:
         q.on_consumers = self.presence.consumers_changed
+        if isinstance(q.cmq, LeasedCmqQueue):
+            q.cmq.on_rewind = lambda to_time: self._start_rewind(q, to_time)
         # The declaring gateway creates the stream; those that learn of it wait for it first.
         task = asyncio.get_running_loop().create_task(self._ensure(q, create=not self.store.applying))
         self._tasks.add(task)
@@ -339,7 +368,8 @@ class ClusterBroker(Broker):
         """Ask JetStream for what this gateway can take and has not asked for yet: a pull
         request (batch, and for consumers a wait of PULL_WAIT at the server; for plain
         basic.gets no wait, so that "no messages" is JetStream's answer, not a timer's)."""
-        if not isinstance(q, ClusterQueue) or q.inbox is None or q.deleted or self._closed or q.naks_pending:
+        if (not isinstance(q, ClusterQueue) or q.inbox is None or q.deleted or self._closed or q.naks_pending
+                or q.rewinding):
             return
         q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
         if q.in_flight and q.plain_gets:
