@@ -25,7 +25,7 @@ from gateway.broker.message import Message
 from gateway.broker.policies import Policy
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.link import Link, open_link
-from gateway.jetstream.meta import MetaWatch
+from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.presence import Presence
 from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
 from gateway.jetstream.store import JetStreamStore
@@ -95,6 +95,7 @@ class ClusterBroker(Broker):
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
         self.bodies = Bodies(link)
+        self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
@@ -152,8 +153,47 @@ class ClusterBroker(Broker):
 
     # -- CL4: exclusive, auto-delete and single active consumer across gateways --------------
 
+    def note_owner(self, key: str, msg: Any) -> None:
+        """D2-D6: which gateway runs the retries of a topic-retained message (its writer)."""
+        if key.startswith(P.RETAINED_PREFIX):
+            origin = (msg.headers or {}).get(ORIGIN)
+            if origin is None or value_of(msg) is None:
+                self.retained_owner.pop(key, None)
+            else:
+                self.retained_owner[key] = origin
+
+    def _recover_retained(self, now: float, keys: list[str] | None = None) -> None:
+        """At start the records stay where they are: their gateway (alive) runs their
+        retries, or the gateway that takes over from it once it is dead (reap_dead)."""
+        if keys is not None:
+            super()._recover_retained(now, keys)
+
+    async def _take_over(self, owner: str, keys: list[str]) -> None:
+        """One live gateway (the one that creates the lease ``rt.<dead id>``) offers a dead
+        gateway's retained messages again and owns their retries from now on (CL4, D2-D6)."""
+        try:
+            await self.presence.kv.create(f"rt.{owner}", self.gateway_id.encode())
+        except Exception:  # noqa: BLE001 - another gateway took it over
+            for key in keys:
+                if self.retained_owner.get(key) == owner:
+                    self.retained_owner[key] = ""  # not ours to run; its new owner rewrites it
+            return
+        log.info("taking over %d retained topic messages of gateway %s", len(keys), owner)
+        for key in keys:
+            self.retained_owner.pop(key, None)
+        self._recover_retained(self.clock.now(), keys)
+
     def reap_dead(self, presence: Presence) -> None:
-        """Exclusive queues of a dead gateway go, as RabbitMQ's go with their node."""
+        """Exclusive queues of a dead gateway go, as RabbitMQ's go with their node; its
+        topic retries are taken over."""
+        dead: dict[str, list[str]] = {}
+        for key, owner in self.retained_owner.items():
+            if owner and owner != self.gateway_id and not presence.alive(owner):
+                dead.setdefault(owner, []).append(key)
+        for owner, keys in dead.items():
+            for key in keys:
+                self.retained_owner[key] = ""
+            self.spawn(self._take_over(owner, keys))
         for vh in list(self.vhosts.values()):
             if not isinstance(vh, ClusterVHost):
                 continue
@@ -644,6 +684,22 @@ class ClusterBroker(Broker):
         self.store.load(key, value)
         if key.startswith("u/"):
             self._recover_accounts()
+        elif key.startswith(P.SUBSCRIPTIONS_PREFIX):
+            self._apply_http_subscription(key, value)
+
+    def _apply_http_subscription(self, key: str, value: bytes | None) -> None:
+        """D7: an HTTP subscription made or removed through another gateway."""
+        from gateway.push import HttpPusher
+        pusher = HttpPusher.of(self)
+        if value is not None:
+            pusher.recover()  # makes the ones it does not have yet
+            return
+        _, names = parse_key(key)
+        self.store.applying = True
+        try:
+            pusher.unsubscribe(*names[:3])
+        finally:
+            self.store.applying = False
 
     def _apply(self, key: str, value: bytes | None) -> None:
         store = self.store

@@ -35,9 +35,10 @@ __all__ = ["SHARED_KINDS", "Chain", "JetStreamStore"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
-# The kinds every gateway shares through the bucket; the others (topic-retained messages,
-# MQTT sessions) are this gateway's own and live in its memory (docs/CLUSTER.md).
-SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "meta"})
+# The kinds every gateway shares through the bucket; the others (MQTT sessions) are this
+# gateway's own and live in its memory (docs/CLUSTER.md). Topic-retained messages (t/) are
+# shared so that another gateway takes their retries over when their gateway dies (D2-D6).
+SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "t", "meta"})
 RETRY_SECONDS = 0.5
 KV_DEL = {"KV-Operation": "DEL"}
 
