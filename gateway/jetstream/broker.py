@@ -27,6 +27,7 @@ from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.presence import Presence
+from gateway.jetstream.publisher import Publisher
 from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.vhost import ClusterVHost
@@ -74,6 +75,7 @@ class ClusterBroker(Broker):
             loop = asyncio.get_running_loop()
             broker = cls(None, clock=clock or SystemClock(), audit=audit, config=config, loop=loop,
                          store=store, link=link, gateway_id=gateway_id)
+            await broker.publisher.start()
             await broker.watch.load()
             broker._recover()
             store.on_durable = broker._on_durable
@@ -95,6 +97,7 @@ class ClusterBroker(Broker):
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
         self.bodies = Bodies(link)
+        self.publisher = Publisher(link.nc, asyncio.get_running_loop())
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
@@ -125,6 +128,7 @@ class ClusterBroker(Broker):
             await asyncio.wait_for(self.store.settled(), CLOSE_SETTLE_SECONDS)
         await self.watch.stop()
         await self.presence.stop()
+        await self.publisher.stop()
         for task in list(self._tasks):
             task.cancel()
         await super().close()
@@ -359,7 +363,10 @@ class ClusterBroker(Broker):
         q.remote_ready += 1
         q.in_flight += 1
         q.last_used = now
-        return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
+        if big or not q.ready.is_set() or q.slow_writes or q.chain.waiting:
+            q.slow_writes += 1
+            return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
+        return self.store.track_message(self.publisher, q.subject, payload, headers, lambda: self._published(q))
 
     async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
         if not q.ready.is_set():
@@ -369,8 +376,10 @@ class ClusterBroker(Broker):
                 await self.bodies.put(headers[BODY_HEADER], body)
             await self.link.js.publish(q.subject, payload, headers=headers)
         except (APIError, MaxPayloadError):
+            q.slow_writes -= 1
             self._published(q)  # refused for good (the store nacks it)
             raise
+        q.slow_writes -= 1
         self._published(q)
 
     def _published(self, q: ClusterQueue) -> None:
@@ -494,7 +503,6 @@ class ClusterBroker(Broker):
             msg_id = headers.get(MSG_ID, "")
             if visible_at is not None and float(visible_at) > now:
                 # Q4: too early; JetStream keeps it for the rest of the delay, for every gateway.
-                q.delay_naked.add(msg_id)
                 self._reply(m, b"-NAK {\"delay\": %d}" % int((float(visible_at) - now) * 1e9))
                 continue
             if cmq.get(msg_id) is not None:
@@ -513,8 +521,9 @@ class ClusterBroker(Broker):
                           r["enqueue_time"])
             msg.msg_id = msg_id
             count = md.num_delivered - 1
-            if msg_id in q.delay_naked:
-                q.delay_naked.discard(msg_id)
+            if visible_at is not None and count > 0:
+                # Q4/M11: a delayed message was naked once for its delay by whichever gateway
+                # pulled it first (any puller during the delay does): not a receive.
                 count -= 1
             exp = headers.get("Cmq-Expires-At")
             cmq.restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=r["enqueue_time"],

@@ -81,6 +81,7 @@ class ClusterQueue(BrokerQueue):
         self.requested = 0  # messages asked for and not yet come (nor refused)
         self.no_wait_batches: list[int] = []  # no_wait requests not yet answered, in order
         self.asked_at = 0.0
+        self.slow_writes = 0  # publishes on the one-request-each path (large, or before ready)
         self.in_flight = 0  # publishes to it from here not yet acknowledged by JetStream
         self.naks_pending = 0
         self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile  # naks sent and not yet confirmed: no pull until they are
@@ -92,7 +93,6 @@ class ClusterQueue(BrokerQueue):
         self.last_delivery = 0  # the consumer sequence of the newest delivery seen (its counts)
         self.fetched: dict[str, bytes] = {}  # large bodies read back, for the message's next take
         self.leases: dict[str, Any] = {}  # msg_id -> the JetStream message last pulled for it
-        self.delay_naked: set[str] = set()  # naked here for a delay (Q4): one delivery not counted
         self.plain_gets: list[Any] = []  # channels whose basic.get (no polling wait) waits for a pull
         self.remote_ready = 0  # messages JetStream has not delivered yet (num_pending)
         # A purge or delete under way: JetStream's count just before it, and the estimate the
