@@ -294,6 +294,7 @@ class ClusterBroker(Broker):
         JetStream held undelivered, the count its -ok reports."""
         remote = q.stale_remote
         try:
+            await self._publishes_landed(q)
             if not q.ready.is_set():
                 await asyncio.wait_for(q.ready.wait(), 5)
             remote = (await self.link.js.consumer_info(q.stream, CONSUMER)).num_pending or 0
@@ -319,6 +320,12 @@ class ClusterBroker(Broker):
         q.count_done = asyncio.get_running_loop().create_future()
         self._spawn(self._counted(q, q.count_done, self.link.js.purge_stream))
 
+    async def _publishes_landed(self, q: ClusterQueue) -> None:
+        """A count follows the publishes before it on this gateway (as on one broker)."""
+        deadline = self.clock.now() + CLOSE_SETTLE_SECONDS
+        while q.in_flight and self.clock.now() < deadline:
+            await asyncio.sleep(0.005)
+
     def answer_count(self, ch: Any, q: Any, count: int, frame: Any) -> None:
         """The -ok waits (the channel's later frames held behind it) for JetStream's count of
         undelivered messages, which replaces this gateway's estimate in ``count``."""
@@ -339,6 +346,7 @@ class ClusterBroker(Broker):
             else:
                 # Not before its stream is there: an -ok means this gateway can serve it.
                 await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
+                await self._publishes_landed(q)
                 remote = (await asyncio.wait_for(self.link.js.consumer_info(q.stream, CONSUMER), 2)).num_pending or 0
                 q.remote_ready = remote
         except Exception as e:  # noqa: BLE001 - the estimate stands
@@ -411,7 +419,7 @@ class ClusterBroker(Broker):
                 need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
         if q.waiters is not None:
             need += len(q.waiters)
-        return min(need - q.cmq.active, PULL_MAX)
+        return min(need - q.cmq.active - len(q.held_back), PULL_MAX)
 
     def _want(self, q: Any) -> None:
         """Ask JetStream for what this gateway can take and has not asked for yet: a pull
@@ -478,6 +486,8 @@ class ClusterBroker(Broker):
     def _nothing_to_get(self, q: ClusterQueue) -> None:
         """A pull found nothing: the plain basic.gets waiting for it get get-empty (M11),
         those with a polling wait keep waiting (Q5)."""
+        if q.held_back:
+            return  # a message is on its way (its large body being read): it answers a get
         gets, q.plain_gets = q.plain_gets, []
         for ch in gets:
             if ch.waiting_get is not None and ch.waiting_get[0] is q and q.waiters is not None:
