@@ -27,7 +27,6 @@ from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.presence import Presence
-from gateway.jetstream.publisher import Publisher
 from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.vhost import ClusterVHost
@@ -75,7 +74,6 @@ class ClusterBroker(Broker):
             loop = asyncio.get_running_loop()
             broker = cls(None, clock=clock or SystemClock(), audit=audit, config=config, loop=loop,
                          store=store, link=link, gateway_id=gateway_id)
-            await broker.publisher.start()
             await broker.watch.load()
             broker._recover()
             store.on_durable = broker._on_durable
@@ -97,7 +95,6 @@ class ClusterBroker(Broker):
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
         self.bodies = Bodies(link)
-        self.publisher = Publisher(link.nc, asyncio.get_running_loop())
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
@@ -128,7 +125,6 @@ class ClusterBroker(Broker):
             await asyncio.wait_for(self.store.settled(), CLOSE_SETTLE_SECONDS)
         await self.watch.stop()
         await self.presence.stop()
-        await self.publisher.stop()
         for task in list(self._tasks):
             task.cancel()
         await super().close()
@@ -371,10 +367,7 @@ class ClusterBroker(Broker):
         q.remote_ready += 1
         q.in_flight += 1
         q.last_used = now
-        if big or not q.ready.is_set() or q.slow_writes or q.chain.waiting:
-            q.slow_writes += 1
-            return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
-        return self.store.track_message(self.publisher, q.subject, payload, headers, lambda: self._published(q))
+        return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
 
     async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
         if not q.ready.is_set():
@@ -384,10 +377,8 @@ class ClusterBroker(Broker):
                 await self.bodies.put(headers[BODY_HEADER], body)
             await self.link.js.publish(q.subject, payload, headers=headers)
         except (APIError, MaxPayloadError):
-            q.slow_writes -= 1
             self._published(q)  # refused for good (the store nacks it)
             raise
-        q.slow_writes -= 1
         self._published(q)
 
     def _published(self, q: ClusterQueue) -> None:

@@ -173,23 +173,6 @@ class JetStreamStore:
             self._loop.create_task(self._run(lsn, write, args, chain))
         return lsn
 
-    def track_message(self, publisher: Any, subject: str, payload: bytes, headers: dict[str, str],
-                      done: Callable[[], None]) -> int:
-        """A queue message through the pipelined publisher (gateway.jetstream.publisher),
-        under a new LSN like every other write."""
-        lsn = self._lsn = self._lsn + 1
-        self._open[lsn] = None
-        self._idle.clear()
-
-        def settled(refused: bool) -> None:
-            if refused:
-                self.refused.add(lsn)
-            done()
-            self._settle(lsn)
-
-        publisher.publish(lsn, subject, payload, headers, settled)
-        return lsn
-
     async def _run(self, lsn: int, write: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
                    chain: Chain | None = None) -> None:
         while True:
