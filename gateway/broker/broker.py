@@ -865,14 +865,17 @@ class Broker:
         for q, vh in touched.items():
             self.after_queue_change(vh, q, dispatch=False)
 
-    def _recover_retained(self, now: float) -> None:
+    def _recover_retained(self, now: float, keys: list[str] | None = None) -> None:
         """Messages a durable topic retained for retries (D2) are offered again to the
         subscriptions still owed them; the others already have them. Retry counts start
-        over; the lifecycle (D3) still counts from the original publish."""
+        over; the lifecycle (D3) still counts from the original publish. ``keys``: only
+        these records (the cluster broker takes over those of a gateway that died)."""
         from gateway.broker.vhost import PublishOutcome
         from gateway.protocol.properties import Properties
 
-        records = [(key, P.decode_retained(raw)) for key, raw in self.store.items(P.RETAINED_PREFIX)]
+        found = (self.store.items(P.RETAINED_PREFIX) if keys is None
+                 else ((key, raw) for key in keys if (raw := self.store.get(key)) is not None))
+        records = [(key, P.decode_retained(raw)) for key, raw in found]
         records.sort(key=lambda kr: kr[1]["published_at"])
         for key, r in records:
             vh = self.vhosts.get(r["vhost"])

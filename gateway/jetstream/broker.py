@@ -15,14 +15,19 @@ import uuid
 from collections import deque
 from typing import Any
 
+from nats.errors import MaxPayloadError
+from nats.js.errors import APIError
+
 from gateway.broker import persistence as P
 from gateway.broker.broker import Broker
 from gateway.broker.exchange import Exchange
 from gateway.broker.message import Message
 from gateway.broker.policies import Policy
+from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.link import Link, open_link
-from gateway.jetstream.meta import MetaWatch
-from gateway.jetstream.queues import ClusterQueue, ensure_stream, subscribe
+from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
+from gateway.jetstream.presence import Presence
+from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.vhost import ClusterVHost
 from gateway.protocol.properties import Properties
@@ -46,6 +51,7 @@ UNLIMITED_CREDIT = 64  # what a consumer without prefetch is pulled for at a tim
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
 MSG_ID = "Nats-Msg-Id"
+NAK_WAIT = 2.0
 
 
 class ClusterBroker(Broker):
@@ -75,6 +81,7 @@ class ClusterBroker(Broker):
             if broker._ensuring:
                 await asyncio.wait(list(broker._ensuring), timeout=STARTUP_STREAMS_SECONDS)
             broker.watch.start()
+            await broker.presence.start()
             broker._spawn(broker._count_loop())
         except BaseException:
             await link.close()
@@ -86,6 +93,9 @@ class ClusterBroker(Broker):
         self.gateway_id = gateway_id
         super().__init__(data_dir, **kwargs)
         self.watch = MetaWatch(self)
+        self.presence = Presence(self)
+        self.bodies = Bodies(link)
+        self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
@@ -114,6 +124,7 @@ class ClusterBroker(Broker):
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.store.settled(), CLOSE_SETTLE_SECONDS)
         await self.watch.stop()
+        await self.presence.stop()
         for task in list(self._tasks):
             task.cancel()
         await super().close()
@@ -133,12 +144,110 @@ class ClusterBroker(Broker):
 
     # -- queue messages in JetStream (Q1-Q8, M10-M13, CL3) -----------------------------------
 
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` on the loop, cancelled when the broker closes."""
+        self._spawn(coro)
+
+    def cluster_queues(self) -> list[ClusterQueue]:
+        return [q for vh in self.vhosts.values() for q in vh.queues.values() if isinstance(q, ClusterQueue)]
+
+    # -- CL4: exclusive, auto-delete and single active consumer across gateways --------------
+
+    def note_owner(self, key: str, msg: Any) -> None:
+        """D2-D6: which gateway runs the retries of a topic-retained message (its writer)."""
+        if key.startswith(P.RETAINED_PREFIX):
+            origin = (msg.headers or {}).get(ORIGIN)
+            if origin is None or value_of(msg) is None:
+                self.retained_owner.pop(key, None)
+            else:
+                self.retained_owner[key] = origin
+
+    def _recover_retained(self, now: float, keys: list[str] | None = None) -> None:
+        """At start the records stay where they are: their gateway (alive) runs their
+        retries, or the gateway that takes over from it once it is dead (reap_dead)."""
+        if keys is not None:
+            super()._recover_retained(now, keys)
+
+    async def _take_over(self, owner: str, keys: list[str]) -> None:
+        """One live gateway (the one that creates the lease ``rt.<dead id>``) offers a dead
+        gateway's retained messages again and owns their retries from now on (CL4, D2-D6)."""
+        try:
+            await self.presence.kv.create(f"rt.{owner}", self.gateway_id.encode())
+        except Exception:  # noqa: BLE001 - another gateway took it over
+            for key in keys:
+                if self.retained_owner.get(key) == owner:
+                    self.retained_owner[key] = ""  # not ours to run; its new owner rewrites it
+            return
+        log.info("taking over %d retained topic messages of gateway %s", len(keys), owner)
+        for key in keys:
+            self.retained_owner.pop(key, None)
+        self._recover_retained(self.clock.now(), keys)
+
+    def reap_dead(self, presence: Presence) -> None:
+        """Exclusive queues of a dead gateway go, as RabbitMQ's go with their node; its
+        topic retries are taken over."""
+        dead: dict[str, list[str]] = {}
+        for key, owner in self.retained_owner.items():
+            if owner and owner != self.gateway_id and not presence.alive(owner):
+                dead.setdefault(owner, []).append(key)
+        for owner, keys in dead.items():
+            for key in keys:
+                self.retained_owner[key] = ""
+            self.spawn(self._take_over(owner, keys))
+        for vh in list(self.vhosts.values()):
+            if not isinstance(vh, ClusterVHost):
+                continue
+            for name, owner in list(vh.remote_exclusive.items()):
+                if not presence.alive(owner):
+                    del vh.remote_exclusive[name]
+                    if name in vh.queues:
+                        vh.delete_queue(None, name, if_unused=False, if_empty=False, reason="owner_closed")
+
+    def single_active_free(self, token: str) -> None:
+        from semantics.jetstream.names import queue_token
+        for q in self.cluster_queues():
+            if q.consumers and not q.sac_active and queue_token(q.vhost, q.name) == token:
+                self.spawn(self.presence.claim(q))
+
+    def single_active_won(self, q: ClusterQueue) -> None:
+        self.dispatch(q)
+
+    def _start_rewind(self, q: ClusterQueue, to_time: float) -> None:
+        q.rewinding += 1
+        self._spawn(self._rewind(q, to_time))
+
+    async def _rewind(self, q: ClusterQueue, to_time: float) -> None:
+        """M15/Q6: the queue's consumer starts again at ``to_time`` for every gateway; what
+        this gateway leased from the old one is dropped (the new one delivers it again)."""
+        try:
+            await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
+            await rewind_consumer(self.link.js, q, to_time)
+        except Exception as e:  # noqa: BLE001 - the queue keeps its consumer as it was
+            log.warning("rewind of queue %r failed: %r", q.name, e)
+        finally:
+            q.rewinding -= 1
+        now = self.clock.now()
+        for msg_id in list(q.leases):
+            m = q.cmq.get(msg_id)
+            if m is not None and m.state is Q.MessageState.ACTIVE:
+                q.cmq.delete(Q.Receipt(m, m.handle), now)
+        q.leases.clear()
+        q.requested = 0
+        q.no_wait_batches.clear()
+        self._want(q)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def new_cmq_queue(self, name: str, attrs: Any, refuse_size: bool = True) -> Any:
+        return LeasedCmqQueue(name, attrs, refuse_size=refuse_size)
+
     def queue_made(self, q: ClusterQueue) -> None:
+        q.on_consumers = self.presence.consumers_changed
+        if isinstance(q.cmq, LeasedCmqQueue):
+            q.cmq.on_rewind = lambda to_time: self._start_rewind(q, to_time)
         # The declaring gateway creates the stream; those that learn of it wait for it first.
         task = asyncio.get_running_loop().create_task(self._ensure(q, create=not self.store.applying))
         self._tasks.add(task)
@@ -181,6 +290,7 @@ class ClusterBroker(Broker):
         JetStream held undelivered, the count its -ok reports."""
         remote = q.stale_remote
         try:
+            await self._publishes_landed(q)
             if not q.ready.is_set():
                 await asyncio.wait_for(q.ready.wait(), 5)
             remote = (await self.link.js.consumer_info(q.stream, CONSUMER)).num_pending or 0
@@ -206,6 +316,12 @@ class ClusterBroker(Broker):
         q.count_done = asyncio.get_running_loop().create_future()
         self._spawn(self._counted(q, q.count_done, self.link.js.purge_stream))
 
+    async def _publishes_landed(self, q: ClusterQueue) -> None:
+        """A count follows the publishes before it on this gateway (as on one broker)."""
+        deadline = self.clock.now() + CLOSE_SETTLE_SECONDS
+        while q.in_flight and self.clock.now() < deadline:
+            await asyncio.sleep(0.005)
+
     def answer_count(self, ch: Any, q: Any, count: int, frame: Any) -> None:
         """The -ok waits (the channel's later frames held behind it) for JetStream's count of
         undelivered messages, which replaces this gateway's estimate in ``count``."""
@@ -226,6 +342,7 @@ class ClusterBroker(Broker):
             else:
                 # Not before its stream is there: an -ok means this gateway can serve it.
                 await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
+                await self._publishes_landed(q)
                 remote = (await asyncio.wait_for(self.link.js.consumer_info(q.stream, CONSUMER), 2)).num_pending or 0
                 q.remote_ready = remote
         except Exception as e:  # noqa: BLE001 - the estimate stands
@@ -237,21 +354,37 @@ class ClusterBroker(Broker):
 
     def publish_message(self, q: ClusterQueue, msg: Message, now: float, delay: float | None,
                         expires_at: float | None) -> int:
+        big = len(msg.body) > self.bodies.limit
         payload = P.encode_message(q.vhost, q.name, msg.msg_id, now, msg.exchange, msg.routing_key,
-                                   msg.properties.raw, msg.body)
+                                   msg.properties.raw, b"" if big else msg.body)
         headers = {MSG_ID: msg.msg_id}
+        if big:
+            headers[BODY_HEADER] = f"{q.stream or q.name}.{msg.msg_id}"
         if delay:
             headers[VISIBLE_AT] = repr(now + delay)
         if expires_at is not None:
             headers["Cmq-Expires-At"] = repr(expires_at)
         q.remote_ready += 1
+        q.in_flight += 1
         q.last_used = now
-        return self.store.track(self._publish, q, payload, headers, chain=q.chain)
+        return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
 
-    async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str]) -> None:
+    async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
         if not q.ready.is_set():
             await q.ready.wait()
-        await self.link.js.publish(q.subject, payload, headers=headers)
+        try:
+            if body is not None:
+                await self.bodies.put(headers[BODY_HEADER], body)
+            await self.link.js.publish(q.subject, payload, headers=headers)
+        except (APIError, MaxPayloadError):
+            self._published(q)  # refused for good (the store nacks it)
+            raise
+        self._published(q)
+
+    def _published(self, q: ClusterQueue) -> None:
+        q.in_flight -= 1
+        if not q.in_flight and q.plain_gets:
+            self._want(q)
 
     def _on_durable(self, durable: int) -> None:
         refused = self.store.refused
@@ -272,23 +405,26 @@ class ClusterBroker(Broker):
 
     def _need(self, q: ClusterQueue) -> int:
         need = 0
-        for c in q.consumers:
+        for c in (q.consumers if q.sac_active or not q.qargs.single_active_consumer else ()):
             if c.has_credit():
                 need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
         if q.waiters is not None:
             need += len(q.waiters)
-        return min(need - q.cmq.active, PULL_MAX)
+        return min(need - q.cmq.active - len(q.held_back), PULL_MAX)
 
     def _want(self, q: Any) -> None:
         """Ask JetStream for what this gateway can take and has not asked for yet: a pull
         request (batch, and for consumers a wait of PULL_WAIT at the server; for plain
         basic.gets no wait, so that "no messages" is JetStream's answer, not a timer's)."""
-        if not isinstance(q, ClusterQueue) or q.inbox is None or q.deleted or self._closed:
+        if (not isinstance(q, ClusterQueue) or q.inbox is None or q.deleted or self._closed or q.naks_pending
+                or q.rewinding):
             return
+        q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
+        if q.in_flight and q.plain_gets:
+            return  # a basic.get follows the publishes before it (asked again when they land)
         extra = self._need(q) - q.requested
         if extra <= 0:
             return
-        q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
         waiting = any(c.has_credit() for c in q.consumers) or (q.waiters is not None
                                                                 and len(q.waiters) > len(q.plain_gets))
         request: dict[str, Any] = {"batch": extra}
@@ -341,6 +477,8 @@ class ClusterBroker(Broker):
     def _nothing_to_get(self, q: ClusterQueue) -> None:
         """A pull found nothing: the plain basic.gets waiting for it get get-empty (M11),
         those with a polling wait keep waiting (Q5)."""
+        if q.held_back:
+            return  # a message is on its way (its large body being read): it answers a get
         gets, q.plain_gets = q.plain_gets, []
         for ch in gets:
             if ch.waiting_get is not None and ch.waiting_get[0] is q and q.waiters is not None:
@@ -351,29 +489,42 @@ class ClusterBroker(Broker):
 
     def _take(self, q: ClusterQueue, msgs: list[Any]) -> None:
         """Pulled deliveries into the local model (leases), then delivered as usual."""
+        if q.held_back:
+            q.held_back.extend(msgs)  # behind a large body being read: in order (M11)
+            return
         now = self.clock.now()
         cmq = q.cmq
-        for m in msgs:
+        for i, m in enumerate(msgs):
             md = m.metadata
-            q.remote_ready = md.num_pending
+            if md.sequence.consumer > q.last_delivery:
+                q.last_delivery = md.sequence.consumer
+                q.remote_ready = md.num_pending
             headers = m.headers or {}
             visible_at = headers.get(VISIBLE_AT)
             msg_id = headers.get(MSG_ID, "")
             if visible_at is not None and float(visible_at) > now:
                 # Q4: too early; JetStream keeps it for the rest of the delay, for every gateway.
-                q.delay_naked.add(msg_id)
                 self._reply(m, b"-NAK {\"delay\": %d}" % int((float(visible_at) - now) * 1e9))
                 continue
-            q.leases[msg_id] = m
             if cmq.get(msg_id) is not None:
+                q.leases[msg_id] = m
                 continue  # JetStream's delivery of a message leased here already: the newer lease
             r = P.decode_message(m.data)
-            msg = Message(r["body"], Properties(r["properties"]), r["exchange"], r["routing_key"],
+            body = r["body"]
+            if BODY_HEADER in headers:
+                body = q.fetched.pop(msg_id, None)
+                if body is None:
+                    q.held_back = msgs[i:]  # this one and those after it wait for its body
+                    self._spawn(self._fetch_body(q, m, headers[BODY_HEADER], msg_id))
+                    break
+            q.leases[msg_id] = m
+            msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"],
                           r["enqueue_time"])
             msg.msg_id = msg_id
             count = md.num_delivered - 1
-            if msg_id in q.delay_naked:
-                q.delay_naked.discard(msg_id)
+            if visible_at is not None and count > 0:
+                # Q4/M11: a delayed message was naked once for its delay by whichever gateway
+                # pulled it first (any puller during the delay does): not a receive.
                 count -= 1
             exp = headers.get("Cmq-Expires-At")
             cmq.restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=r["enqueue_time"],
@@ -381,6 +532,19 @@ class ClusterBroker(Broker):
         vh = self.vhosts[q.vhost]
         self.after_queue_change(vh, q)
         self._return_surplus(q)
+        self._want(q)  # what was naked for its delay (Q4) left a get or a credit unserved
+
+    async def _fetch_body(self, q: ClusterQueue, m: Any, name: str, msg_id: str) -> None:
+        """A large body (gateway.jetstream.bodies) read back, then the message taken."""
+        try:
+            q.fetched[msg_id] = await self.bodies.get(name)
+        except Exception as e:  # noqa: BLE001 - back to JetStream; another pull tries again
+            log.warning("body %s of queue %r not read: %r", name, q.name, e)
+            q.held_back.pop(0)
+            self._nak(q, m)
+        held, q.held_back = q.held_back, []
+        if not q.deleted and held:
+            self._take(q, held)
 
     def _return_surplus(self, q: ClusterQueue) -> None:
         """Leases pulled for consumers that went meanwhile go back to JetStream at once."""
@@ -391,7 +555,24 @@ class ClusterBroker(Broker):
             q.cmq.delete(r, now)
             lease = q.leases.pop(r.message.msg_id, None)
             if lease is not None:
-                self._reply(lease, b"-NAK")
+                self._nak(q, lease)
+
+    def _nak(self, q: ClusterQueue, m: Any) -> None:
+        """Active again for every gateway (M13, Q1). Confirmed by JetStream before this
+        gateway pulls again: its next pull (a basic.get right after a requeue) must find it,
+        and JetStream applies acks and pull requests on separate queues."""
+        q.naks_pending += 1
+        self._spawn(self._nak_confirmed(q, m))
+
+    async def _nak_confirmed(self, q: ClusterQueue, m: Any) -> None:
+        try:
+            await self.link.nc.request(m.reply, b"-NAK", timeout=NAK_WAIT)
+        except Exception as e:  # noqa: BLE001 - lost: ack_wait makes it Active anyway
+            log.info("nak to JetStream not confirmed: %r", e)
+        finally:
+            q.naks_pending -= 1
+            if not q.naks_pending:
+                self._want(q)
 
     def _reply(self, m: Any, payload: bytes) -> None:
         """An ack, nak or term of one delivery; sent in order, batched per loop turn."""
@@ -420,6 +601,9 @@ class ClusterBroker(Broker):
             lease = q.leases.pop(m.msg_id, None)
             if lease is not None:
                 self._reply(lease, b"+ACK")
+                name = (lease.headers or {}).get(BODY_HEADER)
+                if name is not None:
+                    self._spawn(self.bodies.delete(name))
 
     def reject(self, session: Any, u: Any, requeue: bool) -> None:
         """M13 requeue: Active again for every gateway (nak), not only here."""
@@ -437,7 +621,7 @@ class ClusterBroker(Broker):
         if m is not None:
             lease = q.leases.pop(m.msg_id, None)
             if lease is not None:
-                self._reply(lease, b"-NAK")
+                self._nak(q, lease)
             session.emit("requeue", queue=q.name, msg_id=u.msg_id)
         self.after_queue_change(self.vhosts[q.vhost], q)
 
@@ -451,7 +635,7 @@ class ClusterBroker(Broker):
                     m = e.message
                     lease = q.leases.pop(m.msg_id, None)
                     if lease is not None and q.cmq.delete(Q.Receipt(m, m.handle), now):
-                        self._reply(lease, b"-NAK")
+                        self._nak(q, lease)
         super()._queue_events(vh, q, events)
 
     def consumer_gone(self, q: Any) -> None:
@@ -510,6 +694,22 @@ class ClusterBroker(Broker):
         self.store.load(key, value)
         if key.startswith("u/"):
             self._recover_accounts()
+        elif key.startswith(P.SUBSCRIPTIONS_PREFIX):
+            self._apply_http_subscription(key, value)
+
+    def _apply_http_subscription(self, key: str, value: bytes | None) -> None:
+        """D7: an HTTP subscription made or removed through another gateway."""
+        from gateway.push import HttpPusher
+        pusher = HttpPusher.of(self)
+        if value is not None:
+            pusher.recover()  # makes the ones it does not have yet
+            return
+        _, names = parse_key(key)
+        self.store.applying = True
+        try:
+            pusher.unsubscribe(*names[:3])
+        finally:
+            self.store.applying = False
 
     def _apply(self, key: str, value: bytes | None) -> None:
         store = self.store

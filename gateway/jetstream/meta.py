@@ -23,7 +23,7 @@ from semantics.store.keys import parse_key
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
 
-__all__ = ["ORIGIN", "MetaWatch"]
+__all__ = ["ORIGIN", "MetaWatch", "stop_watching", "value_of"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
@@ -31,7 +31,7 @@ ORIGIN = "Cmq-Origin"
 _DELETES = ("DEL", "PURGE")
 
 
-def _value_of(msg: Any) -> bytes | None:
+def value_of(msg: Any) -> bytes | None:
     op = (msg.headers or {}).get("KV-Operation")
     return None if op in _DELETES else bytes(msg.data)
 
@@ -61,7 +61,8 @@ class MetaWatch:
             msg = await asyncio.wait_for(self._queue.get(), 10)
             key = _key(msg)
             if key is not None:
-                store.load(key, _value_of(msg))
+                store.load(key, value_of(msg))
+                self.broker.note_owner(key, msg)
             if msg.metadata.sequence.stream >= last or msg.metadata.num_pending == 0:
                 break
 
@@ -77,19 +78,25 @@ class MetaWatch:
             key = _key(msg)
             if key is None:
                 continue
+            self.broker.note_owner(key, msg)
             try:
-                self.broker.apply_remote(key, _value_of(msg))
+                self.broker.apply_remote(key, value_of(msg))
             except Exception:  # noqa: BLE001 - one bad record must not stop the watch
                 log.exception("cannot apply %s from the metadata bucket", key)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+        await stop_watching(self._task, self._sub)
+
+
+async def stop_watching(task: asyncio.Task[None] | None, sub: Any) -> None:
+    """End a bucket watch: its task, then its subscription."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    if sub is not None:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
 
 
 def _key(msg: Any) -> str | None:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from nats.errors import ConnectionClosedError
+from nats.errors import ConnectionClosedError, MaxPayloadError
 from nats.js.errors import APIError
 
 from gateway.jetstream.link import Link
@@ -35,9 +35,10 @@ __all__ = ["SHARED_KINDS", "Chain", "JetStreamStore"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
-# The kinds every gateway shares through the bucket; the others (topic-retained messages,
-# MQTT sessions) are this gateway's own and live in its memory (docs/CLUSTER.md).
-SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "meta"})
+# The kinds every gateway shares through the bucket; the others (MQTT sessions) are this
+# gateway's own and live in its memory (docs/CLUSTER.md). Topic-retained messages (t/) are
+# shared so that another gateway takes their retries over when their gateway dies (D2-D6).
+SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "t", "meta"})
 RETRY_SECONDS = 0.5
 KV_DEL = {"KV-Operation": "DEL"}
 
@@ -178,7 +179,7 @@ class JetStreamStore:
             try:
                 await write(*args)
                 break
-            except APIError as e:
+            except (APIError, MaxPayloadError) as e:
                 # Refused by JetStream itself (a stream deleted meanwhile, a limit): retrying
                 # gives the same answer. What refuses messages is handled by the writer.
                 log.warning("jetstream refused a write (lsn %d): %s", lsn, e)

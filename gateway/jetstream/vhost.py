@@ -8,6 +8,7 @@ false`` and, for an exclusive queue, with the owning gateway's id.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit.rows import ENQUEUE
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from gateway.broker.session import Session
 
 __all__ = ["ClusterVHost"]
+
+AUTO_DELETE_GRACE = 0.5
 
 
 class ClusterVHost(VHost):
@@ -136,3 +139,18 @@ class ClusterVHost(VHost):
         count = super().purge_queue(session, name, user) + q.message_count - q.cmq.active
         self.broker.purge_stream(q)  # type: ignore[attr-defined]
         return count
+
+    def consumer_gone(self, q: BrokerQueue) -> None:
+        """CL4: an auto-delete queue goes when the last consumer of every gateway has gone;
+        decided AUTO_DELETE_GRACE seconds later, once a consumer another gateway just added
+        has reached this one through the presence bucket."""
+        if q.auto_delete and not q.consumers and not q.deleted and isinstance(q, ClusterQueue):
+            self.broker.touch_queue(q)
+            self.broker.spawn(self._auto_delete_later(q))  # type: ignore[attr-defined]
+            return
+        super().consumer_gone(q)
+
+    async def _auto_delete_later(self, q: ClusterQueue) -> None:
+        await asyncio.sleep(AUTO_DELETE_GRACE)
+        if not q.consumers and not q.deleted and not self.broker.presence.others_consume(q):  # type: ignore[attr-defined]
+            super().consumer_gone(q)

@@ -17,6 +17,7 @@ import hashlib
 import re
 
 __all__ = [
+    "BODY_BUCKET",
     "META_BUCKET",
     "LEASE_BUCKET",
     "CONSUMER",
@@ -29,6 +30,7 @@ __all__ = [
 
 META_BUCKET = "CMQ_META"
 LEASE_BUCKET = "CMQ_LEASE"
+BODY_BUCKET = "CMQ_BODIES"  # object store: bodies above one NATS message (gateway.jetstream.bodies)
 CONSUMER = "cmq"  # the one durable pull consumer per queue stream, shared by every gateway
 _READABLE = 32
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")

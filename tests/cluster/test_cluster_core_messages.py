@@ -196,3 +196,49 @@ def test_CL1_purge_and_delete_count_and_empty_the_stream(js_gateways: Callable[.
         _eventually(lambda: q not in a.broker.vhosts["/"].queues)
     other.close()
     conn.close()
+
+
+def test_CL1_a_body_larger_than_one_nats_message_crosses_gateways(js_gateways: Callable[..., Any]) -> None:
+    """Bodies above NATS's max_payload (1 MiB) go through the CMQ_BODIES object store."""
+    import os
+    a, b = js_gateways(2)
+    q = _name("big")
+    conn, ch = _declare_both(a, b, q)
+    ch.confirm_delivery()
+    body = os.urandom(3 << 20)
+    ch.basic_publish("", q, body, pika.BasicProperties(delivery_mode=2, headers={"k": "v"}))
+    other = _conn(b)
+    och = other.channel()
+    method, props, got = _get(och, q)
+    assert got == body and props.headers == {"k": "v"}
+    och.basic_ack(method.delivery_tag)
+    other.close()
+    conn.close()
+
+
+def test_Q6_M15_rewind_on_one_gateway_receives_again_what_another_consumed(js_gateways: Callable[..., Any]) -> None:
+    """Q6 on JetStream: the queue's shared consumer restarts at the rewind time."""
+    a, b = js_gateways(2)
+    q = _name("rewind")
+    conn, ch = _declare_both(a, b, q, **{"x-cmq-rewind-seconds": 3600})
+    ch.confirm_delivery()
+    start = int(time.time()) - 1
+    for i in range(3):
+        ch.basic_publish("", q, b"r%d" % i, pika.BasicProperties(delivery_mode=2))
+    other = _conn(b)
+    och = other.channel()
+    for i in range(3):
+        method, _, body = _get(och, q)
+        assert body == b"r%d" % i
+        och.basic_ack(method.delivery_tag)
+    time.sleep(0.3)
+    assert ch.basic_get(q)[0] is None
+    got: list[bytes] = []
+    ch.basic_consume(q, lambda c, m, p, body: (got.append(body), c.basic_ack(m.delivery_tag)),
+                     arguments={"x-cmq-rewind-to": start})
+    deadline = time.monotonic() + 15
+    while len(got) < 3 and time.monotonic() < deadline:
+        conn.process_data_events(0.1)
+    assert got == [b"r0", b"r1", b"r2"]
+    other.close()
+    conn.close()
