@@ -106,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--salvage", action="store_true", default=None,
                        help="open a store whose confirmed data is damaged: keep every record that "
                             "verifies and copy the damaged bytes aside (config: salvage: true)")
+    serve.add_argument("--store", default=None, metavar="nats://HOST:PORT[,...]",
+                       help="keep all state in NATS JetStream instead of the embedded store, shared "
+                            "by every gateway on that NATS cluster (docs/CLUSTER.md; config: store:)")
+    for opt, key, what in (("--nats-creds", "creds", "a NATS .creds file (JWT and nkey)"),
+                           ("--nats-tls-ca", "tls_ca", "CA file to verify the NATS servers"),
+                           ("--nats-tls-cert", "tls_cert", "client certificate for NATS"),
+                           ("--nats-tls-key", "tls_key", "client key for NATS")):
+        serve.add_argument(opt, dest=f"nats_{key}", default=None, metavar="FILE",
+                           help=f"{what} (config: nats: {{{key}: FILE}})")
     _register_perf(sub)
     from gateway.management.cli import register as register_definitions
     register_definitions(sub)  # import-definitions, export-definitions
@@ -152,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gateway.jetstream.link import NatsUnavailable
     from gateway.server import ListenError, StartupError, run
 
     try:
@@ -170,6 +180,14 @@ def _serve(args: argparse.Namespace) -> int:
         config.audit = dataclasses.replace(config.audit, dir=os.path.join(config.data_dir, "audit"))
     if args.salvage:
         config.salvage = True
+    if args.store is not None:
+        if not args.store.startswith(("nats://", "tls://")):
+            print(f"cmq-gateway: --store {args.store}: give nats://HOST:PORT[,HOST:PORT...]", file=sys.stderr)
+            return 2
+        config.store = args.store
+    for key in ("creds", "tls_ca", "tls_cert", "tls_key"):
+        if getattr(args, f"nats_{key}") is not None:
+            config.nats[key] = getattr(args, f"nats_{key}")
     if args.tls_port is not None:
         if config.tls is None:
             print("cmq-gateway: --tls-port needs a tls section (certfile, keyfile, ...) in the config",
@@ -204,6 +222,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"cmq-gateway: {e}", file=sys.stderr)
         return 1
     except ConfigError as e:  # found at start, e.g. a TLS certificate that cannot be read
+        print(f"cmq-gateway: {e}", file=sys.stderr)
+        return 2
+    except NatsUnavailable as e:  # CL1: no NATS, or NATS without JetStream
         print(f"cmq-gateway: {e}", file=sys.stderr)
         return 2
     except StoreCorruptError as e:

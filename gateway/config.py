@@ -165,6 +165,10 @@ class GatewayConfig:
         default_factory=lambda: [Listener("0.0.0.0", DEFAULT_PORT), Listener("::", DEFAULT_PORT)]
     )
     data_dir: str | None = None
+    # CL1: a NATS JetStream URL list (docs/CLUSTER.md) instead of the embedded store; None:
+    # the embedded store in data_dir. nats: creds / tls_ca / tls_cert / tls_key file paths.
+    store: str | None = None
+    nats: dict[str, str] = field(default_factory=dict)
     strict_names: bool = False
     profile: str = "compatible"  # PF1: "compatible" (the default) or "cmq"
     vhost_profiles: dict[str, str] = field(default_factory=dict)  # PF1: per-vhost overrides
@@ -285,6 +289,8 @@ def parse_config(raw: Any) -> GatewayConfig:
     if "listeners" in raw:
         cfg.listeners = [_listener(x) for x in raw["listeners"]]
     cfg.data_dir = raw.get("data_dir")
+    cfg.store = raw.get("store")
+    cfg.nats = dict(raw.get("nats") or {})
     cfg.strict_names = raw.get("strict_names", False)
     cfg.salvage = raw.get("salvage", False)
     cfg.cluster_name = raw.get("cluster_name", cfg.cluster_name)

@@ -298,6 +298,10 @@ TLS = Map({
 SCHEMA = Map({
     "listeners": ListOf(OneOf(PORT, Map({"host": Str(), "port": PORT}))),
     "data_dir": Str(),
+    # CL1 (docs/CLUSTER.md): nats://[user:pass@]host:port[,host:port...] instead of data_dir's
+    # embedded store; creds/TLS as nats-py takes them.
+    "store": Str("nats://HOST:PORT[,HOST:PORT...]", lambda s: s.startswith(("nats://", "tls://"))),
+    "nats": Map({"creds": Str(), "tls_ca": Str(), "tls_cert": Str(), "tls_key": Str()}),
     "strict_names": Bool(),
     "salvage": Bool(),
     "cluster_name": Str(),

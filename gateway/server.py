@@ -310,7 +310,11 @@ class Gateway:
                 kwargs["clock"] = self.clock
             if self.config.data_dir is not None:
                 kwargs["lock"] = self._locks[0]
-            self.broker = await Broker.open(self.config.data_dir, **kwargs)
+            if self.config.store is not None:
+                from gateway.jetstream.broker import ClusterBroker  # CL1: docs/CLUSTER.md
+                self.broker = await ClusterBroker.open_cluster(self.config.store, self.config.nats, **kwargs)
+            else:
+                self.broker = await Broker.open(self.config.data_dir, **kwargs)
             self.broker.on_store_change = lambda failed: self.check_alarms()
             self.check_alarms()  # a full disk blocks publishers from the first connection on
             self.server_properties = server_properties(

@@ -26,6 +26,16 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
     echo "Chromium is required for the Spark report's page test" >&2; exit 1
   fi
 fi
+# The cluster tests (tests/cluster, CL1-CL4) start their own JetStream servers from Debian's
+# nats-server; install it the same way (they never use a NATS already running on 4222).
+if [ ! -x /usr/sbin/nats-server ] && ! command -v nats-server >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing nats-server for the cluster tests (apt-get install nats-server)" >&2
+    apt-get update -qq && apt-get install -y -qq nats-server >/dev/null
+  else
+    echo "nats-server is required for the cluster tests" >&2; exit 1
+  fi
+fi
 # The differential management tests compare with RabbitMQ's own management API (port 15672):
 # enable its plugin when the machine's RabbitMQ runs without it.
 # This changes the machine's RabbitMQ (the plugin stays enabled after the run): say so.

@@ -3,6 +3,13 @@
 The gateway runs on its own event loop in a daemon thread (``gateway_in_thread``), so blocking
 clients (pika, kombu, Celery) and asyncio clients (aio-pika, aiormq) in the test's own loop
 reach it alike, over real sockets. It never binds 5672: a real RabbitMQ runs there.
+
+Both stores (issue 14): a module marked ``pytestmark = pytest.mark.both_stores`` (or a list
+holding it) runs each test that takes ``broker_url`` once more against a gateway on NATS
+JetStream (``[jetstream]`` beside ``[rabbitmq]`` and ``[gateway]``), and each test that takes
+``gateway_url`` on both stores (``[gateway]`` and ``[jetstream]``). Unmarked modules, and the
+embedded runs of marked ones, are as before. The JetStream gateway is one in-process gateway on
+a single nats-server of the session (tests/support/natsd.py), never the machine's 4222.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+
+from tests.support.natsd_fixtures import *  # noqa: F401,F403  # nats-server fixtures, every test
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
@@ -50,9 +59,48 @@ def cmq_gateway_url(cmq_gateway: object) -> str:
 
 
 @pytest.fixture(scope="session")
+def jetstream_gateway(nats_single: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The session's gateway on NATS JetStream (--store nats://...), for ``both_stores`` modules."""
+    from gateway.server import gateway_in_thread
+
+    with gateway_in_thread(port=0, data_dir=str(tmp_path_factory.mktemp("gateway-js-data")),
+                           store=nats_single.store_url) as gw:  # type: ignore[attr-defined]
+        yield gw
+
+
+@pytest.fixture(scope="session")
+def jetstream_url(jetstream_gateway: object) -> str:
+    return f"amqp://guest:guest@127.0.0.1:{jetstream_gateway.port}/%2F"  # type: ignore[attr-defined]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "both_stores: the module's broker_url/gateway_url tests also run "
+                            "against a gateway on NATS JetStream (issue 14)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # A parametrize mark (not metafunc.parametrize) so that pytest's fixture machinery leaves
+    # broker_url's own params alone for these tests: the mark takes precedence over them.
+    if metafunc.definition.get_closest_marker("both_stores") is None:
+        return
+    taken = {name for mark in metafunc.definition.iter_markers("parametrize")
+             for name in (mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0])}
+    if "broker_url" in metafunc.fixturenames and "broker_url" not in taken:
+        metafunc.definition.add_marker(pytest.mark.parametrize(
+            "broker_url", ["rabbitmq", "gateway", "jetstream"], indirect=True))
+    elif "gateway_url" in metafunc.fixturenames and "gateway_url" not in taken:
+        metafunc.definition.add_marker(pytest.mark.parametrize(
+            "gateway_url", ["gateway", "jetstream"], indirect=True))
+
+
+@pytest.fixture(scope="session")
 def gateway_url(request: pytest.FixtureRequest) -> str:
     """CMQ_GATEWAY_URL points the tests at a gateway already running (or, to check the
-    differential scenarios themselves, at RabbitMQ); otherwise one starts in-process."""
+    differential scenarios themselves, at RabbitMQ); otherwise one starts in-process. In a
+    ``both_stores`` module the JetStream run gets the JetStream gateway instead."""
+    if getattr(request, "param", "gateway") == "jetstream":
+        return request.getfixturevalue("jetstream_url")
     external = os.environ.get("CMQ_GATEWAY_URL")
     if external:
         return external
@@ -71,7 +119,8 @@ def rabbitmq_url() -> str:
 
 @pytest.fixture(params=["rabbitmq", "gateway"])
 def broker_url(request: pytest.FixtureRequest) -> str:
-    """Each test that takes this runs once against RabbitMQ and once against the gateway."""
+    """Each test that takes this runs once against RabbitMQ and once against the gateway (and,
+    in a ``both_stores`` module, once against the gateway on JetStream)."""
     return request.getfixturevalue(f"{request.param}_url")
 
 

@@ -33,6 +33,7 @@ from semantics.limits import TOPIC_LIFECYCLE_SECONDS
 from semantics.profile import COMPATIBLE, DEFAULT_PROFILE, Profile, profile_named
 from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store, StoreFailedError
+from semantics.store.backend import StoreBackend
 from semantics.store.store import COMPACT_MIN_BYTES
 from semantics.store.versioning import upgrade
 from semantics.waiters import Waiters
@@ -78,6 +79,10 @@ class Broker:
 
     emit_row: Callable[[Row, str, tuple[Any, ...]], None]
     emit_fields: Callable[[str, str, dict[str, Any]], None]
+    store: StoreBackend
+    # What vhost() makes: the cluster broker (gateway.jetstream) gives its own subclass, so
+    # that the embedded path runs VHost's methods with no test of which store is behind.
+    vhost_class: type[VHost] = VHost
 
     @property
     def audit(self) -> Any:
@@ -93,7 +98,8 @@ class Broker:
         self.emit_fields = fields_emitter(sink)
 
     def __init__(self, data_dir: str | None, *, clock: Clock, audit: Any, config: Any,
-                 loop: asyncio.AbstractEventLoop | None = None, lock: Any = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, lock: Any = None,
+                 store: StoreBackend | None = None) -> None:
         self.data_dir = data_dir
         self.clock = clock
         self.audit = audit if audit is not None else NullAudit()  # sets emit_row/emit_fields too
@@ -107,10 +113,12 @@ class Broker:
         self._recovering = False
         # Advertised in connection.start capabilities (W1): exchange.bind works (M8).
         self.exchange_exchange_bindings = True
-        self.store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True),
-                                salvage=bool(getattr(self.config, "salvage", False)),
-                                compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)),
-                                lock=lock)
+        if store is None:
+            store = Store.open(data_dir, fsync=getattr(self.config, "fsync", True),
+                               salvage=bool(getattr(self.config, "salvage", False)),
+                               compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)),
+                               lock=lock)
+        self.store = store
         self._log_recovery()
         self._upgrade_store()
         self.vhosts: dict[str, VHost] = {}
@@ -170,7 +178,7 @@ class Broker:
     def vhost(self, name: str) -> VHost:
         vh = self.vhosts.get(name)
         if vh is None:
-            vh = self.vhosts[name] = VHost(self, name, self.profile_of(name))
+            vh = self.vhosts[name] = self.vhost_class(self, name, self.profile_of(name))
         return vh
 
     def new_cmq_queue(self, name: str, attrs: QueueAttributes, refuse_size: bool = True) -> Q.CmqQueue:
@@ -785,6 +793,11 @@ class Broker:
                     session.emit("discard", queue=q.name, msg_id=u.msg_id, size=m.size, reason="rejected")
         self.after_queue_change(vh, q)
 
+    def answer_count(self, ch: Channel, q: BrokerQueue | None, count: int, frame: Callable[[int], Any]) -> None:
+        """queue.declare-ok / delete-ok / purge-ok with the queue's message count. Here the
+        count is known at once; the cluster broker (gateway.jetstream) asks JetStream first."""
+        ch.session.conn.send_method(ch.number, frame(count))
+
     def consumer_gone(self, q: BrokerQueue) -> None:
         self.vhosts[q.vhost].consumer_gone(q)
 
@@ -919,14 +932,17 @@ class Broker:
         for q, vh in touched.items():
             self.after_queue_change(vh, q, dispatch=False)
 
-    def _recover_retained(self, now: float) -> None:
+    def _recover_retained(self, now: float, keys: list[str] | None = None) -> None:
         """Messages a durable topic retained for retries (D2) are offered again to the
         subscriptions still owed them; the others already have them. Retry counts start
-        over; the lifecycle (D3) still counts from the original publish."""
+        over; the lifecycle (D3) still counts from the original publish. ``keys``: only
+        these records (the cluster broker takes over those of a gateway that died)."""
         from gateway.broker.vhost import PublishOutcome
         from gateway.protocol.properties import Properties
 
-        records = [(key, P.decode_retained(raw)) for key, raw in self.store.items(P.RETAINED_PREFIX)]
+        found = (self.store.items(P.RETAINED_PREFIX) if keys is None
+                 else ((key, raw) for key in keys if (raw := self.store.get(key)) is not None))
+        records = [(key, P.decode_retained(raw)) for key, raw in found]
         records.sort(key=lambda kr: kr[1]["published_at"])
         for key, r in records:
             vh = self.vhosts.get(r["vhost"])

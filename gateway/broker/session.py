@@ -286,21 +286,23 @@ class Session:
                                      arguments=m.arguments, user=self.user, server_name=server_name,
                                      peer=self.peer)
         if not m.nowait:
-            self.conn.send_method(ch.number, method_of(
-                C.Queue.DeclareOk, queue=q.name, message_count=q.message_count, consumer_count=len(q.consumers)))
+            self.broker.answer_count(ch, q, q.message_count, lambda n: method_of(
+                C.Queue.DeclareOk, queue=q.name, message_count=n, consumer_count=len(q.consumers)))
 
     def _queue_delete(self, ch: Channel, m: Any) -> None:
         self.authorize("configure", "queue", m.queue)
+        q = self.vhost.queues.get(m.queue)
         count = self.vhost.delete_queue(self, m.queue, if_unused=m.if_unused, if_empty=m.if_empty,
                                         user=self.user)
         if not m.nowait:
-            self.conn.send_method(ch.number, C.Queue.DeleteOk(message_count=count))
+            self.broker.answer_count(ch, q, count, lambda n: C.Queue.DeleteOk(message_count=n))
 
     def _queue_purge(self, ch: Channel, m: Any) -> None:
         self.authorize("read", "queue", m.queue)
         count = self.vhost.purge_queue(self, m.queue, self.user)
         if not m.nowait:
-            self.conn.send_method(ch.number, C.Queue.PurgeOk(message_count=count))
+            self.broker.answer_count(ch, self.vhost.queues.get(m.queue), count,
+                                     lambda n: C.Queue.PurgeOk(message_count=n))
 
     def _queue_bind(self, ch: Channel, m: Any) -> None:
         self.authorize("write", "queue", m.queue)

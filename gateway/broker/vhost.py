@@ -82,6 +82,10 @@ class PublishOutcome:
 
 
 class VHost:
+    # What _make_queue makes: the cluster vhost (gateway.jetstream) counts messages held in
+    # JetStream too, without a test on the embedded path.
+    queue_class: type[BrokerQueue] = BrokerQueue
+
     def __init__(self, broker: Broker, name: str, profile: Profile = DEFAULT_PROFILE) -> None:
         self.broker = broker
         self.name = name
@@ -365,8 +369,8 @@ class VHost:
     def _make_queue(self, name: str, *, durable: bool, owner: Session | None, auto_delete: bool,
                     arguments: dict[str, Any], qargs: Any, attrs: QueueAttributes) -> BrokerQueue:
         cmq = self.broker.new_cmq_queue(name, attrs, refuse_size=self.profile.enforced.message_size)
-        q = BrokerQueue(self.name, name, durable=durable, exclusive_owner=owner,
-                        auto_delete=auto_delete, arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
+        q = self.queue_class(self.name, name, durable=durable, exclusive_owner=owner,
+                             auto_delete=auto_delete, arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
         q.receive_metadata = self.profile.receive_metadata or qargs.receive_metadata  # M11, PF5
         q.last_used = self.broker.now()
         self.queues[name] = q

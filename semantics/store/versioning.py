@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from .backend import StoreBackend as Store
 from .errors import StoreError
-from .store import Store
 
 __all__ = ["FORMAT_KEY", "Rekey", "StoreFormatError", "Upgrade", "read_version", "upgrade"]
 

@@ -22,7 +22,8 @@ import pytest
 from celery import Celery
 from pika.adapters.select_connection import SelectConnection
 
-pytestmark = pytest.mark.rabbitmq
+# Issue 14: the gateway runs also on NATS JetStream ([jetstream], tests/conftest.py).
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.both_stores]
 ROOT = Path(__file__).resolve().parents[2]
 
 

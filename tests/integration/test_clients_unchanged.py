@@ -14,7 +14,8 @@ import urllib.parse
 
 import pytest
 
-pytestmark = pytest.mark.rabbitmq
+# Issue 14: the gateway runs also on NATS JetStream ([jetstream], tests/conftest.py).
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.both_stores]
 
 BODY = os.urandom(1 << 20)  # 1 MB, the same for every client
 OTHER = BODY[::-1]

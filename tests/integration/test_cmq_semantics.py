@@ -13,6 +13,9 @@ import pytest
 
 from tests.integration.differential import blocking, expect_fault
 
+# Issue 14: these run on the embedded store and on NATS JetStream (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
+
 
 def _drain(ch, queue: str) -> list[bytes]:  # type: ignore[no-untyped-def]
     out = []

@@ -12,6 +12,9 @@ import pytest
 
 from tests.integration.differential import blocking, expect_fault
 
+# Issue 14: these run on the embedded store and on NATS JetStream (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
+
 AMQ_EXCHANGES = {"amq.direct": "direct", "amq.fanout": "fanout", "amq.topic": "topic",
                  "amq.headers": "headers", "amq.match": "headers"}
 

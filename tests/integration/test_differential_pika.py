@@ -18,7 +18,8 @@ import pytest
 
 from tests.integration.differential import blocking, expect_fault, message_outcome
 
-pytestmark = pytest.mark.rabbitmq
+# Issue 14: the gateway runs also on NATS JetStream ([jetstream], tests/conftest.py).
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.both_stores]
 
 Scenario = Callable[[str, str], Any]
 

@@ -1,0 +1,775 @@
+"""The broker on JetStream: one of many gateways sharing one state (docs/CLUSTER.md).
+
+:class:`ClusterBroker` is the embedded :class:`Broker` with the store seam filled by
+:class:`JetStreamStore` and the methods where state crosses the network replaced; the
+embedded broker's own methods are untouched, so its hot path pays nothing for this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections import deque
+from typing import Any
+
+from nats.errors import MaxPayloadError
+from nats.js.errors import APIError
+
+from gateway.broker import persistence as P
+from gateway.broker.broker import Broker
+from gateway.broker.exchange import Exchange
+from gateway.broker.message import Message
+from gateway.broker.policies import Policy
+from gateway.jetstream.bodies import BODY_HEADER, Bodies
+from gateway.jetstream.link import Link, open_link
+from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
+from gateway.jetstream.presence import Presence
+from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
+from gateway.jetstream.store import JetStreamStore
+from gateway.jetstream.vhost import ClusterVHost
+from gateway.protocol.properties import Properties
+from semantics import queue as Q
+from semantics.clock import Clock, SystemClock
+from semantics.jetstream.names import CONSUMER
+from semantics.store.keys import parse_key
+from semantics.waiters import Waiters
+
+__all__ = ["ClusterBroker"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+CLOSE_SETTLE_SECONDS = 5.0
+STARTUP_STREAMS_SECONDS = 30.0
+COUNT_EVERY = 1.0  # seconds between refreshes of a recently used queue's JetStream count
+COUNT_RECENT = 60.0  # a queue used (declared, got from, published to) this recently is counted
+PULL_WAIT = 1.0  # a pull request waits this long at the server for messages (then asks again)
+PULL_MAX = 256  # messages per pull, at most
+UNLIMITED_CREDIT = 64  # what a consumer without prefetch is pulled for at a time
+GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
+VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
+MSG_ID = "Nats-Msg-Id"
+NAK_WAIT = 2.0
+
+
+class ClusterBroker(Broker):
+    """See the module docstring; open with :meth:`open_cluster`."""
+
+    vhost_class = ClusterVHost
+    store: JetStreamStore
+    link: Link
+
+    @classmethod
+    async def open_cluster(cls, url: str, options: dict[str, str] | None = None, *,
+                           clock: Clock | None = None, audit: Any = None, config: Any = None,
+                           lock: Any = None) -> ClusterBroker:
+        """Connect (NatsUnavailable: one line), read the shared state, recover, watch."""
+        link = await open_link(url, options)
+        try:
+            store = await JetStreamStore.open(link)
+            gateway_id = uuid.uuid4().hex[:12]
+            store.origin = gateway_id
+            loop = asyncio.get_running_loop()
+            broker = cls(None, clock=clock or SystemClock(), audit=audit, config=config, loop=loop,
+                         store=store, link=link, gateway_id=gateway_id)
+            await broker.watch.load()
+            broker._recover()
+            store.on_durable = broker._on_durable
+            # The streams of the queues it knows, before it serves: a declare-ok counts them.
+            if broker._ensuring:
+                await asyncio.wait(list(broker._ensuring), timeout=STARTUP_STREAMS_SECONDS)
+            broker.watch.start()
+            await broker.presence.start()
+            broker._spawn(broker._count_loop())
+        except BaseException:
+            await link.close()
+            raise
+        return broker
+
+    def __init__(self, data_dir: str | None, *, link: Link, gateway_id: str, **kwargs: Any) -> None:
+        self.link = link
+        self.gateway_id = gateway_id
+        super().__init__(data_dir, **kwargs)
+        self.watch = MetaWatch(self)
+        self.presence = Presence(self)
+        self.bodies = Bodies(link)
+        self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ensuring: set[asyncio.Task[Any]] = set()
+        self._replies: list[tuple[str, bytes]] = []
+
+    # -- the store: JetStream acknowledges as it goes (no group commit thread) ---------------
+
+    async def _flush_loop(self) -> None:
+        return None
+
+    def sync_now(self) -> int:
+        durable = self.store.durable_lsn
+        self._on_durable(durable)
+        return durable
+
+    async def flush(self) -> int:
+        durable = await self.store.settled()
+        self._on_durable(durable)
+        return durable
+
+    def _log_recovery(self) -> None:
+        log.info("store: NATS JetStream, %d replica(s), gateway id %s", self.link.replicas, self.gateway_id)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.store.settled(), CLOSE_SETTLE_SECONDS)
+        await self.watch.stop()
+        await self.presence.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        await super().close()
+        await self.link.close()
+
+    def forget_queue(self, vh: Any, q: Any) -> None:
+        remote = self.store.applying  # deleted by another gateway: it deletes the stream
+        super().forget_queue(vh, q)
+        if not q.durable:  # shared in the bucket too (gateway.jetstream.vhost)
+            self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
+        if isinstance(q, ClusterQueue):
+            q.leases.clear()
+            if not remote:
+                q.stale_remote = q.remote_ready
+                q.count_done = asyncio.get_running_loop().create_future()
+                self._spawn(self._delete_stream(q, q.count_done))
+
+    # -- queue messages in JetStream (Q1-Q8, M10-M13, CL3) -----------------------------------
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` on the loop, cancelled when the broker closes."""
+        self._spawn(coro)
+
+    def cluster_queues(self) -> list[ClusterQueue]:
+        return [q for vh in self.vhosts.values() for q in vh.queues.values() if isinstance(q, ClusterQueue)]
+
+    # -- CL4: exclusive, auto-delete and single active consumer across gateways --------------
+
+    def note_owner(self, key: str, msg: Any) -> None:
+        """D2-D6: which gateway runs the retries of a topic-retained message (its writer)."""
+        if key.startswith(P.RETAINED_PREFIX):
+            origin = (msg.headers or {}).get(ORIGIN)
+            if origin is None or value_of(msg) is None:
+                self.retained_owner.pop(key, None)
+            else:
+                self.retained_owner[key] = origin
+
+    def _recover_retained(self, now: float, keys: list[str] | None = None) -> None:
+        """At start the records stay where they are: their gateway (alive) runs their
+        retries, or the gateway that takes over from it once it is dead (reap_dead)."""
+        if keys is not None:
+            super()._recover_retained(now, keys)
+
+    async def _take_over(self, owner: str, keys: list[str]) -> None:
+        """One live gateway (the one that creates the lease ``rt.<dead id>``) offers a dead
+        gateway's retained messages again and owns their retries from now on (CL4, D2-D6)."""
+        try:
+            await self.presence.kv.create(f"rt.{owner}", self.gateway_id.encode())
+        except Exception:  # noqa: BLE001 - another gateway took it over
+            for key in keys:
+                if self.retained_owner.get(key) == owner:
+                    self.retained_owner[key] = ""  # not ours to run; its new owner rewrites it
+            return
+        log.info("taking over %d retained topic messages of gateway %s", len(keys), owner)
+        for key in keys:
+            self.retained_owner.pop(key, None)
+        self._recover_retained(self.clock.now(), keys)
+
+    def reap_dead(self, presence: Presence) -> None:
+        """Exclusive queues of a dead gateway go, as RabbitMQ's go with their node; its
+        topic retries are taken over."""
+        dead: dict[str, list[str]] = {}
+        for key, owner in self.retained_owner.items():
+            if owner and owner != self.gateway_id and not presence.alive(owner):
+                dead.setdefault(owner, []).append(key)
+        for owner, keys in dead.items():
+            for key in keys:
+                self.retained_owner[key] = ""
+            self.spawn(self._take_over(owner, keys))
+        for vh in list(self.vhosts.values()):
+            if not isinstance(vh, ClusterVHost):
+                continue
+            for name, owner in list(vh.remote_exclusive.items()):
+                if not presence.alive(owner):
+                    del vh.remote_exclusive[name]
+                    if name in vh.queues:
+                        vh.delete_queue(None, name, if_unused=False, if_empty=False, reason="owner_closed")
+
+    def single_active_free(self, token: str) -> None:
+        from semantics.jetstream.names import queue_token
+        for q in self.cluster_queues():
+            if q.consumers and not q.sac_active and queue_token(q.vhost, q.name) == token:
+                self.spawn(self.presence.claim(q))
+
+    def single_active_won(self, q: ClusterQueue) -> None:
+        self.dispatch(q)
+
+    def _start_rewind(self, q: ClusterQueue, to_time: float) -> None:
+        q.rewinding += 1
+        self._spawn(self._rewind(q, to_time))
+
+    async def _rewind(self, q: ClusterQueue, to_time: float) -> None:
+        """M15/Q6: the queue's consumer starts again at ``to_time`` for every gateway; what
+        this gateway leased from the old one is dropped (the new one delivers it again)."""
+        try:
+            await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
+            await rewind_consumer(self.link.js, q, to_time)
+        except Exception as e:  # noqa: BLE001 - the queue keeps its consumer as it was
+            log.warning("rewind of queue %r failed: %r", q.name, e)
+        finally:
+            q.rewinding -= 1
+        now = self.clock.now()
+        for msg_id in list(q.leases):
+            m = q.cmq.get(msg_id)
+            if m is not None and m.state is Q.MessageState.ACTIVE:
+                q.cmq.delete(Q.Receipt(m, m.handle), now)
+        q.leases.clear()
+        q.requested = 0
+        q.no_wait_batches.clear()
+        self._want(q)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def new_cmq_queue(self, name: str, attrs: Any, refuse_size: bool = True) -> Any:
+        return LeasedCmqQueue(name, attrs, refuse_size=refuse_size)
+
+    def queue_made(self, q: ClusterQueue) -> None:
+        q.on_consumers = self.presence.consumers_changed
+        if isinstance(q.cmq, LeasedCmqQueue):
+            q.cmq.on_rewind = lambda to_time: self._start_rewind(q, to_time)
+        # The declaring gateway creates the stream; those that learn of it wait for it first.
+        task = asyncio.get_running_loop().create_task(self._ensure(q, create=not self.store.applying))
+        self._tasks.add(task)
+        self._ensuring.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._ensuring.discard)
+
+    async def _count_loop(self) -> None:
+        """Counts (declare-ok, get-ok, the management API) of queues in use follow what other
+        gateways publish and consume, at most COUNT_EVERY late (docs/CLUSTER.md, "Counts")."""
+        js = self.link.js
+        while not self._closed:
+            await asyncio.sleep(COUNT_EVERY)
+            now = self.clock.now()
+            for vh in list(self.vhosts.values()):
+                for q in list(vh.queues.values()):
+                    if not isinstance(q, ClusterQueue) or not q.ready.is_set() or q.deleted:
+                        continue
+                    self._unstick(q, now)
+                    if now - q.last_used > COUNT_RECENT and not q.consumers:
+                        continue
+                    try:
+                        info = await js.consumer_info(q.stream, CONSUMER)
+                    except Exception:  # noqa: BLE001 - deleted meanwhile, or NATS away
+                        continue
+                    q.remote_ready = info.num_pending or 0
+
+    async def _ensure(self, q: ClusterQueue, create: bool) -> None:
+        while not q.deleted and not self._closed:
+            try:
+                await ensure_stream(self.link, q, self.pulled, create)
+                break
+            except Exception as e:  # noqa: BLE001 - no JetStream for now: try again
+                log.warning("stream of queue %r not ready: %r", q.name, e)
+                await asyncio.sleep(1.0)
+        self._want(q)
+
+    async def _counted(self, q: ClusterQueue, done: asyncio.Future[int], change: Any) -> None:
+        """``change`` (a purge or delete of the stream), after reading how many messages
+        JetStream held undelivered, the count its -ok reports."""
+        remote = q.stale_remote
+        try:
+            await self._publishes_landed(q)
+            if not q.ready.is_set():
+                await asyncio.wait_for(q.ready.wait(), 5)
+            remote = (await self.link.js.consumer_info(q.stream, CONSUMER)).num_pending or 0
+        except Exception as e:  # noqa: BLE001 - the estimate stands
+            log.info("count of %s not read: %r", q.stream, e)
+        finally:
+            if not done.done():
+                done.set_result(remote)
+        try:
+            await change(q.stream)
+        except Exception as e:  # noqa: BLE001 - already gone (deleted by another gateway too)
+            log.info("stream %s not changed: %r", q.stream, e)
+
+    async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int]) -> None:
+        await self._counted(q, done, self.link.js.delete_stream)
+
+    def purge_stream(self, q: Any) -> None:
+        if not isinstance(q, ClusterQueue):
+            return
+        for msg_id in [m for m in q.leases if q.cmq.get(m) is None]:
+            del q.leases[msg_id]  # purged here; the stream's purge removes it there
+        q.stale_remote, q.remote_ready = q.remote_ready, 0
+        q.count_done = asyncio.get_running_loop().create_future()
+        self._spawn(self._counted(q, q.count_done, self.link.js.purge_stream))
+
+    async def _publishes_landed(self, q: ClusterQueue) -> None:
+        """A count follows the publishes before it on this gateway (as on one broker)."""
+        deadline = self.clock.now() + CLOSE_SETTLE_SECONDS
+        while q.in_flight and self.clock.now() < deadline:
+            await asyncio.sleep(0.005)
+
+    def answer_count(self, ch: Any, q: Any, count: int, frame: Any) -> None:
+        """The -ok waits (the channel's later frames held behind it) for JetStream's count of
+        undelivered messages, which replaces this gateway's estimate in ``count``."""
+        if not isinstance(q, ClusterQueue):
+            super().answer_count(ch, q, count, frame)
+            return
+        done, q.count_done = q.count_done, None
+        local = max(0, count - (q.stale_remote if done is not None else q.remote_ready))
+        ch.held = []
+        self._spawn(self._answer_count(ch, q, local, frame, done))
+
+    async def _answer_count(self, ch: Any, q: ClusterQueue, local: int, frame: Any,
+                            done: asyncio.Future[int] | None) -> None:
+        remote = q.remote_ready
+        try:
+            if done is not None:
+                remote = await asyncio.wait_for(done, 5)
+            else:
+                # Not before its stream is there: an -ok means this gateway can serve it.
+                await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
+                await self._publishes_landed(q)
+                remote = (await asyncio.wait_for(self.link.js.consumer_info(q.stream, CONSUMER), 2)).num_pending or 0
+                q.remote_ready = remote
+        except Exception as e:  # noqa: BLE001 - the estimate stands
+            log.info("count of %s not read: %r", q.stream, e)
+        session = ch.session
+        if session.channels.get(ch.number) is ch and not ch.closing:
+            session.conn.send_method(ch.number, frame(local + remote))
+            session.replay_held(ch)
+
+    def publish_message(self, q: ClusterQueue, msg: Message, now: float, delay: float | None,
+                        expires_at: float | None) -> int:
+        big = len(msg.body) > self.bodies.limit
+        payload = P.encode_message(q.vhost, q.name, msg.msg_id, now, msg.exchange, msg.routing_key,
+                                   msg.properties.raw, b"" if big else msg.body)
+        headers = {MSG_ID: msg.msg_id}
+        if big:
+            headers[BODY_HEADER] = f"{q.stream or q.name}.{msg.msg_id}"
+        if delay:
+            headers[VISIBLE_AT] = repr(now + delay)
+        if expires_at is not None:
+            headers["Cmq-Expires-At"] = repr(expires_at)
+        q.remote_ready += 1
+        q.in_flight += 1
+        q.last_used = now
+        return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
+
+    async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
+        if not q.ready.is_set():
+            await q.ready.wait()
+        try:
+            if body is not None:
+                await self.bodies.put(headers[BODY_HEADER], body)
+            await self.link.js.publish(q.subject, payload, headers=headers)
+        except (APIError, MaxPayloadError):
+            self._published(q)  # refused for good (the store nacks it)
+            raise
+        self._published(q)
+
+    def _published(self, q: ClusterQueue) -> None:
+        q.in_flight -= 1
+        if not q.in_flight and q.plain_gets:
+            self._want(q)
+
+    def _on_durable(self, durable: int) -> None:
+        refused = self.store.refused
+        if refused:
+            # M14: a write JetStream refused (L8 max_msgs) is a basic.nack, in its place.
+            for ch in self.confirm_waiters:
+                if any(lsn in refused for _, lsn in ch.pending_confirms):
+                    ch.pending_confirms = deque((seq, -1 if lsn in refused else lsn)
+                                               for seq, lsn in ch.pending_confirms)
+            refused.clear()
+        super()._on_durable(durable)
+
+    # pulling: as much as this gateway's consumers and gets can take
+
+    def dispatch(self, q: Any) -> None:
+        super().dispatch(q)
+        self._want(q)
+
+    def _need(self, q: ClusterQueue) -> int:
+        need = 0
+        for c in (q.consumers if q.sac_active or not q.qargs.single_active_consumer else ()):
+            if c.has_credit():
+                need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
+        if q.waiters is not None:
+            need += len(q.waiters)
+        return min(need - q.cmq.active - len(q.held_back), PULL_MAX)
+
+    def _want(self, q: Any) -> None:
+        """Ask JetStream for what this gateway can take and has not asked for yet: a pull
+        request (batch, and for consumers a wait of PULL_WAIT at the server; for plain
+        basic.gets no wait, so that "no messages" is JetStream's answer, not a timer's)."""
+        if (not isinstance(q, ClusterQueue) or q.inbox is None or q.deleted or self._closed or q.naks_pending
+                or q.rewinding):
+            return
+        q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
+        if q.in_flight and q.plain_gets:
+            return  # a basic.get follows the publishes before it (asked again when they land)
+        extra = self._need(q) - q.requested
+        if extra <= 0:
+            return
+        waiting = any(c.has_credit() for c in q.consumers) or (q.waiters is not None
+                                                                and len(q.waiters) > len(q.plain_gets))
+        request: dict[str, Any] = {"batch": extra}
+        if waiting:
+            request["expires"] = int(PULL_WAIT * 1e9)
+        else:
+            request["no_wait"] = True
+            q.no_wait_batches.append(extra)
+        q.requested += extra
+        q.asked_at = self.clock.now()
+        self._spawn(self.link.nc.publish(q.next_subject, json.dumps(request).encode(), q.inbox))
+
+    def pulled(self, q: ClusterQueue, m: Any) -> None:
+        """One message on the queue's inbox: a delivery, or a status ending a pull request."""
+        status = m.headers.get("Status") if m.headers else None
+        if status is None:
+            q.requested = max(0, q.requested - 1)
+            q.arrived.append(m)
+            if len(q.arrived) == 1:
+                self._loop.call_soon(self._take_arrived, q)  # type: ignore[union-attr]
+            return
+        if status == "100":
+            return  # a heartbeat
+        self._take_arrived(q)  # what came before the status first: a get waits for it
+        if status == "404" and q.no_wait_batches:  # no_wait: nothing there now
+            q.requested = max(0, q.requested - q.no_wait_batches.pop(0))
+            self._nothing_to_get(q)
+        elif status == "408":  # a waiting request expired: what it did not get
+            pending = int(m.headers.get("Nats-Pending-Messages", "0") or 0)
+            q.requested = max(0, q.requested - pending) if pending else 0
+        else:  # 409 and others (leader change, too many waiting): start over
+            q.requested = 0
+            q.no_wait_batches.clear()
+            self._nothing_to_get(q)
+        self._want(q)
+
+    def _take_arrived(self, q: ClusterQueue) -> None:
+        msgs, q.arrived = q.arrived, []
+        if not q.deleted:
+            self._take(q, msgs)
+
+    def _unstick(self, q: ClusterQueue, now: float) -> None:
+        """A pull request whose end never came (NATS restarted meanwhile): asked anew."""
+        if q.requested and now - q.asked_at > 3 * PULL_WAIT:
+            q.requested = 0
+            q.no_wait_batches.clear()
+            self._nothing_to_get(q)
+            self._want(q)
+
+    def _nothing_to_get(self, q: ClusterQueue) -> None:
+        """A pull found nothing: the plain basic.gets waiting for it get get-empty (M11),
+        those with a polling wait keep waiting (Q5)."""
+        if q.held_back:
+            return  # a message is on its way (its large body being read): it answers a get
+        gets, q.plain_gets = q.plain_gets, []
+        for ch in gets:
+            if ch.waiting_get is not None and ch.waiting_get[0] is q and q.waiters is not None:
+                q.waiters.cancel(ch)
+                if not q.waiters:
+                    q.waiters = None
+                self._get_answered(ch, q, None)
+
+    def _take(self, q: ClusterQueue, msgs: list[Any]) -> None:
+        """Pulled deliveries into the local model (leases), then delivered as usual."""
+        if q.held_back:
+            q.held_back.extend(msgs)  # behind a large body being read: in order (M11)
+            return
+        now = self.clock.now()
+        cmq = q.cmq
+        for i, m in enumerate(msgs):
+            md = m.metadata
+            if md.sequence.consumer > q.last_delivery:
+                q.last_delivery = md.sequence.consumer
+                q.remote_ready = md.num_pending
+            headers = m.headers or {}
+            visible_at = headers.get(VISIBLE_AT)
+            msg_id = headers.get(MSG_ID, "")
+            if visible_at is not None and float(visible_at) > now:
+                # Q4: too early; JetStream keeps it for the rest of the delay, for every gateway.
+                self._reply(m, b"-NAK {\"delay\": %d}" % int((float(visible_at) - now) * 1e9))
+                continue
+            if cmq.get(msg_id) is not None:
+                q.leases[msg_id] = m
+                continue  # JetStream's delivery of a message leased here already: the newer lease
+            r = P.decode_message(m.data)
+            body = r["body"]
+            if BODY_HEADER in headers:
+                body = q.fetched.pop(msg_id, None)
+                if body is None:
+                    q.held_back = msgs[i:]  # this one and those after it wait for its body
+                    self._spawn(self._fetch_body(q, m, headers[BODY_HEADER], msg_id))
+                    break
+            q.leases[msg_id] = m
+            msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"],
+                          r["enqueue_time"])
+            msg.msg_id = msg_id
+            count = md.num_delivered - 1
+            if visible_at is not None and count > 0:
+                # Q4/M11: a delayed message was naked once for its delay by whichever gateway
+                # pulled it first (any puller during the delay does): not a receive.
+                count -= 1
+            exp = headers.get("Cmq-Expires-At")
+            cmq.restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=r["enqueue_time"],
+                        receive_count=max(0, count), expires_at=None if exp is None else float(exp))
+        vh = self.vhosts[q.vhost]
+        self.after_queue_change(vh, q)
+        self._return_surplus(q)
+        self._want(q)  # what was naked for its delay (Q4) left a get or a credit unserved
+
+    async def _fetch_body(self, q: ClusterQueue, m: Any, name: str, msg_id: str) -> None:
+        """A large body (gateway.jetstream.bodies) read back, then the message taken."""
+        try:
+            q.fetched[msg_id] = await self.bodies.get(name)
+        except Exception as e:  # noqa: BLE001 - back to JetStream; another pull tries again
+            log.warning("body %s of queue %r not read: %r", name, q.name, e)
+            q.held_back.pop(0)
+            self._nak(q, m)
+        held, q.held_back = q.held_back, []
+        if not q.deleted and held:
+            self._take(q, held)
+
+    def _return_surplus(self, q: ClusterQueue) -> None:
+        """Leases pulled for consumers that went meanwhile go back to JetStream at once."""
+        if q.consumers or q.waiters is not None:
+            return
+        now = self.clock.now()
+        while (r := q.cmq.receive(now)) is not None:
+            q.cmq.delete(r, now)
+            lease = q.leases.pop(r.message.msg_id, None)
+            if lease is not None:
+                self._nak(q, lease)
+
+    def _nak(self, q: ClusterQueue, m: Any) -> None:
+        """Active again for every gateway (M13, Q1). Confirmed by JetStream before this
+        gateway pulls again: its next pull (a basic.get right after a requeue) must find it,
+        and JetStream applies acks and pull requests on separate queues."""
+        q.naks_pending += 1
+        self._spawn(self._nak_confirmed(q, m))
+
+    async def _nak_confirmed(self, q: ClusterQueue, m: Any) -> None:
+        try:
+            await self.link.nc.request(m.reply, b"-NAK", timeout=NAK_WAIT)
+        except Exception as e:  # noqa: BLE001 - lost: ack_wait makes it Active anyway
+            log.info("nak to JetStream not confirmed: %r", e)
+        finally:
+            q.naks_pending -= 1
+            if not q.naks_pending:
+                self._want(q)
+
+    def _reply(self, m: Any, payload: bytes) -> None:
+        """An ack, nak or term of one delivery; sent in order, batched per loop turn."""
+        self._replies.append((m.reply, payload))
+        if len(self._replies) == 1:
+            self._loop.call_soon(self._send_replies)  # type: ignore[union-attr]
+
+    def _send_replies(self) -> None:
+        replies, self._replies = self._replies, []
+        self._spawn(self._publish_replies(replies))
+
+    async def _publish_replies(self, replies: list[tuple[str, bytes]]) -> None:
+        nc = self.link.nc
+        for subject, payload in replies:
+            try:
+                await nc.publish(subject, payload)
+            except Exception as e:  # noqa: BLE001 - lost: JetStream's ack_wait redelivers it
+                log.info("ack to JetStream lost: %r", e)
+                return
+
+    # settlement: the local model decides, JetStream follows
+
+    def unpersist_message(self, q: Any, m: Q.QueueMessage) -> None:
+        """Deleted here (ack, no-ack delivery, reject, expiry, dead-letter): acked there."""
+        if isinstance(q, ClusterQueue):
+            lease = q.leases.pop(m.msg_id, None)
+            if lease is not None:
+                self._reply(lease, b"+ACK")
+                name = (lease.headers or {}).get(BODY_HEADER)
+                if name is not None:
+                    self._spawn(self.bodies.delete(name))
+
+    def reject(self, session: Any, u: Any, requeue: bool) -> None:
+        """M13 requeue: Active again for every gateway (nak), not only here."""
+        q = u.queue
+        if not requeue or not isinstance(q, ClusterQueue):
+            super().reject(session, u, requeue)
+            return
+        if q.deleted:
+            return
+        limit = q.attrs.max_receive_count
+        if limit is not None and u.handle.message.receive_count >= limit:
+            super().reject(session, u, requeue)  # Q8: the local model dead-letters it now
+            return
+        m = q.cmq.drop(u.handle, self.clock.now())
+        if m is not None:
+            lease = q.leases.pop(m.msg_id, None)
+            if lease is not None:
+                self._nak(q, lease)
+            session.emit("requeue", queue=q.name, msg_id=u.msg_id)
+        self.after_queue_change(self.vhosts[q.vhost], q)
+
+    def _queue_events(self, vh: Any, q: Any, events: list[Q.QueueEvent]) -> None:
+        """Q1: a visibility timeout that ends here hands the message back to JetStream (nak),
+        so that any gateway receives it next, instead of keeping it Active here."""
+        if isinstance(q, ClusterQueue):
+            now = self.clock.now()
+            for e in events:
+                if isinstance(e, Q.VisibilityExpired):
+                    m = e.message
+                    lease = q.leases.pop(m.msg_id, None)
+                    if lease is not None and q.cmq.delete(Q.Receipt(m, m.handle), now):
+                        self._nak(q, lease)
+        super()._queue_events(vh, q, events)
+
+    def consumer_gone(self, q: Any) -> None:
+        super().consumer_gone(q)
+        if isinstance(q, ClusterQueue) and not q.deleted:
+            if not q.consumers and q.waiters is None and q.requested:
+                self._spawn(self._forget_requests(q))
+            self._return_surplus(q)
+
+    async def _forget_requests(self, q: ClusterQueue) -> None:
+        """Nobody here takes from the queue any more: its waiting pull requests must not take
+        messages that another gateway's consumers would get (JetStream drops a request whose
+        reply subject lost its interest), so the inbox is replaced."""
+        old = q.sub
+        q.sub = q.inbox = None
+        q.requested = 0
+        q.no_wait_batches.clear()
+        try:
+            await subscribe(self.link, q, self.pulled)
+        finally:
+            if old is not None:
+                with contextlib.suppress(Exception):
+                    await old.unsubscribe()
+        self._want(q)
+
+    def get(self, ch: Any, q: Any, no_ack: bool) -> None:
+        """basic.get with nothing leased here: wait (as a long poll, Q5) for one pull."""
+        if not isinstance(q, ClusterQueue) or q.cmq.active or ch.draining:
+            super().get(ch, q, no_ack)
+            return
+        now = self.clock.now()
+        q.last_used = now
+        if q.waiters is None:
+            q.waiters = Waiters()
+        wait = q.cmq.attributes.polling_wait_seconds
+        q.waiters.add(ch, now + (wait if wait > 0 else GET_WAIT))
+        if wait <= 0:
+            q.plain_gets.append(ch)  # answered get-empty by the first pull that finds nothing
+        ch.waiting_get = (q, no_ack)
+        ch.held = []
+        self.after_queue_change(self.vhosts[q.vhost], q, dispatch=False)
+        self._want(q)
+
+    # -- declarations of every gateway (CL1) -------------------------------------------------
+
+    def _recover_declarations(self) -> None:
+        for kind in ("p", "x", "q", "b"):
+            for key, raw in self.store.items(kind + "/"):
+                self._apply(key, raw)
+
+    def apply_remote(self, key: str, value: bytes | None) -> None:
+        """Another gateway changed ``key`` in the bucket: the same change here."""
+        if self.store.get(key) == value:
+            return
+        self._apply(key, value)
+        self.store.load(key, value)
+        if key.startswith("u/"):
+            self._recover_accounts()
+        elif key.startswith(P.SUBSCRIPTIONS_PREFIX):
+            self._apply_http_subscription(key, value)
+
+    def _apply_http_subscription(self, key: str, value: bytes | None) -> None:
+        """D7: an HTTP subscription made or removed through another gateway."""
+        from gateway.push import HttpPusher
+        pusher = HttpPusher.of(self)
+        if value is not None:
+            pusher.recover()  # makes the ones it does not have yet
+            return
+        _, names = parse_key(key)
+        self.store.applying = True
+        try:
+            pusher.unsubscribe(*names[:3])
+        finally:
+            self.store.applying = False
+
+    def _apply(self, key: str, value: bytes | None) -> None:
+        store = self.store
+        kind, names = parse_key(key)
+        store.applying = True
+        strict, self.strict_names = self.strict_names, False  # L2 was checked where it was declared
+        try:
+            if kind == "p":
+                self._apply_policy(names, value)
+            elif kind == "x":
+                self._apply_exchange(names, value)
+            elif kind == "q":
+                self._apply_queue(names, value)
+            elif kind == "b":
+                self._apply_binding(names, value)
+        finally:
+            store.applying = False
+            self.strict_names = strict
+
+    def _apply_policy(self, names: tuple[str, ...], value: bytes | None) -> None:
+        vh = self.vhost(names[0])
+        if value is None:
+            vh.delete_policy(names[1])
+        else:
+            vh.set_policy(Policy.from_json(P.decode_json(value)))
+
+    def _apply_exchange(self, names: tuple[str, ...], value: bytes | None) -> None:
+        vh = self.vhost(names[0])
+        if value is None:
+            if names[1] in vh.exchanges:
+                vh.delete_exchange(names[1], if_unused=False)
+            return
+        r = P.decode_json(value)
+        if r["name"] not in vh.exchanges:
+            vh.exchanges[r["name"]] = Exchange(vh.name, r["name"], r["type"], durable=r.get("durable", True),
+                                               auto_delete=r["auto_delete"], internal=r["internal"],
+                                               arguments=r["arguments"], limits=vh.profile.enforced)
+
+    def _apply_queue(self, names: tuple[str, ...], value: bytes | None) -> None:
+        vh = self.vhost(names[0])
+        assert isinstance(vh, ClusterVHost)
+        if value is None:
+            q = vh.queues.get(names[1])
+            if q is not None:
+                vh.forget_remote(q)
+            return
+        r = P.decode_json(value)
+        q = vh.queues.get(r["name"])
+        if q is None:
+            vh.declare_remote(r)
+        elif r["arguments"] != q.arguments:
+            with contextlib.suppress(Exception):
+                vh.set_queue_arguments(q, r["arguments"])
+
+    def _apply_binding(self, names: tuple[str, ...], value: bytes | None) -> None:
+        vh = self.vhost(names[0])
+        source, kind, dest, key = names[1:5]
+        if value is None:
+            vh.unbind(None, source, (kind, dest), key)  # type: ignore[arg-type]
+            return
+        r = P.decode_json(value)
+        with contextlib.suppress(Exception):  # its queue or exchange may not be here yet
+            vh.bind(None, r["source"], (r["kind"], r["dest"]), r["key"], r["arguments"])

@@ -1,0 +1,188 @@
+"""Which gateways are alive, and where each queue has consumers (docs/CLUSTER.md, CL4).
+
+The ``CMQ_LEASE`` bucket (a TTL bucket) holds, refreshed every HEARTBEAT seconds by their
+gateway:
+
+* ``gw.<id>``: the gateway is alive;
+* ``c.<queue token>.<id>``: how many consumers the gateway has on the queue (auto-delete: a
+  queue is deleted when the last consumer of *every* gateway has gone);
+* ``sac.<queue token>``: the gateway whose consumer is the queue's single active consumer
+  (x-single-active-consumer), created with ``create`` so that one gateway holds it; deleted
+  by its holder when its last consumer goes, then taken by the next gateway with one.
+
+Expiry in a 2.9 TTL bucket leaves no marker a watch sees, so liveness is judged from the time
+a key was last written: a gateway silent for DEAD_AFTER seconds is dead (its exclusive queues
+are deleted, its consumers no longer count, its single-active lease may be taken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from nats.js.api import DeliverPolicy
+
+from gateway.jetstream.meta import stop_watching
+from semantics.jetstream.names import LEASE_BUCKET, queue_token
+
+if TYPE_CHECKING:
+    from gateway.jetstream.broker import ClusterBroker
+    from gateway.jetstream.queues import ClusterQueue
+
+__all__ = ["Presence"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+HEARTBEAT = 1.0
+DEAD_AFTER = 5.0
+LEASE_TTL = 30.0  # the bucket's max_age: what a dead gateway leaves is gone after it
+
+
+class Presence:
+    def __init__(self, broker: ClusterBroker) -> None:
+        self.broker = broker
+        self.me = broker.gateway_id
+        self.kv: Any = None
+        self.seen: dict[str, float] = {}  # gateway id -> monotonic time of its last write
+        self.counts: dict[str, dict[str, int]] = {}  # queue token -> gateway id -> consumers
+        self.sac: dict[str, str] = {}  # queue token -> the gateway holding its active consumer
+        self.started = time.monotonic()
+        self._sub: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        js = self.broker.link.js
+        try:
+            self.kv = await js.key_value(LEASE_BUCKET)
+        except Exception:  # noqa: BLE001 - not found: the first gateway creates it
+            self.kv = await js.create_key_value(bucket=LEASE_BUCKET, history=1, ttl=LEASE_TTL,
+                                                replicas=self.broker.link.replicas)
+
+        async def got(msg: Any) -> None:
+            self._on(msg)
+
+        self._sub = await js.subscribe(f"$KV.{LEASE_BUCKET}.>", cb=got, ordered_consumer=True,
+                                       deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+        await self.kv.put(f"gw.{self.me}", b"1")
+        self._task = asyncio.get_running_loop().create_task(self._beat())
+
+    async def stop(self) -> None:
+        await stop_watching(self._task, self._sub)
+        with contextlib.suppress(Exception):
+            for token, holder in list(self.sac.items()):
+                if holder == self.me:
+                    await self.kv.delete(f"sac.{token}")
+            await self.kv.delete(f"gw.{self.me}")
+
+    # -- what the others say -----------------------------------------------------------------
+
+    def _on(self, msg: Any) -> None:
+        key = msg.subject[len(f"$KV.{LEASE_BUCKET}."):]
+        deleted = (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
+        kind, _, rest = key.partition(".")
+        now = time.monotonic()
+        if kind == "gw":
+            if deleted:
+                self.seen.pop(rest, None)
+            else:
+                self.seen[rest] = now
+        elif kind == "c":
+            token, _, gw = rest.rpartition(".")
+            self.seen.setdefault(gw, now)
+            per = self.counts.setdefault(token, {})
+            if deleted:
+                per.pop(gw, None)
+            else:
+                per[gw] = int(msg.data or b"0")
+                self.seen[gw] = max(self.seen[gw], now)
+        elif kind == "sac":
+            if deleted:
+                self.sac.pop(rest, None)
+                self.broker.single_active_free(rest)
+            else:
+                self.sac[rest] = bytes(msg.data).decode()
+
+    def alive(self, gw: str) -> bool:
+        if gw == self.me:
+            return True
+        last = self.seen.get(gw)
+        now = time.monotonic()
+        if last is None:
+            return now - self.started < DEAD_AFTER  # not heard of yet: give it the time to speak
+        return now - last < DEAD_AFTER
+
+    def others_consume(self, q: ClusterQueue) -> bool:
+        """Some other live gateway has a consumer on ``q`` (auto-delete waits for it)."""
+        per = self.counts.get(queue_token(q.vhost, q.name), {})
+        return any(n > 0 and gw != self.me and self.alive(gw) for gw, n in per.items())
+
+    # -- what this gateway says --------------------------------------------------------------
+
+    def consumers_changed(self, q: ClusterQueue) -> None:
+        token = queue_token(q.vhost, q.name)
+        n = 0 if q.deleted else len(q.consumers)
+        self.counts.setdefault(token, {})[self.me] = n
+        self.broker.spawn(self._put_count(token, n))
+        if q.qargs.single_active_consumer:
+            if n and not q.sac_active:
+                self.broker.spawn(self.claim(q))
+            elif not n and q.sac_active:
+                q.sac_active = False
+                self.sac.pop(token, None)
+                self.broker.spawn(self._release(token))
+
+    async def _put_count(self, token: str, n: int) -> None:
+        with contextlib.suppress(Exception):
+            if n:
+                await self.kv.put(f"c.{token}.{self.me}", str(n).encode())
+            else:
+                await self.kv.delete(f"c.{token}.{self.me}")
+
+    async def _release(self, token: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.kv.delete(f"sac.{token}")
+
+    async def claim(self, q: ClusterQueue) -> None:
+        """x-single-active-consumer: this gateway's consumers become the queue's active one
+        when no live gateway holds the lease (the first to ask gets it)."""
+        token = queue_token(q.vhost, q.name)
+        holder = self.sac.get(token)
+        if holder is not None and holder != self.me and self.alive(holder):
+            return
+        try:
+            if holder is not None and holder != self.me:
+                await self.kv.delete(f"sac.{token}")  # its gateway is dead
+            await self.kv.create(f"sac.{token}", self.me.encode())
+        except Exception:  # noqa: BLE001 - another gateway got it first
+            return
+        if q.consumers and not q.deleted:
+            self.sac[token] = self.me
+            q.sac_active = True
+            self.broker.single_active_won(q)
+        else:
+            await self._release(token)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT)
+            try:
+                await self._heartbeat()
+            except Exception as e:  # noqa: BLE001 - NATS away: next beat
+                log.info("presence heartbeat failed: %r", e)
+
+    async def _heartbeat(self) -> None:
+        kv = self.kv
+        await kv.put(f"gw.{self.me}", b"1")
+        for q in self.broker.cluster_queues():
+            token = queue_token(q.vhost, q.name)
+            if q.consumers:
+                await kv.put(f"c.{token}.{self.me}", str(len(q.consumers)).encode())
+            if q.qargs.single_active_consumer:
+                if q.sac_active:
+                    await kv.put(f"sac.{token}", self.me.encode())
+                elif q.consumers:
+                    await self.claim(q)
+        self.broker.reap_dead(self)

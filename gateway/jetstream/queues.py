@@ -1,0 +1,195 @@
+"""A CMQ queue whose messages live in a JetStream stream (docs/CLUSTER.md, "Queue messages").
+
+:class:`ClusterQueue` is the broker's queue with what this gateway holds of the shared one:
+the deliveries it pulled from the queue's durable consumer (its *leases*: JetStream message ->
+its reply subject for ack/nak) and the count of messages still in JetStream. The local CMQ
+model (``semantics.queue.CmqQueue``) holds only the leased messages: it delivers them to this
+gateway's consumers and counts their receives, restored from JetStream's ``num_delivered``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import APIError, NotFoundError
+
+from gateway.broker.persistence import decode_message
+from gateway.broker.queue import BrokerQueue
+from gateway.jetstream.link import Link
+from gateway.jetstream.store import Chain
+from semantics.jetstream.config import consumer_config, stream_config
+from semantics.jetstream.names import CONSUMER
+from semantics.queue import CmqQueue
+from semantics.queue_attrs import QueueAttributes
+
+__all__ = ["ClusterQueue", "LeasedCmqQueue", "ensure_stream", "rewind_consumer", "subscribe"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+OTHERS_STREAM_TRIES = 15  # 3 s of 0.2 s waits for the declaring gateway's stream
+STREAM_IN_USE = 10058  # "stream name already in use with a different configuration"
+
+
+class LeasedCmqQueue(CmqQueue):
+    """The local model of a JetStream queue. Rewind (Q6) lives in JetStream (a limits stream
+    keeps deleted messages until their retention), so the model never keeps rewindable copies
+    of its own; a rewind is checked here as on one gateway, then ``on_rewind`` moves the shared
+    consumer (gateway.jetstream.broker)."""
+
+    on_rewind: Callable[[float], None] | None = None
+
+    def _apply(self, a: QueueAttributes) -> None:
+        super()._apply(a)
+        self.rewind_range = self._rewind
+        self._rewind = 0.0
+
+    def rewind(self, to_time: float, now: float) -> int:
+        self._rewind = self.rewind_range  # the checks of one gateway: range, forward only
+        try:
+            count = super().rewind(to_time, now)
+        finally:
+            self._rewind = 0.0
+        if self.on_rewind is not None:
+            self.on_rewind(to_time)
+        return count
+
+
+class ClusterQueue(BrokerQueue):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stream = ""
+        self.subject = ""
+        self.ready: asyncio.Event = asyncio.Event()  # the stream and its consumer exist
+        # Pulls: requests to next_subject, answered on inbox (a subscription of this gateway).
+        self.inbox: str | None = None
+        self.next_subject = ""
+        self.sub: Any = None
+        self.requested = 0  # messages asked for and not yet come (nor refused)
+        self.no_wait_batches: list[int] = []  # no_wait requests not yet answered, in order
+        self.asked_at = 0.0
+        self.in_flight = 0  # publishes to it from here not yet acknowledged by JetStream
+        self.naks_pending = 0
+        self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile  # naks sent and not yet confirmed: no pull until they are
+        self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
+        self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
+        self.on_consumers: Callable[[ClusterQueue], None] | None = None  # presence.consumers_changed
+        self.chain = Chain()  # its publishes, in order across retries (CL3)
+        self.held_back: list[Any] = []  # pulled behind a large body still being read
+        self.last_delivery = 0  # the consumer sequence of the newest delivery seen (its counts)
+        self.fetched: dict[str, bytes] = {}  # large bodies read back, for the message's next take
+        self.leases: dict[str, Any] = {}  # msg_id -> the JetStream message last pulled for it
+        self.plain_gets: list[Any] = []  # channels whose basic.get (no polling wait) waits for a pull
+        self.remote_ready = 0  # messages JetStream has not delivered yet (num_pending)
+        # A purge or delete under way: JetStream's count just before it, and the estimate the
+        # broker's own count included (replaced by the former in the -ok's count).
+        self.count_done: asyncio.Future[int] | None = None
+        self.stale_remote = 0
+
+    def add_consumer(self, consumer: Any) -> None:
+        super().add_consumer(consumer)
+        if self.on_consumers is not None:
+            self.on_consumers(self)
+
+    def remove_consumer(self, consumer: Any) -> None:
+        super().remove_consumer(consumer)
+        if self.on_consumers is not None:
+            self.on_consumers(self)
+
+    @property
+    def message_count(self) -> int:
+        """Ready messages: those leased here and Active, and those JetStream still holds."""
+        return self.cmq.active + self.remote_ready
+
+
+async def ensure_stream(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQueue, Any], None],
+                        create: bool = True) -> None:
+    """The queue's stream and durable consumer, created if missing (every gateway may try:
+    the same configuration is accepted again), then this gateway's pull subscription."""
+    js = link.js
+    s = stream_config(q.vhost, q.name, q.attrs, replicas=link.replicas, durable=q.durable)
+    q.stream, q.subject = s["name"], s["subjects"][0]
+    if not create:
+        # Declared by another gateway, which creates the stream: wait for it a little rather
+        # than have every gateway ask for the same stream at once (slow in a loaded cluster).
+        for _ in range(OTHERS_STREAM_TRIES):
+            try:
+                await js.consumer_info(s["name"], CONSUMER)
+                break
+            except NotFoundError:
+                await asyncio.sleep(0.2)
+        else:
+            create = True
+    if create:
+        await _create(js, s, q)
+    await subscribe(link, q, pulled)
+    info = await js.consumer_info(s["name"], CONSUMER)
+    q.remote_ready = info.num_pending or 0
+    q.ready.set()
+
+
+def _consumer(q: ClusterQueue, **start: Any) -> ConsumerConfig:
+    c = consumer_config(q.attrs)
+    return ConsumerConfig(durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=c["ack_wait"],
+                          max_deliver=c["max_deliver"], max_ack_pending=c["max_ack_pending"],
+                          **(start or {"deliver_policy": DeliverPolicy.ALL}))
+
+
+async def rewind_consumer(js: Any, q: ClusterQueue, to_time: float) -> None:
+    """Q6 on JetStream: the shared consumer recreated to start at ``to_time``, or earlier at
+    the oldest message not yet acknowledged (which must still be received: a consumer started
+    by time alone would skip it), so acked messages between the two are received again."""
+    start: dict[str, Any] = {"deliver_policy": DeliverPolicy.BY_START_TIME,
+                             "opt_start_time": datetime.fromtimestamp(to_time, UTC)}
+    with contextlib.suppress(Exception):
+        info = await js.consumer_info(q.stream, CONSUMER)
+        floor = info.ack_floor.stream_seq + 1
+        oldest = await js.get_msg(q.stream, seq=floor)
+        if oldest.data and decode_message(oldest.data)["enqueue_time"] < to_time:
+            start = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": floor}
+    with contextlib.suppress(NotFoundError):
+        await js.delete_consumer(q.stream, CONSUMER)
+    await js.add_consumer(q.stream, _consumer(q, **start))
+
+
+async def _create(js: Any, s: dict[str, Any], q: ClusterQueue) -> None:
+    config = StreamConfig(
+        name=s["name"], subjects=s["subjects"],
+        retention=RetentionPolicy.LIMITS if s["retention"] == "limits" else RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE if s["storage"] == "file" else StorageType.MEMORY,
+        max_age=s["max_age"], max_msgs=s["max_msgs"], discard=DiscardPolicy.NEW,
+        duplicate_window=s["duplicate_window"], num_replicas=s["num_replicas"])
+    try:
+        await js.add_stream(config)
+    except APIError as e:
+        if e.err_code != STREAM_IN_USE:
+            raise
+        await js.update_stream(config)  # an attribute changed (retention, size): the new one wins
+    try:
+        await js.add_consumer(s["name"], _consumer(q))
+    except APIError as e:
+        log.info("consumer of %s kept as it is: %s", s["name"], e)
+
+
+async def subscribe(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQueue, Any], None]) -> None:
+    if q.sub is None:
+        async def on_message(m: Any) -> None:
+            pulled(q, m)
+
+        inbox = link.nc.new_inbox()
+        q.sub = await link.nc.subscribe(inbox, cb=on_message, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        q.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{q.stream}.{CONSUMER}"
+        q.inbox = inbox

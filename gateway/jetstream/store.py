@@ -1,0 +1,240 @@
+"""The JetStream side of the store seam (semantics/store/backend.py; docs/CLUSTER.md).
+
+An in-memory map answers ``get``/``items`` at once, as the embedded store's map does; every
+put/delete of a shared kind (exchanges, queues, bindings, policies, HTTP subscriptions,
+accounts) is also written to the ``CMQ_META`` KV bucket, pipelined (``publish_async``), under
+the store's LSN. Queue messages are not records here: the cluster broker publishes them to
+their queue's stream through :meth:`JetStreamStore.track`, which gives them an LSN of the same
+sequence. ``durable_lsn`` is the highest LSN below which JetStream acknowledged every write,
+so a confirm (M14) waits for the PubAck of its message *and* of every declare before it (CL3).
+
+Writes that fail for want of a server (a timeout, a lost connection, a leader election) are
+retried with the same ``Nats-Msg-Id`` until JetStream takes them: a retried publish is not
+stored twice. The store is single-threaded (the event loop's), unlike the embedded one:
+nothing here is called from the broker's sync thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from nats.errors import ConnectionClosedError, MaxPayloadError
+from nats.js.errors import APIError
+
+from gateway.jetstream.link import Link
+from gateway.jetstream.meta import ORIGIN
+from semantics.jetstream.names import META_BUCKET, kv_key, store_key
+from semantics.store import Store
+from semantics.store.errors import StoreClosedError
+
+__all__ = ["SHARED_KINDS", "Chain", "JetStreamStore"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+# The kinds every gateway shares through the bucket; the others (MQTT sessions) are this
+# gateway's own and live in its memory (docs/CLUSTER.md). Topic-retained messages (t/) are
+# shared so that another gateway takes their retries over when their gateway dies (D2-D6).
+SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "t", "meta"})
+RETRY_SECONDS = 0.5
+KV_DEL = {"KV-Operation": "DEL"}
+
+
+class Chain:
+    """Writes whose order must hold across retries (see JetStreamStore.track)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[tuple[int, Any, tuple[Any, ...]]] = []
+        self.retrier: asyncio.Task[None] | None = None
+
+
+class _Report:
+    records = 0
+    seconds = 0.0
+    torn_bytes = 0
+    aside_path = None
+    damaged: list[Any] = []
+
+
+class JetStreamStore:
+    """See the module docstring. Open with :meth:`open` (reads the whole bucket)."""
+
+    def __init__(self, link: Link, kv: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.link = link
+        self.kv = kv
+        self._loop = loop
+        self._mem = Store.open(None)  # the records, in memory: what get/items answer
+        self._lsn = 0
+        self._durable = 0
+        self._open: dict[int, None] = {}  # LSNs written and not yet acknowledged, in order
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._failed: BaseException | None = None
+        self._closed = False
+        self.recovery = _Report()
+        self.on_durable: Callable[[int], None] = lambda lsn: None  # the broker's confirms
+        self.applying = False  # a change from another gateway: into the map only
+        self.refused: set[int] = set()  # LSNs of writes JetStream refused (M14: nack)
+        self.origin = ""  # this gateway's id, on every write (gateway.jetstream.meta)
+
+    @classmethod
+    async def open(cls, link: Link) -> JetStreamStore:
+        js = link.js
+        try:
+            kv = await js.key_value(META_BUCKET)
+        except Exception:  # noqa: BLE001 - not found: the first gateway creates it
+            kv = await js.create_key_value(bucket=META_BUCKET, history=1, replicas=link.replicas)
+        store = cls(link, kv, asyncio.get_running_loop())
+        return store
+
+    def load(self, key: str, value: bytes | None) -> None:
+        """A record read from the bucket (start-up, or another gateway's change)."""
+        if value is None:
+            self._mem.delete(key)
+        else:
+            self._mem.put(key, value)
+
+    # -- the seam ----------------------------------------------------------------------------
+
+    def put(self, key: str, value: bytes) -> int:
+        if self._closed:
+            raise StoreClosedError("store is closed")
+        if type(value) is not bytes:
+            value = bytes(value)
+        self._mem.put(key, value)
+        if not self.applying and key.partition("/")[0] in SHARED_KINDS:
+            return self.track(self._kv_put, key, value)
+        self._lsn += 1
+        return self._lsn
+
+    def delete(self, key: str) -> int:
+        if self._closed:
+            raise StoreClosedError("store is closed")
+        self._mem.delete(key)
+        if not self.applying and key.partition("/")[0] in SHARED_KINDS:
+            return self.track(self._kv_put, key, None)
+        self._lsn += 1
+        return self._lsn
+
+    def get(self, key: str) -> bytes | None:
+        return self._mem.get(key)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._mem
+
+    def __len__(self) -> int:
+        return len(self._mem)
+
+    def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+        return self._mem.items(prefix)
+
+    @property
+    def durable_lsn(self) -> int:
+        return next(iter(self._open)) - 1 if self._open else self._lsn
+
+    @property
+    def live_bytes(self) -> int:
+        return 0  # nothing held on this machine's disk
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    def sync(self) -> int:
+        return self.durable_lsn  # writes are acknowledged as they come (see track)
+
+    async def settled(self) -> int:
+        """Every write made so far is acknowledged (management answers, close)."""
+        await self._idle.wait()
+        return self.durable_lsn
+
+    def maybe_compact(self, *, force: bool = False) -> bool:
+        return False
+
+    def close(self, *, sync: bool = True) -> None:
+        self._closed = True
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def track(self, write: Callable[..., Awaitable[Any]], *args: Any, chain: Chain | None = None) -> int:
+        """Run ``write(*args)`` until JetStream takes it, under a new LSN (returned): the
+        one way anything reaches JetStream, so durable_lsn covers every write. Writes of one
+        ``chain`` (one queue's messages) keep their order across retries: once one fails,
+        it and every later one go through the chain's retrier, one at a time, in LSN order."""
+        lsn = self._lsn = self._lsn + 1
+        self._open[lsn] = None
+        self._idle.clear()
+        if chain is not None and chain.waiting:
+            chain.waiting.append((lsn, write, args))
+        else:
+            self._loop.create_task(self._run(lsn, write, args, chain))
+        return lsn
+
+    async def _run(self, lsn: int, write: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
+                   chain: Chain | None = None) -> None:
+        while True:
+            try:
+                await write(*args)
+                break
+            except (APIError, MaxPayloadError) as e:
+                # Refused by JetStream itself (a stream deleted meanwhile, a limit): retrying
+                # gives the same answer. What refuses messages is handled by the writer.
+                log.warning("jetstream refused a write (lsn %d): %s", lsn, e)
+                self.refused.add(lsn)
+                break
+            except (ConnectionClosedError, asyncio.CancelledError):
+                if self._closed:
+                    break
+                await asyncio.sleep(RETRY_SECONDS)
+            except Exception as e:  # noqa: BLE001 - timeouts, no responders during an election
+                if self._failed is None:
+                    log.warning("jetstream write failed, retrying: %r", e)
+                self._failed = e
+                if self._closed:
+                    break
+                if chain is not None:
+                    # Retried by the chain, behind any earlier write of it that failed too.
+                    bisect.insort(chain.waiting, (lsn, write, args), key=lambda w: w[0])
+                    if chain.retrier is None:
+                        chain.retrier = self._loop.create_task(self._retry_chain(chain))
+                    return
+                await asyncio.sleep(RETRY_SECONDS)
+        self._failed = None
+        self._settle(lsn)
+
+    async def _retry_chain(self, chain: Chain) -> None:
+        await asyncio.sleep(RETRY_SECONDS)
+        try:
+            while chain.waiting and not self._closed:
+                lsn, write, args = chain.waiting[0]
+                await self._run(lsn, write, args)  # no chain: retried here until it is taken
+                chain.waiting.pop(0)
+        finally:
+            chain.retrier = None
+
+    def _settle(self, lsn: int) -> None:
+        del self._open[lsn]
+        durable = self.durable_lsn
+        if durable > self._durable:
+            self._durable = durable
+            self.on_durable(durable)
+        if not self._open:
+            self._idle.set()
+
+    async def _kv_put(self, key: str, value: bytes | None) -> None:
+        subject = f"$KV.{META_BUCKET}.{kv_key(key)}"
+        js = self.link.js
+        if value is None:
+            await js.publish(subject, b"", headers={**KV_DEL, ORIGIN: self.origin})
+        else:
+            await js.publish(subject, value, headers={ORIGIN: self.origin})
+
+
+def decode_entry(kv_name: str) -> str | None:
+    try:
+        return store_key(kv_name)
+    except (ValueError, UnicodeDecodeError):
+        return None
