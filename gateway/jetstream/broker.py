@@ -595,7 +595,7 @@ class ClusterBroker(Broker):
 
     # settlement: the local model decides, JetStream follows
 
-    def unpersist_message(self, q: Any, m: Q.QueueMessage) -> None:
+    def unpersist_message(self, q: Any, m: Q.QueueMessage, body_needed: bool = True) -> None:
         """Deleted here (ack, no-ack delivery, reject, expiry, dead-letter): acked there."""
         if isinstance(q, ClusterQueue):
             lease = q.leases.pop(m.msg_id, None)

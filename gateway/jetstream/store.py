@@ -131,6 +131,12 @@ class JetStreamStore:
     def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         return self._mem.items(prefix)
 
+    def keys(self, prefix: str = "") -> list[str]:
+        return self._mem.keys(prefix)
+
+    def heads(self, prefix: str, size: int) -> Iterator[tuple[str, bytes, int]]:
+        return self._mem.heads(prefix, size)
+
     @property
     def durable_lsn(self) -> int:
         return next(iter(self._open)) - 1 if self._open else self._lsn

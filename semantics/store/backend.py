@@ -39,6 +39,13 @@ class StoreBackend(Protocol):
 
     def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]: ...
 
+    def keys(self, prefix: str = "") -> list[str]: ...
+
+    def heads(self, prefix: str, size: int) -> Iterator[tuple[str, bytes, int]]:
+        """``(key, the first size bytes of its value, its length)``: recovery reads only the
+        heads of message records, so the embedded store copies no body at start-up."""
+        ...
+
     @property
     def durable_lsn(self) -> int: ...
 
