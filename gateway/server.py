@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import gc
 import logging
 import logging.handlers
 import os
@@ -554,6 +555,13 @@ def _new_loop_run(coro: Any) -> None:
 def run(config: GatewayConfig) -> None:
     """Serve until SIGTERM or SIGINT; raises ListenError when a listener cannot be bound."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Every message makes a few container objects (Message, QueueMessage, a receipt, frames'
+    # tuples), so with CPython's default gen-0 threshold (700) the cyclic collector ran
+    # thousands of times a second under load and walked the young backlog each time: ~1.5 s of
+    # a 10 s flood, pauses up to 63 ms that a slow consumer beside it waited through. Messages
+    # are freed by reference counting (they form no cycles), so collecting rarely costs no
+    # memory that matters: 10-14 % less CPU per message (scripts/bench_pipeline.py, same run).
+    gc.set_threshold(50_000, 20, 10)
     _new_loop_run(_serve(config))
 
 
@@ -609,6 +617,9 @@ async def _serve(config: GatewayConfig) -> None:
             raise StartupError(f"cannot start:{where}: {(e.strerror or str(e)).lower()}") from None
     if config.definitions:
         _load_definitions(gw, config.definitions)
+    # What start-up made (modules, the recovered backlog) lives as long as the process, or
+    # until its message is delivered: the collector need not walk it again on every full pass.
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
