@@ -92,7 +92,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         help="run one load, compare two brokers, or measure MQTT brokers (gateway/perf/mqtt.py)",
     )
     r = p.add_argument_group("run")
-    r.add_argument("--uri", default=_DEFAULT_URI, help="any AMQP 0-9-1 broker")
+    r.add_argument("--uri", default=_DEFAULT_URI,
+                   help="any AMQP 0-9-1 broker; several, comma-separated (gateways of one cluster), "
+                        "deal the connections over them")
     r.add_argument("--producers", type=_non_negative_int, default=1, help="producer connections")
     r.add_argument("--consumers", type=_non_negative_int, default=1, help="consumer connections")
     r.add_argument("--size", type=_size, default=16, help="message body bytes, at least 8")

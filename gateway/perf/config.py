@@ -44,8 +44,11 @@ class RunConfig:
         from gateway.perf.client import parse_uri
 
         d = asdict(self)
-        a = parse_uri(self.uri)
-        d["uri"] = f"amqp://{a.user}@{a.host}:{a.port}/{a.vhost if a.vhost != '/' else ''}"
+        shown = []
+        for uri in self.uri.split(","):
+            a = parse_uri(uri)
+            shown.append(f"amqp://{a.user}@{a.host}:{a.port}/{a.vhost if a.vhost != '/' else ''}")
+        d["uri"] = ",".join(shown)
         d["durable"] = self.durable_queues
         del d["json"], d["progress"]
         return d

@@ -45,7 +45,7 @@ def _host_cpu() -> tuple[int, int] | None:
 
 
 async def run_async_topology(uri: str, topo: Topology, create: bool) -> None:
-    client = await AmqpClient.connect(parse_uri(uri))
+    client = await AmqpClient.connect(parse_uri(uri.split(",")[0]))
     try:
         await client.open_channel(1)
         if create:
@@ -110,7 +110,7 @@ def _slow_backlog(cfg: RunConfig) -> int:
 
 async def _slow_queue_setup(cfg: RunConfig, topo: Topology, create: bool) -> None:
     """Declare the slow consumer's queue with its backlog, or delete it."""
-    client = await AmqpClient.connect(parse_uri(cfg.uri))
+    client = await AmqpClient.connect(parse_uri(cfg.uri.split(",")[0]))
     name = _slow_queue(topo)
     try:
         await client.open_channel(1)

@@ -115,10 +115,14 @@ class _Worker:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_reader(self.pipe.fileno(), self._on_pipe)
-        address = parse_uri(self.spec.uri)
+        # Several comma-separated URIs (gateways of one cluster): connections are dealt over
+        # them, each worker starting one further on, so that with one producer and one
+        # consumer the messages cross from one gateway to the other.
+        addresses = [parse_uri(u) for u in self.spec.uri.split(",")]
+        n = len(self.spec.routes) + len(self.spec.queues)
         self.clients = list(
             await asyncio.gather(
-                *(AmqpClient.connect(address) for _ in range(len(self.spec.routes) + len(self.spec.queues)))
+                *(AmqpClient.connect(addresses[(self.spec.worker_id + i) % len(addresses)]) for i in range(n))
             )
         )
         if self.spec.role == "producer":
