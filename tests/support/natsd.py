@@ -34,8 +34,10 @@ from pathlib import Path
 from types import TracebackType
 
 NATS_SERVER = os.environ.get("NATS_SERVER", "/usr/sbin/nats-server")
-# A loaded two-core machine elects a meta leader in a few seconds; a minute means it is stuck.
-READY_TIMEOUT = 60.0
+# A loaded two-core machine elects a meta leader in a few seconds, but a restarted node is
+# "current" only once every stream and consumer caught up: with dozens of queue streams that
+# took over a minute here; two minutes means it is stuck.
+READY_TIMEOUT = 120.0
 
 
 def nats_server_binary() -> str:
