@@ -328,7 +328,10 @@ async def test_CL3_restarting_the_whole_nats_cluster_loses_no_confirmed_message(
     ledger = cluster_load.Ledger()
     # Publishers only: everything confirmed must still be there after the restart.
     await cluster_load.run_load([g.url for g in gws], [], queues, ledger, 4, unique + "-a")
-    await asyncio.to_thread(cluster.restart_all)  # SIGKILL all three, then start them on their dirs
+    # SIGKILL all three, then start them on their dirs. After a kill of every replica, nats-server
+    # 2.9 reports healthy only once each stream's Raft group caught up; on a loaded machine one
+    # run here needed more than the harness's two minutes (a snapshot waits for catch-ups).
+    await asyncio.to_thread(cluster.restart_all, timeout=300.0)
     # The gateways were not restarted: they reconnect to NATS and serve again.
     again = cluster_load.Ledger()
     deadline = time.monotonic() + 60
