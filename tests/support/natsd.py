@@ -37,7 +37,7 @@ NATS_SERVER = os.environ.get("NATS_SERVER", "/usr/sbin/nats-server")
 # A loaded two-core machine elects a meta leader in a few seconds, but a restarted node is
 # "current" only once every stream and consumer caught up: with dozens of queue streams that
 # took over a minute here; two minutes means it is stuck.
-READY_TIMEOUT = 120.0
+READY_TIMEOUT = 300.0
 
 
 def nats_server_binary() -> str:
