@@ -385,8 +385,11 @@ def test_CL3_no_confirm_while_the_stream_has_no_quorum(
     except Exception as e:
         outcome = f"error {type(e).__name__}"
     assert outcome != "ack", "confirmed a write that no quorum acknowledged"
-    assert sorted(cluster.revive()) == sorted(down)
-    eventually(lambda: publish_confirmed(gw.url, "", unique, [b"after"]) is None, 60, interval=1.0,
+    # Back up with a meta leader is enough here: whether the queue confirms again is what this
+    # test checks next. nats-server 2.9 may report a consumer replica of the revived servers
+    # "not current" for minutes after a quorum loss (seen under CI's load), which is not ours.
+    assert sorted(cluster.revive(current=False)) == sorted(down)
+    eventually(lambda: publish_confirmed(gw.url, "", unique, [b"after"]) is None, 120, interval=1.0,
                what="confirms again once the quorum is back")
     bodies = [b for b, _ in drain(gw.url, unique, expect=3, timeout=15)]
     assert b"before" in bodies and b"after" in bodies, bodies

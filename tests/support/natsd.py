@@ -226,26 +226,29 @@ class NatsCluster:
         self.wait_ready(timeout)
         return self
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        """Until every running server is healthy and, in a cluster, all agree on a meta leader."""
+    def wait_ready(self, timeout: float = READY_TIMEOUT, *, current: bool = True) -> None:
+        """Until every running server is healthy and, in a cluster, all agree on a meta leader.
+        ``current=False`` waits only for the servers and the meta leader, not for every stream
+        and consumer replica to have caught up (/healthz): for a test that checks serving
+        again on its own terms."""
         deadline = time.monotonic() + timeout
         why = "not checked"
         while time.monotonic() < deadline:
             for s in self.servers:
                 if s.proc is not None and s.proc.poll() is not None and not s.down_on_purpose:
                     raise RuntimeError(f"nats-server {s.name} exited with {s.proc.returncode}:\n{s.log_tail()}")
-            ok, why = self._ready()
+            ok, why = self._ready(current)
             if ok:
                 return
             time.sleep(0.2)
         tails = "\n".join(f"== {s.name} ==\n{s.log_tail(1500)}" for s in self.servers)
         raise TimeoutError(f"JetStream not ready after {timeout:.0f}s: {why}\n{tails}")
 
-    def _ready(self) -> tuple[bool, str]:
+    def _ready(self, current: bool = True) -> tuple[bool, str]:
         live = [s for s in self.servers if s.running]
         if not live:
             return False, "no server running"
-        for s in live:
+        for s in live if current else ():
             ok, why = s.health()
             if not ok:
                 return False, why
@@ -284,14 +287,14 @@ class NatsCluster:
         self.wait_ready(timeout)
         return s
 
-    def revive(self, timeout: float = READY_TIMEOUT) -> list[str]:
+    def revive(self, timeout: float = READY_TIMEOUT, *, current: bool = True) -> list[str]:
         """Start every server that is down (same ports, same dirs), then wait once for all.
         Two servers brought back one at a time would wait for the first to be current while
         the second, whose votes its Raft groups need, is still down."""
         down = [s for s in self.servers if not s.running]
         for s in down:
             s.start()
-        self.wait_ready(timeout)
+        self.wait_ready(timeout, current=current)
         return [s.name for s in down]
 
     def restart_all(self, *, kill: bool = True, down_seconds: float = 0.0,
