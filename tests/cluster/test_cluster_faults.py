@@ -285,14 +285,21 @@ def _stream_leaders(cluster: NatsCluster) -> dict[str, int]:
     return counts
 
 
+async def _two_gateways(cluster: NatsCluster, spawn_gateways, unique: str, n: int,  # type: ignore[no-untyped-def]
+                       vt: int) -> tuple[list, list[str]]:
+    """Two gateways on the cluster and ``n`` queues declared through the first, seen by the second."""
+    gws = await asyncio.to_thread(spawn_gateways, cluster.store_url, 2)
+    queues = [f"{unique}-{i}" for i in range(n)]
+    await cluster_load.declare(gws[0].url, queues, vt)
+    await cluster_load.wait_seen(gws[1].url, queues)
+    return gws, queues
+
+
 async def test_CL3_killing_one_of_three_nats_servers_under_load_loses_no_confirmed_message(
         fresh_nats_cluster: NatsCluster, spawn_gateways, unique: str) -> None:  # type: ignore[no-untyped-def]
     cluster = fresh_nats_cluster
-    gws = await asyncio.to_thread(spawn_gateways, cluster.store_url, 2)
-    queues = [f"{unique}-{i}" for i in range(3)]
     vt = 2
-    await cluster_load.declare(gws[0].url, queues, vt)
-    await cluster_load.wait_seen(gws[1].url, queues)
+    gws, queues = await _two_gateways(cluster, spawn_gateways, unique, 3, vt)
     ledger = cluster_load.Ledger()
     leaders = _stream_leaders(cluster)
     victim = max(leaders, key=lambda n: leaders[n])  # the node leading the most streams
@@ -320,11 +327,8 @@ async def test_CL3_killing_one_of_three_nats_servers_under_load_loses_no_confirm
 async def test_CL3_restarting_the_whole_nats_cluster_loses_no_confirmed_message(
         fresh_nats_cluster: NatsCluster, spawn_gateways, unique: str) -> None:  # type: ignore[no-untyped-def]
     cluster = fresh_nats_cluster
-    gws = await asyncio.to_thread(spawn_gateways, cluster.store_url, 2)
-    queues = [f"{unique}-{i}" for i in range(2)]
     vt = 2
-    await cluster_load.declare(gws[0].url, queues, vt)
-    await cluster_load.wait_seen(gws[1].url, queues)
+    gws, queues = await _two_gateways(cluster, spawn_gateways, unique, 2, vt)
     ledger = cluster_load.Ledger()
     # Publishers only: everything confirmed must still be there after the restart.
     await cluster_load.run_load([g.url for g in gws], [], queues, ledger, 4, unique + "-a")
