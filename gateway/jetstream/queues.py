@@ -56,6 +56,7 @@ class LeasedCmqQueue(CmqQueue):
         super()._apply(a)
         self.rewind_range = self._rewind
         self._rewind = 0.0
+        self._max_length = None  # applied on JetStream's count, not on the leases (jetstream.maxlength)
 
     def rewind(self, to_time: float, now: float) -> int:
         self._rewind = self.rewind_range  # the checks of one gateway: range, forward only
@@ -98,6 +99,8 @@ class ClusterQueue(BrokerQueue):
         # broker's own count included (replaced by the former in the -ok's count).
         self.count_done: asyncio.Future[int] | None = None
         self.stale_remote = 0
+        self.trimming = False  # x-max-length drop-head (gateway.jetstream.maxlength)
+        self.trim_again = False
 
     def add_consumer(self, consumer: Any) -> None:
         super().add_consumer(consumer)

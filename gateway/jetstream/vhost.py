@@ -15,6 +15,7 @@ from gateway.audit.rows import ENQUEUE
 from gateway.broker import persistence as P
 from gateway.broker.errors import resource_locked
 from gateway.broker.vhost import PublishOutcome, VHost
+from gateway.jetstream.maxlength import check_room, trim_after_publish
 from gateway.jetstream.queues import ClusterQueue
 from semantics.errors import LimitError
 
@@ -124,6 +125,8 @@ class ClusterVHost(VHost):
                              f"max_msg_size {attrs.max_msg_size:,} bytes", value=size, limit=attrs.max_msg_size)
         if delay is None:
             delay = attrs.delay_seconds or None
+        if not delay:
+            check_room(q)  # type: ignore[arg-type]
         expires_at = None
         ttl = msg.ttl if attrs.message_ttl is None else min(attrs.message_ttl, msg.ttl or attrs.message_ttl)
         if ttl is not None:
@@ -133,6 +136,7 @@ class ClusterVHost(VHost):
         lsn = self.broker.publish_message(q, msg, now, delay, expires_at)  # type: ignore[attr-defined]
         if lsn > out.lsn:
             out.lsn = lsn
+        trim_after_publish(self.broker, q)  # type: ignore[arg-type]
 
     def purge_queue(self, session: Session | None, name: str, user: str | None = None) -> int:
         q = self.queue(name, session)

@@ -1,0 +1,131 @@
+"""x-max-length and x-overflow on a JetStream queue (docs/CLUSTER.md, "x-max-length").
+
+RabbitMQ counts a queue's *ready* messages only: neither those delivered and not yet acked
+nor (here) delayed ones. A stream limit cannot say that: ``max_msgs`` counts every message the
+stream holds, delivered or not; its ``discard: old`` removes the oldest silently (no
+dead-letter with reason ``maxlen``, no audit row) and may remove a message a consumer is
+processing; and the stream's one ``max_msgs`` already holds CMQ's maxMsgHeapNum (L8). So the
+gateway applies the limit itself, on JetStream's count of undelivered messages:
+
+* ``reject-publish`` / ``reject-publish-dlx``: the publish is refused (basic.nack under
+  confirms; dead-lettered with reason maxlen for ``-dlx``) when the ready count this gateway
+  knows (JetStream's ``num_pending``, counted up by its own publishes and read again every
+  second, plus what it pulled and has not delivered yet) is at the limit.
+* ``drop-head``: once the publishes to the queue have landed, one trim reads JetStream's exact
+  count and deletes the oldest undelivered messages above the limit from the stream, one by
+  one (a stream delete succeeds once, so two gateways trimming at once drop each message once),
+  dead-lettering each with reason ``maxlen`` or auditing it as discarded. This gateway pulls
+  nothing while it trims, so a basic.get right after a publish sees the trimmed queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+from nats.js.errors import APIError, NotFoundError
+
+from gateway.broker import persistence as P
+from gateway.broker.message import Message
+from gateway.jetstream.bodies import BODY_HEADER
+from gateway.protocol.properties import Properties
+from semantics.jetstream.names import CONSUMER
+from semantics.queue import MaxLengthRejected
+from semantics.queue_attrs import OVERFLOW_DROP_HEAD
+
+if TYPE_CHECKING:
+    from gateway.jetstream.broker import ClusterBroker
+    from gateway.jetstream.queues import ClusterQueue
+
+__all__ = ["check_room", "trim_after_publish"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+MSG_ID = "Nats-Msg-Id"
+LANDED_WAIT = 5.0
+
+
+def check_room(q: ClusterQueue) -> None:
+    """reject-publish(-dlx): refuse a message the queue has no room for, as CmqQueue.send does
+    on the embedded store (the caller nacks it, or dead-letters it for -dlx)."""
+    limit = q.attrs.max_length
+    if limit is not None and q.attrs.overflow != OVERFLOW_DROP_HEAD and q.remote_ready + q.cmq.active >= limit:
+        raise MaxLengthRejected("M7", f"queue '{q.name}' is full (x-max-length {limit}, x-overflow "
+                                f"{q.attrs.overflow})", value=limit)
+
+
+def trim_after_publish(broker: ClusterBroker, q: ClusterQueue) -> None:
+    """drop-head: a trim once this publish has landed (one at a time per queue; a publish during
+    a trim has it count again). Pulls wait for it as they wait for a rewind."""
+    if q.attrs.max_length is None or q.attrs.overflow != OVERFLOW_DROP_HEAD:
+        return
+    if q.trimming:
+        q.trim_again = True
+        return
+    q.trimming = True
+    q.rewinding += 1
+    q.in_flight += 1  # counts (declare-ok, purge-ok) and basic.gets wait for it as for a publish
+    broker.spawn(_trim(broker, q))
+
+
+async def _trim(broker: ClusterBroker, q: ClusterQueue) -> None:
+    js = broker.link.js
+    try:
+        again = True
+        while again and not q.deleted:
+            q.trim_again = False
+            await _landed(broker, q)
+            while not q.deleted:
+                limit = q.attrs.max_length
+                info = await js.consumer_info(q.stream, CONSUMER)
+                q.remote_ready = info.num_pending or 0
+                if limit is None or q.remote_ready + q.cmq.active <= limit:
+                    break
+                try:
+                    raw = await js.get_msg(q.stream, seq=info.delivered.stream_seq + 1, subject=q.subject, next=True)
+                except NotFoundError:
+                    break
+                if raw.seq is None:
+                    break
+                try:
+                    await js.delete_msg(q.stream, raw.seq)
+                except APIError:
+                    continue  # another gateway dropped it first: count again
+                await _dropped(broker, q, raw)
+            again = q.trim_again
+    except Exception as e:  # noqa: BLE001 - NATS away: the next publish trims again
+        log.warning("x-max-length trim of queue %r failed: %r", q.name, e)
+    finally:
+        q.trimming = False
+        q.rewinding -= 1
+        broker._published(q)
+        broker.dispatch(q)
+
+
+async def _landed(broker: ClusterBroker, q: ClusterQueue) -> None:
+    """The publishes before this trim acknowledged by JetStream (the trim is one in_flight)."""
+    deadline = broker.clock.now() + LANDED_WAIT
+    while q.in_flight > 1 and broker.clock.now() < deadline:
+        await asyncio.sleep(0.005)
+
+
+async def _dropped(broker: ClusterBroker, q: ClusterQueue, raw: Any) -> None:
+    """The head dropped for x-max-length: dead-lettered (reason maxlen) or discarded, as the
+    embedded broker does with the local model's MaxLengthDropped."""
+    headers = raw.headers or {}
+    msg_id = headers.get(MSG_ID, "")
+    r = P.decode_message(raw.data)
+    body = r["body"]
+    big = headers.get(BODY_HEADER)
+    if big is not None:
+        if q.qargs.dead_letter_exchange is not None:
+            with contextlib.suppress(Exception):
+                body = await broker.bodies.get(big)
+        broker.spawn(broker.bodies.delete(big))
+    msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"], r["enqueue_time"])
+    msg.msg_id = msg_id
+    vh = broker.vhosts[q.vhost]
+    if not broker.dead_letter(vh, q, msg, msg_id, len(body), "maxlen"):
+        broker.audit.emit("discard", vh.name, queue=q.name, msg_id=msg_id, size=len(body), reason="max_length")
