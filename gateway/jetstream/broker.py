@@ -267,7 +267,7 @@ class ClusterBroker(Broker):
                     if not isinstance(q, ClusterQueue) or not q.ready.is_set() or q.deleted:
                         continue
                     self._unstick(q, now)
-                    if now - q.last_used > COUNT_RECENT and not q.consumers:
+                    if now - max(q.last_used, q.published_at) > COUNT_RECENT and not q.consumers:
                         continue
                     try:
                         info = await js.consumer_info(q.stream, CONSUMER)
@@ -366,7 +366,7 @@ class ClusterBroker(Broker):
             headers["Cmq-Expires-At"] = repr(expires_at)
         q.remote_ready += 1
         q.in_flight += 1
-        q.last_used = now
+        q.published_at = now  # counted (COUNT_RECENT), but not a use: x-expires ignores publishes
         return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
 
     async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
@@ -663,6 +663,8 @@ class ClusterBroker(Broker):
 
     def get(self, ch: Any, q: Any, no_ack: bool) -> None:
         """basic.get with nothing leased here: wait (as a long poll, Q5) for one pull."""
+        if isinstance(q, ClusterQueue):
+            self.presence.note_use(q, self.clock.now())  # x-expires: a use on any gateway counts
         if not isinstance(q, ClusterQueue) or q.cmq.active or ch.draining:
             super().get(ch, q, no_ack)
             return

@@ -8,7 +8,11 @@ gateway:
   queue is deleted when the last consumer of *every* gateway has gone);
 * ``sac.<queue token>``: the gateway whose consumer is the queue's single active consumer
   (x-single-active-consumer), created with ``create`` so that one gateway holds it; deleted
-  by its holder when its last consumer goes, then taken by the next gateway with one.
+  by its holder when its last consumer goes, then taken by the next gateway with one;
+* ``u.<queue token>``: the last use (declare, basic.get, last consumer gone; epoch seconds) of
+  a queue with x-expires on any gateway, written by the gateway that used it and rewritten
+  every USE_REFRESH seconds by the one that used it last (the bucket's TTL would drop it): a
+  gateway whose own x-expires timer fires deletes the queue only if nobody used it since.
 
 Expiry in a 2.9 TTL bucket leaves no marker a watch sees, so liveness is judged from the time
 a key was last written: a gateway silent for DEAD_AFTER seconds is dead (its exclusive queues
@@ -39,6 +43,7 @@ log = logging.getLogger("cmq_gateway.jetstream")
 HEARTBEAT = 1.0
 DEAD_AFTER = 5.0
 LEASE_TTL = 30.0  # the bucket's max_age: what a dead gateway leaves is gone after it
+USE_REFRESH = 10.0  # a queue's last use (u.<token>) is rewritten this often, well within LEASE_TTL
 
 
 class Presence:
@@ -49,6 +54,9 @@ class Presence:
         self.seen: dict[str, float] = {}  # gateway id -> monotonic time of its last write
         self.counts: dict[str, dict[str, int]] = {}  # queue token -> gateway id -> consumers
         self.sac: dict[str, str] = {}  # queue token -> the gateway holding its active consumer
+        self.used: dict[str, float] = {}  # queue token -> its last use on any gateway (x-expires)
+        # token -> (use written here, monotonic time written, the queue's x-expires in seconds)
+        self.my_use: dict[str, tuple[float, float, float]] = {}
         self.started = time.monotonic()
         self._sub: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -98,6 +106,11 @@ class Presence:
             else:
                 per[gw] = int(msg.data or b"0")
                 self.seen[gw] = max(self.seen[gw], now)
+        elif kind == "u":
+            if deleted:
+                self.used.pop(rest, None)
+            else:
+                self.used[rest] = max(self.used.get(rest, 0.0), float(msg.data or b"0"))
         elif kind == "sac":
             if deleted:
                 self.sac.pop(rest, None)
@@ -119,7 +132,38 @@ class Presence:
         per = self.counts.get(queue_token(q.vhost, q.name), {})
         return any(n > 0 and gw != self.me and self.alive(gw) for gw, n in per.items())
 
+    def last_use(self, q: ClusterQueue) -> float:
+        """x-expires: the last use of ``q`` on any gateway (0 when none is known)."""
+        return self.used.get(queue_token(q.vhost, q.name), 0.0)
+
     # -- what this gateway says --------------------------------------------------------------
+
+    def note_use(self, q: ClusterQueue, when: float) -> None:
+        """x-expires: ``q`` was used here at ``when``; the other gateways learn it."""
+        if q.qargs.expires_ms is None or self.kv is None:
+            return
+        token = queue_token(q.vhost, q.name)
+        if when <= self.used.get(token, 0.0):
+            return
+        self.used[token] = when
+        self.my_use[token] = (when, time.monotonic(), q.qargs.expires_ms / 1000.0)
+        self.broker.spawn(self._put_use(token, when))
+
+    async def _put_use(self, token: str, when: float) -> None:
+        with contextlib.suppress(Exception):
+            await self.kv.put(f"u.{token}", repr(when).encode())
+
+    async def _refresh_uses(self) -> None:
+        """The last uses written here and not since overtaken, written again before the
+        bucket's TTL drops them (while the queue may still expire)."""
+        now = time.monotonic()
+        wall = self.broker.clock.now()
+        for token, (when, written, expires) in list(self.my_use.items()):
+            if self.used.get(token, 0.0) > when or when + expires < wall:
+                del self.my_use[token]  # another gateway used it later, or it is past expiring
+            elif now - written >= USE_REFRESH:
+                self.my_use[token] = (when, now, expires)
+                await self._put_use(token, when)
 
     def consumers_changed(self, q: ClusterQueue) -> None:
         token = queue_token(q.vhost, q.name)
@@ -185,4 +229,5 @@ class Presence:
                     await kv.put(f"sac.{token}", self.me.encode())
                 elif q.consumers:
                     await self.claim(q)
+        await self._refresh_uses()
         self.broker.reap_dead(self)

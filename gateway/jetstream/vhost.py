@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["ClusterVHost"]
 
 AUTO_DELETE_GRACE = 0.5
+EXPIRES_RECHECK = 1.0  # x-expires: while another gateway has consumers, asked again this often
 
 
 class ClusterVHost(VHost):
@@ -59,6 +60,8 @@ class ClusterVHost(VHost):
             if exclusive:
                 record["exclusive_owner"] = self.broker.gateway_id  # type: ignore[attr-defined]
             self.broker.persist(P.queue_key(self.name, q.name), P.encode_json(record))
+        if isinstance(q, ClusterQueue):
+            self.broker.presence.note_use(q, q.last_used)  # type: ignore[attr-defined]
         return q
 
     def declare_remote(self, r: dict[str, Any]) -> None:
@@ -153,6 +156,27 @@ class ClusterVHost(VHost):
             self.broker.spawn(self._auto_delete_later(q))  # type: ignore[attr-defined]
             return
         super().consumer_gone(q)
+        if isinstance(q, ClusterQueue) and not q.consumers and not q.deleted:
+            self.broker.presence.note_use(q, q.last_used)  # type: ignore[attr-defined]
+
+    def expire_queue(self, q: BrokerQueue) -> None:
+        """CL4 x-expires: this gateway's timer ran out; the queue goes only if no gateway
+        used it since (presence ``u.<token>``) and none has a consumer on it, so a queue
+        unused on every gateway expires once and one used anywhere stays."""
+        if isinstance(q, ClusterQueue) and not q.deleted and not q.consumers and q.qargs.expires_ms is not None:
+            presence = self.broker.presence  # type: ignore[attr-defined]
+            now = self.broker.now()
+            ttl = q.qargs.expires_ms / 1000.0
+            if presence.others_consume(q):
+                q.last_used = now - ttl + EXPIRES_RECHECK  # looked at again when they may have gone
+                self.broker.scheduler.reschedule(q)
+                return
+            last = presence.last_use(q)
+            if last + ttl > now:
+                q.last_used = max(q.last_used, last)
+                self.broker.scheduler.reschedule(q)
+                return
+        super().expire_queue(q)
 
     async def _auto_delete_later(self, q: ClusterQueue) -> None:
         await asyncio.sleep(AUTO_DELETE_GRACE)
