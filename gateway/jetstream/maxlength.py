@@ -21,17 +21,11 @@ gateway applies the limit itself, on JetStream's count of undelivered messages:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from nats.js.errors import APIError, NotFoundError
-
-from gateway.broker import persistence as P
-from gateway.broker.message import Message
-from gateway.jetstream.bodies import BODY_HEADER
-from gateway.protocol.properties import Properties
-from semantics.jetstream.names import CONSUMER
+from gateway.jetstream.head import end, first_undelivered, removed
+from semantics import queue as Q
 from semantics.queue import MaxLengthRejected
 from semantics.queue_attrs import OVERFLOW_DROP_HEAD
 
@@ -43,7 +37,6 @@ __all__ = ["check_room", "trim_after_publish"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
-MSG_ID = "Nats-Msg-Id"
 LANDED_WAIT = 5.0
 
 
@@ -79,21 +72,11 @@ async def _trim(broker: ClusterBroker, q: ClusterQueue) -> None:
             await _landed(broker, q)
             while not q.deleted:
                 limit = q.attrs.max_length
-                info = await js.consumer_info(q.stream, CONSUMER)
-                q.remote_ready = info.num_pending or 0
-                if limit is None or q.remote_ready + q.cmq.active <= limit:
+                _, raw = await first_undelivered(js, q)
+                if raw is None or limit is None or q.remote_ready + q.cmq.active <= limit:
                     break
-                try:
-                    raw = await js.get_msg(q.stream, seq=info.delivered.stream_seq + 1, subject=q.subject, next=True)
-                except NotFoundError:
-                    break
-                if raw.seq is None:
-                    break
-                try:
-                    await js.delete_msg(q.stream, raw.seq)
-                except APIError:
-                    continue  # another gateway dropped it first: count again
-                await _dropped(broker, q, raw)
+                if await removed(js, q, raw.seq):  # else another gateway dropped it: count again
+                    await end(broker, q, raw, Q.MaxLengthDropped)
             again = q.trim_again
     except Exception as e:  # noqa: BLE001 - NATS away: the next publish trims again
         log.warning("x-max-length trim of queue %r failed: %r", q.name, e)
@@ -109,23 +92,3 @@ async def _landed(broker: ClusterBroker, q: ClusterQueue) -> None:
     deadline = broker.clock.now() + LANDED_WAIT
     while q.in_flight > 1 and broker.clock.now() < deadline:
         await asyncio.sleep(0.005)
-
-
-async def _dropped(broker: ClusterBroker, q: ClusterQueue, raw: Any) -> None:
-    """The head dropped for x-max-length: dead-lettered (reason maxlen) or discarded, as the
-    embedded broker does with the local model's MaxLengthDropped."""
-    headers = raw.headers or {}
-    msg_id = headers.get(MSG_ID, "")
-    r = P.decode_message(raw.data)
-    body = r["body"]
-    big = headers.get(BODY_HEADER)
-    if big is not None:
-        if q.qargs.dead_letter_exchange is not None:
-            with contextlib.suppress(Exception):
-                body = await broker.bodies.get(big)
-        broker.spawn(broker.bodies.delete(big))
-    msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"], r["enqueue_time"])
-    msg.msg_id = msg_id
-    vh = broker.vhosts[q.vhost]
-    if not broker.dead_letter(vh, q, msg, msg_id, len(body), "maxlen"):
-        broker.audit.emit("discard", vh.name, queue=q.name, msg_id=msg_id, size=len(body), reason="max_length")

@@ -1,0 +1,76 @@
+"""The undelivered head of a queue's stream, ended by a gateway without pulling it: x-max-length
+drop-head (gateway.jetstream.maxlength) and due TTLs (gateway.jetstream.sweeper).
+
+A stream delete of one sequence succeeds once, so the gateway whose delete succeeded owns the
+message's end (dead-letter, audit) and two gateways ending messages at once end each once. The
+end itself is the embedded broker's handling of the local model's event (``_queue_events``:
+MaxLengthDropped, Expired, DeadLettered), so audit rows and dead-lettering are the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from nats.js.errors import APIError, NotFoundError
+
+from gateway.broker import persistence as P
+from gateway.broker.message import Message
+from gateway.jetstream.bodies import BODY_HEADER
+from gateway.protocol.properties import Properties
+from semantics import queue as Q
+from semantics.jetstream.names import CONSUMER
+
+if TYPE_CHECKING:
+    from gateway.jetstream.broker import ClusterBroker
+    from gateway.jetstream.queues import ClusterQueue
+
+__all__ = ["EXPIRES_AT", "MSG_ID", "end", "first_undelivered", "removed"]
+
+MSG_ID = "Nats-Msg-Id"
+EXPIRES_AT = "Cmq-Expires-At"  # RabbitMQ TTL (x-message-ttl, expiration), absolute epoch seconds
+
+
+async def first_undelivered(js: Any, q: ClusterQueue) -> tuple[Any, Any]:
+    """(consumer info, the oldest message JetStream has not delivered yet or None)."""
+    info = await js.consumer_info(q.stream, CONSUMER)
+    q.remote_ready = info.num_pending or 0
+    if not q.remote_ready:
+        return info, None
+    try:
+        raw = await js.get_msg(q.stream, seq=info.delivered.stream_seq + 1, subject=q.subject, next=True)
+    except NotFoundError:
+        return info, None
+    return info, raw
+
+
+async def removed(js: Any, q: ClusterQueue, seq: int | None) -> bool:
+    """The message at ``seq`` deleted from the stream by this call (False: by someone else)."""
+    if seq is None:
+        return False
+    try:
+        await js.delete_msg(q.stream, seq)
+    except APIError:
+        return False
+    return True
+
+
+async def end(broker: ClusterBroker, q: ClusterQueue, raw: Any, event: Any, *args: Any) -> None:
+    """``raw`` (deleted from the stream by this gateway) ends as ``event(message, *args)``
+    would end a message of the local model."""
+    headers = raw.headers or {}
+    r = P.decode_message(raw.data)
+    body = r["body"]
+    big = headers.get(BODY_HEADER)
+    if big is not None:
+        with contextlib.suppress(Exception):
+            body = await broker.bodies.get(big)
+        broker.spawn(broker.bodies.delete(big))
+    msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"], r["enqueue_time"])
+    msg.msg_id = headers.get(MSG_ID, "")
+    exp = headers.get(EXPIRES_AT)
+    m = Q.QueueMessage(msg.msg_id, msg, len(body), r["enqueue_time"], 0, None if exp is None else float(exp))
+    m.state = Q.REMOVED
+    vh = broker.vhosts.get(q.vhost)
+    if vh is not None and not q.deleted:
+        broker._queue_events(vh, q, [event(m, *args)])
