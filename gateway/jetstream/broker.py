@@ -29,6 +29,7 @@ from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.presence import Presence
 from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
 from gateway.jetstream.store import JetStreamStore
+from gateway.jetstream.sweeper import Sweeper, settle_once
 from gateway.jetstream.vhost import ClusterVHost
 from gateway.protocol.properties import Properties
 from semantics import queue as Q
@@ -83,6 +84,7 @@ class ClusterBroker(Broker):
             broker.watch.start()
             await broker.presence.start()
             broker._spawn(broker._count_loop())
+            broker._spawn(broker.sweeper.run())
         except BaseException:
             await link.close()
             raise
@@ -94,6 +96,7 @@ class ClusterBroker(Broker):
         super().__init__(data_dir, **kwargs)
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
+        self.sweeper = Sweeper(self)
         self.bodies = Bodies(link)
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -636,6 +639,7 @@ class ClusterBroker(Broker):
                     lease = q.leases.pop(m.msg_id, None)
                     if lease is not None and q.cmq.delete(Q.Receipt(m, m.handle), now):
                         self._nak(q, lease)
+            events = settle_once(self, vh, q, events)  # TTLs end once (the sweeper's too)
         super()._queue_events(vh, q, events)
 
     def consumer_gone(self, q: Any) -> None:

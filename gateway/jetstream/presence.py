@@ -12,7 +12,9 @@ gateway:
 * ``u.<queue token>``: the last use (declare, basic.get, last consumer gone; epoch seconds) of
   a queue with x-expires on any gateway, written by the gateway that used it and rewritten
   every USE_REFRESH seconds by the one that used it last (the bucket's TTL would drop it): a
-  gateway whose own x-expires timer fires deletes the queue only if nobody used it since.
+  gateway whose own x-expires timer fires deletes the queue only if nobody used it since;
+* ``sweep``: the gateway that ends due message TTLs nobody pulls (gateway.jetstream.sweeper),
+  taken like ``sac.``; ``e.<queue token>``: a message with an expiration was published to it.
 
 Expiry in a 2.9 TTL bucket leaves no marker a watch sees, so liveness is judged from the time
 a key was last written: a gateway silent for DEAD_AFTER seconds is dead (its exclusive queues
@@ -54,6 +56,7 @@ class Presence:
         self.seen: dict[str, float] = {}  # gateway id -> monotonic time of its last write
         self.counts: dict[str, dict[str, int]] = {}  # queue token -> gateway id -> consumers
         self.sac: dict[str, str] = {}  # queue token -> the gateway holding its active consumer
+        self.sweeper_id: str | None = None  # the gateway holding ``sweep``
         self.used: dict[str, float] = {}  # queue token -> its last use on any gateway (x-expires)
         # token -> (use written here, monotonic time written, the queue's x-expires in seconds)
         self.my_use: dict[str, tuple[float, float, float]] = {}
@@ -83,6 +86,8 @@ class Presence:
             for token, holder in list(self.sac.items()):
                 if holder == self.me:
                     await self.kv.delete(f"sac.{token}")
+            if self.sweeper_id == self.me:
+                await self.kv.delete("sweep")
             await self.kv.delete(f"gw.{self.me}")
 
     # -- what the others say -----------------------------------------------------------------
@@ -106,6 +111,11 @@ class Presence:
             else:
                 per[gw] = int(msg.data or b"0")
                 self.seen[gw] = max(self.seen[gw], now)
+        elif kind == "sweep":
+            self.sweeper_id = None if deleted else bytes(msg.data).decode()
+        elif kind == "e":
+            if not deleted:
+                self.broker.sweeper.noted(rest)
         elif kind == "u":
             if deleted:
                 self.used.pop(rest, None)
@@ -131,6 +141,9 @@ class Presence:
         """Some other live gateway has a consumer on ``q`` (auto-delete waits for it)."""
         per = self.counts.get(queue_token(q.vhost, q.name), {})
         return any(n > 0 and gw != self.me and self.alive(gw) for gw, n in per.items())
+
+    def holds_sweep(self) -> bool:
+        return self.sweeper_id == self.me
 
     def last_use(self, q: ClusterQueue) -> float:
         """x-expires: the last use of ``q`` on any gateway (0 when none is known)."""
@@ -230,4 +243,20 @@ class Presence:
                 elif q.consumers:
                     await self.claim(q)
         await self._refresh_uses()
+        await self._sweep_lease()
         self.broker.reap_dead(self)
+
+    async def _sweep_lease(self) -> None:
+        """One gateway sweeps due TTLs (gateway.jetstream.sweeper): the holder keeps ``sweep``
+        fresh; the others take it when nobody holds it or its holder is dead."""
+        holder = self.sweeper_id
+        if holder == self.me:
+            await self.kv.put("sweep", self.me.encode())
+            return
+        if holder is not None and self.alive(holder):
+            return
+        with contextlib.suppress(Exception):  # another gateway took it first
+            if holder is not None:
+                await self.kv.delete("sweep")
+            await self.kv.create("sweep", self.me.encode())
+            self.sweeper_id = self.me

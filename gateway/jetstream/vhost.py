@@ -134,6 +134,8 @@ class ClusterVHost(VHost):
         ttl = msg.ttl if attrs.message_ttl is None else min(attrs.message_ttl, msg.ttl or attrs.message_ttl)
         if ttl is not None:
             expires_at = now + (delay or 0.0) + ttl
+            if attrs.message_ttl is None:
+                self.broker.sweeper.note_expiring(q)  # type: ignore[attr-defined]
         out.routed = True
         self.broker.emit_row(ENQUEUE, self.name, (q.name, msg.msg_id, size, via, subscription))
         lsn = self.broker.publish_message(q, msg, now, delay, expires_at)  # type: ignore[attr-defined]

@@ -1,0 +1,164 @@
+"""Message TTLs that fall due while no gateway pulls the queue (CL4; docs/CLUSTER.md, "Timers
+firing once").
+
+One gateway, the holder of the lease ``sweep`` in ``CMQ_LEASE`` (gateway.jetstream.presence:
+taken with ``create``, rewritten every heartbeat, taken over once its holder has been silent
+for 5 s), looks at the undelivered head of each queue that may hold due messages, at the
+second the head falls due (and at least every SWEEP_EVERY seconds), and ends it there:
+
+* RabbitMQ TTL (x-message-ttl, the ``expiration`` property; header ``Cmq-Expires-At``):
+  Expired, i.e. dead-lettered through x-dead-letter-exchange with reason ``expired`` or
+  audited as a discard with reason ``expired``;
+* CMQ maxTimeToLive (Q8): DeadLettered to the queue's dead-letter queue.
+
+As RabbitMQ does with per-message TTLs, only the head is judged: a message behind one that
+falls due later waits for it (with one x-message-ttl per queue the head is the first due).
+
+Looked at: queues with x-message-ttl or maxTimeToLive, and queues any gateway published a
+message with an expiration to (``e.<token>`` in CMQ_LEASE, written at most every NOTE_EVERY
+seconds per queue). The gateway that pulls a message still judges it as before; the sweeper
+and the puller end a message only after their own delete of it from the stream succeeded
+(gateway.jetstream.head), so a message falling due while it is being pulled ends once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from gateway.broker import persistence as P
+from gateway.broker.broker import Broker
+from gateway.jetstream.bodies import BODY_HEADER
+from gateway.jetstream.head import EXPIRES_AT, end, first_undelivered, removed
+from semantics import queue as Q
+from semantics.jetstream.names import queue_token
+
+if TYPE_CHECKING:
+    from gateway.jetstream.broker import ClusterBroker
+    from gateway.jetstream.queues import ClusterQueue
+
+__all__ = ["Sweeper"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+SWEEP_EVERY = 1.0  # the longest wait between two looks (new heads, new queues)
+NOTE_EVERY = 10.0  # e.<token> rewritten at most this often per queue
+FORGET_AFTER = 60.0  # a queue no longer noted for expiring messages, and empty, is no longer looked at
+
+
+class Sweeper:
+    def __init__(self, broker: ClusterBroker) -> None:
+        self.broker = broker
+        self.expiring: dict[str, float] = {}  # queue token -> monotonic time last noted by any gateway
+        self._noted: dict[str, float] = {}  # queue token -> monotonic time this gateway wrote e.<token>
+
+    # -- which queues --------------------------------------------------------------------
+
+    def note_expiring(self, q: ClusterQueue) -> None:
+        """A message with its own expiration was published to ``q`` (no x-message-ttl)."""
+        token = queue_token(q.vhost, q.name)
+        now = time.monotonic()
+        self.expiring[token] = now
+        if now - self._noted.get(token, -NOTE_EVERY) >= NOTE_EVERY:
+            self._noted[token] = now
+            self.broker.spawn(self._put(token))
+
+    async def _put(self, token: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.broker.presence.kv.put(f"e.{token}", b"1")
+
+    def noted(self, token: str) -> None:
+        """Another gateway published a message with an expiration to the queue ``token``."""
+        self.expiring[token] = time.monotonic()
+
+    def _looked_at(self, q: ClusterQueue) -> bool:
+        a = q.attrs
+        if a.message_ttl is not None or (a.dead_letter_queue is not None and a.max_time_to_live is not None):
+            return True
+        return queue_token(q.vhost, q.name) in self.expiring
+
+    # -- the sweep, on the lease holder -------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            wait = SWEEP_EVERY
+            if self.broker.presence.holds_sweep():
+                try:
+                    due = await self._sweep()
+                except Exception as e:  # noqa: BLE001 - NATS away: next round
+                    log.info("TTL sweep failed: %r", e)
+                    due = None
+                if due is not None:
+                    wait = min(SWEEP_EVERY, max(0.0, due - self.broker.clock.now()))
+            await asyncio.sleep(wait)
+
+    async def _sweep(self) -> float | None:
+        soonest: float | None = None
+        for q in self.broker.cluster_queues():
+            if q.deleted or not q.ready.is_set() or not self._looked_at(q):
+                continue
+            due = await self._sweep_queue(q)
+            if due is not None and (soonest is None or due < soonest):
+                soonest = due
+        return soonest
+
+    async def _sweep_queue(self, q: ClusterQueue) -> float | None:
+        """End the queue's due heads; the time the next head falls due (None: never)."""
+        js = self.broker.link.js
+        while not q.deleted:
+            _, raw = await first_undelivered(js, q)
+            if raw is None:
+                token = queue_token(q.vhost, q.name)
+                if time.monotonic() - self.expiring.get(token, 0.0) > FORGET_AFTER:
+                    self.expiring.pop(token, None)
+                return None
+            due, event = _due(q, raw)
+            if due is None or due > self.broker.clock.now():
+                return due
+            if await removed(js, q, raw.seq):  # else ended by its puller: the next head
+                await end(self.broker, q, raw, *event)
+        return None
+
+
+def _due(q: ClusterQueue, raw: Any) -> tuple[float | None, tuple[Any, ...]]:
+    """When the stored message ``raw`` falls due, and the local model's event that ends it
+    (the TTL first, as CmqQueue judges it)."""
+    exp = (raw.headers or {}).get(EXPIRES_AT)
+    expires = None if exp is None else float(exp)
+    a = q.attrs
+    if a.dead_letter_queue is not None and a.max_time_to_live is not None:
+        to_live = P.decode_message(raw.data)["enqueue_time"] + a.max_time_to_live
+        if expires is None or to_live < expires:
+            return to_live, (Q.DeadLettered, a.dead_letter_queue, "max_time_to_live")
+    return expires, (Q.Expired, "ttl")
+
+
+def settle_once(broker: ClusterBroker, vh: Any, q: ClusterQueue, events: list[Q.QueueEvent]) -> list[Q.QueueEvent]:
+    """The pulling gateway's side: a leased message that its TTL or maxTimeToLive ended is
+    ended only once its delete from the stream succeeded (the sweeper may have ended it)."""
+    keep: list[Q.QueueEvent] = []
+    for e in events:
+        timed = (isinstance(e, Q.Expired) and e.reason == "ttl") or (
+            isinstance(e, Q.DeadLettered) and e.reason == "max_time_to_live")
+        lease = q.leases.pop(e.message.msg_id, None) if timed else None
+        if lease is None:
+            keep.append(e)
+        else:
+            broker.spawn(_end_pulled(broker, vh, q, e, lease))
+    return keep
+
+
+async def _end_pulled(broker: ClusterBroker, vh: Any, q: ClusterQueue, e: Q.QueueEvent, lease: Any) -> None:
+    try:
+        mine = await removed(broker.link.js, q, lease.metadata.sequence.stream)
+    except Exception:  # noqa: BLE001 - NATS away: ended here (acked), at least once
+        broker._reply(lease, b"+ACK")
+        mine = True
+    if mine:
+        name = (lease.headers or {}).get(BODY_HEADER)
+        if name is not None:
+            broker.spawn(broker.bodies.delete(name))
+        Broker._queue_events(broker, vh, q, [e])
