@@ -154,9 +154,9 @@ def settle_once(broker: ClusterBroker, vh: Any, q: ClusterQueue, events: list[Q.
 async def _end_pulled(broker: ClusterBroker, vh: Any, q: ClusterQueue, e: Q.QueueEvent, lease: Any) -> None:
     try:
         mine = await removed(broker.link.js, q, lease.metadata.sequence.stream)
-    except Exception:  # noqa: BLE001 - NATS away: ended here (acked), at least once
-        broker._reply(lease, b"+ACK")
+    except Exception:  # noqa: BLE001 - NATS away: ended here, at least once
         mine = True
+    broker._reply(lease, b"+ACK")  # the consumer forgets its delivery (not held until ack_wait)
     if mine:
         name = (lease.headers or {}).get(BODY_HEADER)
         if name is not None:
