@@ -70,13 +70,16 @@ async def _trim(broker: ClusterBroker, q: ClusterQueue) -> None:
         while again and not q.deleted:
             q.trim_again = False
             await _landed(broker, q)
+            refused = None
             while not q.deleted:
                 limit = q.attrs.max_length
                 _, raw = await first_undelivered(js, q)
-                if raw is None or limit is None or q.remote_ready + q.cmq.active <= limit:
+                if raw is None or limit is None or q.remote_ready + q.cmq.active <= limit or raw.seq == refused:
                     break
-                if await removed(js, q, raw.seq):  # else another gateway dropped it: count again
+                if await removed(js, q, raw.seq):
                     await end(broker, q, raw, Q.MaxLengthDropped)
+                else:
+                    refused = raw.seq  # another gateway dropped it (count again), unless it stays
             again = q.trim_again
     except Exception as e:  # noqa: BLE001 - NATS away: the next publish trims again
         log.warning("x-max-length trim of queue %r failed: %r", q.name, e)

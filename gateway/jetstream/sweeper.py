@@ -45,6 +45,7 @@ __all__ = ["Sweeper"]
 log = logging.getLogger("cmq_gateway.jetstream")
 
 SWEEP_EVERY = 1.0  # the longest wait between two looks (new heads, new queues)
+MIN_WAIT = 0.01
 NOTE_EVERY = 10.0  # e.<token> rewritten at most this often per queue
 FORGET_AFTER = 60.0  # a queue no longer noted for expiring messages, and empty, is no longer looked at
 
@@ -92,7 +93,7 @@ class Sweeper:
                     log.info("TTL sweep failed: %r", e)
                     due = None
                 if due is not None:
-                    wait = min(SWEEP_EVERY, max(0.0, due - self.broker.clock.now()))
+                    wait = min(SWEEP_EVERY, max(MIN_WAIT, due - self.broker.clock.now()))
             await asyncio.sleep(wait)
 
     async def _sweep(self) -> float | None:
@@ -108,6 +109,7 @@ class Sweeper:
     async def _sweep_queue(self, q: ClusterQueue) -> float | None:
         """End the queue's due heads; the time the next head falls due (None: never)."""
         js = self.broker.link.js
+        refused = None
         while not q.deleted:
             _, raw = await first_undelivered(js, q)
             if raw is None:
@@ -115,11 +117,15 @@ class Sweeper:
                 if time.monotonic() - self.expiring.get(token, 0.0) > FORGET_AFTER:
                     self.expiring.pop(token, None)
                 return None
+            if raw.seq == refused:
+                return None  # not removable now: the next round tries again
             due, event = _due(q, raw)
             if due is None or due > self.broker.clock.now():
                 return due
-            if await removed(js, q, raw.seq):  # else ended by its puller: the next head
+            if await removed(js, q, raw.seq):
                 await end(self.broker, q, raw, *event)
+            else:
+                refused = raw.seq  # ended by its puller (the next head), unless it stays
         return None
 
 
