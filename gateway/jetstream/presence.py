@@ -12,7 +12,8 @@ gateway:
 * ``u.<queue token>``: the last use (declare, basic.get, last consumer gone; epoch seconds) of
   a queue with x-expires on any gateway, written by the gateway that used it and rewritten
   every USE_REFRESH seconds by the one that used it last (the bucket's TTL would drop it): a
-  gateway whose own x-expires timer fires deletes the queue only if nobody used it since;
+  gateway whose own x-expires timer fires deletes the queue only if nobody used it since,
+  and only if it creates ``xp.<queue token>.<that last use>`` (so the queue expires once);
 * ``sweep``: the gateway that ends due message TTLs nobody pulls (gateway.jetstream.sweeper),
   taken like ``sac.``; ``e.<queue token>``: a message with an expiration was published to it.
 
@@ -161,6 +162,15 @@ class Presence:
         self.used[token] = when
         self.my_use[token] = (when, time.monotonic(), q.qargs.expires_ms / 1000.0)
         self.broker.spawn(self._put_use(token, when))
+
+    async def claim_expiry(self, q: ClusterQueue, last: float) -> bool:
+        """x-expires: this gateway deletes ``q``, unused since ``last`` (``xp.<token>.<last
+        in ms>`` created here: the other gateways whose timer ran out with it do not)."""
+        try:
+            await self.kv.create(f"xp.{queue_token(q.vhost, q.name)}.{int(last * 1000)}", self.me.encode())
+        except Exception:  # noqa: BLE001 - another gateway took it (or NATS is away: later)
+            return False
+        return True
 
     async def _put_use(self, token: str, when: float) -> None:
         with contextlib.suppress(Exception):

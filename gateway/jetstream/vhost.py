@@ -178,7 +178,17 @@ class ClusterVHost(VHost):
                 q.last_used = max(q.last_used, last)
                 self.broker.scheduler.reschedule(q)
                 return
+            # Every gateway's timer runs out about now: the one that takes the lease deletes it
+            # (once); the others follow the watch, or look again after x-expires if it did not.
+            q.last_used = now
+            self.broker.scheduler.reschedule(q)
+            self.broker.spawn(self._expire_once(q, last))  # type: ignore[attr-defined]
+            return
         super().expire_queue(q)
+
+    async def _expire_once(self, q: ClusterQueue, last: float) -> None:
+        if await self.broker.presence.claim_expiry(q, last):  # type: ignore[attr-defined]
+            super().expire_queue(q)
 
     async def _auto_delete_later(self, q: ClusterQueue) -> None:
         await asyncio.sleep(AUTO_DELETE_GRACE)

@@ -47,6 +47,21 @@ def _declared_on_both(a: Any, b: Any) -> str:
     return name
 
 
+def _expiries(gws: list[Any], name: str) -> list[str]:
+    """The gateways' own audit events as they emit them: which gateway deleted ``name`` for
+    x-expires (each call goes on to the real audit)."""
+    seen: list[str] = []
+    for i, gw in enumerate(gws):
+        emit = gw.broker.emit_fields
+
+        def spy(event: str, vhost: str, fields: dict[str, Any], emit: Any = emit, i: int = i) -> None:
+            if event == "queue_delete" and fields.get("queue") == name and fields.get("reason") == "expired":
+                seen.append(f"gw{i}")
+            emit(event, vhost, fields)
+        gw.broker.emit_fields = spy
+    return seen
+
+
 def _gone_everywhere(gws: list[Any], name: str, within: float) -> None:
     deadline = time.monotonic() + within
     while any(name in gw.broker.vhosts["/"].queues for gw in gws):
@@ -58,6 +73,7 @@ def _gone_everywhere(gws: list[Any], name: str, within: float) -> None:
 def test_M7_CL4_x_expires_counts_a_basic_get_on_another_gateway(js_gateways: Callable[..., Any]) -> None:
     a, b = js_gateways(2)
     name = _declared_on_both(a, b)
+    expired_by = _expiries([a, b], name)
     conn = pika.BlockingConnection(pika.URLParameters(_url(b)))
     ch = conn.channel()
     end = time.monotonic() + 2.5 * EXPIRES_MS / 1000
@@ -67,6 +83,8 @@ def test_M7_CL4_x_expires_counts_a_basic_get_on_another_gateway(js_gateways: Cal
     conn.close()
     assert name in a.broker.vhosts["/"].queues  # a's own clients never used it: kept
     _gone_everywhere([a, b], name, within=EXPIRES_MS / 1000 + 5)
+    time.sleep(1.0)
+    assert len(expired_by) == 1, expired_by  # expired once, by one gateway
 
 
 def test_M7_CL4_x_expires_waits_for_a_consumer_on_another_gateway(js_gateways: Callable[..., Any]) -> None:
