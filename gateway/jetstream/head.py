@@ -25,23 +25,35 @@ if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
     from gateway.jetstream.queues import ClusterQueue
 
-__all__ = ["EXPIRES_AT", "MSG_ID", "end", "first_undelivered", "removed"]
+__all__ = ["EXPIRES_AT", "MSG_ID", "count", "end", "first_undelivered", "removed"]
 
 MSG_ID = "Nats-Msg-Id"
 EXPIRES_AT = "Cmq-Expires-At"  # RabbitMQ TTL (x-message-ttl, expiration), absolute epoch seconds
 
 
-async def first_undelivered(js: Any, q: ClusterQueue) -> tuple[Any, Any]:
-    """(consumer info, the oldest message JetStream has not delivered yet or None)."""
+async def count(js: Any, q: ClusterQueue) -> Any:
+    """The consumer's info; the queue's estimate of undelivered messages follows it."""
     info = await js.consumer_info(q.stream, CONSUMER)
     q.remote_ready = info.num_pending or 0
-    if not q.remote_ready:
-        return info, None
-    try:
-        raw = await js.get_msg(q.stream, seq=info.delivered.stream_seq + 1, subject=q.subject, next=True)
-    except NotFoundError:
-        return info, None
-    return info, raw
+    return info
+
+
+async def first_undelivered(js: Any, q: ClusterQueue, info: Any) -> tuple[Any, Any]:
+    """(a fresh count, the oldest message JetStream had not delivered at that count or None),
+    from ``info``, an earlier count. The head is read first and the count after it, so that
+    the count says how many are over a limit *with* that head still there: read the other
+    way, a head removed meanwhile by another gateway would make the next one look like it.
+    """
+    while info.num_pending:
+        try:
+            raw = await js.get_msg(q.stream, seq=info.delivered.stream_seq + 1, subject=q.subject, next=True)
+        except NotFoundError:
+            return await count(js, q), None
+        info = await count(js, q)
+        if info.delivered.stream_seq < raw.seq:
+            return info, raw
+        # pulled meanwhile (now a delivery of some gateway): the next one is the head
+    return info, None
 
 
 async def removed(js: Any, q: ClusterQueue, seq: int | None) -> bool:

@@ -24,7 +24,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from gateway.jetstream.head import end, first_undelivered, removed
+from gateway.jetstream.head import count, end, first_undelivered, removed
 from semantics import queue as Q
 from semantics.queue import MaxLengthRejected
 from semantics.queue_attrs import OVERFLOW_DROP_HEAD
@@ -71,10 +71,10 @@ async def _trim(broker: ClusterBroker, q: ClusterQueue) -> None:
             q.trim_again = False
             await _landed(broker, q)
             refused = None
-            while not q.deleted:
-                limit = q.attrs.max_length
-                _, raw = await first_undelivered(js, q)
-                if raw is None or limit is None or q.remote_ready + q.cmq.active <= limit or raw.seq == refused:
+            info = await count(js, q)
+            while not q.deleted and _over(q):
+                info, raw = await first_undelivered(js, q, info)
+                if raw is None or not _over(q) or raw.seq == refused:
                     break
                 if await removed(js, q, raw.seq):
                     await end(broker, q, raw, Q.MaxLengthDropped)
@@ -88,6 +88,11 @@ async def _trim(broker: ClusterBroker, q: ClusterQueue) -> None:
         q.rewinding -= 1
         broker._published(q)
         broker.dispatch(q)
+
+
+def _over(q: ClusterQueue) -> bool:
+    limit = q.attrs.max_length
+    return limit is not None and q.remote_ready + q.cmq.active > limit
 
 
 async def _landed(broker: ClusterBroker, q: ClusterQueue) -> None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.broker import persistence as P
 from gateway.broker.broker import Broker
 from gateway.jetstream.bodies import BODY_HEADER
-from gateway.jetstream.head import EXPIRES_AT, end, first_undelivered, removed
+from gateway.jetstream.head import EXPIRES_AT, count, end, first_undelivered, removed
 from semantics import queue as Q
 from semantics.jetstream.names import queue_token
 
@@ -110,8 +110,9 @@ class Sweeper:
         """End the queue's due heads; the time the next head falls due (None: never)."""
         js = self.broker.link.js
         refused = None
+        info = await count(js, q)
         while not q.deleted:
-            _, raw = await first_undelivered(js, q)
+            info, raw = await first_undelivered(js, q, info)
             if raw is None:
                 token = queue_token(q.vhost, q.name)
                 if time.monotonic() - self.expiring.get(token, 0.0) > FORGET_AFTER:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.integration.differential import blocking
 
-pytestmark = [pytest.mark.rabbitmq, pytest.mark.both_stores]
+pytestmark = pytest.mark.both_stores
 
 
 def _declare(ch, name: str, **arguments) -> None:  # type: ignore[no-untyped-def]
@@ -68,6 +68,7 @@ def _with_dead_letters(url: str, name: str, n: int, **arguments: object) -> tupl
     return kept, [b for b, _ in dead], acked
 
 
+@pytest.mark.rabbitmq
 def test_M7_max_length_drop_head_keeps_the_newest(broker_url: str, unique: str) -> None:
     """drop-head (the default): the oldest ready messages go, the publish is acked."""
     with blocking(broker_url) as conn:
@@ -80,12 +81,14 @@ def test_M7_max_length_drop_head_keeps_the_newest(broker_url: str, unique: str) 
         ch.queue_delete(unique)
 
 
+@pytest.mark.rabbitmq
 def test_M7_max_length_drop_head_dead_letters_with_reason_maxlen(broker_url: str, unique: str) -> None:
     kept, dead, acked = _with_dead_letters(broker_url, unique, 5, **{"x-max-length": 2})
     assert acked == [True] * 5
     assert (kept, dead) == ([b"m3", b"m4"], [b"m0", b"m1", b"m2"])
 
 
+@pytest.mark.rabbitmq
 def test_M7_max_length_reject_publish_nacks_past_the_limit(broker_url: str, unique: str) -> None:
     with blocking(broker_url) as conn:
         ch = conn.channel()
@@ -97,6 +100,7 @@ def test_M7_max_length_reject_publish_nacks_past_the_limit(broker_url: str, uniq
         ch.queue_delete(unique)
 
 
+@pytest.mark.rabbitmq
 def test_M7_max_length_counts_ready_messages_only(broker_url: str, unique: str) -> None:
     """Messages delivered and not yet acked do not count (RabbitMQ counts ready ones)."""
     with blocking(broker_url) as conn:
@@ -113,6 +117,7 @@ def test_M7_max_length_counts_ready_messages_only(broker_url: str, unique: str) 
         ch.queue_delete(unique)
 
 
+@pytest.mark.rabbitmq
 def test_M7_max_length_reject_publish_dlx_dead_letters_the_refused(broker_url: str, unique: str) -> None:
     kept, dead, acked = _with_dead_letters(broker_url, unique, 3, **{"x-max-length": 1,
                                                                      "x-overflow": "reject-publish-dlx"})
