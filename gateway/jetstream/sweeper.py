@@ -101,7 +101,11 @@ class Sweeper:
         for q in self.broker.cluster_queues():
             if q.deleted or not q.ready.is_set() or not self._looked_at(q):
                 continue
-            due = await self._sweep_queue(q)
+            try:
+                due = await self._sweep_queue(q)
+            except Exception as e:  # noqa: BLE001 - its stream just deleted, or NATS away: the others go on
+                log.info("TTL sweep of queue %r failed: %r", q.name, e)
+                continue
             if due is not None and (soonest is None or due < soonest):
                 soonest = due
         return soonest
