@@ -60,7 +60,7 @@ async def trial(n: int, gateways: GatewayGroup, args: argparse.Namespace, rng: r
         await asyncio.to_thread(gateways[victim].start)
 
     await cluster_load.run_load(gateways_urls, gateways_urls, queues, ledger, args.seconds, prefix, fault)
-    found = await cluster_load.drain(urls, queues, idle=args.visibility_timeout + 3)
+    found = await cluster_load.drain(urls, queues, idle=args.visibility_timeout + 3, ledger=ledger)
     v = cluster_load.verdict(ledger, found)
     print(f"trial {n}: killed {gateways[victim].name} at {kill_after:.1f}s; {v.line()}; "
           f"client errors {len(ledger.errors)}; slowest confirm {ledger.slowest_confirm:.1f}s"

@@ -313,7 +313,7 @@ async def test_CL3_killing_one_of_three_nats_servers_under_load_loses_no_confirm
 
     await cluster_load.run_load([g.url for g in gws], [g.url for g in gws], queues, ledger, 10, unique, fault)
     ended = time.monotonic()
-    found = await cluster_load.drain([g.url for g in gws], queues, idle=vt + 3)
+    found = await cluster_load.drain([g.url for g in gws], queues, idle=vt + 3, ledger=ledger)
     v = cluster_load.verdict(ledger, found)
     report = f"{v.line()}; killed {victim}; errors {ledger.errors[:5]}; slowest confirm {ledger.slowest_confirm:.1f}s"
     assert v.confirmed > 0 and v.lost == 0 and v.phantoms == 0, report + f"; lost {v.lost_ids}\n" + \
@@ -342,7 +342,7 @@ async def test_CL3_restarting_the_whole_nats_cluster_loses_no_confirmed_message(
     while not again.confirmed and time.monotonic() < deadline:
         await cluster_load.run_load([gws[1].url], [], queues[:1], again, 1, unique + "-b")
     assert again.confirmed, f"no publish confirmed within 60 s of the restart: {again.errors[:5]}"
-    found = await cluster_load.drain([g.url for g in gws], queues, idle=vt + 3)
+    found = await cluster_load.drain([g.url for g in gws], queues, idle=vt + 3, ledger=ledger)
     ledger.published |= again.published
     ledger.confirmed.update(again.confirmed)
     v = cluster_load.verdict(ledger, found)
