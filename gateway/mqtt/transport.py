@@ -276,7 +276,7 @@ class MQTTConnection(ClientProtocol):
         self.session = session.bs
         if old_queue and not (resume and persistent):
             # A clean start discards what a persistent session left behind (MQ3).
-            session._call(OPS, C.Queue.Delete(queue=state.queue))
+            session._call(OPS, C.Queue.Delete(queue=state.queue, nowait=True))
             service.gw.broker.unpersist(session_key(state.vhost, client_id))
         for shared in dropped_shared:
             session.release_shared(shared)
