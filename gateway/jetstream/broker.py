@@ -13,6 +13,7 @@ import json
 import logging
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from nats.errors import MaxPayloadError
@@ -96,6 +97,9 @@ class ClusterBroker(Broker):
         self.presence = Presence(self)
         self.bodies = Bodies(link)
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
+        # Kinds of records the broker does not decode itself (MQTT's ms/, mr/): a change made
+        # by another gateway goes to its watcher here (gateway.jetstream.mqtt_state).
+        self.record_watchers: dict[str, Callable[[str, bytes | None], None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
@@ -696,6 +700,10 @@ class ClusterBroker(Broker):
             self._recover_accounts()
         elif key.startswith(P.SUBSCRIPTIONS_PREFIX):
             self._apply_http_subscription(key, value)
+        else:
+            watcher = self.record_watchers.get(key.partition("/")[0])
+            if watcher is not None:
+                watcher(key, value)
 
     def _apply_http_subscription(self, key: str, value: bytes | None) -> None:
         """D7: an HTTP subscription made or removed through another gateway."""
