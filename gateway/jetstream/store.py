@@ -35,10 +35,11 @@ __all__ = ["SHARED_KINDS", "Chain", "JetStreamStore"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
-# The kinds every gateway shares through the bucket; the others (MQTT sessions) are this
-# gateway's own and live in its memory (docs/CLUSTER.md). Topic-retained messages (t/) are
-# shared so that another gateway takes their retries over when their gateway dies (D2-D6).
-SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "t", "meta"})
+# The kinds every gateway shares through the bucket (docs/CLUSTER.md). Topic-retained
+# messages (t/) are shared so that another gateway takes their retries over when their
+# gateway dies (D2-D6); MQTT sessions (ms/) and retained messages (mr/) so that a client
+# finds them through any gateway (gateway.jetstream.mqtt_state).
+SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "t", "meta", "ms", "mr"})
 RETRY_SECONDS = 0.5
 KV_DEL = {"KV-Operation": "DEL"}
 
