@@ -149,6 +149,10 @@ class MQTTCluster:
             with contextlib.suppress(Exception):
                 await broker.link.nc.publish(msg.reply, broker.gateway_id.encode())
 
+    def consumed_elsewhere(self, q: Any) -> bool:
+        """A live gateway other than this one has consumers on ``q`` (the presence bucket)."""
+        return self.broker.presence.others_consume(q)
+
     # -- records another gateway wrote ----------------------------------------------------------
 
     def _retained_changed(self, key: str, value: bytes | None) -> None:

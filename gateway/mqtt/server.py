@@ -81,6 +81,11 @@ class MQTTService:
                 return True
         return False
 
+    def consumed_elsewhere(self, q: Any) -> bool:
+        """Sessions on other gateways consume ``q`` (a shared store): a shared subscription's
+        queue stays for them."""
+        return self.cluster is not None and bool(self.cluster.consumed_elsewhere(q))
+
     def publish_will(self, state: SessionState, user: str, peer: str, will: Will) -> None:
         """A delayed will falls due (MQ5): published as its client would have, through a
         broker session of its own, unless the client came back meanwhile."""

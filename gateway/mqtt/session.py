@@ -530,7 +530,7 @@ class MQTTSession:
             return
         queue = shared_queue_name(*parts)
         q = self.broker.vhost(st.vhost).queues.get(queue)
-        if q is not None and not q.consumers:
+        if q is not None and not q.consumers and not self.service.consumed_elsewhere(q):
             err = self._call(OPS, C.Queue.Delete(queue=queue, nowait=True))
             if err is not None:
                 log.info("mqtt shared subscription queue %s left in place: %s", queue, err[1])
