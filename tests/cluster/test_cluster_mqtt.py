@@ -328,3 +328,47 @@ def test_MQ3_CL1_shared_subscription_outlives_a_member_leaving_through_another_g
         assert sorted(m.payload for m in m2.take(len(sent))) == sent
     finally:
         m2.close()
+
+
+def next_publish(c: RawClient, timeout: float = 10.0) -> P.Publish | None:
+    """The next PUBLISH to ``c`` (None: none within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            p = c.recv(timeout=max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            return None
+        if isinstance(p, P.Publish):
+            return p
+    return None
+
+
+def test_MQ5_CL1_delayed_will_of_a_session_resumed_through_another_gateway_is_not_sent(
+        two: list[MQTTGateway]) -> None:
+    """MQTT 5 will delay across gateways: a client gone from gw1 and back through gw2 within
+    the delay resumes its session and no will goes out (MQTT-3.1.3-9); one back through gw2
+    with a clean start ends the old session, and its will goes out at once."""
+    gw1, gw2 = two
+    topic = f"wills/{uid()}"
+    sub = RawClient(gw2.mqtt_port, 5)
+    sub.connect(f"s-{uid()}")
+    raw_subscribe(sub, f"{topic}/#", 0)
+    kept, ended = f"kept-{uid()}", f"ended-{uid()}"
+    # The ended one's delay is far longer than the test: its will can only come from the end.
+    for client_id, delay in ((kept, 4), (ended, 3600)):
+        c = RawClient(gw1.mqtt_port, 5)
+        c.connect(client_id, clean=False, session_expiry=7200,
+                  will=P.Will(f"{topic}/{client_id}", b"will", 0, properties={"will_delay": delay}))
+        c.drop()
+    back = RawClient(gw2.mqtt_port, 5)
+    assert back.connect(kept, clean=False, session_expiry=7200).session_present
+    fresh = RawClient(gw2.mqtt_port, 5)
+    assert not fresh.connect(ended, clean=True).session_present
+    got = next_publish(sub, timeout=30)
+    assert got is not None and got.topic == f"{topic}/{ended}", got
+    time.sleep(6)  # past the will delay: had the kept session's will been left, it went out now
+    back.send(P.Publish(f"{topic}/marker", b"m"))
+    got = next_publish(sub)
+    assert got is not None and got.topic == f"{topic}/marker", got
+    for c in (back, fresh, sub):
+        c.close()
