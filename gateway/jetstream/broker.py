@@ -374,8 +374,15 @@ class ClusterBroker(Broker):
         return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
 
     async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
-        if not q.ready.is_set():
-            await q.ready.wait()
+        while not q.ready.is_set() and not q.deleted:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(q.ready.wait(), 1.0)
+        if q.deleted:
+            # Deleted since it was routed there (here, or through another gateway, which deleted
+            # its stream): the message goes with the queue, as on one broker. Retried, a publish
+            # to a stream that is gone would hold every later confirm of this gateway.
+            self._published(q)
+            return
         try:
             if body is not None:
                 await self.bodies.put(headers[BODY_HEADER], body)
