@@ -100,6 +100,8 @@ class ClusterBroker(Broker):
         # Kinds of records the broker does not decode itself (MQTT's ms/, mr/): a change made
         # by another gateway goes to its watcher here (gateway.jetstream.mqtt_state).
         self.record_watchers: dict[str, Callable[[str, bytes | None], None]] = {}
+        # (vhost, queue) -> done when the stream of a queue deleted here is gone.
+        self.deleting: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
@@ -144,7 +146,8 @@ class ClusterBroker(Broker):
             if not remote:
                 q.stale_remote = q.remote_ready
                 q.count_done = asyncio.get_running_loop().create_future()
-                self._spawn(self._delete_stream(q, q.count_done))
+                gone = self.deleting[q.vhost, q.name] = asyncio.get_running_loop().create_future()
+                self._spawn(self._delete_stream(q, q.count_done, gone))
 
     # -- queue messages in JetStream (Q1-Q8, M10-M13, CL3) -----------------------------------
 
@@ -280,6 +283,12 @@ class ClusterBroker(Broker):
                     q.remote_ready = info.num_pending or 0
 
     async def _ensure(self, q: ClusterQueue, create: bool) -> None:
+        gone = self.deleting.get((q.vhost, q.name))
+        if gone is not None:
+            # Declared again while its stream (same name) was being deleted here: after the
+            # deletion, or it would delete the new queue's stream.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(gone), STARTUP_STREAMS_SECONDS)
         while not q.deleted and not self._closed:
             try:
                 await ensure_stream(self.link, q, self.pulled, create)
@@ -308,8 +317,13 @@ class ClusterBroker(Broker):
         except Exception as e:  # noqa: BLE001 - already gone (deleted by another gateway too)
             log.info("stream %s not changed: %r", q.stream, e)
 
-    async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int]) -> None:
-        await self._counted(q, done, self.link.js.delete_stream)
+    async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int], gone: asyncio.Future[None]) -> None:
+        try:
+            await self._counted(q, done, self.link.js.delete_stream)
+        finally:
+            if self.deleting.get((q.vhost, q.name)) is gone:
+                del self.deleting[q.vhost, q.name]
+            gone.set_result(None)
 
     def purge_stream(self, q: Any) -> None:
         if not isinstance(q, ClusterQueue):
