@@ -60,15 +60,19 @@ class MetaWatch:
         self._sub = await js.subscribe(f"$KV.{META_BUCKET}.>", cb=got, ordered_consumer=True,
                                        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
         store = self.broker.store
+        seq = last
         while info.state.messages:
             msg = await asyncio.wait_for(self._queue.get(), 10)
             key = _key(msg)
             if key is not None:
                 store.load(key, value_of(msg))
                 self.broker.note_owner(key, msg)
+            # Past ``last`` when a key was written again since stream_info (its older value is
+            # gone, the newer one comes here): that one is read too.
+            seq = max(seq, msg.metadata.sequence.stream)
             if msg.metadata.sequence.stream >= last or msg.metadata.num_pending == 0:
                 break
-        self.seq = last
+        self.seq = seq
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -99,6 +103,7 @@ class MetaWatch:
         last = info.state.last_seq
         while self.seq < last:
             if loop.time() > deadline:
+                log.warning("metadata watch at sequence %d, the bucket at %d", self.seq, last)
                 return False
             await asyncio.sleep(0.01)
         return True
