@@ -145,6 +145,9 @@ class MQTTCluster:
                 broker.end_batch()
             with contextlib.suppress(Exception):
                 await broker.flush()  # its last writes (session record, queue deletion) are in the bucket
+                gone = broker.deleting.get((key[0], queue_name(key[1])))
+                if gone is not None:  # a clean session's queue: its stream, before the new one's is made
+                    await asyncio.wait_for(asyncio.shield(gone), CATCH_UP_WAIT)
         if msg.reply:
             with contextlib.suppress(Exception):
                 await broker.link.nc.publish(msg.reply, broker.gateway_id.encode())

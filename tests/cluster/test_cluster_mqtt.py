@@ -61,6 +61,19 @@ def raw_subscribe(c: RawClient, topic_filter: str, qos: int = 1) -> None:
     assert isinstance(ack, P.SubAck) and ack.reason_codes == [qos], ack
 
 
+def next_publish(c: RawClient, timeout: float = 10.0) -> P.Publish | None:
+    """The next PUBLISH to ``c`` (None: none within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            p = c.recv(timeout=max(0.1, deadline - time.monotonic()))
+        except TimeoutError:
+            return None
+        if isinstance(p, P.Publish):
+            return p
+    return None
+
+
 @pytest.mark.parametrize("level", [4, 5])
 def test_MQ3_CL1_persistent_session_resumed_through_another_gateway_with_its_qos1_backlog(
         two: list[MQTTGateway], level: int) -> None:
@@ -99,7 +112,8 @@ def test_MQ3_CL1_persistent_session_resumed_through_another_gateway_with_its_qos
 
 def test_MQ3_CL1_clean_start_through_another_gateway_discards_the_session(two: list[MQTTGateway]) -> None:
     """A clean session through gw2 ends the persistent one made through gw1 (MQ3): no
-    session present, nothing of its backlog, and a later resume finds nothing either."""
+    session present, nothing of its backlog (its first message is the one published after
+    its own SUBACK), and a later resume finds nothing either."""
     gw1, gw2 = two
     client_id, topic = f"dev-{uid()}", f"cmd/{uid()}"
     dev = Device(gw1.mqtt_port, client_id, clean=False)
@@ -112,6 +126,10 @@ def test_MQ3_CL1_clean_start_through_another_gateway_discards_the_session(two: l
     pub.close()
     clean = Device(gw2.mqtt_port, client_id, clean=True)
     assert clean.connect() == (False, 0)
+    # Its new queue has the old one's name: made once the old one's stream is gone.
+    assert clean.subscribe(topic, 1) == [1]
+    clean.publish(topic, b"new", qos=1)
+    assert [m.payload for m in clean.take(1)] == [b"new"]
     clean.close()
     again = Device(gw1.mqtt_port, client_id, clean=False)
     try:
@@ -221,13 +239,18 @@ def test_MQ3_MQ6_CL1_session_of_a_killed_gateway_resumed_through_another(
     """gw1 is killed (SIGKILL) while a persistent session is connected through it with one
     QoS 1 delivery not yet acknowledged. Through gw2 the device resumes the session, gets what
     was published while it was away at once, and the unacknowledged one again, DUP set, after
-    the queue's visibility timeout (MQ6; JetStream's ack_wait, since gw1 is gone)."""
+    the queue's visibility timeout (MQ6; JetStream's ack_wait, since gw1 is gone). A device
+    with a clean session on gw1 connects through gw2 at once and subscribes again (MQ3)."""
     gw1 = MQTTGateway(tmp_path, "gw1", nats_cluster.store_url).start()
     gw2 = MQTTGateway(tmp_path, "gw2", nats_cluster.store_url).start()
     try:
         client_id, topic = f"dev-{uid()}", f"cmd/{uid()}"
         dev, ack = raw_connect(gw1.mqtt_port, client_id, 4, clean=False)
         raw_subscribe(dev, topic)
+        # And a clean session, whose queue is exclusive to its connection on gw1.
+        clean_id = f"clean-{uid()}"
+        other, ack = raw_connect(gw1.mqtt_port, clean_id, 4, clean=True)
+        raw_subscribe(other, topic)
         pub = Device(gw2.mqtt_port, f"pub-{uid()}")
         pub.connect()
         pub.publish(topic, b"in-flight", qos=1)
@@ -235,6 +258,12 @@ def test_MQ3_MQ6_CL1_session_of_a_killed_gateway_resumed_through_another(
         assert isinstance(m, P.Publish) and m.payload == b"in-flight", m  # and no PUBACK
         gw1.kill9()
         dev.sock.close()
+        other.sock.close()
+        # Back at once through gw2, before gw2 can know gw1 is dead: the queue gw1's connection
+        # held exclusively is not found locked (the new connection takes the client id over).
+        other, ack = raw_connect(gw2.mqtt_port, clean_id, 4, clean=True)
+        assert ack.reason_code == 0 and not ack.session_present
+        raw_subscribe(other, topic)
         sent = [b"away%02d" % i for i in range(10)]
         for body in sent:
             pub.publish(topic, body, qos=1)
@@ -254,8 +283,12 @@ def test_MQ3_MQ6_CL1_session_of_a_killed_gateway_resumed_through_another(
             assert bodies[:len(sent)] == sent  # the backlog at once, in order
             assert bodies[len(sent):] == [b"in-flight"]  # gw1's delivery, once its lease ran out
             assert got[-1].dup
+            # The clean session through gw2 got what was published after its SUBACK.
+            fresh = [next_publish(other, timeout=30) for _ in sent]
+            assert [m.payload for m in fresh if m is not None] == sent
         finally:
             back.close()
+            other.close()
     finally:
         gw1.kill9()
         gw2.stop()
@@ -328,19 +361,6 @@ def test_MQ3_CL1_shared_subscription_outlives_a_member_leaving_through_another_g
         assert sorted(m.payload for m in m2.take(len(sent))) == sent
     finally:
         m2.close()
-
-
-def next_publish(c: RawClient, timeout: float = 10.0) -> P.Publish | None:
-    """The next PUBLISH to ``c`` (None: none within ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            p = c.recv(timeout=max(0.1, deadline - time.monotonic()))
-        except TimeoutError:
-            return None
-        if isinstance(p, P.Publish):
-            return p
-    return None
 
 
 def test_MQ5_CL1_delayed_will_of_a_session_resumed_through_another_gateway_is_not_sent(
