@@ -13,11 +13,13 @@ one gateway's memory is shared here:
   client id: a core NATS message to every gateway, each of which closes its connection of
   that client id (DISCONNECT 0x8E, as a takeover on one gateway), ends or keeps its delayed
   will as the new connection resumes the session or not (MQTT-3.1.3-9), forgets its copy of
-  the session and answers once its own writes are acknowledged. The claiming gateway waits
-  for every live gateway's answer (at most CLAIM_WAIT: a gateway just killed answers
-  nothing), then until it has applied every bucket change made before (the old gateway's
-  last session record, the deletion of a clean session's queue), and only then reads the
-  session and answers CONNACK.
+  the session and answers once its own writes are acknowledged and the stream of a clean
+  session's queue is deleted (the new connection may make one of the same name at once).
+  The claiming gateway waits for every live gateway's answer (at most CLAIM_WAIT: a gateway
+  just killed answers nothing), then until it has applied every bucket change made before
+  (the old gateway's last session record, the deletion of a clean session's queue), deletes
+  a clean session's queue still held by a gateway that did not answer, and only then reads
+  the session and answers CONNACK.
 
 The embedded store never builds this: ``MQTTService.cluster`` stays None and CONNECT is
 answered at once, as before.
