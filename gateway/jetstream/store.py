@@ -139,6 +139,21 @@ class JetStreamStore:
         return self._mem.heads(prefix, size)
 
     @property
+    def last_lsn(self) -> int:
+        """The LSN of the latest write (durable_lsn reaches it once JetStream has it all)."""
+        return self._lsn
+
+    async def durable(self, lsn: int, timeout: float) -> bool:
+        """Every write up to ``lsn`` is acknowledged (unlike settled(), later writes of a busy
+        gateway do not keep it waiting); False after ``timeout`` seconds."""
+        deadline = self._loop.time() + timeout
+        while self.durable_lsn < lsn:
+            if self._loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+    @property
     def durable_lsn(self) -> int:
         return next(iter(self._open)) - 1 if self._open else self._lsn
 
