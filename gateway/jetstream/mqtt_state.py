@@ -146,7 +146,8 @@ class MQTTCluster:
             finally:
                 broker.end_batch()
             with contextlib.suppress(Exception):
-                await broker.flush()  # its last writes (session record, queue deletion) are in the bucket
+                # Its last writes (session record, queue deletion) are in the bucket.
+                await broker.store.durable(broker.store.last_lsn, CATCH_UP_WAIT)
                 gone = broker.deleting.get((key[0], queue_name(key[1])))
                 if gone is not None:  # a clean session's queue: its stream, before the new one's is made
                     await asyncio.wait_for(asyncio.shield(gone), CATCH_UP_WAIT)
