@@ -21,8 +21,9 @@ one gateway's memory is shared here:
   a clean session's queue still held by a gateway that did not answer, and only then reads
   the session and answers CONNACK.
 
-The embedded store never builds this: ``MQTTService.cluster`` stays None and CONNECT is
-answered at once, as before.
+Every cluster broker makes one (``ClusterBroker.mqtt``) and answers claims, MQTT served or
+not; the MQTT service attaches to it. The embedded store never builds this:
+``MQTTService.cluster`` stays None and CONNECT is answered at once, as before.
 """
 
 from __future__ import annotations
@@ -52,16 +53,22 @@ CATCH_UP_WAIT = 5.0  # the bucket's changes reach this gateway's watch (normally
 
 
 class MQTTCluster:
-    def __init__(self, service: MQTTService) -> None:
-        self.service = service
-        self.broker: ClusterBroker = service.gw.broker
+    """Made by every cluster broker, MQTT served or not: a claimer waits for every live
+    gateway's answer, so a gateway without MQTT answers too (it holds no client id)."""
+
+    def __init__(self, broker: ClusterBroker) -> None:
+        self.broker = broker
+        self.service: MQTTService | None = None
         self._sub: Any = None
-        self.broker.record_watchers["mr"] = self._retained_changed
-        self.broker.record_watchers["ms"] = self._session_changed
 
     async def start(self) -> None:
-        if self._sub is None:
-            self._sub = await self.broker.link.nc.subscribe(CLAIM_SUBJECT, cb=self._on_claim)
+        self._sub = await self.broker.link.nc.subscribe(CLAIM_SUBJECT, cb=self._on_claim)
+
+    def attach(self, service: MQTTService) -> None:
+        """This gateway serves MQTT: its sessions, retained messages and takeovers."""
+        self.service = service
+        self.broker.record_watchers["mr"] = self._retained_changed
+        self.broker.record_watchers["ms"] = self._session_changed
 
     # -- this gateway takes a client id ---------------------------------------------------------
 
@@ -127,8 +134,8 @@ class MQTTCluster:
         broker, service = self.broker, self.service
         if sender == broker.gateway_id:
             return
-        state = service.sessions.get(key)
-        if state is not None:
+        state = service.sessions.get(key) if service is not None else None
+        if state is not None and service is not None:
             broker.begin_batch()
             try:
                 if state.live is not None:
@@ -164,13 +171,15 @@ class MQTTCluster:
     def _retained_changed(self, key: str, value: bytes | None) -> None:
         """MQ5: a retained message set or cleared through another gateway."""
         _kind, names = parse_key(key)
-        self.service.retained.changed(names[0], names[1], value)
+        if self.service is not None:
+            self.service.retained.changed(names[0], names[1], value)
 
     def _session_changed(self, key: str, value: bytes | None) -> None:
         """A session record written elsewhere: a copy kept here since its client left is
         stale (a claim normally removed it already; this covers one that was missed)."""
         _kind, names = parse_key(key)
         k = (names[0], names[1])
-        state = self.service.sessions.get(k)
+        sessions = self.service.sessions if self.service is not None else {}
+        state = sessions.get(k)
         if state is not None and state.live is None and state.will_timer is None:
-            del self.service.sessions[k]
+            del sessions[k]

@@ -31,18 +31,14 @@ class MQTTService:
         self.tls_addresses: list[tuple[str, int]] = []  # MQTT over TLS (RabbitMQ's 8883)
         # On a JetStream store (CL1): sessions, retained messages and takeover shared with the
         # other gateways; None on the embedded store.
-        self.cluster: Any = None
-        if getattr(gw.broker, "link", None) is not None:
-            from gateway.jetstream.mqtt_state import MQTTCluster
-
-            self.cluster = MQTTCluster(self)
+        self.cluster: Any = getattr(gw.broker, "mqtt", None)
+        if self.cluster is not None:
+            self.cluster.attach(self)
 
     async def serve(self, sock: socket.socket, ssl_context: Any = None) -> asyncio.AbstractServer:
         from gateway.mqtt.transport import MQTTConnection
 
         (self.tls_addresses if ssl_context is not None else self.addresses).append(sock.getsockname()[:2])
-        if self.cluster is not None:
-            await self.cluster.start()  # told of takeovers before the first client connects
         if ssl_context is None:
             return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(self), sock=sock)
         tls = self.gw.config.tls
