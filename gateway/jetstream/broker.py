@@ -27,6 +27,7 @@ from gateway.broker.policies import Policy
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
+from gateway.jetstream.mqtt_state import MQTTCluster
 from gateway.jetstream.presence import Presence
 from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
 from gateway.jetstream.store import JetStreamStore
@@ -83,6 +84,7 @@ class ClusterBroker(Broker):
                 await asyncio.wait(list(broker._ensuring), timeout=STARTUP_STREAMS_SECONDS)
             broker.watch.start()
             await broker.presence.start()
+            await broker.mqtt.start()  # answers MQTT client-id claims (gateway.jetstream.mqtt_state)
             broker._spawn(broker._count_loop())
         except BaseException:
             await link.close()
@@ -95,6 +97,7 @@ class ClusterBroker(Broker):
         super().__init__(data_dir, **kwargs)
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
+        self.mqtt = MQTTCluster(self)
         self.bodies = Bodies(link)
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         # Kinds of records the broker does not decode itself (MQTT's ms/, mr/): a change made
