@@ -13,6 +13,7 @@ import json
 import logging
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from nats.errors import MaxPayloadError
@@ -26,6 +27,7 @@ from gateway.broker.policies import Policy
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
+from gateway.jetstream.mqtt_state import MQTTCluster
 from gateway.jetstream.presence import Presence
 from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
 from gateway.jetstream.store import JetStreamStore
@@ -83,6 +85,7 @@ class ClusterBroker(Broker):
                 await asyncio.wait(list(broker._ensuring), timeout=STARTUP_STREAMS_SECONDS)
             broker.watch.start()
             await broker.presence.start()
+            await broker.mqtt.start()  # answers MQTT client-id claims (gateway.jetstream.mqtt_state)
             broker._spawn(broker._count_loop())
             broker._spawn(broker.sweeper.run())
         except BaseException:
@@ -97,8 +100,14 @@ class ClusterBroker(Broker):
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
         self.sweeper = Sweeper(self)
+        self.mqtt = MQTTCluster(self)
         self.bodies = Bodies(link)
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
+        # Kinds of records the broker does not decode itself (MQTT's ms/, mr/): a change made
+        # by another gateway goes to its watcher here (gateway.jetstream.mqtt_state).
+        self.record_watchers: dict[str, Callable[[str, bytes | None], None]] = {}
+        # (vhost, queue) -> done when the stream of a queue deleted here is gone.
+        self.deleting: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
@@ -143,7 +152,8 @@ class ClusterBroker(Broker):
             if not remote:
                 q.stale_remote = q.remote_ready
                 q.count_done = asyncio.get_running_loop().create_future()
-                self._spawn(self._delete_stream(q, q.count_done))
+                gone = self.deleting[q.vhost, q.name] = asyncio.get_running_loop().create_future()
+                self._spawn(self._delete_stream(q, q.count_done, gone))
 
     # -- queue messages in JetStream (Q1-Q8, M10-M13, CL3) -----------------------------------
 
@@ -279,6 +289,12 @@ class ClusterBroker(Broker):
                     q.remote_ready = info.num_pending or 0
 
     async def _ensure(self, q: ClusterQueue, create: bool) -> None:
+        gone = self.deleting.get((q.vhost, q.name))
+        if gone is not None:
+            # Declared again while its stream (same name) was being deleted here: after the
+            # deletion, or it would delete the new queue's stream.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(gone), STARTUP_STREAMS_SECONDS)
         while not q.deleted and not self._closed:
             try:
                 await ensure_stream(self.link, q, self.pulled, create)
@@ -307,8 +323,13 @@ class ClusterBroker(Broker):
         except Exception as e:  # noqa: BLE001 - already gone (deleted by another gateway too)
             log.info("stream %s not changed: %r", q.stream, e)
 
-    async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int]) -> None:
-        await self._counted(q, done, self.link.js.delete_stream)
+    async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int], gone: asyncio.Future[None]) -> None:
+        try:
+            await self._counted(q, done, self.link.js.delete_stream)
+        finally:
+            if self.deleting.get((q.vhost, q.name)) is gone:
+                del self.deleting[q.vhost, q.name]
+            gone.set_result(None)
 
     def purge_stream(self, q: Any) -> None:
         if not isinstance(q, ClusterQueue):
@@ -373,8 +394,15 @@ class ClusterBroker(Broker):
         return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
 
     async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
-        if not q.ready.is_set():
-            await q.ready.wait()
+        while not q.ready.is_set() and not q.deleted:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(q.ready.wait(), 1.0)
+        if q.deleted:
+            # Deleted since it was routed there (here, or through another gateway, which deleted
+            # its stream): the message goes with the queue, as on one broker. Retried, a publish
+            # to a stream that is gone would hold every later confirm of this gateway.
+            self._published(q)
+            return
         try:
             if body is not None:
                 await self.bodies.put(headers[BODY_HEADER], body)
@@ -702,6 +730,10 @@ class ClusterBroker(Broker):
             self._recover_accounts()
         elif key.startswith(P.SUBSCRIPTIONS_PREFIX):
             self._apply_http_subscription(key, value)
+        else:
+            watcher = self.record_watchers.get(key.partition("/")[0])
+            if watcher is not None:
+                watcher(key, value)
 
     def _apply_http_subscription(self, key: str, value: bytes | None) -> None:
         """D7: an HTTP subscription made or removed through another gateway."""

@@ -44,6 +44,9 @@ class MetaWatch:
         self._sub: Any = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        # The bucket's stream sequence applied so far: a reader that must see every change
+        # made before a moment waits for it to pass that moment's last sequence (caught_up).
+        self.seq = 0
 
     async def load(self) -> None:
         """Subscribe and read every key's last value into the store's map (before recovery)."""
@@ -57,14 +60,19 @@ class MetaWatch:
         self._sub = await js.subscribe(f"$KV.{META_BUCKET}.>", cb=got, ordered_consumer=True,
                                        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
         store = self.broker.store
+        seq = last
         while info.state.messages:
             msg = await asyncio.wait_for(self._queue.get(), 10)
             key = _key(msg)
             if key is not None:
                 store.load(key, value_of(msg))
                 self.broker.note_owner(key, msg)
+            # Past ``last`` when a key was written again since stream_info (its older value is
+            # gone, the newer one comes here): that one is read too.
+            seq = max(seq, msg.metadata.sequence.stream)
             if msg.metadata.sequence.stream >= last or msg.metadata.num_pending == 0:
                 break
+        self.seq = seq
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -73,16 +81,32 @@ class MetaWatch:
         me = self.broker.gateway_id
         while True:
             msg = await self._queue.get()
-            if (msg.headers or {}).get(ORIGIN) == me:
-                continue
-            key = _key(msg)
-            if key is None:
-                continue
-            self.broker.note_owner(key, msg)
-            try:
-                self.broker.apply_remote(key, value_of(msg))
-            except Exception:  # noqa: BLE001 - one bad record must not stop the watch
-                log.exception("cannot apply %s from the metadata bucket", key)
+            key = _key(msg) if (msg.headers or {}).get(ORIGIN) != me else None
+            if key is not None:
+                self.broker.note_owner(key, msg)
+                try:
+                    self.broker.apply_remote(key, value_of(msg))
+                except Exception:  # noqa: BLE001 - one bad record must not stop the watch
+                    log.exception("cannot apply %s from the metadata bucket", key)
+            with contextlib.suppress(Exception):
+                self.seq = msg.metadata.sequence.stream
+
+    async def caught_up(self, timeout: float) -> bool:
+        """Every change written to the bucket before this call is applied here (False: not
+        within ``timeout`` seconds, or NATS did not answer)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            info = await asyncio.wait_for(self.broker.link.js.stream_info(f"KV_{META_BUCKET}"), timeout)
+        except Exception:  # noqa: BLE001 - NATS away: what is here is all there is to read
+            return False
+        last = info.state.last_seq
+        while self.seq < last:
+            if loop.time() > deadline:
+                log.warning("metadata watch at sequence %d, the bucket at %d", self.seq, last)
+                return False
+            await asyncio.sleep(0.01)
+        return True
 
     async def stop(self) -> None:
         await stop_watching(self._task, self._sub)

@@ -35,10 +35,11 @@ __all__ = ["SHARED_KINDS", "Chain", "JetStreamStore"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
-# The kinds every gateway shares through the bucket; the others (MQTT sessions) are this
-# gateway's own and live in its memory (docs/CLUSTER.md). Topic-retained messages (t/) are
-# shared so that another gateway takes their retries over when their gateway dies (D2-D6).
-SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "t", "meta"})
+# The kinds every gateway shares through the bucket (docs/CLUSTER.md). Topic-retained
+# messages (t/) are shared so that another gateway takes their retries over when their
+# gateway dies (D2-D6); MQTT sessions (ms/) and retained messages (mr/) so that a client
+# finds them through any gateway (gateway.jetstream.mqtt_state).
+SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "t", "meta", "ms", "mr"})
 RETRY_SECONDS = 0.5
 KV_DEL = {"KV-Operation": "DEL"}
 
@@ -136,6 +137,21 @@ class JetStreamStore:
 
     def heads(self, prefix: str, size: int) -> Iterator[tuple[str, bytes, int]]:
         return self._mem.heads(prefix, size)
+
+    @property
+    def last_lsn(self) -> int:
+        """The LSN of the latest write (durable_lsn reaches it once JetStream has it all)."""
+        return self._lsn
+
+    async def durable(self, lsn: int, timeout: float) -> bool:
+        """Every write up to ``lsn`` is acknowledged (unlike settled(), later writes of a busy
+        gateway do not keep it waiting); False after ``timeout`` seconds."""
+        deadline = self._loop.time() + timeout
+        while self.durable_lsn < lsn:
+            if self._loop.time() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
 
     @property
     def durable_lsn(self) -> int:

@@ -33,6 +33,17 @@ class RetainedStore:
                 known[r["topic"]] = (int(r["qos"]), payload)
         return known
 
+    def changed(self, vhost: str, topic: str, raw: bytes | None) -> None:
+        """The record of ``topic`` was written by another gateway (a shared store)."""
+        known = self._vhosts.get(vhost)
+        if known is None:
+            return  # read from the store on first use
+        if raw is None:
+            known.pop(topic, None)
+            return
+        head, _, payload = raw.partition(b"\n")
+        known[topic] = (int(json.loads(head)["qos"]), payload)
+
     def put(self, vhost: str, topic: str, qos: int, payload: bytes) -> int:
         """Retain (or, with an empty payload, clear) ``topic``; the store's lsn to wait for."""
         known = self._of(vhost)

@@ -29,6 +29,11 @@ class MQTTService:
         self.retained = RetainedStore(gw.broker)
         self.addresses: list[tuple[str, int]] = []  # plain MQTT, one per host (IPv4 and IPv6)
         self.tls_addresses: list[tuple[str, int]] = []  # MQTT over TLS (RabbitMQ's 8883)
+        # On a JetStream store (CL1): sessions, retained messages and takeover shared with the
+        # other gateways; None on the embedded store.
+        self.cluster: Any = getattr(gw.broker, "mqtt", None)
+        if self.cluster is not None:
+            self.cluster.attach(self)
 
     async def serve(self, sock: socket.socket, ssl_context: Any = None) -> asyncio.AbstractServer:
         from gateway.mqtt.transport import MQTTConnection
@@ -71,6 +76,11 @@ class MQTTService:
             if state.client_id != but and (vhost, state.client_id) not in self.sessions and shared in state.shared:
                 return True
         return False
+
+    def consumed_elsewhere(self, q: Any) -> bool:
+        """Sessions on other gateways consume ``q`` (a shared store): a shared subscription's
+        queue stays for them."""
+        return self.cluster is not None and bool(self.cluster.consumed_elsewhere(q))
 
     def publish_will(self, state: SessionState, user: str, peer: str, will: Will) -> None:
         """A delayed will falls due (MQ5): published as its client would have, through a

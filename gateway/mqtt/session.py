@@ -338,7 +338,9 @@ class MQTTSession:
 
     def _call(self, channel: int, method: Any) -> tuple[int, str] | None:
         """Send ``method`` on ``channel``; the error that closed the channel, if any (the
-        channel is opened again at once)."""
+        channel is opened again at once). Declares and deletes are sent ``nowait``: their -ok
+        is of no use here, and on a JetStream store it would hold the channel (the bind after
+        it, and so the SUBACK's promise) until JetStream's count came back."""
         self.bridge.errors.pop(channel, None)
         self.bs.on_event(ev.Method(channel, method))
         err = self.bridge.errors.pop(channel, None)
@@ -369,7 +371,7 @@ class MQTTSession:
         # (the client changed its session expiry) it would be refused as inequivalent.
         exists = st.queue in self.broker.vhost(st.vhost).queues
         err = self._call(OPS, C.Queue.Declare(queue=st.queue, passive=exists, durable=st.persistent,
-                                              exclusive=not st.persistent, arguments=args or None))
+                                              exclusive=not st.persistent, arguments=args or None, nowait=True))
         if err is not None:
             return err
         self._call(CONSUME, C.Basic.Qos(prefetch_count=self.inflight_max))
@@ -487,7 +489,7 @@ class MQTTSession:
         # subscription_ttl, a day, so that a persistent member joining later is not cut short.
         expires = CLEAN_SHARED_EXPIRES if not st.persistent else None if st.expiry is None else max(1, st.expiry)
         exists = queue in self.broker.vhost(st.vhost).queues
-        err = self._call(OPS, C.Queue.Declare(queue=queue, passive=exists, durable=True,
+        err = self._call(OPS, C.Queue.Declare(queue=queue, passive=exists, durable=True, nowait=True,
                                               arguments={"x-expires": expires * 1000} if expires else None))
         if err is None:
             err = self._call(OPS, C.Queue.Bind(queue=queue, exchange=EXCHANGE,
@@ -528,8 +530,8 @@ class MQTTSession:
             return
         queue = shared_queue_name(*parts)
         q = self.broker.vhost(st.vhost).queues.get(queue)
-        if q is not None and not q.consumers:
-            err = self._call(OPS, C.Queue.Delete(queue=queue))
+        if q is not None and not q.consumers and not self.service.consumed_elsewhere(q):
+            err = self._call(OPS, C.Queue.Delete(queue=queue, nowait=True))
             if err is not None:
                 log.info("mqtt shared subscription queue %s left in place: %s", queue, err[1])
 

@@ -71,6 +71,7 @@ class MQTTConnection(ClientProtocol):
         self._flush_scheduled = False
         self._backlog = False  # packets left in the core's buffer: handled in a later turn
         self._lost = False
+        self._held: asyncio.Task[None] | None = None  # a CONNECT waiting (_connect_after)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -113,6 +114,8 @@ class MQTTConnection(ClientProtocol):
                     s.puback(event)
                 else:
                     self._dispatch(event)
+                    if self._held:
+                        break  # CONNECT waits for the other gateways: what follows it waits too
                 budget -= 1
                 if not budget:
                     more = True
@@ -124,7 +127,7 @@ class MQTTConnection(ClientProtocol):
         finally:
             broker.end_batch()
         self._flush()
-        if self._lost or self.transport is None:
+        if self._lost or self.transport is None or self._held:
             return
         if more:
             if not self._backlog:
@@ -232,7 +235,39 @@ class MQTTConnection(ClientProtocol):
                          vhost)
             return
         self.user, self.vhost, self.client_id = user.name, vhost, client_id
+        cluster = self.service.cluster
+        if cluster is not None:  # other gateways may hold this client id (CL1)
+            resume = not p.clean_start and (bool(p.properties.get("session_expiry", 0)) if v5 else True)
+            self._connect_after(cluster.claim(vhost, client_id, resume), p, client_id, assigned)
+            return
         self._start_session(p, client_id, assigned)
+
+    def _connect_after(self, ready: Any, p: P.Connect, client_id: str, assigned: str | None) -> None:
+        """CONNECT is answered once ``ready`` is done; the packets after it stay in the
+        core's buffer, and reading pauses, until then."""
+        self._backlog = True  # data_received leaves the buffer alone
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._held = asyncio.get_running_loop().create_task(self._connect_when(ready, p, client_id, assigned))
+
+    async def _connect_when(self, ready: Any, p: P.Connect, client_id: str, assigned: str | None) -> None:
+        try:
+            await ready
+        except Exception:  # noqa: BLE001 - answered as on one gateway: the others did not say
+            log.exception("MQTT connect of %r: the other gateways could not be asked", client_id)
+        self._held = None
+        if self._lost:
+            return
+        broker = self.gw.broker
+        broker.begin_batch()
+        try:
+            self._start_session(p, client_id, assigned)
+        except Exception:
+            log.exception("internal error on MQTT connection %s", self.peer)
+            self.core.close(0x80, "internal error")
+        finally:
+            broker.end_batch()
+        self._process()  # what came after CONNECT; reading resumes there
 
     def _start_session(self, p: P.Connect, client_id: str, assigned: str | None) -> None:
         service, core = self.service, self.core
@@ -276,7 +311,7 @@ class MQTTConnection(ClientProtocol):
         self.session = session.bs
         if old_queue and not (resume and persistent):
             # A clean start discards what a persistent session left behind (MQ3).
-            session._call(OPS, C.Queue.Delete(queue=state.queue))
+            session._call(OPS, C.Queue.Delete(queue=state.queue, nowait=True))
             service.gw.broker.unpersist(session_key(state.vhost, client_id))
         for shared in dropped_shared:
             session.release_shared(shared)
