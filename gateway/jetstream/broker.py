@@ -27,6 +27,7 @@ from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.presence import Presence
+from gateway.jetstream.publisher import Publisher
 from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.vhost import ClusterVHost
@@ -54,6 +55,10 @@ MSG_ID = "Nats-Msg-Id"
 NAK_WAIT = 2.0
 
 
+class NotStoredYet(Exception):
+    """JetStream's answer does not say the message is stored (retried, never confirmed)."""
+
+
 class ClusterBroker(Broker):
     """See the module docstring; open with :meth:`open_cluster`."""
 
@@ -74,6 +79,7 @@ class ClusterBroker(Broker):
             loop = asyncio.get_running_loop()
             broker = cls(None, clock=clock or SystemClock(), audit=audit, config=config, loop=loop,
                          store=store, link=link, gateway_id=gateway_id)
+            await broker.publisher.start()
             await broker.watch.load()
             broker._recover()
             store.on_durable = broker._on_durable
@@ -95,6 +101,7 @@ class ClusterBroker(Broker):
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
         self.bodies = Bodies(link)
+        self.publisher = Publisher(link.publishing, asyncio.get_running_loop())
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
@@ -125,6 +132,7 @@ class ClusterBroker(Broker):
             await asyncio.wait_for(self.store.settled(), CLOSE_SETTLE_SECONDS)
         await self.watch.stop()
         await self.presence.stop()
+        await self.publisher.stop()
         for task in list(self._tasks):
             task.cancel()
         await super().close()
@@ -367,18 +375,33 @@ class ClusterBroker(Broker):
         q.remote_ready += 1
         q.in_flight += 1
         q.last_used = now
-        return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
+        if big or not q.ready.is_set() or q.slow_writes or q.chain.waiting:
+            # One request each, in the queue's chain: a large body goes to the object store
+            # first, a queue not ready waits for its stream; and while any of these is under
+            # way, the queue's later messages follow them there, so their order holds.
+            q.slow_writes += 1
+            return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
+        return self.store.track_message(self.publisher, q.subject, payload, headers, lambda: self._published(q),
+                                        lambda: q.deleted)
 
     async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
         if not q.ready.is_set():
             await q.ready.wait()
         try:
+            if q.deleted:
+                raise APIError(code=404, description=f"queue {q.name!r} deleted")  # nothing stores it now
             if body is not None:
                 await self.bodies.put(headers[BODY_HEADER], body)
-            await self.link.js.publish(q.subject, payload, headers=headers)
+            ack = await self.link.js.publish(q.subject, payload, headers=headers)
         except (APIError, MaxPayloadError):
+            q.slow_writes -= 1
             self._published(q)  # refused for good (the store nacks it)
             raise
+        if not ack.seq:
+            # CL3: a duplicate whose first attempt is staged, not stored (gateway.jetstream.
+            # publisher): not an acknowledgement; the store sends it again.
+            raise NotStoredYet(f"{q.stream}: duplicate of a publish not yet stored")
+        q.slow_writes -= 1
         self._published(q)
 
     def _published(self, q: ClusterQueue) -> None:

@@ -81,6 +81,7 @@ class ClusterQueue(BrokerQueue):
         self.requested = 0  # messages asked for and not yet come (nor refused)
         self.no_wait_batches: list[int] = []  # no_wait requests not yet answered, in order
         self.asked_at = 0.0
+        self.slow_writes = 0  # publishes on the one-request-each path (large, before ready, behind those)
         self.in_flight = 0  # publishes to it from here not yet acknowledged by JetStream
         self.naks_pending = 0
         self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile  # naks sent and not yet confirmed: no pull until they are
