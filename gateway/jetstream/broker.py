@@ -48,6 +48,7 @@ COUNT_EVERY = 1.0  # seconds between refreshes of a recently used queue's JetStr
 COUNT_RECENT = 60.0  # a queue used (declared, got from, published to) this recently is counted
 PULL_WAIT = 1.0  # a pull request waits this long at the server for messages (then asks again)
 PULL_MAX = 256  # messages per pull, at most
+PULL_MIN = 64  # while a pull is under way, the next one asks for at least this many (or all the credit)
 UNLIMITED_CREDIT = 64  # what a consumer without prefetch is pulled for at a time
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
@@ -445,8 +446,13 @@ class ClusterBroker(Broker):
         q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
         if q.in_flight and q.plain_gets:
             return  # a basic.get follows the publishes before it (asked again when they land)
-        extra = self._need(q) - q.requested
+        need = self._need(q)
+        extra = need - q.requested
         if extra <= 0:
+            return
+        if q.requested and q.waiters is None and extra < min(PULL_MIN, need):
+            # A pull is under way: the next one waits until a batch's worth of credit is free
+            # (an ack frees one), not one pull request per ack.
             return
         waiting = any(c.has_credit() for c in q.consumers) or (q.waiters is not None
                                                                 and len(q.waiters) > len(q.plain_gets))
