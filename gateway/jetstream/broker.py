@@ -425,6 +425,14 @@ class ClusterBroker(Broker):
 
     def dispatch(self, q: Any) -> None:
         super().dispatch(q)
+        if isinstance(q, ClusterQueue) and not q.want_soon:
+            # After the rest of this turn: the acks read with this one free credit too, and
+            # one pull asks for all of it.
+            q.want_soon = True
+            self._loop.call_soon(self._want_soon, q)  # type: ignore[union-attr]
+
+    def _want_soon(self, q: ClusterQueue) -> None:
+        q.want_soon = False
         self._want(q)
 
     def _need(self, q: ClusterQueue) -> int:

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -51,12 +52,16 @@ SWEEP_EVERY = 0.5
 MAX_IN_FLIGHT = 4096  # writes sent and not yet answered, at most
 
 STORED, REFUSED, UNKNOWN = "stored", "refused", "unknown"
+_PUBACK = re.compile(rb'\{"stream":"[^"]*","seq":(\d+)[,}]')
 
 
 def reading(headers: dict[str, str] | None, data: bytes) -> str:
     """What one reply on the PubAck inbox says of its write (see the module docstring)."""
     if headers and headers.get("Status"):
         return UNKNOWN  # 503 no responders: nobody stored it
+    plain = _PUBACK.match(data)  # the server's own text, without an error: no JSON decoder
+    if plain is not None:
+        return STORED if int(plain.group(1)) > 0 else UNKNOWN
     try:
         r = json.loads(data)
     except ValueError:

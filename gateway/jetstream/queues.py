@@ -84,6 +84,7 @@ class ClusterQueue(BrokerQueue):
         self.slow_writes = 0  # publishes on the one-request-each path (large, before ready, behind those)
         self.in_flight = 0  # publishes to it from here not yet acknowledged by JetStream
         self.naks_pending = 0
+        self.want_soon = False  # a pull is to be considered at the end of this loop turn
         self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile  # naks sent and not yet confirmed: no pull until they are
         self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
         self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
