@@ -103,6 +103,7 @@ class ClusterBroker(Broker):
         self.presence = Presence(self)
         self.bodies = Bodies(link)
         self.publisher = Publisher(link.publishing, asyncio.get_running_loop())
+        self.pub_js = link.publishing.jetstream(timeout=5.0)
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
@@ -393,7 +394,8 @@ class ClusterBroker(Broker):
                 raise APIError(code=404, description=f"queue {q.name!r} deleted")  # nothing stores it now
             if body is not None:
                 await self.bodies.put(headers[BODY_HEADER], body)
-            ack = await self.link.js.publish(q.subject, payload, headers=headers)
+            # On the publisher's connection: behind the queue's pipelined messages sent before it.
+            ack = await self.pub_js.publish(q.subject, payload, headers=headers)
         except (APIError, MaxPayloadError):
             q.slow_writes -= 1
             self._published(q)  # refused for good (the store nacks it)
