@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--baseline", help="a checkout whose JetStream gateways are measured too")
+    ap.add_argument("--only", help="measure only the targets whose name contains one of these (comma-separated)")
     args = ap.parse_args()
     scenarios = [int(s) for s in args.scenarios.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
@@ -67,6 +68,9 @@ def main() -> None:
                     b1, b2 = procs[3:]
                     targets |= {"baseline JetStream, 1 gateway": b1.url,
                                 "baseline JetStream, 2 gateways": f"{b1.url},{b2.url}"}
+                if args.only:
+                    keep = args.only.split(",")
+                    targets = {k: v for k, v in targets.items() if any(w in k for w in keep)}
                 for n in scenarios:
                     _scenario(n, targets, args)
             finally:
@@ -105,7 +109,7 @@ def _scenario(n: int, targets: dict[str, str], args: argparse.Namespace) -> None
     for metric, unit in units.items():
         med = {name: statistics.median(v) if (v := got[name].get(metric)) else None for name in targets}
         cells = [f"{m:,.1f}" if m is not None else "-" for m in med.values()]
-        rabbit, emb = med["RabbitMQ"], med["embedded"]
+        rabbit, emb = med.get("RabbitMQ"), med.get("embedded")
         to_r = ", ".join(f"{m / rabbit:.2f}" if m and rabbit else "-" for k, m in med.items() if k != "RabbitMQ")
         to_e = ", ".join(f"{m / emb:.2f}" if m and emb else "-" for k, m in med.items() if "JetStream" in k)
         print(f"| {metric} ({unit}) | {' | '.join(cells)} | {to_r} | {to_e} |", flush=True)

@@ -28,7 +28,14 @@ from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.presence import Presence
 from gateway.jetstream.publisher import Publisher
-from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
+from gateway.jetstream.queues import (
+    ClusterQueue,
+    LeasedCmqQueue,
+    delivery_counts,
+    ensure_stream,
+    rewind_consumer,
+    subscribe,
+)
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.vhost import ClusterVHost
 from gateway.protocol.properties import Properties
@@ -534,10 +541,10 @@ class ClusterBroker(Broker):
         now = self.clock.now()
         cmq = q.cmq
         for i, m in enumerate(msgs):
-            md = m.metadata
-            if md.sequence.consumer > q.last_delivery:
-                q.last_delivery = md.sequence.consumer
-                q.remote_ready = md.num_pending
+            delivered, consumer_seq, pending = delivery_counts(m.reply)
+            if consumer_seq > q.last_delivery:
+                q.last_delivery = consumer_seq
+                q.remote_ready = pending
             headers = m.headers or {}
             visible_at = headers.get(VISIBLE_AT)
             msg_id = headers.get(MSG_ID, "")
@@ -560,7 +567,7 @@ class ClusterBroker(Broker):
             msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"],
                           r["enqueue_time"])
             msg.msg_id = msg_id
-            count = md.num_delivered - 1
+            count = delivered - 1
             if visible_at is not None and count > 0:
                 # Q4/M11: a delayed message was naked once for its delay by whichever gateway
                 # pulled it first (any puller during the delay does): not a receive.

@@ -18,8 +18,10 @@ from typing import Any
 import aio_pika
 import nats
 import pytest
+from nats.aio.msg import Msg
 
 from gateway.jetstream.publisher import REFUSED, STORED, UNKNOWN, reading
+from gateway.jetstream.queues import delivery_counts
 from semantics.jetstream.names import queue_stream, queue_subject
 
 
@@ -35,6 +37,14 @@ def test_CL3_a_puback_counts_only_when_it_names_a_stream_sequence() -> None:
     assert reading(None, b"[1]") == UNKNOWN
     assert reading(None, b'{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"},'
                          b'"stream":"S","seq":0}') == REFUSED
+
+
+def test_delivery_counts_read_as_nats_py_reads_them() -> None:
+    """The pull path's own reading of a delivery's reply subject (both of JetStream's forms)."""
+    for reply in ("$JS.ACK.CMQQ_a_1.cmq.3.17.12.1700000000000000000.41",
+                  "$JS.ACK._.ACCHASH.CMQQ_a_1.cmq.3.17.12.1700000000000000000.41.rnd"):
+        md = Msg.Metadata._from_reply(reply)
+        assert delivery_counts(reply) == (md.num_delivered, md.sequence.consumer, md.num_pending) == (3, 12, 41)
 
 
 async def _queue_with_stand_in(gw: Any, name: str) -> tuple[Any, str]:
