@@ -83,7 +83,7 @@ class _Write:
         self.subject = subject
         self.payload = payload
         self.headers = headers
-        self.sent_at = 0.0  # 0: waiting here to be sent; -1: to send again at the next sweep
+        self.sent_at = 0.0  # when last sent
         self.done = done  # called once: True when JetStream refused it
 
 
@@ -94,8 +94,9 @@ class Publisher:
         self.prefix = nc.new_inbox()
         self._writes: dict[int, _Write] = {}  # not settled, by LSN
         self._outbox: deque[int] = deque()  # LSNs to send, in order
+        self._sent: dict[int, None] = {}  # sent and not answered, in the order sent
+        self._again: set[int] = set()  # answered "not known" or not sent: for the next sweep
         self._sending = False
-        self.in_flight = 0  # sent and not answered (nor given up for a resend)
         self._sub: Any = None
         self._sweeper: asyncio.Task[None] | None = None
         self._told_unknown = False
@@ -121,14 +122,18 @@ class Publisher:
     def pending(self) -> int:
         return len(self._writes)
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._sent)
+
     def publish(self, lsn: int, subject: str, payload: bytes, headers: dict[str, str],
                 done: Callable[[bool], None], gone: Callable[[], bool] | None = None) -> None:
         self._writes[lsn] = _Write(subject, payload, headers, done, gone)
-        self._queue(lsn)
-
-    def _queue(self, lsn: int) -> None:
         self._outbox.append(lsn)
-        if not self._sending:
+        self._kick()
+
+    def _kick(self) -> None:
+        if not self._sending and self._outbox:
             self._sending = True
             self._loop.create_task(self._send())
 
@@ -138,26 +143,26 @@ class Publisher:
         prefix = self.prefix
         outbox = self._outbox
         writes = self._writes
+        sent = self._sent
         try:
-            while outbox and self.in_flight < MAX_IN_FLIGHT:
+            while outbox and len(sent) < MAX_IN_FLIGHT:
                 lsn = outbox.popleft()
                 w = writes.get(lsn)
-                if w is None or w.sent_at > 0:
+                if w is None or lsn in sent or lsn in self._again:
                     continue  # settled meanwhile, or queued twice
                 w.sent_at = time.monotonic()
-                self.in_flight += 1
+                sent[lsn] = None
                 try:
                     await publish(w.subject, w.payload, reply=f"{prefix}.{lsn}", headers=w.headers)
                 except Exception as e:  # noqa: BLE001 - NATS away or closed: the sweep sends it again
                     log.info("publish to JetStream not sent: %r", e)
-                    self._unanswered(w)
+                    self._unanswered(lsn)
         finally:
             self._sending = False
 
-    def _unanswered(self, w: _Write) -> None:
-        if w.sent_at > 0:
-            self.in_flight -= 1
-        w.sent_at = -1.0
+    def _unanswered(self, lsn: int) -> None:
+        self._sent.pop(lsn, None)
+        self._again.add(lsn)
 
     def _replied(self, msg: Any) -> None:
         try:
@@ -173,33 +178,32 @@ class Publisher:
                 self._told_unknown = True
                 log.warning("jetstream did not store a write (lsn %d) for now, sending it again: %r",
                             lsn, (msg.headers or {}).get("Status") or msg.data[:200])
-            self._unanswered(w)
             if w.gone is None or not w.gone():
+                self._unanswered(lsn)
                 return
             what = REFUSED  # no stream any more (its queue deleted): nothing will store it
         if what == REFUSED:
             log.warning("jetstream refused a message (lsn %d): %s", lsn, msg.data[:200])
         del self._writes[lsn]
-        if w.sent_at > 0:
-            self.in_flight -= 1
+        self._sent.pop(lsn, None)
+        self._again.discard(lsn)
         w.done(what == REFUSED)
-        if self._outbox and not self._sending:
-            self._sending = True
-            self._loop.create_task(self._send())
+        self._kick()
 
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_EVERY)
-            now = time.monotonic()
-            again = [lsn for lsn, w in self._writes.items()
-                     if w.sent_at < 0 or (w.sent_at > 0 and now - w.sent_at > RESEND_AFTER)]
-            if not again:
+            silent_since = time.monotonic() - RESEND_AFTER
+            for lsn in self._sent:  # in the order sent: the oldest first
+                if self._writes[lsn].sent_at > silent_since:
+                    break
+                self._again.add(lsn)
+            if not self._again:
                 continue
+            again = sorted(self._again)
+            self._again.clear()
             for lsn in again:
-                self._unanswered(self._writes[lsn])
-                self._writes[lsn].sent_at = 0.0
+                self._sent.pop(lsn, None)
             # Before anything not sent yet: the oldest writes go first (LSN order).
             self._outbox.extendleft(reversed(again))
-            if not self._sending:
-                self._sending = True
-                self._loop.create_task(self._send())
+            self._kick()
