@@ -14,7 +14,7 @@ What a reply means (CL3). The rule that makes a confirm safe:
   stages that id with sequence 0 *before* the first publish is replicated, so a duplicate
   with ``seq`` 0 only says an earlier attempt is under way, and that attempt is lost if the
   leader loses its quorum or steps down before committing it (nats-server PR 6415, fixed
-  upstream in 2.11). Taken as stored, it confirmed messages that were never stored: such a
+  upstream in 2025). Taken as stored, it confirmed messages that were never stored: such a
   reply is "not known", and the write is sent again later, same id, until JetStream names its
   sequence (the first attempt committed) or stores it (the staged id expired).
 * A PubAck with an ``error`` is a refusal (L8's "maximum messages exceeded", a stream
