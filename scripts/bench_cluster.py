@@ -8,17 +8,23 @@ gateway, a local one-node nats-server started for the run), and two gateways on 
 JetStream with the load generator's connections dealt over both (`perf --uri A,B`: with one
 producer and one consumer, every message is published through one gateway and delivered
 through the other). Prints medians and each one's ratio to RabbitMQ and to the embedded store.
+
+``--baseline DIR`` (a checkout of other code, e.g. ``git worktree add --detach /tmp/base main``)
+adds that code's two JetStream rows, on a nats-server of their own, measured in the same
+rotation: a before/after within one run, under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -37,25 +43,51 @@ def main() -> None:
     ap.add_argument("--scenarios", default="1,2")
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--baseline", help="a checkout whose JetStream gateways are measured too")
+    ap.add_argument("--only", help="measure only the targets whose name contains one of these (comma-separated)")
     args = ap.parse_args()
     scenarios = [int(s) for s in args.scenarios.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         root = Path(tmp)
-        with NatsCluster(root / "nats", size=1) as nats:
+        with contextlib.ExitStack() as stack:
+            nats = stack.enter_context(NatsCluster(root / "nats", size=1))
             procs = [GatewayProcess(root, "embedded", management=False),
                      GatewayProcess(root, "js1", nats.store_url, management=False),
                      GatewayProcess(root, "js2", nats.store_url, management=False)]
+            if args.baseline:
+                base_nats = stack.enter_context(NatsCluster(root / "nats-base", size=1))
+                procs += [BaselineGateway(args.baseline, root, f"base{i}", base_nats.store_url, management=False)
+                          for i in (1, 2)]
             try:
                 for p in procs:
                     p.start()
-                embedded, js1, js2 = procs
+                embedded, js1, js2 = procs[:3]
                 targets = {"RabbitMQ": RABBITMQ, "embedded": embedded.url, "JetStream, 1 gateway": js1.url,
                            "JetStream, 2 gateways": f"{js1.url},{js2.url}"}
+                if args.baseline:
+                    b1, b2 = procs[3:]
+                    targets |= {"baseline JetStream, 1 gateway": b1.url,
+                                "baseline JetStream, 2 gateways": f"{b1.url},{b2.url}"}
+                if args.only:
+                    keep = args.only.split(",")
+                    targets = {k: v for k, v in targets.items() if any(w in k for w in keep)}
                 for n in scenarios:
                     _scenario(n, targets, args)
             finally:
                 for p in procs:
                     p.stop()
+
+
+class BaselineGateway(GatewayProcess):
+    """A gateway of the code in ``code`` (its own package first on the path, not this one)."""
+
+    def __init__(self, code: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.code = os.path.abspath(code)
+
+    def command(self) -> list[str]:
+        cmd = super().command()
+        return ["env", f"PYTHONPATH={self.code}", cmd[0], "-P", *cmd[1:]]
 
 
 def _scenario(n: int, targets: dict[str, str], args: argparse.Namespace) -> None:
@@ -77,9 +109,9 @@ def _scenario(n: int, targets: dict[str, str], args: argparse.Namespace) -> None
     for metric, unit in units.items():
         med = {name: statistics.median(v) if (v := got[name].get(metric)) else None for name in targets}
         cells = [f"{m:,.1f}" if m is not None else "-" for m in med.values()]
-        rabbit, emb = med["RabbitMQ"], med["embedded"]
+        rabbit, emb = med.get("RabbitMQ"), med.get("embedded")
         to_r = ", ".join(f"{m / rabbit:.2f}" if m and rabbit else "-" for k, m in med.items() if k != "RabbitMQ")
-        to_e = ", ".join(f"{m / emb:.2f}" if m and emb else "-" for k, m in med.items() if k.startswith("JetStream"))
+        to_e = ", ".join(f"{m / emb:.2f}" if m and emb else "-" for k, m in med.items() if "JetStream" in k)
         print(f"| {metric} ({unit}) | {' | '.join(cells)} | {to_r} | {to_e} |", flush=True)
 
 

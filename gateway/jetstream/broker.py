@@ -29,7 +29,15 @@ from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.mqtt_state import MQTTCluster
 from gateway.jetstream.presence import Presence
-from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream, rewind_consumer, subscribe
+from gateway.jetstream.publisher import Publisher
+from gateway.jetstream.queues import (
+    ClusterQueue,
+    LeasedCmqQueue,
+    delivery_counts,
+    ensure_stream,
+    rewind_consumer,
+    subscribe,
+)
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.sweeper import Sweeper, settle_once
 from gateway.jetstream.vhost import ClusterVHost
@@ -50,11 +58,16 @@ COUNT_EVERY = 1.0  # seconds between refreshes of a recently used queue's JetStr
 COUNT_RECENT = 60.0  # a queue used (declared, got from, published to) this recently is counted
 PULL_WAIT = 1.0  # a pull request waits this long at the server for messages (then asks again)
 PULL_MAX = 256  # messages per pull, at most
+PULL_MIN = 64  # while a pull is under way, the next one asks for at least this many (or all the credit)
 UNLIMITED_CREDIT = 64  # what a consumer without prefetch is pulled for at a time
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
 MSG_ID = "Nats-Msg-Id"
 NAK_WAIT = 2.0
+
+
+class NotStoredYet(Exception):
+    """JetStream's answer does not say the message is stored (retried, never confirmed)."""
 
 
 class ClusterBroker(Broker):
@@ -77,6 +90,7 @@ class ClusterBroker(Broker):
             loop = asyncio.get_running_loop()
             broker = cls(None, clock=clock or SystemClock(), audit=audit, config=config, loop=loop,
                          store=store, link=link, gateway_id=gateway_id)
+            await broker.publisher.start()
             await broker.watch.load()
             broker._recover()
             store.on_durable = broker._on_durable
@@ -102,6 +116,8 @@ class ClusterBroker(Broker):
         self.sweeper = Sweeper(self)
         self.mqtt = MQTTCluster(self)
         self.bodies = Bodies(link)
+        self.publisher = Publisher(link.publishing, asyncio.get_running_loop())
+        self.pub_js = link.publishing.jetstream(timeout=5.0)
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         # Kinds of records the broker does not decode itself (MQTT's ms/, mr/): a change made
         # by another gateway goes to its watcher here (gateway.jetstream.mqtt_state).
@@ -137,6 +153,7 @@ class ClusterBroker(Broker):
             await asyncio.wait_for(self.store.settled(), CLOSE_SETTLE_SECONDS)
         await self.watch.stop()
         await self.presence.stop()
+        await self.publisher.stop()
         for task in list(self._tasks):
             task.cancel()
         await super().close()
@@ -391,7 +408,14 @@ class ClusterBroker(Broker):
         q.remote_ready += 1
         q.in_flight += 1
         q.published_at = now  # counted (COUNT_RECENT), but not a use: x-expires ignores publishes
-        return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
+        if big or not q.ready.is_set() or q.slow_writes or q.chain.waiting:
+            # One request each, in the queue's chain: a large body goes to the object store
+            # first, a queue not ready waits for its stream; and while any of these is under
+            # way, the queue's later messages follow them there, so their order holds.
+            q.slow_writes += 1
+            return self.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
+        return self.store.track_message(self.publisher, q.subject, payload, headers, lambda: self._published(q),
+                                        lambda: q.deleted)
 
     async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
         while not q.ready.is_set() and not q.deleted:
@@ -401,15 +425,23 @@ class ClusterBroker(Broker):
             # Deleted since it was routed there (here, or through another gateway, which deleted
             # its stream): the message goes with the queue, as on one broker. Retried, a publish
             # to a stream that is gone would hold every later confirm of this gateway.
+            q.slow_writes -= 1
             self._published(q)
             return
         try:
             if body is not None:
                 await self.bodies.put(headers[BODY_HEADER], body)
-            await self.link.js.publish(q.subject, payload, headers=headers)
+            # On the publisher's connection: behind the queue's pipelined messages sent before it.
+            ack = await self.pub_js.publish(q.subject, payload, headers=headers)
         except (APIError, MaxPayloadError):
+            q.slow_writes -= 1
             self._published(q)  # refused for good (the store nacks it)
             raise
+        if not ack.seq:
+            # CL3: a duplicate whose first attempt is staged, not stored (gateway.jetstream.
+            # publisher): not an acknowledgement; the store sends it again.
+            raise NotStoredYet(f"{q.stream}: duplicate of a publish not yet stored")
+        q.slow_writes -= 1
         self._published(q)
 
     def _published(self, q: ClusterQueue) -> None:
@@ -432,6 +464,14 @@ class ClusterBroker(Broker):
 
     def dispatch(self, q: Any) -> None:
         super().dispatch(q)
+        if isinstance(q, ClusterQueue) and not q.want_soon:
+            # After the rest of this turn: the acks read with this one free credit too, and
+            # one pull asks for all of it.
+            q.want_soon = True
+            self._loop.call_soon(self._want_soon, q)  # type: ignore[union-attr]
+
+    def _want_soon(self, q: ClusterQueue) -> None:
+        q.want_soon = False
         self._want(q)
 
     def _need(self, q: ClusterQueue) -> int:
@@ -453,8 +493,13 @@ class ClusterBroker(Broker):
         q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
         if q.in_flight and q.plain_gets:
             return  # a basic.get follows the publishes before it (asked again when they land)
-        extra = self._need(q) - q.requested
+        need = self._need(q)
+        extra = need - q.requested
         if extra <= 0:
+            return
+        if q.requested and q.waiters is None and extra < min(PULL_MIN, need):
+            # A pull is under way: the next one waits until a batch's worth of credit is free
+            # (an ack frees one), not one pull request per ack.
             return
         waiting = any(c.has_credit() for c in q.consumers) or (q.waiters is not None
                                                                 and len(q.waiters) > len(q.plain_gets))
@@ -526,10 +571,10 @@ class ClusterBroker(Broker):
         now = self.clock.now()
         cmq = q.cmq
         for i, m in enumerate(msgs):
-            md = m.metadata
-            if md.sequence.consumer > q.last_delivery:
-                q.last_delivery = md.sequence.consumer
-                q.remote_ready = md.num_pending
+            delivered, consumer_seq, pending = delivery_counts(m.reply)
+            if consumer_seq > q.last_delivery:
+                q.last_delivery = consumer_seq
+                q.remote_ready = pending
             headers = m.headers or {}
             visible_at = headers.get(VISIBLE_AT)
             msg_id = headers.get(MSG_ID, "")
@@ -552,7 +597,7 @@ class ClusterBroker(Broker):
             msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"],
                           r["enqueue_time"])
             msg.msg_id = msg_id
-            count = md.num_delivered - 1
+            count = delivered - 1
             if visible_at is not None and count > 0:
                 # Q4/M11: a delayed message was naked once for its delay by whichever gateway
                 # pulled it first (any puller during the delay does): not a receive.

@@ -33,12 +33,21 @@ class Link:
     nc: Client
     js: JetStreamContext
     replicas: int
+    # Queue messages are written on a connection of their own (gateway.jetstream.publisher):
+    # a server reads one connection's input in order, so pull requests and acks on ``nc``
+    # do not wait behind thousands of publishes, nor their PubAcks behind deliveries.
+    pub: Client | None = None
+
+    @property
+    def publishing(self) -> Client:
+        return self.pub if self.pub is not None else self.nc
 
     async def close(self) -> None:
-        if not self.nc.is_closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.nc.flush(), 2)  # the last acks and naks go out
-            await self.nc.close()
+        for nc in (self.pub, self.nc):
+            if nc is not None and not nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(nc.flush(), 2)  # the last acks and naks go out
+                await nc.close()
 
 
 def servers_of(url: str) -> list[str]:
@@ -102,6 +111,7 @@ async def open_link(url: str, options: dict[str, str] | None = None) -> Link:
     connected = True
     nc.options["max_reconnect_attempts"] = -1
     nc.options["reconnect_time_wait"] = 0.5
+    kwargs |= {"max_reconnect_attempts": -1, "reconnect_time_wait": 0.5}
     js = nc.jetstream(timeout=5.0)
     try:
         await js.account_info()
@@ -111,7 +121,13 @@ async def open_link(url: str, options: dict[str, str] | None = None) -> Link:
                               f"({type(e).__name__})") from None
     known = len({f"{s.hostname}:{s.port}" for s in nc.servers}) if nc.servers else 1
     info_urls = (getattr(nc, "_server_info", None) or {}).get("connect_urls") or []
-    return Link(nc, js, replicas_for(max(known, len(info_urls))))
+    try:
+        pub = await asyncio.wait_for(nats.connect(**kwargs | {"name": "cmq-gateway-publish"}),
+                                     CONNECT_TIMEOUT * (len(servers) + 1))
+    except Exception as e:  # noqa: BLE001 - as above
+        await nc.close()
+        raise NatsUnavailable(f"cannot use NATS store {_safe(url)}: {_why(e)}") from None
+    return Link(nc, js, replicas_for(max(known, len(info_urls))), pub)
 
 
 def _safe(url: str) -> str:

@@ -36,7 +36,7 @@ from semantics.jetstream.names import CONSUMER
 from semantics.queue import CmqQueue
 from semantics.queue_attrs import QueueAttributes
 
-__all__ = ["ClusterQueue", "LeasedCmqQueue", "ensure_stream", "rewind_consumer", "subscribe"]
+__all__ = ["ClusterQueue", "LeasedCmqQueue", "delivery_counts", "ensure_stream", "rewind_consumer", "subscribe"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
@@ -83,8 +83,10 @@ class ClusterQueue(BrokerQueue):
         self.no_wait_batches: list[int] = []  # no_wait requests not yet answered, in order
         self.asked_at = 0.0
         self.published_at = 0.0  # the last publish from here (x-expires' last_used ignores those)
+        self.slow_writes = 0  # publishes on the one-request-each path (large, before ready, behind those)
         self.in_flight = 0  # publishes to it from here not yet acknowledged by JetStream
         self.naks_pending = 0
+        self.want_soon = False  # a pull is to be considered at the end of this loop turn
         self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile  # naks sent and not yet confirmed: no pull until they are
         self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
         self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
@@ -117,6 +119,16 @@ class ClusterQueue(BrokerQueue):
     def message_count(self) -> int:
         """Ready messages: those leased here and Active, and those JetStream still holds."""
         return self.cmq.active + self.remote_ready
+
+
+def delivery_counts(reply: str) -> tuple[int, int, int]:
+    """(num_delivered, consumer sequence, num_pending) of a delivery, from its reply subject
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>``
+    (with ``<domain>.<account hash>`` after ``ACK`` in the newer form): what nats-py's
+    ``Msg.metadata`` reads, without building its objects for every message pulled."""
+    t = reply.split(".")
+    at = 4 if len(t) == 9 else 6
+    return int(t[at]), int(t[at + 2]), int(t[at + 4])
 
 
 async def ensure_stream(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQueue, Any], None],

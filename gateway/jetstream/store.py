@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -70,7 +71,10 @@ class JetStreamStore:
         self._mem = Store.open(None)  # the records, in memory: what get/items answer
         self._lsn = 0
         self._durable = 0
-        self._open: dict[int, None] = {}  # LSNs written and not yet acknowledged, in order
+        # LSNs written and not yet acknowledged; _order holds them in order, and settled ones
+        # until they reach its front (a dict's first key costs a scan over deleted slots).
+        self._open: set[int] = set()
+        self._order: deque[int] = deque()
         self._idle = asyncio.Event()
         self._idle.set()
         self._failed: BaseException | None = None
@@ -155,7 +159,10 @@ class JetStreamStore:
 
     @property
     def durable_lsn(self) -> int:
-        return next(iter(self._open)) - 1 if self._open else self._lsn
+        order = self._order
+        while order and order[0] not in self._open:
+            order.popleft()
+        return order[0] - 1 if order else self._lsn
 
     @property
     def live_bytes(self) -> int:
@@ -187,12 +194,33 @@ class JetStreamStore:
         ``chain`` (one queue's messages) keep their order across retries: once one fails,
         it and every later one go through the chain's retrier, one at a time, in LSN order."""
         lsn = self._lsn = self._lsn + 1
-        self._open[lsn] = None
+        self._open.add(lsn)
+        self._order.append(lsn)
         self._idle.clear()
         if chain is not None and chain.waiting:
             chain.waiting.append((lsn, write, args))
         else:
             self._loop.create_task(self._run(lsn, write, args, chain))
+        return lsn
+
+    def track_message(self, publisher: Any, subject: str, payload: bytes, headers: dict[str, str],
+                      done: Callable[[], None], gone: Callable[[], bool] | None = None) -> int:
+        """A queue message through the pipelined publisher (gateway.jetstream.publisher),
+        under a new LSN like every other write: it settles when its PubAck names a stream
+        sequence (or refuses it, then a nack), and durable_lsn still waits for every LSN
+        before it."""
+        lsn = self._lsn = self._lsn + 1
+        self._open.add(lsn)
+        self._order.append(lsn)
+        self._idle.clear()
+
+        def settled(refused: bool) -> None:
+            if refused:
+                self.refused.add(lsn)
+            done()
+            self._settle(lsn)
+
+        publisher.publish(lsn, subject, payload, headers, settled, gone)
         return lsn
 
     async def _run(self, lsn: int, write: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
@@ -238,7 +266,7 @@ class JetStreamStore:
             chain.retrier = None
 
     def _settle(self, lsn: int) -> None:
-        del self._open[lsn]
+        self._open.discard(lsn)
         durable = self.durable_lsn
         if durable > self._durable:
             self._durable = durable

@@ -1,0 +1,212 @@
+"""Queue messages to JetStream, pipelined (docs/CLUSTER.md, "Publish").
+
+nats-py's ``js.publish`` is a request per message (a task, a future, a timer and a reply
+token each): the largest share of a JetStream gateway's time per message. Here the writes of
+one loop turn go out in one task, in LSN order, each with the reply subject
+``<inbox>.<its LSN>``, and one subscription on ``<inbox>.*`` takes the PubAcks. At most
+MAX_IN_FLIGHT writes wait for their PubAck at a time; the next ones wait here, in order.
+
+What a reply means (CL3). The rule that makes a confirm safe:
+
+* A write counts as stored only on a PubAck naming a stream sequence (``seq`` > 0). JetStream
+  (nats-server 2.9) answers a publish whose ``Nats-Msg-Id`` it has seen with
+  ``"duplicate": true`` and the sequence of the first one; in a cluster the stream leader
+  stages that id with sequence 0 *before* the first publish is replicated, so a duplicate
+  with ``seq`` 0 only says an earlier attempt is under way, and that attempt is lost if the
+  leader loses its quorum or steps down before committing it (nats-server PR 6415, fixed
+  upstream in 2025). Taken as stored, it confirmed messages that were never stored: such a
+  reply is "not known", and the write is sent again later, same id, until JetStream names its
+  sequence (the first attempt committed) or stores it (the staged id expired).
+* A PubAck with an ``error`` is a refusal (L8's "maximum messages exceeded", a stream
+  deleted meanwhile): the write is settled as refused, which the broker turns into a
+  basic.nack, never an ack.
+* A status reply (503 no responders: no stream leader for now), an unreadable reply, or no
+  reply within RESEND_AFTER seconds: sent again, same ``Nats-Msg-Id`` (the stream's
+  duplicate_window, 2 min, stores it once).
+* Replies are matched by LSN; a reply for a write already settled (the answer to an earlier
+  attempt after a resend) changes nothing.
+
+A write settled here only ends its own LSN: the store's ``durable_lsn`` (what confirms follow)
+is below the oldest LSN not yet settled, so a channel's confirm never passes a publish whose
+PubAck has not come (gateway.jetstream.store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["MAX_IN_FLIGHT", "RESEND_AFTER", "Publisher", "reading"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+RESEND_AFTER = 5.0  # no PubAck this long after sending: sent again (nats-py's own timeout)
+SWEEP_EVERY = 0.5
+MAX_IN_FLIGHT = 4096  # writes sent and not yet answered, at most
+
+STORED, REFUSED, UNKNOWN, GONE = "stored", "refused", "unknown", "gone"
+_PUBACK = re.compile(rb'\{"stream":"[^"]*","seq":(\d+)[,}]')
+
+
+def reading(headers: dict[str, str] | None, data: bytes) -> str:
+    """What one reply on the PubAck inbox says of its write (see the module docstring)."""
+    if headers and headers.get("Status"):
+        return UNKNOWN  # 503 no responders: nobody stored it
+    plain = _PUBACK.match(data)  # the server's own text, without an error: no JSON decoder
+    if plain is not None:
+        return STORED if int(plain.group(1)) > 0 else UNKNOWN
+    try:
+        r = json.loads(data)
+    except ValueError:
+        return UNKNOWN
+    if not isinstance(r, dict):
+        return UNKNOWN
+    if r.get("error") is not None:
+        return REFUSED
+    seq = r.get("seq")
+    return STORED if isinstance(seq, int) and seq > 0 else UNKNOWN
+
+
+class _Write:
+    __slots__ = ("subject", "payload", "headers", "sent_at", "done", "gone")
+
+    def __init__(self, subject: str, payload: bytes, headers: dict[str, str],
+                 done: Callable[[bool], None], gone: Callable[[], bool] | None) -> None:
+        self.gone = gone  # its queue was deleted: an unstored write is refused, not resent
+        self.subject = subject
+        self.payload = payload
+        self.headers = headers
+        self.sent_at = 0.0  # when last sent
+        self.done = done  # called once: True when JetStream refused it
+
+
+class Publisher:
+    def __init__(self, nc: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.nc = nc
+        self._loop = loop
+        self.prefix = nc.new_inbox()
+        self._writes: dict[int, _Write] = {}  # not settled, by LSN
+        self._outbox: deque[int] = deque()  # LSNs to send, in order
+        self._sent: dict[int, None] = {}  # sent and not answered, in the order sent
+        self._again: set[int] = set()  # answered "not known" or not sent: for the next sweep
+        self._sending = False
+        self._sub: Any = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._told_unknown = False
+
+    async def start(self) -> None:
+        async def on_reply(msg: Any) -> None:
+            self._replied(msg)
+
+        self._sub = await self.nc.subscribe(self.prefix + ".*", cb=on_reply,
+                                            pending_msgs_limit=-1, pending_bytes_limit=-1)
+        self._sweeper = self._loop.create_task(self._sweep())
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._sweeper
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+    @property
+    def pending(self) -> int:
+        return len(self._writes)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._sent)
+
+    def publish(self, lsn: int, subject: str, payload: bytes, headers: dict[str, str],
+                done: Callable[[bool], None], gone: Callable[[], bool] | None = None) -> None:
+        self._writes[lsn] = _Write(subject, payload, headers, done, gone)
+        self._outbox.append(lsn)
+        self._kick()
+
+    def _kick(self) -> None:
+        if not self._sending and self._outbox:
+            self._sending = True
+            self._loop.create_task(self._send())
+
+    async def _send(self) -> None:
+        """Everything queued, in order, as long as the window allows (one task at a time)."""
+        publish = self.nc.publish
+        prefix = self.prefix
+        outbox = self._outbox
+        writes = self._writes
+        sent = self._sent
+        try:
+            while outbox and len(sent) < MAX_IN_FLIGHT:
+                lsn = outbox.popleft()
+                w = writes.get(lsn)
+                if w is None or lsn in sent or lsn in self._again:
+                    continue  # settled meanwhile, or queued twice
+                w.sent_at = time.monotonic()
+                sent[lsn] = None
+                try:
+                    await publish(w.subject, w.payload, reply=f"{prefix}.{lsn}", headers=w.headers)
+                except Exception as e:  # noqa: BLE001 - NATS away or closed: the sweep sends it again
+                    log.info("publish to JetStream not sent: %r", e)
+                    self._unanswered(lsn)
+        finally:
+            self._sending = False
+
+    def _unanswered(self, lsn: int) -> None:
+        self._sent.pop(lsn, None)
+        self._again.add(lsn)
+
+    def _replied(self, msg: Any) -> None:
+        try:
+            lsn = int(msg.subject.rpartition(".")[2])
+        except ValueError:
+            return
+        w = self._writes.get(lsn)
+        if w is None:
+            return  # settled already: the answer to an earlier attempt
+        what = reading(msg.headers, msg.data)
+        if what == UNKNOWN:
+            if not self._told_unknown:
+                self._told_unknown = True
+                log.warning("jetstream did not store a write (lsn %d) for now, sending it again: %r",
+                            lsn, (msg.headers or {}).get("Status") or msg.data[:200])
+            if w.gone is None or not w.gone():
+                self._unanswered(lsn)
+                return
+            # No stream any more (its queue deleted since it was routed there): the message goes
+            # with the queue, as on one broker, and its confirm is not held (an MQTT publisher
+            # would be cut off by a refusal when a subscriber's clean session leaves).
+            what = GONE
+        if what == REFUSED:
+            log.warning("jetstream refused a message (lsn %d): %s", lsn, msg.data[:200])
+        del self._writes[lsn]
+        self._sent.pop(lsn, None)
+        self._again.discard(lsn)
+        w.done(what == REFUSED)
+        self._kick()
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY)
+            silent_since = time.monotonic() - RESEND_AFTER
+            for lsn in self._sent:  # in the order sent: the oldest first
+                if self._writes[lsn].sent_at > silent_since:
+                    break
+                self._again.add(lsn)
+            if not self._again:
+                continue
+            again = sorted(self._again)
+            self._again.clear()
+            for lsn in again:
+                self._sent.pop(lsn, None)
+            # Before anything not sent yet: the oldest writes go first (LSN order).
+            self._outbox.extendleft(reversed(again))
+            self._kick()
