@@ -38,6 +38,7 @@ import contextlib
 import json
 import logging
 import marshal
+import operator
 import os
 import struct
 import subprocess
@@ -48,6 +49,7 @@ from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from gateway.audit import layout
+from gateway.audit.batch import format_run, second_runs
 from gateway.audit.counting import count_key
 from gateway.audit.record import MICRO_Z, MILLI, format_line, format_ts
 from gateway.audit.rows import ROWS, Row
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 
 # (time, event, vhost, fields) or, for a row, (time, row id, vhost, values).
 _Item = tuple[float, Any, str, Any]
+_time_of = operator.itemgetter(0)
 # Records formatted between two releases of the GIL by the writer thread (~0.5 ms of work).
 _CHUNK = 200
 # Records per message to the writer process. Large: each message costs this thread two
@@ -437,6 +440,36 @@ class AuditLog:
                 ) -> tuple[bytearray, int, str, str]:
         """Count ``items``, then format those the ``events`` filter keeps into ``buf`` (which
         holds ``nlines`` lines), writing (and rotating) as files fill up.
+
+        Each run of rows of one second that goes to the open file whole is formatted in a
+        few C-level passes (gateway.audit.batch); anything else (other records, a file to
+        open or rotate, an ``events`` filter, a value of an unusual type) record by record."""
+        runs = second_runs(list(map(_time_of, items))) if self.events is None else None
+        if runs is None:
+            return self._format_each(items, buf, nlines, hour, folder)
+        counts = self.counts
+        for start, end, sec in runs:
+            chunk = items[start:end] if len(runs) > 1 else items
+            got = format_run(chunk, sec) if self._file is not None else None
+            if got is not None:
+                data, ts, keyed = got
+                if ts[:13] != hour:
+                    hour, folder = ts[:13], layout.folder_for(ts)
+                if folder == self._file_folder and self._file_size + len(buf) + len(data) <= self.rotate_bytes:
+                    buf += data
+                    nlines += end - start
+                    for k, n in keyed:
+                        counts[k] = counts.get(k, 0) + n
+                    if len(buf) >= 4 * 1024 * 1024:
+                        self._write(buf, nlines)
+                        buf, nlines = bytearray(), 0
+                    continue
+            buf, nlines, hour, folder = self._format_each(chunk, buf, nlines, hour, folder)
+        return buf, nlines, hour, folder
+
+    def _format_each(self, items: list[_Item], buf: bytearray, nlines: int, hour: str, folder: str
+                     ) -> tuple[bytearray, int, str, str]:
+        """``_format`` record by record.
 
         The writer process runs this for every record of every message (4 a message in
         scenario 1), on a core it shares with the gateway, so the loop is hand-tuned (3.6 ->
