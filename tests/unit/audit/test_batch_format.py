@@ -72,7 +72,7 @@ def _written(directory: str, items: list[Any], fast: bool, rotate_bytes: int, cu
 
 
 @settings(max_examples=300, deadline=None)
-@given(_items(), st.sampled_from([64 * 1024 * 1024, 700]), st.integers(0, 3))
+@given(_items(), st.sampled_from([64 * 1024 * 1024, 700, 150]), st.integers(0, 3))
 def test_A2_batches_are_written_as_record_by_record(tmp_path_factory: Any, items: list[Any],
                                                      rotate_bytes: int, cut: int) -> None:
     fast = _written(str(tmp_path_factory.mktemp("fast")), items, True, rotate_bytes, cut)
