@@ -18,6 +18,7 @@ crash of the in-thread writer would; the next ``AuditLog`` closes it (A3).
 
 from __future__ import annotations
 
+import gc
 import json
 import marshal
 import os
@@ -38,6 +39,10 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
 
 
 def main() -> None:
+    # Nothing here makes reference cycles, and a batch is tens of thousands of tuples: the
+    # collector's passes over them were half of unmarshalling's cost (callgrind, 0.8 -> 0.24 us
+    # a record).
+    gc.disable()
     params: dict[str, Any] = json.loads(sys.argv[1])
     log = AuditLog(params.pop("directory"), process=False, _thread=False, **params)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer

@@ -38,6 +38,7 @@ import contextlib
 import json
 import logging
 import marshal
+import operator
 import os
 import struct
 import subprocess
@@ -48,6 +49,7 @@ from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from gateway.audit import layout
+from gateway.audit.batch import format_run, second_runs
 from gateway.audit.counting import count_key
 from gateway.audit.record import MICRO_Z, MILLI, format_line, format_ts
 from gateway.audit.rows import ROWS, Row
@@ -58,6 +60,8 @@ log = logging.getLogger(__name__)
 
 # (time, event, vhost, fields) or, for a row, (time, row id, vhost, values).
 _Item = tuple[float, Any, str, Any]
+_time_of = operator.itemgetter(0)
+_TS_AT = len('{"v":1,"ts":"')  # where a line's ts starts (schema v1: v first, then ts)
 # Records formatted between two releases of the GIL by the writer thread (~0.5 ms of work).
 _CHUNK = 200
 # Records per message to the writer process. Large: each message costs this thread two
@@ -437,6 +441,70 @@ class AuditLog:
                 ) -> tuple[bytearray, int, str, str]:
         """Count ``items``, then format those the ``events`` filter keeps into ``buf`` (which
         holds ``nlines`` lines), writing (and rotating) as files fill up.
+
+        Each run of rows of one second is formatted in a few C-level passes
+        (gateway.audit.batch) and placed into files by ``_place``; anything else (other
+        records, an ``events`` filter, a value of an unusual type) record by record."""
+        runs = second_runs(list(map(_time_of, items))) if self.events is None else None
+        if runs is None:
+            return self._format_each(items, buf, nlines, hour, folder)
+        counts = self.counts
+        for start, end, sec in runs:
+            chunk = items[start:end] if len(runs) > 1 else items
+            got = format_run(chunk, sec)
+            if got is None:
+                buf, nlines, hour, folder = self._format_each(chunk, buf, nlines, hour, folder)
+                continue
+            data, ts, keyed = got
+            if ts[:13] != hour:
+                hour, folder = ts[:13], layout.folder_for(ts)
+            for k, n in keyed:
+                counts[k] = counts.get(k, 0) + n
+            buf, nlines = self._place(data, end - start, folder, buf, nlines)
+            if len(buf) >= 4 * 1024 * 1024:  # bound the bytes held when far behind
+                self._write(buf, nlines)
+                buf, nlines = bytearray(), 0
+        return buf, nlines, hour, folder
+
+    def _place(self, data: bytes, lines: int, folder: str, buf: bytearray, nlines: int) -> tuple[bytearray, int]:
+        """Add ``data``, ``lines`` whole lines of one folder, to ``buf`` (lines for the open
+        file), closing and opening files where ``_format_each`` would: before the first line
+        of another folder, before a line the file has no room for (unless the file is
+        empty: one line always goes in)."""
+        pos, size = 0, len(data)
+        while True:
+            if self._file is None or folder != self._file_folder:
+                buf, nlines = self._next_file(data, pos, folder, buf, nlines)
+            room = self.rotate_bytes - self._file_size - len(buf)
+            if size - pos <= room:
+                buf += data[pos:] if pos else data
+                return buf, nlines + lines
+            cut = data.rfind(b"\n", pos, pos + max(room, 0)) + 1  # after the last line that fits
+            if cut <= pos:  # not one line fits
+                if self._file_size + len(buf):
+                    buf, nlines = self._next_file(data, pos, folder, buf, nlines)
+                    continue
+                cut = data.index(b"\n", pos) + 1
+            taken = data.count(b"\n", pos, cut)
+            buf += data[pos:cut]
+            nlines += taken
+            lines -= taken
+            pos = cut
+            if pos == size:
+                return buf, nlines
+            buf, nlines = self._next_file(data, pos, folder, buf, nlines)
+
+    def _next_file(self, data: bytes, pos: int, folder: str, buf: bytearray, nlines: int) -> tuple[bytearray, int]:
+        """Write ``buf``, close the open file and open the next one, named for the line at
+        ``pos`` of ``data`` (its ts: the 27 characters after '{"v":1,"ts":"')."""
+        self._write(buf, nlines)
+        self._close_file()
+        self._open_file(data[pos + _TS_AT:pos + _TS_AT + 27].decode(), folder)
+        return bytearray(), 0
+
+    def _format_each(self, items: list[_Item], buf: bytearray, nlines: int, hour: str, folder: str
+                     ) -> tuple[bytearray, int, str, str]:
+        """``_format`` record by record.
 
         The writer process runs this for every record of every message (4 a message in
         scenario 1), on a core it shares with the gateway, so the loop is hand-tuned (3.6 ->
