@@ -81,6 +81,14 @@ LIGHT_EVENTS_PER_SECOND = 500
 LIGHT_BYTES_PER_WINDOW = 1 << 16  # a few large messages are not light: their bodies take turns
 LIGHT_WINDOW_SECONDS = 0.5
 LIGHT_CHECK_SECONDS = 0.00025
+# Publisher flow control, as RabbitMQ's credit flow: a publishing connection is not read from
+# while the store holds more than FLOW_HIGH writes it has not yet acknowledged (a JetStream
+# store: its PubAcks lag), and is read again below FLOW_LOW. Unlike W5 nothing is sent to the
+# client: a producer without confirms otherwise fills the gateway's memory and takes the CPU
+# its deliveries need (docs/CLUSTER.md). The embedded store acknowledges in the same turn.
+FLOW_HIGH = 8192
+FLOW_LOW = 4096
+FLOW_CHECK_SECONDS = 0.002
 
 
 class LightPeers:
@@ -223,6 +231,7 @@ class AMQPConnection(ClientProtocol):
         self.lingering_since: float | None = None  # when we sent close-ok to the peer's close
         self.publisher = False  # has published: subject to W5 blocking
         self.blocked = False  # connection.blocked was sent / reading paused
+        self._flow = False  # not read while the store's unacknowledged writes are many
         self._reading_paused = False  # transport.pause_reading() is in effect
         self._backlog = False  # frames left in the core's buffer: handled in a later turn
         self._flush_scheduled = False
@@ -311,6 +320,10 @@ class AMQPConnection(ClientProtocol):
             gw.check_alarms()
         if self.publisher and gw.blocked and not self.blocked:
             self._block()
+        if self.publisher and not self._flow and gw.broker.write_backlog() > FLOW_HIGH:
+            self._flow = True
+            self._sync_reading()
+            asyncio.get_running_loop().call_later(FLOW_CHECK_SECONDS, self._flow_check)
         if more:
             if not self._backlog:
                 self._backlog = True
@@ -320,9 +333,19 @@ class AMQPConnection(ClientProtocol):
             self._backlog = False
             self._sync_reading()
 
+    def _flow_check(self) -> None:
+        if self._lost:
+            return
+        if self.gw.broker.write_backlog() > FLOW_LOW:
+            asyncio.get_running_loop().call_later(FLOW_CHECK_SECONDS, self._flow_check)
+            return
+        self._flow = False
+        self._sync_reading()
+
     def _sync_reading(self) -> None:
-        """Read from the socket unless blocked (W5) or frames are still buffered."""
-        want_paused = self.blocked or self._backlog
+        """Read from the socket unless blocked (W5), held by flow control, or frames are
+        still buffered."""
+        want_paused = self.blocked or self._backlog or self._flow
         if want_paused == self._reading_paused or self.transport is None or self._lost:
             return
         self._reading_paused = want_paused
@@ -542,7 +565,7 @@ class AMQPConnection(ClientProtocol):
             if now_monotonic - self.lingering_since > limit:
                 self._hang_up()
             return
-        if self.blocked:
+        if self.blocked or self._flow:
             if self._peer_hung_up():
                 self._abort()  # what it held (a partial body) is let go in connection_lost
                 return

@@ -468,6 +468,11 @@ class Broker:
         else:
             self.scheduler.reschedule(q)
 
+    def write_backlog(self) -> int:
+        """Writes taken and not yet acknowledged by the store (transport flow control): none
+        here, the embedded store acknowledges in the same turn."""
+        return 0
+
     def begin_batch(self) -> None:
         """The transport hands over the events of one read between begin_batch() and
         end_batch(): the dispatches they cause are coalesced into one per queue, so one pass

@@ -444,6 +444,9 @@ class ClusterBroker(Broker):
         q.slow_writes -= 1
         self._published(q)
 
+    def write_backlog(self) -> int:
+        return self.publisher.pending
+
     def _published(self, q: ClusterQueue) -> None:
         q.in_flight -= 1
         if not q.in_flight and q.plain_gets:

@@ -20,6 +20,7 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
+from gateway.broker.persistence import message_body
 from gateway.jetstream.publisher import REFUSED, STORED, UNKNOWN, reading
 from gateway.jetstream.queues import delivery_counts
 from semantics.jetstream.names import queue_stream, queue_subject
@@ -211,3 +212,60 @@ async def test_pulls_follow_the_consumers_credit_in_batches(js_gateways: Callabl
     finally:
         await conn.close()
         await nc.close()
+
+
+async def test_CL3_a_publisher_is_not_read_while_jetstream_owes_many_pubacks(
+        js_gateways: Callable[..., Any]) -> None:
+    """Flow control (RabbitMQ's credit flow): a producer without confirms is not read from
+    while the store owes more than FLOW_HIGH PubAcks, so the gateway holds a bounded number of
+    unstored messages; once JetStream answers, reading goes on and every message is stored."""
+    from gateway.transport import EVENTS_PER_TURN, FLOW_HIGH
+
+    (gw,) = js_gateways(1)
+    name = _name("flow")
+    total = FLOW_HIGH * 3  # of 2 KB: more than the sockets' buffers hold
+
+    def body(i: int) -> bytes:
+        return (b"f%d " % i).ljust(2048, b".")
+
+    nc, subject = await _queue_with_stand_in(gw, name)
+    held: list[Any] = []
+    stored: set[bytes] = set()
+    answering = False
+
+    async def stand_in(msg: Any) -> None:
+        if not answering:
+            held.append(msg)  # JetStream silent (a leader election, a slow disk)
+            return
+        stored.add(message_body(msg.data))
+        await msg.respond(json.dumps({"stream": "S", "seq": len(stored)}).encode())
+
+    await nc.subscribe(subject, cb=stand_in, pending_msgs_limit=-1, pending_bytes_limit=-1)
+    await nc.flush()
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
+    publisher = gw.broker.publisher
+    try:
+        ch = await conn.channel(publisher_confirms=False)
+
+        async def flood() -> None:
+            for i in range(total):
+                await ch.default_exchange.publish(aio_pika.Message(body(i), delivery_mode=2), routing_key=name)
+
+        task = asyncio.create_task(flood())
+        most = 0
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:  # JetStream silent: what does the gateway take in?
+            most = max(most, publisher.pending)
+            await asyncio.sleep(0.01)
+        assert most > FLOW_HIGH // 2, most  # the flood did reach the store
+        assert most <= FLOW_HIGH + EVENTS_PER_TURN, most  # and was not read past the mark
+        assert not task.done()  # the producer is held back, not refused
+        answering = True
+        for msg in held:
+            await stand_in(msg)
+        await asyncio.wait_for(task, 120)
+        await _eventually(lambda: len(stored) == total, 120)
+    finally:
+        await conn.close()
+        await nc.close()
+    assert stored == {body(i) for i in range(total)}
