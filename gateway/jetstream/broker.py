@@ -454,13 +454,25 @@ class ClusterBroker(Broker):
 
     def _on_durable(self, durable: int) -> None:
         refused = self.store.refused
+        links = self.store.fanout_next
         if refused:
-            # M14: a write JetStream refused (L8 max_msgs) is a basic.nack, in its place.
+            # M14: a write JetStream refused (L8 max_msgs) is a basic.nack, in its place; a
+            # message routed to several queues is nacked when any of its writes was refused.
+            last = set()
+            for lsn in refused:
+                while lsn in links:
+                    lsn = links[lsn]
+                last.add(lsn)
             for ch in self.confirm_waiters:
-                if any(lsn in refused for _, lsn in ch.pending_confirms):
-                    ch.pending_confirms = deque((seq, -1 if lsn in refused else lsn)
+                if any(lsn in last for _, lsn in ch.pending_confirms):
+                    ch.pending_confirms = deque((seq, -1 if lsn in last else lsn)
                                                for seq, lsn in ch.pending_confirms)
             refused.clear()
+        while links:
+            first = next(iter(links))
+            if first > durable:
+                break
+            del links[first]
         super()._on_durable(durable)
 
     # pulling: as much as this gateway's consumers and gets can take

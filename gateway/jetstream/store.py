@@ -83,6 +83,9 @@ class JetStreamStore:
         self.on_durable: Callable[[int], None] = lambda lsn: None  # the broker's confirms
         self.applying = False  # a change from another gateway: into the map only
         self.refused: set[int] = set()  # LSNs of writes JetStream refused (M14: nack)
+        # A message's write -> its next write to another queue (the last one is the LSN its
+        # confirm waits for), kept until durable: see ClusterBroker._on_durable.
+        self.fanout_next: dict[int, int] = {}
         self.origin = ""  # this gateway's id, on every write (gateway.jetstream.meta)
 
     @classmethod

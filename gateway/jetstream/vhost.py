@@ -140,6 +140,10 @@ class ClusterVHost(VHost):
         self.broker.emit_row(ENQUEUE, self.name, (q.name, msg.msg_id, size, via, subscription))
         lsn = self.broker.publish_message(q, msg, now, delay, expires_at)  # type: ignore[attr-defined]
         if lsn > out.lsn:
+            if out.lsn:
+                # Routed to several queues: the confirm waits for the last write, and a refusal
+                # of an earlier one must still make it a nack (M14).
+                self.broker.store.fanout_next[out.lsn] = lsn  # type: ignore[attr-defined]
             out.lsn = lsn
         trim_after_publish(self.broker, q)  # type: ignore[arg-type]
 

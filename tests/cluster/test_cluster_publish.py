@@ -269,3 +269,40 @@ async def test_CL3_a_publisher_is_not_read_while_jetstream_owes_many_pubacks(
         await conn.close()
         await nc.close()
     assert stored == {body(i) for i in range(total)}
+
+
+@pytest.mark.parametrize("refusing", [0, 1])
+async def test_CL3_M14_a_message_one_of_whose_queues_refuses_it_is_nacked(
+        js_gateways: Callable[..., Any], refusing: int) -> None:
+    """A fanout to two queues, one of which JetStream refuses (its first or its second write:
+    the confirm waits for the message's last write): basic.nack, never basic.ack."""
+    (gw,) = js_gateways(1)
+    names = [_name("fan-a"), _name("fan-b")]
+    exchange_name = _name("fan")
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
+    try:
+        ch = await conn.channel()
+        ex = await ch.declare_exchange(exchange_name, aio_pika.ExchangeType.FANOUT, durable=True)
+        for n in names:
+            q = await ch.declare_queue(n, durable=True)
+            await q.bind(ex)
+    finally:
+        await conn.close()
+    nc = await nats.connect(gw.broker.link.nc.connected_url.geturl())
+    await nc.jetstream().delete_stream(queue_stream("/", names[refusing]))
+
+    async def stand_in(msg: Any) -> None:
+        await msg.respond(json.dumps({"error": {"code": 503, "err_code": 10077,
+                                                "description": "maximum messages exceeded"}}).encode())
+
+    await nc.subscribe(queue_subject("/", names[refusing]), cb=stand_in)
+    await nc.flush()
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        ex = await ch.get_exchange(exchange_name, ensure=False)
+        with pytest.raises(aio_pika.exceptions.DeliveryError):
+            await ex.publish(aio_pika.Message(b"x", delivery_mode=2), routing_key="", timeout=30)
+    finally:
+        await conn.close()
+        await nc.close()
