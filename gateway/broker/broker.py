@@ -22,7 +22,7 @@ from gateway.broker.exchange import sub_label
 from gateway.broker.limit_report import LimitReport
 from gateway.broker.message import DiskMessage, Message
 from gateway.broker.queue import BrokerQueue
-from gateway.broker.recovery import recover_messages
+from gateway.broker.recovery import recover_messages, return_big_buffers
 from gateway.broker.reply_to import ReplyRouter
 from gateway.broker.scheduler import Scheduler
 from gateway.broker.vhost import VHost
@@ -162,6 +162,7 @@ class Broker:
         """Open the store under ``data_dir``, recover durable state and start the flusher.
         ``lock``: the data dir's DirLock when the caller took it first (Store.open)."""
         loop = asyncio.get_running_loop()
+        return_big_buffers()  # before the store's map and the runs grow
         broker = cls(data_dir, clock=clock or SystemClock(), audit=audit, config=config, loop=loop, lock=lock)
         broker._recover()
         broker._flusher = loop.create_task(broker._flush_loop())
