@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.broker import persistence as P
 from gateway.broker.message import DISK_BODY_MIN, Message, recovered
+from gateway.memory import HELD, HeldMemory
 from semantics.queue_cold import ColdRun
 
 if TYPE_CHECKING:
@@ -25,7 +26,11 @@ if TYPE_CHECKING:
     from gateway.broker.queue import BrokerQueue
     from gateway.broker.vhost import VHost
 
-__all__ = ["recover_messages", "return_big_buffers"]
+__all__ = ["COLD_MESSAGE_BYTES", "recover_messages", "return_big_buffers"]
+
+# W5: what a message held cold counts as held memory: its ID and array entries (~60 bytes,
+# tracemalloc), not the ~700 of a message made of objects (gateway.memory).
+COLD_MESSAGE_BYTES = 64
 
 _HEAD_BYTES = 512
 
@@ -53,7 +58,7 @@ def return_big_buffers() -> bool:
 class _QueueRecords:
     """One queue's records as they are read: the run and what its refs and keys point at."""
 
-    __slots__ = ("run", "shared", "combos", "odd_keys", "prefix", "store")
+    __slots__ = ("run", "shared", "combos", "odd_keys", "prefix", "store", "held")
 
     def __init__(self, store: Any, vhost: str, queue: str) -> None:
         self.store = store
@@ -61,7 +66,17 @@ class _QueueRecords:
         self.shared: dict[tuple[bytes, str, str], int] = {}
         self.combos: list[tuple[Any, str, str]] = []  # (Properties, exchange, routing key)
         self.odd_keys: dict[str, str] = {}  # msg_id -> key
-        self.run = ColdRun(self.thaw)
+        # The run calls back self.thaw, so self lets go of the run once it is built: no
+        # cycle, and its buffers go the moment the queue drops it.
+        self.run: ColdRun | None = ColdRun(self.thaw)
+        self.held = 0  # W5 bytes counted for the messages still cold
+
+    def count_held(self, messages: int) -> None:
+        self.held = messages * COLD_MESSAGE_BYTES
+        HELD.messages += self.held
+
+    def __del__(self, _held: HeldMemory = HELD) -> None:  # bound now: safe at interpreter exit
+        _held.messages -= self.held
 
     def ref(self, raw: bytes, four: tuple[str, str, str, str], properties: Callable[[bytes], Any]) -> int:
         """The index of (these properties, exchange, routing key) in ``combos``."""
@@ -73,6 +88,9 @@ class _QueueRecords:
         return ref
 
     def thaw(self, index: int, msg_id: str, enq: float, size: int, ref: int) -> object:
+        if self.held:
+            self.held -= COLD_MESSAGE_BYTES
+            HELD.messages -= COLD_MESSAGE_BYTES
         props, exchange, routing_key = self.combos[ref]
         key = self.odd_keys.pop(msg_id, None) if self.odd_keys else None
         if key is None:
@@ -121,6 +139,7 @@ def recover_messages(broker: Broker, now: float) -> None:
             if records is None:
                 records = by_queue[(four[0], four[1])] = _QueueRecords(store, four[0], four[1])
             run = records.run
+            assert run is not None
             ids, times, sizes, refs = run.ids, run.enqueue_times, run.sizes, run.refs
             prefix = records.prefix
             ref = -1
@@ -139,8 +158,10 @@ def recover_messages(broker: Broker, now: float) -> None:
     for (vhost, queue), records in by_queue.items():
         vh = broker.vhost(vhost)
         q = vh.queues.get(queue)
-        if q is not None:
-            q.cmq.restore_cold(records.run, now)
+        run, records.run = records.run, None
+        if q is not None and run is not None:
+            records.count_held(len(run))
+            q.cmq.restore_cold(run, now)
             touched[q] = vh
     # Once a queue, when all its messages are back (it was once a message: a quarter of
     # the recovery's time went to rescheduling the same queue).
