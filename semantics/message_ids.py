@@ -16,7 +16,7 @@ import itertools
 import re
 import secrets
 
-__all__ = ["MSG_ID_PREFIX", "format_handle", "is_msg_id", "new_handle", "new_msg_id", "parse_handle"]
+__all__ = ["MSG_ID_PREFIX", "format_handle", "process_prefix", "is_msg_id", "new_handle", "new_msg_id", "parse_handle"]
 
 MSG_ID_PREFIX = "msg-"
 
@@ -24,6 +24,11 @@ _PROCESS_PREFIX = secrets.token_hex(6)
 _msg_counter = itertools.count(1)
 _handle_counter = itertools.count(1)
 _MSG_ID_RE = re.compile(r"msg-[0-9a-f]+\Z")
+
+
+def process_prefix() -> str:
+    """The hex digits after ``msg-`` that every ID this process makes starts with."""
+    return _PROCESS_PREFIX
 
 
 def new_msg_id() -> str:

@@ -54,8 +54,9 @@ from typing import NamedTuple
 
 from semantics import limits
 from semantics.errors import CMQError, LimitError
-from semantics.message_ids import new_msg_id
+from semantics.message_ids import MSG_ID_PREFIX, new_msg_id, process_prefix
 from semantics.queue_attrs import OVERFLOW_DROP_HEAD, QueueAttributes
+from semantics.queue_cold import ColdRun
 
 __all__ = [
     "CmqQueue",
@@ -97,6 +98,7 @@ _DEADLINE = 2
 
 _MIN_COMPACT = 1024
 _INF = float("inf")
+_OWN_IDS = MSG_ID_PREFIX + process_prefix()
 
 
 class QueueMessage:
@@ -238,6 +240,12 @@ class CmqQueue:
         self._n_parked = 0
         self._n_rewindable = 0
         self._rewound_to = float("-inf")
+        # Restored Active messages not yet made objects (semantics.queue_cold): counted in
+        # _n_active, positioned before every other Active message.
+        self._cold: ColdRun | None = None
+        self._n_cold = 0
+        self._cold_pos0 = self._cold_seq0 = 0
+        self._cold_at = 0.0  # when they were restored
         self.max_inflight = limits.MAX_INFLIGHT_DELAYED  # L8; a test may lower it
         self._apply(attributes or QueueAttributes())
 
@@ -303,17 +311,27 @@ class CmqQueue:
     @property
     def retained(self) -> int:
         """Undeleted messages: what maxMsgHeapNum caps (L8)."""
-        return len(self._messages) - self._n_rewindable
+        return len(self._messages) - self._n_rewindable + self._n_cold
 
     def __len__(self) -> int:
-        return len(self._messages) - self._n_rewindable
+        return len(self._messages) - self._n_rewindable + self._n_cold
+
+    @property
+    def cold(self) -> int:
+        """Restored messages still held as compact records (semantics.queue_cold)."""
+        return self._n_cold
 
     def get(self, msg_id: str) -> QueueMessage | None:
         """The retained or rewindable message with this ID."""
-        return self._messages.get(msg_id)
+        msg = self._messages.get(msg_id)
+        if msg is None and self._n_cold and self._cold_has(msg_id):
+            self._thaw_all()
+            msg = self._messages.get(msg_id)
+        return msg
 
     def messages(self) -> Iterator[QueueMessage]:
         """Retained and rewindable messages, roughly in send order (management API, store)."""
+        self._thaw_all()
         return iter(list(self._messages.values()))
 
     # ------------------------------------------------------------------ send
@@ -345,7 +363,7 @@ class CmqQueue:
                                     "x-overflow reject-publish)", value=self._max_length)
         if msg_id is None:
             msg_id = new_msg_id()
-        elif msg_id in self._messages:
+        elif msg_id in self._messages or (self._n_cold and self._cold_has(msg_id)):
             raise CMQError("Q3", f"message ID {msg_id!r} is already in queue '{self.name}'", value=msg_id)
         seq = self._next_seq
         self._next_seq = seq + 1
@@ -393,7 +411,7 @@ class CmqQueue:
         Restore in enqueue order (it sets the receive order). An unacked message comes back
         Active (M13); one whose delay has not ended comes back DELAYED until ``visible_at``.
         """
-        if msg_id in self._messages:
+        if msg_id in self._messages or (self._n_cold and self._cold_has(msg_id)):
             raise CMQError("Q3", f"message ID {msg_id!r} is already in queue '{self.name}'", value=msg_id)
         seq = self._next_seq
         self._next_seq = seq + 1
@@ -413,6 +431,79 @@ class CmqQueue:
             self._make_active(msg, now, False)
         self._advance(now)
         return msg
+
+    def restore_cold(self, run: ColdRun, now: float) -> None:
+        """Recovery in bulk: ``run``'s messages come back as ``restore`` would bring them
+        back with no delay, expiry or receive (Active, in run order, their IDs and enqueue
+        times kept), but held as the run's records until each is received or inspected.
+
+        Only into a queue with no messages (a restart); otherwise, and for the messages a
+        rule removes at once (their deadline passed), they are restored one by one."""
+        if not run.ordered():
+            run.sort()
+        # A rule that would move an Active message with no receive at once (x-max-length,
+        # a max receive count of 0) is left to the ordinary path.
+        plain = (not self._messages and self._cold is None and self._max_length is None
+                 and not (self._dlq is not None and self._max_receive is not None and self._max_receive <= 0))
+        while len(run) and (not plain or self._cold_deadline(run.head_enqueue_time()) <= now):
+            _, msg_id, enq, size, payload = run.pop()
+            self.restore(payload, size, now, msg_id=msg_id, enqueue_time=enq)
+        n = len(run)
+        if not n:
+            return
+        self._cold = run
+        self._n_cold = n
+        self._cold_at = now
+        self._cold_pos0 = self._next_pos - run.head  # run index i has position pos0 + i
+        self._cold_seq0 = self._next_seq - run.head
+        self._next_pos += n
+        self._next_seq += n
+        self._n_active += n
+        first = self._cold_deadline(run.head_enqueue_time())
+        if first < self._next_due:
+            self._next_due = first
+
+    def _cold_deadline(self, enqueue_time: float) -> float:
+        """``_deadline_of`` for a message of the cold run (Active, no expiry of its own)."""
+        deadline = enqueue_time + self._retention
+        if self._dlq_ttl is not None and enqueue_time + self._dlq_ttl < deadline:
+            deadline = enqueue_time + self._dlq_ttl
+        return deadline
+
+    def _cold_has(self, msg_id: str) -> bool:
+        # An ID this process made was never restored: the scan is only for older ones.
+        if msg_id.startswith(_OWN_IDS):
+            return False
+        assert self._cold is not None
+        return self._cold.contains(msg_id)
+
+    def _thaw(self) -> QueueMessage:
+        """The oldest cold message as an ordinary ACTIVE one, counted as before, its
+        deadline timer set; the caller places it in the Active order."""
+        run = self._cold
+        assert run is not None
+        i, msg_id, enq, size, payload = run.pop()
+        msg = QueueMessage(msg_id, payload, size, enq, self._cold_seq0 + i, None)
+        msg.pos = self._cold_pos0 + i
+        msg.next_visible_time = self._cold_at
+        self._messages[msg_id] = msg
+        self._n_cold -= 1
+        if not self._n_cold:
+            self._cold = None  # its arrays go back as whole buffers
+        self._push_deadline(msg)
+        return msg
+
+    def _thaw_all(self) -> None:
+        """Every cold message as an object, ahead of the Active order, kept first in
+        ``_messages`` (send order)."""
+        if not self._n_cold:
+            return
+        later = self._messages
+        self._messages = {}
+        thawed = [self._thaw() for _ in range(self._n_cold)]
+        self._messages.update(later)
+        thawed.reverse()
+        self._active.extendleft(thawed)
 
     # ------------------------------------------------------------------ receive / delete
 
@@ -489,7 +580,7 @@ class CmqQueue:
         else:
             msg.state = REMOVED
             del self._messages[msg.msg_id]
-            if not self._messages:
+            if not self._messages and not self._n_cold:
                 self._emptied()
 
     def release(self, receipt: Receipt, now: float) -> bool:
@@ -520,6 +611,8 @@ class CmqQueue:
         active = self._active
         returned = self._returned
         while True:
+            if self._n_cold and (not returned or self._cold_pos0 + self._cold.head < returned[0][0]):  # type: ignore[union-attr]
+                return self._thaw()  # the cold run is ahead of every entry of _active
             if returned:
                 if active and active[0].pos < returned[0][0]:
                     msg = active.popleft()
@@ -618,7 +711,7 @@ class CmqQueue:
         msg.handle = 0
         if event is not None:
             self._events.append(event)
-        if not self._messages:
+        if not self._messages and not self._n_cold:
             self._emptied()
 
     def _emptied(self) -> None:
@@ -632,6 +725,7 @@ class CmqQueue:
         self._vis_limit = self._dl_limit = self._heap_limit = _MIN_COMPACT
         self._next_due = _INF
         self._messages = {}
+        self._cold = None
 
     def _drop_rewindable(self) -> None:
         for msg in [m for m in self._messages.values() if m.state is DELETED]:
@@ -641,6 +735,7 @@ class CmqQueue:
         """AMQP queue.purge: removes the messages not being processed (Active, delayed), as
         RabbitMQ keeps unacked ones; returns them (the store deletes their records)."""
         self._advance(now)
+        self._thaw_all()
         gone = [m for m in self._messages.values() if m.state in (ACTIVE, DELAYED, PARKED)]
         for msg in gone:
             self._remove(msg, None)
@@ -704,6 +799,16 @@ class CmqQueue:
             v = vis[0][0] if vis else _INF
             d = dl[0][0] if dl else _INF
             h = heap[0][0] if heap else _INF
+            if self._n_cold:
+                c = self._cold_deadline(self._cold.head_enqueue_time())  # type: ignore[union-attr]
+                if c <= now and c <= v and c <= d and c <= h:
+                    # Due: an ordinary message now, at its position; its timer fires next.
+                    msg = self._thaw()
+                    heapq.heappush(self._returned, (msg.pos, msg))
+                    continue
+                h = min(h, c)  # only for _next_due below (the loop ends when nothing is due)
+                if h > now and v > now and d > now:
+                    break
             if v <= d and v <= h:
                 if v > now:
                     break
@@ -816,7 +921,9 @@ class CmqQueue:
         while heap and not _timer_live(heap[0][0], heap[0][2], heap[0][3], heap[0][4]):
             heapq.heappop(heap)
         self._next_due = first = min(vis[0][0] if vis else _INF, dl[0][0] if dl else _INF,
-                                     heap[0][0] if heap else _INF)
+                                     heap[0][0] if heap else _INF,
+                                     self._cold_deadline(self._cold.head_enqueue_time())  # type: ignore[union-attr]
+                                     if self._n_cold else _INF)
         return None if first == _INF else first
 
     # ------------------------------------------------------------------ rewind (Q6)
@@ -834,6 +941,7 @@ class CmqQueue:
             raise CMQError("Q6", f"cannot rewind queue '{self.name}' back to {to_time!r}: rewind moves "
                            f"forward only (last rewind to {self._rewound_to!r})", value=to_time)
         self._advance(now)
+        self._thaw_all()
         self._rewound_to = to_time
         count = 0
         for msg in self._messages.values():

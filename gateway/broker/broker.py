@@ -20,8 +20,9 @@ from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
 from gateway.broker.limit_report import LimitReport
-from gateway.broker.message import DISK_BODY_MIN, DiskMessage, Message, recovered
+from gateway.broker.message import DiskMessage, Message
 from gateway.broker.queue import BrokerQueue
+from gateway.broker.recovery import recover_messages, return_big_buffers
 from gateway.broker.reply_to import ReplyRouter
 from gateway.broker.scheduler import Scheduler
 from gateway.broker.vhost import VHost
@@ -46,10 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["Broker", "BrokerConfig"]
 
 log = logging.getLogger("cmq_gateway.broker")
-
-# Bytes of each message record read at a restart: its metadata, not its body (a record
-# whose metadata is longer is read whole).
-_HEAD_BYTES = 512
 
 # How often a failed store write is retried (a full disk may get room back at any time).
 STORE_RETRY_SECONDS = 1.0
@@ -165,6 +162,7 @@ class Broker:
         """Open the store under ``data_dir``, recover durable state and start the flusher.
         ``lock``: the data dir's DirLock when the caller took it first (Store.open)."""
         loop = asyncio.get_running_loop()
+        return_big_buffers()  # before the store's map and the runs grow
         broker = cls(data_dir, clock=clock or SystemClock(), audit=audit, config=config, loop=loop, lock=lock)
         broker._recover()
         broker._flusher = loop.create_task(broker._flush_loop())
@@ -883,59 +881,9 @@ class Broker:
                 vh.apply_policies()
 
     def _recover_messages(self, now: float) -> None:
-        """Persistent messages come back with their bodies left in the store (issue 15: a
-        restart with 10^6 1 KB messages copied every body into memory): only the head of
-        each record is read, straight from the mapped journal."""
-        from gateway.protocol.properties import Properties
-
-        store = self.store
-        found: list[tuple[float, tuple[str, str, str, str], Message, int]] = []
-        names: dict[bytes, tuple[str, str, str, str]] = {}
-        # Equal property bytes share one Properties: it only caches what it decodes from them.
-        shared: dict[bytes, Properties] = {}
-        last = -math.inf
-        ordered = True
-        decode = P.decode_message_head
-        append = found.append
-        for key, head, length in store.heads(P.MESSAGES_PREFIX, _HEAD_BYTES):
-            got = decode(head, names)
-            if got is None:  # a head longer than _HEAD_BYTES (large properties): read it all
-                head = store.get(key) or b""
-                got = decode(head, names)
-                assert got is not None
-            enq, four, msg_id, raw, body_at = got
-            props = shared.get(raw)
-            if props is None:
-                props = shared[raw] = Properties(raw)
-            size = length - body_at
-            if size >= DISK_BODY_MIN:
-                msg = recovered(store, key, props, four[2], four[3], enq, msg_id)
-            else:
-                body = head[body_at:] if length <= len(head) else (store.get(key) or b"")[body_at:]
-                msg = Message(body, props, four[2], four[3], enq, (), msg_id)
-            if enq < last:
-                ordered = False
-            last = enq
-            append((enq, four, msg, size))
-        if not ordered:  # the journal's order is the enqueue order unless the clock stepped back
-            found.sort(key=lambda r: r[0])
-        touched: dict[BrokerQueue, VHost] = {}
-        q: BrokerQueue | None = None
-        at: tuple[str, str, str, str] | None = None
-        for enq, four, msg, size in found:
-            if four is not at:  # the same queue as the message before: no lookups
-                at = four
-                vh = self.vhost(four[0])
-                q = vh.queues.get(four[1])
-                if q is not None:
-                    touched[q] = vh
-            if q is not None:
-                q.cmq.restore(msg, size, now, msg_id=msg.msg_id, enqueue_time=enq)
-        del found
-        # Once a queue, when all its messages are back (it was once a message: a quarter of
-        # the recovery's time went to rescheduling the same queue).
-        for q, vh in touched.items():
-            self.after_queue_change(vh, q, dispatch=False)
+        """Persistent messages come back with their bodies left in the store, each queue's
+        as one compact run (gateway.broker.recovery; issue 15)."""
+        recover_messages(self, now)
 
     def _recover_retained(self, now: float, keys: list[str] | None = None) -> None:
         """Messages a durable topic retained for retries (D2) are offered again to the

@@ -48,9 +48,11 @@ record it indexed, and a record the process wrote itself is checked at the next 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import mmap
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -96,6 +98,29 @@ def _disk_bytes(v: Value) -> int:
 
 def _memory_bytes(v: Value) -> int:
     return _LOCATION_BYTES if type(v) is int else len(v)  # type: ignore[arg-type]
+
+
+def _trim_heap() -> None:
+    """Have glibc give back the free pages inside its heaps: what a drained backlog freed
+    sits there in holes below live allocations, which the heap cannot shrink past (issue
+    15: a drained restart of 10^6 messages held 2.7x its idle RSS). Called only after the
+    map shrank, so a few times per drain (each a quarter of the one before)."""
+    if _libc is None:
+        return
+    with contextlib.suppress(AttributeError, OSError):
+        _libc.malloc_trim(0)
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None
+
+
+_libc = _load_libc()
 
 
 class Store:
@@ -599,6 +624,9 @@ class Store:
             if self._peak > 4096 and len(self._map) * 4 < self._peak:
                 self._map = dict(self._map)
                 self._peak = len(self._map)
+            else:
+                return
+        _trim_heap()
 
     # -- life cycle ------------------------------------------------------------------------
 

@@ -1,0 +1,233 @@
+"""Restored messages held as a compact run (semantics.queue_cold; issue 15) behave exactly as
+messages restored one by one (Q1, Q3, Q4, Q6, Q7, Q8, M13).
+
+The twin test drives two queues with the same random operations, one restored with
+``restore`` and one with ``restore_cold``, and requires the same answers and events after
+every step; the others pin the parts a twin cannot show (the objects are made lazily, the
+run's arrays go once it is used up).
+"""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from semantics.message_ids import new_msg_id
+from semantics.queue import CmqQueue, QueueEvent, QueueMessage, Receipt
+from semantics.queue_attrs import QueueAttributes
+from semantics.queue_cold import ColdRun
+
+T0 = 1_700_000_000.0
+ATTRS = QueueAttributes(visibility_timeout=5, msg_retention_seconds=600, dead_letter_queue="dlq",
+                        max_receive_count=3, max_time_to_live=300, rewind_seconds=300)
+
+
+def _payload(i: int, msg_id: str, enq: float, size: int, ref: int) -> object:
+    return ("payload", msg_id, ref)
+
+
+def _backlog(n: int, start: float) -> list[tuple[str, float, int]]:
+    """(msg_id, enqueue time, size) in enqueue order, some older than the restore allows."""
+    return [(f"msg-old{i:08x}", start + i * 8, 10 + i) for i in range(n)]
+
+
+def _restored(backlog: list[tuple[str, float, int]], now: float, cold: bool,
+              attrs: QueueAttributes = ATTRS) -> CmqQueue:
+    q = CmqQueue("twin", attrs)
+    if cold:
+        run = ColdRun(_payload)
+        for i, (msg_id, enq, size) in enumerate(backlog):
+            run.append(msg_id, enq, size, i)
+        q.restore_cold(run, now)
+    else:
+        for i, (msg_id, enq, size) in enumerate(backlog):
+            q.restore(("payload", msg_id, i), size, now, msg_id=msg_id, enqueue_time=enq)
+    return q
+
+
+def _msg(m: QueueMessage | None) -> tuple[object, ...] | None:
+    if m is None:
+        return None
+    return (m.msg_id, m.payload, m.size, m.enqueue_time, m.receive_count, m.first_receive_time,
+            m.state, m.seq)
+
+
+def _events(events: list[QueueEvent]) -> list[tuple[object, ...]]:
+    return [(type(e).__name__, e.message.msg_id, getattr(e, "reason", None)) for e in events]
+
+
+class ColdVersusRestored(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = T0
+        backlog = _backlog(40, T0 - 350)  # the first ones are past their dead-letter TTL
+        self.hot = _restored(backlog, self.now, cold=False)
+        self.cold = _restored(backlog, self.now, cold=True)
+        self.ids = [b[0] for b in backlog]
+        self.receipts: list[tuple[Receipt, Receipt]] = []
+
+    def _same(self, a: object, b: object) -> None:
+        assert a == b, (a, b)
+
+    @rule(dt=st.sampled_from([0.0, 0.3, 1.0, 2.5, 5.0, 9.0, 30.0, 120.0]))
+    def tick(self, dt: float) -> None:
+        self.now += dt
+        self._same(_events(self.hot.tick(self.now)), _events(self.cold.tick(self.now)))
+
+    @rule(visibility=st.sampled_from([None, None, 1.0, 12.0]))
+    def receive(self, visibility: float | None) -> None:
+        a = self.hot.receive(self.now, visibility)
+        b = self.cold.receive(self.now, visibility)
+        self._same(a is None, b is None)
+        if a is not None and b is not None:
+            self._same((_msg(a.message), a.handle), (_msg(b.message), b.handle))
+            self.receipts.append((a, b))
+
+    @rule()
+    def receive_and_delete(self) -> None:
+        self._same(_msg(self.hot.receive_and_delete(self.now)), _msg(self.cold.receive_and_delete(self.now)))
+
+    @precondition(lambda self: self.receipts)
+    @rule(i=st.integers(min_value=0), how=st.sampled_from(["delete", "release", "drop"]))
+    def settle(self, i: int, how: str) -> None:
+        a, b = self.receipts.pop(i % len(self.receipts))
+        ra = getattr(self.hot, how)(a, self.now)
+        rb = getattr(self.cold, how)(b, self.now)
+        if how == "drop":
+            ra, rb = _msg(ra), _msg(rb)
+        self._same(ra, rb)
+
+    @rule(delay=st.sampled_from([0, 0, 2]))
+    def send(self, delay: int) -> None:
+        msg_id = new_msg_id()
+        self.hot.send("new", 1, self.now, delay=delay, msg_id=msg_id)
+        self.cold.send("new", 1, self.now, delay=delay, msg_id=msg_id)
+        self.ids.append(msg_id)
+
+    @rule(i=st.integers(min_value=0))
+    def send_a_restored_id(self, i: int) -> None:
+        """Q3: an ID the queue holds is refused, cold or not."""
+        msg_id = self.ids[i % len(self.ids)]
+        outcomes = []
+        for q in (self.hot, self.cold):
+            try:
+                q.send("again", 1, self.now, msg_id=msg_id)
+                outcomes.append("sent")
+            except Exception as exc:  # noqa: BLE001 - the two must fail alike
+                outcomes.append(type(exc).__name__)
+        self._same(outcomes[0], outcomes[1])
+
+    @rule(i=st.integers(min_value=0))
+    def get(self, i: int) -> None:
+        msg_id = self.ids[i % len(self.ids)]
+        self._same(_msg(self.hot.get(msg_id)), _msg(self.cold.get(msg_id)))
+
+    @rule(back=st.sampled_from([0.0, 10.0, 250.0]))
+    def rewind(self, back: float) -> None:
+        outcomes = []
+        for q in (self.hot, self.cold):
+            try:
+                outcomes.append(q.rewind(self.now - back, self.now))
+            except Exception as exc:  # noqa: BLE001
+                outcomes.append(type(exc).__name__)
+        self._same(outcomes[0], outcomes[1])
+
+    @rule(retention=st.sampled_from([300, 600, 900]))
+    def set_retention(self, retention: int) -> None:
+        for q in (self.hot, self.cold):
+            q.set_attributes(q.attributes.replace(msg_retention_seconds=retention), self.now)
+
+    @rule()
+    def purge(self) -> None:
+        self._same(sorted(m.msg_id for m in self.hot.purge(self.now)),
+                   sorted(m.msg_id for m in self.cold.purge(self.now)))
+
+    @rule()
+    def listing(self) -> None:
+        self._same(sorted(map(_msg, self.hot.messages()), key=str), sorted(map(_msg, self.cold.messages()), key=str))
+
+    @invariant()
+    def same_counts_and_wakeup(self) -> None:
+        for attr in ("active", "inactive", "delayed", "rewindable", "retained"):
+            self._same((attr, getattr(self.hot, attr)), (attr, getattr(self.cold, attr)))
+        self._same(len(self.hot), len(self.cold))
+        self._same(self.hot.next_wakeup(), self.cold.next_wakeup())
+        self._same(_events(self.hot.drain_events()), _events(self.cold.drain_events()))
+
+
+ColdVersusRestored.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+test_Q1_Q6_Q8_cold_run_behaves_as_messages_restored_one_by_one = ColdVersusRestored.TestCase
+
+
+def test_Q1_restore_cold_makes_no_message_object_until_received() -> None:
+    made: list[int] = []
+
+    def thaw(i: int, msg_id: str, enq: float, size: int, ref: int) -> object:
+        made.append(i)
+        return ref
+
+    run = ColdRun(thaw)
+    for i in range(1000):
+        run.append(f"msg-old{i:08x}", T0 + i, 100, i * 7)
+    q = CmqQueue("q", QueueAttributes(msg_retention_seconds=86_400))
+    q.restore_cold(run, T0 + 1000)
+    assert (q.active, q.retained, q.cold, made) == (1000, 1000, 1000, [])
+    r = q.receive(T0 + 1000)
+    assert r is not None and (r.message.msg_id, r.message.payload, r.message.receive_count) == ("msg-old00000000", 0, 1)
+    assert (made, q.cold, q.active, q.inactive) == ([0], 999, 999, 1)
+
+
+def test_Q1_cold_messages_expire_at_their_retention_in_order() -> None:
+    run = ColdRun(_payload)
+    for i in range(10):
+        run.append(f"msg-old{i:08x}", T0 + i, 1, i)
+    q = CmqQueue("q", QueueAttributes(msg_retention_seconds=100))
+    q.restore_cold(run, T0 + 50)
+    assert q.next_wakeup() == T0 + 100
+    events = q.tick(T0 + 104.5)
+    assert [(type(e).__name__, e.message.msg_id) for e in events] == [
+        ("Expired", f"msg-old{i:08x}") for i in range(5)]
+    assert (q.cold, q.retained, q.next_wakeup()) == (5, 5, T0 + 105)
+
+
+def test_restore_cold_sorts_a_run_out_of_enqueue_order() -> None:
+    run = ColdRun(_payload)
+    for i, t in enumerate([3.0, 1.0, 2.0]):
+        run.append(f"msg-old{i}", T0 + t, 1, i)
+    q = CmqQueue("q", QueueAttributes(msg_retention_seconds=100))
+    q.restore_cold(run, T0 + 10)
+    got = [q.receive_and_delete(T0 + 10) for _ in range(3)]
+    assert [m.msg_id for m in got if m is not None] == ["msg-old1", "msg-old2", "msg-old0"]
+
+
+def test_cold_run_holds_under_64_bytes_a_message_and_frees_them_when_drained() -> None:
+    """Issue 15: the run's memory is a few flat buffers, against ~1 KB of objects a message
+    restored one by one; draining the queue gives them back."""
+    n = 20_000
+    backlog = _backlog(n, T0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        hot = _restored(backlog, T0 + n, cold=False, attrs=QueueAttributes(msg_retention_seconds=86_400))
+        hot_bytes = tracemalloc.get_traced_memory()[0] - base
+        del hot
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        q = _restored(backlog, T0 + n, cold=True, attrs=QueueAttributes(msg_retention_seconds=86_400))
+        cold_bytes = tracemalloc.get_traced_memory()[0] - base
+        while q.receive_and_delete(T0 + n) is not None:
+            pass
+        gc.collect()
+        left = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    # The backlog list itself (its ID strings and tuples) is outside both measures.
+    assert cold_bytes / n < 64, cold_bytes / n
+    assert cold_bytes * 5 < hot_bytes, (cold_bytes, hot_bytes)
+    assert left < cold_bytes / 20, (left, cold_bytes)
+    assert q.cold == 0 and len(q) == 0
