@@ -1,6 +1,7 @@
 """Measure the cmq-audit connector against spark.read.json over the same records, in one run.
 
-    .venv/bin/python scripts/bench_spark.py [--records 1000000] [--keep DIR] [--cluster | --master URL]
+    .venv/bin/python scripts/bench_spark.py [--records 1000000] [--keep DIR] [--cases full,noop]
+                                            [--cluster | --master URL]
 
 Writes ~N records with the real AuditLog (spark.demo, 5 publishes/s, so they span several
 hours), then times each case as the connector and spark.read.json (explicit schema, no
@@ -8,10 +9,20 @@ inference pass) back to back, three rounds after one warm-up each, and prints th
 their ratio.  Each query is count + sum + count distinct + max over typed columns, so every row
 is parsed:
 
-* full scan: every column of the connector (it cannot learn which columns a query uses: the
-  Python data source API has no column pruning) against spark.read.json, which prunes itself;
-* full scan, ``columns`` option: the connector told the columns the query uses;
-* one hour: by the from/to options, and by WHERE with pushFilters.
+* ``full``: every column of the connector (it cannot learn which columns a query uses: the
+  Python data source API has no column pruning) against spark.read.json, which prunes itself
+  to the three columns the query reads;
+* ``noop``: equal work, every column of every row materialised on both sides: a write to
+  Spark's ``noop`` format instead of the aggregate;
+* ``infer``: the same aggregate against spark.read.json *without* a schema, as a user who
+  does not type one runs it (inference reads every file once more, and ``ts`` stays a string);
+* ``columns``: full scan with the ``columns`` option: the connector told the columns the
+  query uses;
+* ``hour``, ``where``: one hour, by the from/to options and by WHERE with pushFilters.
+
+``--cases full,noop`` runs only those.  The machine's load average is printed before and
+after: on a shared machine, read the ratios (both sides alternate under the same load), not
+the seconds.
 
 ``--cluster`` starts a standalone master and one worker (2 cores) from pyspark's own launcher
 for the run, as tests/spark/test_spark_cluster.py does; ``--master URL`` uses a running one;
@@ -68,7 +79,14 @@ def tree_cpu() -> float:
     return sum(c for pid, c in cpu.items() if ours(pid))
 
 
-def run(root: str, master: str) -> None:
+CASES = ("full", "noop", "infer", "columns", "hour", "where")
+
+
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def run(root: str, master: str, cases: tuple[str, ...] = CASES) -> None:
     from tests.spark.standalone import spark_env
 
     # The driver, the planner and the executors all import the connector from CODE.
@@ -102,37 +120,55 @@ def run(root: str, master: str) -> None:
 
     local = master.startswith("local")
 
-    def timed(make: Callable[[], DataFrame]) -> tuple[float, float, Any]:
+    def timed(make: Callable[[], DataFrame], noop: bool) -> tuple[float, float, Any]:
         c0, t0 = tree_cpu() if local else 0.0, time.perf_counter()
-        row = make().selectExpr(*AGG).collect()[0]
+        if noop:  # every column of every row materialised, nothing kept
+            make().write.format("noop").mode("overwrite").save()
+            row = None
+        else:
+            row = make().selectExpr(*AGG).collect()[0]
         return time.perf_counter() - t0, (tree_cpu() if local else 0.0) - c0, row
 
-    def case(label: str, connector: Callable[[], DataFrame], builtin: Callable[[], DataFrame]) -> None:
-        timed(connector)  # warm-up: the JVM's code paths and the Python workers
-        timed(builtin)
+    def case(label: str, connector: Callable[[], DataFrame], builtin: Callable[[], DataFrame],
+             noop: bool = False) -> None:
+        timed(connector, noop)  # warm-up: the JVM's code paths and the Python workers
+        timed(builtin, noop)
         a: list[tuple[float, float]] = []
         b: list[tuple[float, float]] = []
         for _ in range(ROUNDS):  # interleaved, so that load from elsewhere hits both alike
-            wall, cpu, row_a = timed(connector)
+            wall, cpu, row_a = timed(connector, noop)
             a.append((wall, cpu))
-            wall, cpu, row_b = timed(builtin)
+            wall, cpu, row_b = timed(builtin, noop)
             b.append((wall, cpu))
-        assert (row_a.n, row_a.bytes, row_a.events) == (row_b.n, row_b.bytes, row_b.events), (row_a, row_b)
+        if noop:  # the aggregate cases check the rows; count them here
+            n = connector().count()
+            assert n == builtin().count(), n
+        else:
+            assert (row_a.n, row_a.bytes, row_a.events) == (row_b.n, row_b.bytes, row_b.events), (row_a, row_b)
+            n = row_a.n
         ma, mb = (statistics.median(w for w, _ in x) for x in (a, b))
         ca, cb = (statistics.median(c for _, c in x) for x in (a, b))
-        cpu = f"  cpu {ca:5.2f}s vs {cb:5.2f}s, ratio {cb / ca:4.2f}x" if local else ""
-        print(f"{label:34s} {row_a.n:>9,} rows  cmq-audit {ma:5.2f}s {row_a.n / ma:>9,.0f} rows/s  "
-              f"spark.read.json {mb:5.2f}s {row_b.n / mb:>9,.0f} rows/s  ratio {mb / ma:4.2f}x{cpu}", flush=True)
+        cpu_note = f"  cpu {ca:5.2f}s vs {cb:5.2f}s, ratio {cb / ca:4.2f}x" if local else ""
+        print(f"{label:34s} {n:>9,} rows  cmq-audit {ma:5.2f}s {n / ma:>9,.0f} rows/s  "
+              f"spark.read.json {mb:5.2f}s {n / mb:>9,.0f} rows/s  ratio {mb / ma:4.2f}x{cpu_note}", flush=True)
 
     print(f"master {master}, medians of {ROUNDS}, ratio = spark.read.json time / cmq-audit time "
-          f"(cpu: seconds of CPU of the driver, the JVM and the Python workers)", flush=True)
-    case("full scan, every column", audit, lambda: spark.read.schema(json_schema).json(root))
-    case(f"full scan, columns={USED}", lambda: audit(columns=USED),
-         lambda: spark.read.schema(json_schema).json(root))
-    case("one hour, from/to options", lambda: audit(**{"from": hour, "to": hour_end, "columns": USED}),
-         lambda: spark.read.schema(json_schema).json(root).where(where))
-    case("one hour, WHERE + pushFilters", lambda: audit(pushFilters="true", columns=USED).where(where),
-         lambda: spark.read.schema(json_schema).json(root).where(where))
+          f"(cpu: seconds of CPU of the driver, the JVM and the Python workers); "
+          f"load average {load_average()}", flush=True)
+    typed = lambda: spark.read.schema(json_schema).json(root)  # noqa: E731
+    runs: dict[str, Callable[[], None]] = {
+        "full": lambda: case("full scan, every column", audit, typed),
+        "noop": lambda: case("full scan, noop write (all columns)", audit, typed, noop=True),
+        "infer": lambda: case("full scan, json infers the schema", audit, lambda: spark.read.json(root)),
+        "columns": lambda: case(f"full scan, columns={USED}", lambda: audit(columns=USED), typed),
+        "hour": lambda: case("one hour, from/to options", lambda: audit(**{"from": hour, "to": hour_end, "columns": USED}),
+                             lambda: typed().where(where)),
+        "where": lambda: case("one hour, WHERE + pushFilters", lambda: audit(pushFilters="true", columns=USED).where(where),
+                              lambda: typed().where(where)),
+    }
+    for name in cases:
+        runs[name]()
+    print(f"load average {load_average()}", flush=True)
     spark.stop()
 
 
@@ -142,10 +178,14 @@ def main() -> None:
     ap.add_argument("--keep", default=None, help="reuse/keep the generated log here")
     ap.add_argument("--code", default=None,
                     help="import the connector from this checkout instead (a 'before' measurement)")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--master", default="local[2]")
     where.add_argument("--cluster", action="store_true", help="start a standalone cluster for the run")
     args = ap.parse_args()
+    cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
+    if not cases or set(cases) - set(CASES):
+        ap.error(f"--cases: choose from {', '.join(CASES)}")
     if args.code:
         global CODE
         CODE = Path(args.code).resolve()
@@ -164,9 +204,9 @@ def main() -> None:
 
             with tempfile.TemporaryDirectory(prefix="bench-spark-cluster-") as tmp, \
                     standalone(Path(tmp), memory="2g") as url:
-                run(root, url)
+                run(root, url, cases)
         else:
-            run(root, args.master)
+            run(root, args.master, cases)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -1,7 +1,8 @@
 """Audit JSON lines → Arrow, skipping what a crash or a bad write left (A3).
 
-The fast path hands a whole byte range to pyarrow's multi-threaded JSON reader with the
-explicit schema.  Only when that fails (a torn or garbled line in the middle, a field of the
+The fast path hands pyarrow's JSON reader the lines with the explicit schema, a few MiB at a
+time (``parse_chunks``), so that the first rows reach Spark while the rest are still parsed
+and a 64 MiB range never sits in memory as one table.  Only when a chunk fails (a torn or garbled line in the middle, a field of the
 wrong JSON type) does it fall back to finding the bad lines one by one; those are skipped and
 returned so the caller can count them.  Bytes after the last newline of a *closed* file are a
 torn last line: skipped and counted too.  Runs on executors: pyarrow is imported lazily.
@@ -9,9 +10,9 @@ torn last line: skipped and counted too.  Runs on executors: pyarrow is imported
 
 from __future__ import annotations
 
-import io
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,9 +21,12 @@ from gateway.audit import layout
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Parsed", "Skipped", "find_line_start", "last_line_end", "parse_lines", "read_bytes"]
+__all__ = ["CHUNK", "Parsed", "Skipped", "chunk_bounds", "find_line_start", "last_line_end",
+           "parse_chunks", "parse_lines", "read_bytes"]
 
-_BLOCK = 4 * 1024 * 1024
+# Lines handed to pyarrow at once.  Each chunk is one block parsed on one thread: Spark already
+# runs a task per core, and pyarrow's threads only added CPU time (measured in spark.md).
+CHUNK = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +97,16 @@ def last_line_end(root: str, key: str, size: int) -> int:
 def _read_json(body: bytes, names: frozenset[str] | None = None) -> pa.Table:
     """The record fields in ``names`` (all by default) of whole JSON lines; pyarrow skips the
     others without converting them, which is most of the cost of a field."""
+    import pyarrow as pa
     import pyarrow.json as pj
 
     from spark.schema import json_arrow_schema
 
+    # One block for the whole body (a chunk is a few MiB): pyarrow reads it in place.
+    block = min(max(len(body), 1 << 16), (1 << 31) - 1)
     return pj.read_json(
-        io.BytesIO(body),
-        read_options=pj.ReadOptions(use_threads=True, block_size=_BLOCK),
+        pa.BufferReader(body),
+        read_options=pj.ReadOptions(use_threads=False, block_size=block),
         parse_options=pj.ParseOptions(
             explicit_schema=json_arrow_schema(names), unexpected_field_behavior="ignore"
         ),
@@ -163,3 +170,24 @@ def parse_lines(data: bytes, base: int, *, closed_end: bool, names: frozenset[st
         parsed = _line_by_line(body, base, names)
     parsed.skipped.extend(torn)
     return parsed
+
+
+def chunk_bounds(data: bytes, size: int) -> Iterator[tuple[int, int]]:
+    """[lo, hi) spans of ``data`` of about ``size`` bytes, each cut just after a newline (the
+    last one runs to the end), so that every line falls in exactly one span."""
+    at, n = 0, len(data)
+    while at < n:
+        cut = n
+        if n - at > size:
+            nl = data.find(b"\n", at + size - 1)
+            cut = n if nl < 0 else nl + 1
+        yield at, cut
+        at = cut
+
+
+def parse_chunks(data: bytes, base: int, *, closed_end: bool, names: frozenset[str] | None = None,
+                 size: int | None = None) -> Iterator[Parsed]:
+    """``parse_lines`` of ``data`` a chunk at a time (``CHUNK`` bytes by default): the same
+    rows and skipped lines, lazily."""
+    for lo, hi in chunk_bounds(data, size or CHUNK):
+        yield parse_lines(data[lo:hi], base + lo, closed_end=closed_end and hi == len(data), names=names)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import InputPartition
 
 from gateway.audit import layout
-from spark.lines import Parsed, find_line_start, last_line_end, parse_lines, read_bytes
+from spark.lines import Parsed, Skipped, find_line_start, last_line_end, parse_chunks, read_bytes
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from spark.pushdown import Pushdown
 
-__all__ = ["FileRange", "plan_batch", "read_range", "skipped_batch", "split"]
+__all__ = ["FileRange", "Layout", "constant", "plan_batch", "read_range", "skipped_batch", "split", "to_batches"]
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,54 @@ def plan_batch(roots: list[str], pushdown: Pushdown, max_bytes: int) -> list[Fil
     return out
 
 
-def read_range(part: FileRange, names: frozenset[str] | None = None) -> Parsed | None:
-    """The range parsed; ``names``: the record fields to convert (all by default)."""
+def read_range(part: FileRange, names: frozenset[str] | None = None) -> Iterator[Parsed] | None:
+    """The range parsed a chunk at a time; ``names``: the record fields to convert (all by
+    default).  None when the file was deleted since planning (read before returning)."""
     data = read_bytes(part.root, part.key, part.start, part.end)
     if data is None:  # deleted by retention since planning
         return None
-    return parse_lines(data, part.start, closed_end=part.closed_end, names=names)
+    return parse_chunks(data, part.start, closed_end=part.closed_end, names=names)
+
+
+def constant(value: str | int | bool, type_: pa.DataType, n: int) -> pa.Array:
+    """``n`` copies of ``value`` built from raw buffers: ``pa.scalar``/``pa.array`` would
+    import pandas into every fresh Python worker (about half a second of CPU each)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_string(type_):
+        raw = str(value).encode()
+        # int32 offsets: n is at most a batch (65536 rows) times a path's length.
+        offsets = np.arange(n + 1, dtype=np.int64) * len(raw)
+        if offsets[-1] >= 1 << 31:
+            raise ValueError(f"cmq-audit: {n} copies of a {len(raw)}-byte value do not fit a batch")
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                pa.py_buffer(raw * n)])
+    if pa.types.is_boolean(type_):
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer((b"\xff" if value else b"\0") * ((n + 7) // 8))])
+    if pa.types.is_int32(type_):
+        return pa.Array.from_buffers(type_, n, [None, pa.py_buffer(np.full(n, value, dtype=np.int32))])
+    raise TypeError(f"cmq-audit: no constant column of type {type_}")
+
+
+class Layout:
+    """The columns the reader adds (``dt``, ``hour``, ``file``, ``open_file``, ``gateway``):
+    one value for a whole range, built once at batch size and sliced (no copy) per batch."""
+
+    def __init__(self, part: FileRange, target: pa.Schema, max_rows: int) -> None:
+        values: dict[str, str | int | bool] = {"dt": part.dt, "hour": part.hour, "file": part.key, "open_file": part.from_open,
+                  "gateway": part.root}
+        self.columns = {f.name: constant(values[f.name], f.type, max_rows)
+                        for f in target if f.name in values}
+
+    def column(self, name: str, n: int) -> pa.Array:
+        return self.columns[name].slice(0, n)
 
 
 def to_batches(part: FileRange, parsed: Parsed, schema: StructType, pushdown: Pushdown | None,
-               max_rows: int = 65536) -> Iterator[pa.RecordBatch]:
-    """Filter, add the layout columns, and shape to exactly the Arrow schema Spark expects."""
+               max_rows: int = 65536, layout: Layout | None = None) -> Iterator[pa.RecordBatch]:
+    """Filter, add the layout columns, and shape to exactly the Arrow schema Spark expects;
+    pass the range's ``layout`` when calling per chunk, so its columns are built once."""
     import pyarrow as pa
 
     from spark.schema import arrow_schema
@@ -81,35 +118,36 @@ def to_batches(part: FileRange, parsed: Parsed, schema: StructType, pushdown: Pu
         mask = pushdown.mask(table)
         if mask is not None:
             table = table.filter(mask)
-    n = table.num_rows
-    if n == 0:
+    if table.num_rows == 0:
         return
     target = arrow_schema(schema)
-    layout_values = {"dt": part.dt, "hour": part.hour, "file": part.key, "open_file": part.from_open,
-                     "gateway": part.root}
-    for name in target.names:
-        if name in layout_values:  # one value for the whole range, only if asked for
-            field = target.field(name)
-            table = table.append_column(field, pa.repeat(pa.scalar(layout_values[name], field.type), n))
-    table = table.select(target.names)
-    if not table.schema.equals(target):
-        table = table.cast(target)
-    yield from table.to_batches(max_chunksize=max_rows)
+    if layout is None:
+        layout = Layout(part, target, max_rows)
+    for batch in table.to_batches(max_chunksize=max_rows):
+        n = batch.num_rows
+        if n == 0:
+            continue
+        columns = [layout.column(f.name, n) if f.name in layout.columns else batch.column(f.name)
+                   for f in target]
+        # The parser's schema is built from the same Spark types, so no cast happens unless
+        # a field's Arrow type drifts between pyarrow versions.
+        columns = [c if c.type == f.type else c.cast(f.type) for c, f in zip(columns, target, strict=True)]
+        yield pa.RecordBatch.from_arrays(columns, schema=target)
 
 
-def skipped_batch(part: FileRange, parsed: Parsed, schema: StructType) -> Iterator[pa.RecordBatch]:
+def skipped_batch(part: FileRange, skipped: list[Skipped], schema: StructType) -> Iterator[pa.RecordBatch]:
     import pyarrow as pa
 
     from spark.schema import arrow_schema
 
-    if not parsed.skipped:
+    if not skipped:
         return
     target = arrow_schema(schema)
     cols = {
-        "file": pa.array([part.key] * len(parsed.skipped), pa.string()),
-        "offset": pa.array([s.offset for s in parsed.skipped], pa.int64()),
-        "length": pa.array([s.length for s in parsed.skipped], pa.int64()),
-        "text": pa.array([s.text.decode("utf-8", "replace") for s in parsed.skipped], pa.string()),
-        "gateway": pa.array([part.root] * len(parsed.skipped), pa.string()),
+        "file": pa.array([part.key] * len(skipped), pa.string()),
+        "offset": pa.array([s.offset for s in skipped], pa.int64()),
+        "length": pa.array([s.length for s in skipped], pa.int64()),
+        "text": pa.array([s.text.decode("utf-8", "replace") for s in skipped], pa.string()),
+        "gateway": pa.array([part.root] * len(skipped), pa.string()),
     }
     yield pa.RecordBatch.from_arrays([cols[n] for n in target.names], schema=target)

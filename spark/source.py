@@ -49,9 +49,9 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from spark.dirs import audit_dirs
-from spark.plan import FileRange, plan_batch, read_range, skipped_batch, to_batches
+from spark.plan import FileRange, Layout, plan_batch, read_range, skipped_batch, to_batches
 from spark.pushdown import Pushdown
-from spark.schema import AUDIT_SCHEMA, JSON_COLUMNS, SKIPPED_SCHEMA, select_columns
+from spark.schema import AUDIT_SCHEMA, JSON_COLUMNS, SKIPPED_SCHEMA, arrow_schema, select_columns
 from spark.times import parse_time
 
 if TYPE_CHECKING:
@@ -66,6 +66,7 @@ _OUTPUTS = ("records", "skipped")
 
 
 _DEFAULT_PARTITION_BYTES = 64 * 1024 * 1024
+_MAX_ROWS = 65536  # rows per Arrow batch handed to Spark
 
 
 def _options(options: dict[str, str]) -> tuple[list[str], int, str]:
@@ -100,16 +101,20 @@ def read_partition(part: object, schema: StructType, output: str,
     """Shared by the batch and the stream reader; stateless, runs on an executor."""
     if not isinstance(part, FileRange):  # Spark plans InputPartition(None) when there is no file
         return
-    parsed = read_range(part, parse_names(schema, pushdown) if output == "records" else None)
-    if parsed is None:
+    chunks = read_range(part, parse_names(schema, pushdown) if output == "records" else None)
+    if chunks is None:
         log.warning("cmq-audit: %s was deleted before it was read", part.key)
         return
     if output == "skipped":
-        yield from skipped_batch(part, parsed, schema)
+        yield from skipped_batch(part, [s for parsed in chunks for s in parsed.skipped], schema)
         return
-    if parsed.skipped:
-        log.warning("cmq-audit: skipped %d torn or bad line(s) in %s", len(parsed.skipped), part.key)
-    yield from to_batches(part, parsed, schema, pushdown)
+    layout = Layout(part, arrow_schema(schema), _MAX_ROWS)
+    skipped = 0
+    for parsed in chunks:  # each chunk's rows go to Spark before the next chunk is parsed
+        skipped += len(parsed.skipped)
+        yield from to_batches(part, parsed, schema, pushdown, _MAX_ROWS, layout)
+    if skipped:
+        log.warning("cmq-audit: skipped %d torn or bad line(s) in %s", skipped, part.key)
 
 
 def option_filters(options: dict[str, str]) -> list[Filter]:
