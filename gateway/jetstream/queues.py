@@ -85,9 +85,9 @@ class ClusterQueue(BrokerQueue):
         self.published_at = 0.0  # the last publish from here (x-expires' last_used ignores those)
         self.slow_writes = 0  # publishes on the one-request-each path (large, before ready, behind those)
         self.in_flight = 0  # publishes to it from here not yet acknowledged by JetStream
-        self.naks_pending = 0
+        self.naks_pending = 0  # naks sent and not yet confirmed: no pull until they are
         self.want_soon = False  # a pull is to be considered at the end of this loop turn
-        self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile  # naks sent and not yet confirmed: no pull until they are
+        self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile
         self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
         self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
         self.on_consumers: Callable[[ClusterQueue], None] | None = None  # presence.consumers_changed

@@ -196,10 +196,7 @@ class JetStreamStore:
         one way anything reaches JetStream, so durable_lsn covers every write. Writes of one
         ``chain`` (one queue's messages) keep their order across retries: once one fails,
         it and every later one go through the chain's retrier, one at a time, in LSN order."""
-        lsn = self._lsn = self._lsn + 1
-        self._open.add(lsn)
-        self._order.append(lsn)
-        self._idle.clear()
+        lsn = self._next_lsn()
         if chain is not None and chain.waiting:
             chain.waiting.append((lsn, write, args))
         else:
@@ -212,10 +209,7 @@ class JetStreamStore:
         under a new LSN like every other write: it settles when its PubAck names a stream
         sequence (or refuses it, then a nack), and durable_lsn still waits for every LSN
         before it."""
-        lsn = self._lsn = self._lsn + 1
-        self._open.add(lsn)
-        self._order.append(lsn)
-        self._idle.clear()
+        lsn = self._next_lsn()
 
         def settled(refused: bool) -> None:
             if refused:
@@ -224,6 +218,14 @@ class JetStreamStore:
             self._settle(lsn)
 
         publisher.publish(lsn, subject, payload, headers, settled, gone)
+        return lsn
+
+    def _next_lsn(self) -> int:
+        """A new write's LSN, open (durable_lsn stays below it) until it settles."""
+        lsn = self._lsn = self._lsn + 1
+        self._open.add(lsn)
+        self._order.append(lsn)
+        self._idle.clear()
         return lsn
 
     async def _run(self, lsn: int, write: Callable[..., Awaitable[Any]], args: tuple[Any, ...],
