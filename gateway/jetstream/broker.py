@@ -25,6 +25,7 @@ from gateway.broker.exchange import Exchange
 from gateway.broker.message import Message
 from gateway.broker.policies import Policy
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
+from gateway.jetstream.head import EXPIRES_AT, MSG_ID
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.mqtt_state import MQTTCluster
@@ -62,7 +63,6 @@ PULL_MIN = 64  # while a pull is under way, the next one asks for at least this 
 UNLIMITED_CREDIT = 64  # what a consumer without prefetch is pulled for at a time
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
-MSG_ID = "Nats-Msg-Id"
 NAK_WAIT = 2.0
 
 
@@ -404,7 +404,7 @@ class ClusterBroker(Broker):
         if delay:
             headers[VISIBLE_AT] = repr(now + delay)
         if expires_at is not None:
-            headers["Cmq-Expires-At"] = repr(expires_at)
+            headers[EXPIRES_AT] = repr(expires_at)
         q.remote_ready += 1
         q.in_flight += 1
         q.published_at = now  # counted (COUNT_RECENT), but not a use: x-expires ignores publishes
@@ -617,7 +617,7 @@ class ClusterBroker(Broker):
                 # Q4/M11: a delayed message was naked once for its delay by whichever gateway
                 # pulled it first (any puller during the delay does): not a receive.
                 count -= 1
-            exp = headers.get("Cmq-Expires-At")
+            exp = headers.get(EXPIRES_AT)
             cmq.restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=r["enqueue_time"],
                         receive_count=max(0, count), expires_at=None if exp is None else float(exp))
         vh = self.vhosts[q.vhost]
