@@ -1,0 +1,137 @@
+"""Where scenario 1's CPU goes, per message, for RabbitMQ and the gateway in one run (issue 15).
+
+    .venv/bin/python scripts/bench_cpu_split.py [--duration 8] [--repeat 3] [--size 16]
+
+A throughput ratio on this 2-core machine is a CPU budget shared by the broker and the load
+generator. This runs `cmq-gateway perf` (1 producer, 1 consumer, --rate 0, transient
+messages: scenario 1) against the machine's RabbitMQ and against a gateway started as `serve`
+runs it (audit log and /metrics on), alternating, and reads utime + stime from /proc for:
+
+* the broker: RabbitMQ's beam.smp; the gateway's event-loop thread, its other threads (the
+  audit writer thread, the store's sync thread) and its child processes (the audit writer
+  process);
+* the generator: the `perf` process and its worker processes.
+
+It prints messages per second and CPU microseconds per message of each, so the ratio can be
+read as arithmetic: what the generator costs is paid on both sides, what the broker costs
+decides how many messages the two cores carry, and the gateway's event loop is one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_compare import PY, ROOT, _start_gateway, _stop  # noqa: E402
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu(path: str) -> float:
+    """utime + stime in seconds from a /proc/.../stat file (0 if it is gone)."""
+    try:
+        with open(path) as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+def _gateway_parts(pid: int) -> dict[str, float]:
+    threads = {int(t): _cpu(f"/proc/{pid}/task/{t}/stat") for t in os.listdir(f"/proc/{pid}/task")}
+    return {"event loop": threads.get(pid, 0.0),
+            "other threads": sum(v for t, v in threads.items() if t != pid),
+            "audit process": sum(_cpu(f"/proc/{c}/stat") for c in _children(pid))}
+
+
+def _beam_pid() -> int:
+    out = subprocess.run(["pgrep", "-f", "beam.smp"], capture_output=True, text=True, check=False).stdout.split()
+    if not out:
+        raise SystemExit("no beam.smp process: is RabbitMQ running on this machine?")
+    return int(out[0])
+
+
+def _run(uri: str, duration: float, size: int, parts: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """One perf run; ``parts()`` reads the broker's CPU parts before and after."""
+    before = parts()
+    cmd = [PY, "-m", "gateway.perf", "--uri", uri, "--rate", "0", "--duration", str(duration),
+           "--size", str(size), "--json", "--quiet"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    seen: dict[int, float] = {}
+
+    def sample() -> None:  # a worker's last reading before it exits
+        while proc.poll() is None:
+            for p in [proc.pid, *_children(proc.pid)]:
+                v = _cpu(f"/proc/{p}/stat")
+                if v:
+                    seen[p] = v
+            time.sleep(0.1)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, _ = proc.communicate(timeout=duration + 120)
+    sampler.join()
+    after = parts()
+    result = json.loads(out)
+    received = result["received"]
+    row = {"msg/s": result["rates"]["received"]}
+    for k in after:
+        row[k] = (after[k] - before[k]) / received * 1e6
+    row["generator"] = sum(seen.values()) / received * 1e6
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rabbitmq", default="amqp://guest:guest@127.0.0.1:5672/")
+    ap.add_argument("--port", type=int, default=5699, help="the gateway's port (never 5672)")
+    ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--size", type=int, default=16)
+    args = ap.parse_args()
+    if args.port == 5672:
+        raise SystemExit("the gateway never takes 5672")
+    data_dir = tempfile.mkdtemp(prefix="bench-cpu-")
+    gw = _start_gateway(args.port, data_dir, ["--metrics-port", "0"])
+    beam = _beam_pid()
+    rows: dict[str, list[dict[str, float]]] = {"rabbitmq": [], "gateway": []}
+    print(f"load before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    try:
+        for _ in range(args.repeat):
+            rows["rabbitmq"].append(_run(args.rabbitmq, args.duration, args.size,
+                                         lambda: {"broker": _cpu(f"/proc/{beam}/stat")}))
+            rows["gateway"].append(_run(f"amqp://guest:guest@127.0.0.1:{args.port}/", args.duration, args.size,
+                                        lambda: _gateway_parts(gw.pid)))
+    finally:
+        _stop(gw)
+    print(f"load after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    print("| broker | msg/s | " + "CPU us/msg: parts | total broker | generator | all |")
+    print("|---|---:|---|---:|---:|---:|")
+    for name, runs in rows.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        broker_parts = {k: v for k, v in med.items() if k not in ("msg/s", "generator")}
+        broker = sum(broker_parts.values())
+        text = ", ".join(f"{k} {v:.1f}" for k, v in broker_parts.items())
+        print(f"| {name} | {med['msg/s']:,.0f} | {text} | {broker:.1f} | {med['generator']:.1f} | "
+              f"{broker + med['generator']:.1f} |")
+    ratio = statistics.median(r["msg/s"] for r in rows["gateway"]) / statistics.median(
+        r["msg/s"] for r in rows["rabbitmq"])
+    print(f"\ngateway / rabbitmq msg/s (medians of {args.repeat}): {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
