@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import heapq
+import itertools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -77,6 +79,9 @@ class JetStreamStore:
         self._order: deque[int] = deque()
         self._idle = asyncio.Event()
         self._idle.set()
+        # durable()'s callers: (lsn, tie-break, future), woken by _settle as durable_lsn passes.
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._tie = itertools.count()
         self._failed: BaseException | None = None
         self._closed = False
         self.recovery = _Report()
@@ -153,11 +158,14 @@ class JetStreamStore:
     async def durable(self, lsn: int, timeout: float) -> bool:
         """Every write up to ``lsn`` is acknowledged (unlike settled(), later writes of a busy
         gateway do not keep it waiting); False after ``timeout`` seconds."""
-        deadline = self._loop.time() + timeout
-        while self.durable_lsn < lsn:
-            if self._loop.time() > deadline:
-                return False
-            await asyncio.sleep(0.005)
+        if self.durable_lsn >= lsn:
+            return True
+        future: asyncio.Future[None] = self._loop.create_future()
+        heapq.heappush(self._waiting, (lsn, next(self._tie), future))
+        try:
+            await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            return False
         return True
 
     @property
@@ -276,6 +284,11 @@ class JetStreamStore:
         if durable > self._durable:
             self._durable = durable
             self.on_durable(durable)
+            waiting = self._waiting
+            while waiting and waiting[0][0] <= durable:
+                future = heapq.heappop(waiting)[2]
+                if not future.done():  # a caller that timed out cancelled its future
+                    future.set_result(None)
         if not self._open:
             self._idle.set()
 
