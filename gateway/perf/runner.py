@@ -249,14 +249,21 @@ def run(cfg: RunConfig, progress_out: TextIO | None = sys.stderr) -> dict[str, A
         consumers = [s.worker_id for s in specs if s.role == "consumer"]
         slow = [s.worker_id for s in specs if s.role == "slow"]
         # The window, then the producers' confirm tail.
+        # After the window: "stop" once to each producer, and the pump waits for its answer (a
+        # tick or its result). A "stop" each turn with no wait made this process spin on a core
+        # of the machine under test, and the producer read thousands of them, for as long as a
+        # broker holding the producer back took to let its last batch through.
+        stopped: set[int] = set()
         while time.monotonic() < start + cfg.duration or not all(w in state.done for w in producers):
             if state.errors:
                 break
             if time.monotonic() >= start + cfg.duration:
                 for w in producers:
-                    if w not in state.done:
+                    if w not in state.done and w not in stopped:
                         pipes[w].send(("stop",))
-            state.pump(pipes, max(0.0, min(next_tick - time.monotonic(), 0.5)))
+                        stopped.add(w)
+            wait_s = next_tick - time.monotonic() if next_tick <= start + cfg.duration + 0.01 else 0.5
+            state.pump(pipes, max(0.0, min(wait_s, 0.5)))
             if time.monotonic() >= next_tick and next_tick <= start + cfg.duration + 0.01:
                 prev = state.progress(next_tick - start, prev)
                 next_tick += 1.0
