@@ -12,7 +12,8 @@ runs it (audit log and /metrics on), alternating, and reads utime + stime from /
   process);
 * the generator: the `perf` process and its worker processes.
 
-It prints messages per second and CPU microseconds per message of each, so the ratio can be
+It prints messages received per second and CPU microseconds per message of each, both over the
+steady part of the window (from its 1 s tick to its last), so the ratio can be
 read as arithmetic: what the generator costs is paid on both sides, what the broker costs
 decides how many messages the two cores carry, and the gateway's event loop is one thread.
 """
@@ -22,12 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -67,31 +68,38 @@ def _beam_pid() -> int:
 
 
 def _run(uri: str, duration: float, size: int, parts: Callable[[], dict[str, float]]) -> dict[str, float]:
-    """One perf run; ``parts()`` reads the broker's CPU parts before and after."""
-    before = parts()
+    """One perf run; CPU per message over the steady part of the window: from its first
+    progress tick (t = 1 s) to its last (t = duration), read as each tick is printed."""
     cmd = [PY, "-m", "gateway.perf", "--uri", uri, "--rate", "0", "--duration", str(duration),
-           "--size", str(size), "--json", "--quiet"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    seen: dict[int, float] = {}
+           "--size", str(size), "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
 
-    def sample() -> None:  # a worker's last reading before it exits
-        while proc.poll() is None:
-            for p in [proc.pid, *_children(proc.pid)]:
-                v = _cpu(f"/proc/{p}/stat")
-                if v:
-                    seen[p] = v
-            time.sleep(0.1)
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    out, _ = proc.communicate(timeout=duration + 120)
-    sampler.join()
-    after = parts()
+    def reading() -> dict[str, float]:
+        generator = sum(_cpu(f"/proc/{p}/stat") for p in [proc.pid, *_children(proc.pid)])
+        return {**parts(), "generator": generator}
+
+    ticks: dict[float, dict[str, float]] = {}
+
+    def follow() -> None:
+        for line in proc.stderr:  # type: ignore[union-attr]
+            m = re.match(r"time\s+([\d.]+)s", line)
+            if m:
+                ticks[float(m.group(1))] = reading()
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    assert proc.stdout is not None
+    out = proc.stdout.read()  # stderr is the follower's alone
+    proc.wait(timeout=120)
+    follower.join()
     result = json.loads(out)
-    received = result["received"]
-    row = {"msg/s": result["rates"]["received"]}
-    for k in after:
-        row[k] = (after[k] - before[k]) / received * 1e6
-    row["generator"] = sum(seen.values()) / received * 1e6
+    first, last = 1.0, float(int(duration))
+    if first not in ticks or last not in ticks or last <= first:
+        raise SystemExit(f"no progress ticks at {first} and {last} s (got {sorted(ticks)}): use --duration >= 3")
+    received = sum(row["received"] for row in result["per_second"] if first < row["t"] <= last)
+    row = {"msg/s": received / (last - first)}
+    for k, v in ticks[last].items():
+        row[k] = (v - ticks[first][k]) / received * 1e6
     return row
 
 
