@@ -25,7 +25,7 @@ from gateway.broker.exchange import Exchange
 from gateway.broker.message import Message
 from gateway.broker.policies import Policy
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
-from gateway.jetstream.head import EXPIRES_AT, MSG_ID
+from gateway.jetstream.head import EXPIRES_AT, MSG_ID, stored_message
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.mqtt_state import MQTTCluster
@@ -42,7 +42,6 @@ from gateway.jetstream.queues import (
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.sweeper import Sweeper, settle_once
 from gateway.jetstream.vhost import ClusterVHost
-from gateway.protocol.properties import Properties
 from semantics import queue as Q
 from semantics.clock import Clock, SystemClock
 from semantics.jetstream.names import CONSUMER
@@ -609,9 +608,7 @@ class ClusterBroker(Broker):
                     self._spawn(self._fetch_body(q, m, headers[BODY_HEADER], msg_id))
                     break
             q.leases[msg_id] = m
-            msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"],
-                          r["enqueue_time"])
-            msg.msg_id = msg_id
+            msg = stored_message(r, body, msg_id)
             count = delivered - 1
             if visible_at is not None and count > 0:
                 # Q4/M11: a delayed message was naked once for its delay by whichever gateway

@@ -67,6 +67,15 @@ async def removed(js: Any, q: ClusterQueue, seq: int | None) -> bool:
     return True
 
 
+def stored_message(record: dict[str, Any], body: bytes, msg_id: str) -> Message:
+    """The gateway's message of a queue stream's record (``P.decode_message``) and its
+    body: what a pull takes into the local model and what the head's end reports."""
+    msg = Message(body, Properties(record["properties"]), record["exchange"], record["routing_key"],
+                  record["enqueue_time"])
+    msg.msg_id = msg_id
+    return msg
+
+
 async def end(broker: ClusterBroker, q: ClusterQueue, raw: Any, event: Any, *args: Any) -> None:
     """``raw`` (deleted from the stream by this gateway) ends as ``event(message, *args)``
     would end a message of the local model."""
@@ -78,8 +87,7 @@ async def end(broker: ClusterBroker, q: ClusterQueue, raw: Any, event: Any, *arg
         with contextlib.suppress(Exception):
             body = await broker.bodies.get(big)
         broker.spawn(broker.bodies.delete(big))
-    msg = Message(body, Properties(r["properties"]), r["exchange"], r["routing_key"], r["enqueue_time"])
-    msg.msg_id = headers.get(MSG_ID, "")
+    msg = stored_message(r, body, headers.get(MSG_ID, ""))
     exp = headers.get(EXPIRES_AT)
     m = Q.QueueMessage(msg.msg_id, msg, len(body), r["enqueue_time"], 0, None if exp is None else float(exp))
     m.state = Q.REMOVED
