@@ -48,6 +48,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from spark.cache import cache_base, cached_chunks, sweep
 from spark.dirs import audit_dirs
 from spark.plan import FileRange, Layout, plan_batch, read_range, skipped_batch, to_batches
 from spark.pushdown import Pushdown
@@ -97,11 +98,15 @@ def parse_names(schema: StructType, pushdown: Pushdown | None) -> frozenset[str]
 
 
 def read_partition(part: object, schema: StructType, output: str,
-                   pushdown: Pushdown | None) -> Iterator[pa.RecordBatch]:
-    """Shared by the batch and the stream reader; stateless, runs on an executor."""
+                   pushdown: Pushdown | None, cache: str | None = None) -> Iterator[pa.RecordBatch]:
+    """Shared by the batch and the stream reader; stateless, runs on an executor.
+    ``cache``: the ``cache`` option (``spark.cache``); None (streams) parses every range."""
     if not isinstance(part, FileRange):  # Spark plans InputPartition(None) when there is no file
         return
-    chunks = read_range(part, parse_names(schema, pushdown) if output == "records" else None)
+    names = parse_names(schema, pushdown) if output == "records" else None
+    # The file the gateway is still writing is never cached: it is not final.
+    base = cache_base(part.root, cache) if cache is not None and not part.from_open else None
+    chunks = cached_chunks(base, part, names) if base is not None else read_range(part, names)
     if chunks is None:
         log.warning("cmq-audit: %s was deleted before it was read", part.key)
         return
@@ -136,17 +141,22 @@ class AuditReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.roots, self.max_bytes, self.output = _options(options)
         self.schema = schema
+        self.cache = options.get("cache", "on")
         self.pushdown = Pushdown()
         for f in option_filters(options):
             if not self.pushdown.offer(f):
                 raise ValueError(f"cmq-audit: cannot apply option filter {f}")
 
     def partitions(self) -> list[FileRange]:  # type: ignore[override]
+        for root in self.roots:  # entries of files retention has deleted since the last scan
+            base = cache_base(root, self.cache)
+            if base is not None:
+                sweep(base, root)
         return plan_batch(self.roots, self.pushdown, self.max_bytes)
 
     def read(self, partition: object) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return read_partition(partition, self.schema, self.output,
-                              self.pushdown if self.output == "records" else None)
+                              self.pushdown if self.output == "records" else None, self.cache)
 
 
 class AuditPushdownReader(AuditReader):
