@@ -24,7 +24,8 @@ is parsed:
 columnar cache of closed files (spark/cache.py), labelled so: ``off`` parses JSON as before;
 ``cold`` empties the cache before each of the connector's runs, so every run parses and writes
 it; ``warm`` reads the entries its warm-up run wrote.  The cache is a temporary directory
-(the ``cache`` option), not the log's own.
+(the ``cache`` option), not the log's own; ``--cache-codec`` compresses it (``zstd``, the
+connector's default, ``lz4`` or ``none``).
 
 ``--cases full,noop`` runs only those.  The machine's load average is printed before and
 after: on a shared machine, read the ratios (both sides alternate under the same load), not
@@ -94,7 +95,7 @@ def load_average() -> str:
 
 
 def run(root: str, master: str, cases: tuple[str, ...] = CASES,
-        cache_states: tuple[str, ...] = ("off",)) -> None:
+        cache_states: tuple[str, ...] = ("off",), codec: str = "zstd") -> None:
     from tests.spark.standalone import spark_env
 
     # The driver, the planner and the executors all import the connector from CODE.
@@ -124,7 +125,8 @@ def run(root: str, master: str, cases: tuple[str, ...] = CASES,
     state = ["off"]
 
     def audit(**options: str) -> DataFrame:
-        reader = spark.read.format("cmq-audit").option("cache", "off" if state[0] == "off" else cache_dir)
+        reader = (spark.read.format("cmq-audit").option("cache", "off" if state[0] == "off" else cache_dir)
+                  .option("cacheCodec", codec))
         for k, v in options.items():
             reader = reader.option(k, v)
         return reader.load(root)
@@ -145,7 +147,7 @@ def run(root: str, master: str, cases: tuple[str, ...] = CASES,
     def case(label: str, connector: Callable[[], DataFrame], builtin: Callable[[], DataFrame],
              noop: bool = False) -> None:
         cold = state[0] == "cold"
-        label = f"{label} [cache {state[0]}]"
+        label = f"{label} [cache {state[0]}{'' if state[0] == 'off' else ', ' + codec}]"
         timed(connector, noop, cold)  # warm-up: the JVM's code paths, the Python workers, the cache
         timed(builtin, noop)
         a: list[tuple[float, float]] = []
@@ -201,6 +203,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--cache", default=",".join(CACHE_STATES),
                     help=f"comma-separated states of the connector's cache, of {', '.join(CACHE_STATES)}")
+    ap.add_argument("--cache-codec", default="zstd", help="the cacheCodec option: zstd, lz4 or none")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--master", default="local[2]")
     where.add_argument("--cluster", action="store_true", help="start a standalone cluster for the run")
@@ -229,9 +232,9 @@ def main() -> None:
 
             with tempfile.TemporaryDirectory(prefix="bench-spark-cluster-") as tmp, \
                     standalone(Path(tmp), memory="2g") as url:
-                run(root, url, cases, cache_states)
+                run(root, url, cases, cache_states, args.cache_codec)
         else:
-            run(root, args.master, cases, cache_states)
+            run(root, args.master, cases, cache_states, args.cache_codec)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -102,10 +102,12 @@ def test_A4_warm_scan_gives_the_rows_of_a_cold_scan_and_of_parsing(spark, tmp_pa
     assert [p.stat().st_mtime_ns for p in entries(cache)] == stamps
 
 
+@pytest.mark.parametrize("codec", ["zstd", "lz4", "none"])
 def test_A4_warm_read_parses_nothing_and_reads_the_cached_columns_only(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, codec: str) -> None:
     odd_log(tmp_path)
-    cold = rows(AuditReader({"path": str(tmp_path)}, AUDIT_SCHEMA))  # default: <log>/.cmq-audit-cache
+    # The default place: <log>/.cmq-audit-cache.
+    cold = rows(AuditReader({"path": str(tmp_path), "cachecodec": codec}, AUDIT_SCHEMA))
     assert len(entries(tmp_path / DEFAULT_DIR)) == 2
 
     def no_parsing(*args: object, **kw: object) -> None:
@@ -254,3 +256,8 @@ def test_A4_entries_of_deleted_files_and_stale_temporaries_are_swept(tmp_path: P
     os.utime(left, (t, t))
     AuditReader({"path": str(tmp_path)}, AUDIT_SCHEMA).partitions()
     assert not left.exists()
+
+
+def test_A4_cache_codec_is_checked_when_the_query_is_planned(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cacheCodec"):
+        AuditReader({"path": str(tmp_path), "cachecodec": "gzip2"}, AUDIT_SCHEMA)
