@@ -20,6 +20,13 @@ is parsed:
   query uses;
 * ``hour``, ``where``: one hour, by the from/to options and by WHERE with pushFilters.
 
+``--cache off,cold,warm`` (the default) runs each case once per state of the connector's
+columnar cache of closed files (spark/cache.py), labelled so: ``off`` parses JSON as before;
+``cold`` empties the cache before each of the connector's runs, so every run parses and writes
+it; ``warm`` reads the entries its warm-up run wrote.  The cache is a temporary directory
+(the ``cache`` option), not the log's own; ``--cache-codec`` compresses it (``zstd``, the
+connector's default, ``lz4`` or ``none``).
+
 ``--cases full,noop`` runs only those.  The machine's load average is printed before and
 after: on a shared machine, read the ratios (both sides alternate under the same load), not
 the seconds.
@@ -80,13 +87,15 @@ def tree_cpu() -> float:
 
 
 CASES = ("full", "noop", "infer", "columns", "hour", "where")
+CACHE_STATES = ("off", "cold", "warm")
 
 
 def load_average() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def run(root: str, master: str, cases: tuple[str, ...] = CASES) -> None:
+def run(root: str, master: str, cases: tuple[str, ...] = CASES,
+        cache_states: tuple[str, ...] = ("off",), codec: str = "zstd") -> None:
     from tests.spark.standalone import spark_env
 
     # The driver, the planner and the executors all import the connector from CODE.
@@ -105,22 +114,28 @@ def run(root: str, master: str, cases: tuple[str, ...] = CASES) -> None:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    first = spark.read.format("cmq-audit").option("columns", "ts").load(root).selectExpr("min(ts) as t").collect()[0].t
+    first = spark.read.format("cmq-audit").option("cache", "off").option("columns", "ts").load(root).selectExpr("min(ts) as t").collect()[0].t
     lo = first.replace(minute=0, second=0, microsecond=0)
     hour = (lo.replace(hour=lo.hour + 2)).strftime("%Y-%m-%dT%H:00:00Z")
     hour_end = (lo.replace(hour=lo.hour + 3)).strftime("%Y-%m-%dT%H:00:00Z")
     where = f"ts >= timestamp'{hour}' and ts < timestamp'{hour_end}'"
     json_schema = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS])
 
+    cache_dir = tempfile.mkdtemp(prefix="bench-spark-cache-")
+    state = ["off"]
+
     def audit(**options: str) -> DataFrame:
-        reader = spark.read.format("cmq-audit")
+        reader = (spark.read.format("cmq-audit").option("cache", "off" if state[0] == "off" else cache_dir)
+                  .option("cacheCodec", codec))
         for k, v in options.items():
             reader = reader.option(k, v)
         return reader.load(root)
 
     local = master.startswith("local")
 
-    def timed(make: Callable[[], DataFrame], noop: bool) -> tuple[float, float, Any]:
+    def timed(make: Callable[[], DataFrame], noop: bool, cold: bool = False) -> tuple[float, float, Any]:
+        if cold:  # outside the timing: every run of the connector parses and writes the cache
+            shutil.rmtree(cache_dir, ignore_errors=True)
         c0, t0 = tree_cpu() if local else 0.0, time.perf_counter()
         if noop:  # every column of every row materialised, nothing kept
             make().write.format("noop").mode("overwrite").save()
@@ -131,12 +146,14 @@ def run(root: str, master: str, cases: tuple[str, ...] = CASES) -> None:
 
     def case(label: str, connector: Callable[[], DataFrame], builtin: Callable[[], DataFrame],
              noop: bool = False) -> None:
-        timed(connector, noop)  # warm-up: the JVM's code paths and the Python workers
+        cold = state[0] == "cold"
+        label = f"{label} [cache {state[0]}{'' if state[0] == 'off' else ', ' + codec}]"
+        timed(connector, noop, cold)  # warm-up: the JVM's code paths, the Python workers, the cache
         timed(builtin, noop)
         a: list[tuple[float, float]] = []
         b: list[tuple[float, float]] = []
         for _ in range(ROUNDS):  # interleaved, so that load from elsewhere hits both alike
-            wall, cpu, row_a = timed(connector, noop)
+            wall, cpu, row_a = timed(connector, noop, cold)
             a.append((wall, cpu))
             wall, cpu, row_b = timed(builtin, noop)
             b.append((wall, cpu))
@@ -149,7 +166,7 @@ def run(root: str, master: str, cases: tuple[str, ...] = CASES) -> None:
         ma, mb = (statistics.median(w for w, _ in x) for x in (a, b))
         ca, cb = (statistics.median(c for _, c in x) for x in (a, b))
         cpu_note = f"  cpu {ca:5.2f}s vs {cb:5.2f}s, ratio {cb / ca:4.2f}x" if local else ""
-        print(f"{label:34s} {n:>9,} rows  cmq-audit {ma:5.2f}s {n / ma:>9,.0f} rows/s  "
+        print(f"{label:48s} {n:>9,} rows  cmq-audit {ma:5.2f}s {n / ma:>9,.0f} rows/s  "
               f"spark.read.json {mb:5.2f}s {n / mb:>9,.0f} rows/s  ratio {mb / ma:4.2f}x{cpu_note}", flush=True)
 
     print(f"master {master}, medians of {ROUNDS}, ratio = spark.read.json time / cmq-audit time "
@@ -166,8 +183,13 @@ def run(root: str, master: str, cases: tuple[str, ...] = CASES) -> None:
         "where": lambda: case("one hour, WHERE + pushFilters", lambda: audit(pushFilters="true", columns=USED).where(where),
                               lambda: typed().where(where)),
     }
-    for name in cases:
-        runs[name]()
+    try:
+        for name in cases:
+            for st in cache_states:  # the states of one case back to back, under the same load
+                state[0] = st
+                runs[name]()
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
     print(f"load average {load_average()}", flush=True)
     spark.stop()
 
@@ -179,6 +201,9 @@ def main() -> None:
     ap.add_argument("--code", default=None,
                     help="import the connector from this checkout instead (a 'before' measurement)")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    ap.add_argument("--cache", default=",".join(CACHE_STATES),
+                    help=f"comma-separated states of the connector's cache, of {', '.join(CACHE_STATES)}")
+    ap.add_argument("--cache-codec", default="zstd", help="the cacheCodec option: zstd, lz4 or none")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--master", default="local[2]")
     where.add_argument("--cluster", action="store_true", help="start a standalone cluster for the run")
@@ -186,6 +211,9 @@ def main() -> None:
     cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     if not cases or set(cases) - set(CASES):
         ap.error(f"--cases: choose from {', '.join(CASES)}")
+    cache_states = tuple(c.strip() for c in args.cache.split(",") if c.strip())
+    if not cache_states or set(cache_states) - set(CACHE_STATES):
+        ap.error(f"--cache: choose from {', '.join(CACHE_STATES)}")
     if args.code:
         global CODE
         CODE = Path(args.code).resolve()
@@ -204,9 +232,9 @@ def main() -> None:
 
             with tempfile.TemporaryDirectory(prefix="bench-spark-cluster-") as tmp, \
                     standalone(Path(tmp), memory="2g") as url:
-                run(root, url, cases)
+                run(root, url, cases, cache_states, args.cache_codec)
         else:
-            run(root, args.master, cases)
+            run(root, args.master, cases, cache_states, args.cache_codec)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -5,6 +5,7 @@
     df = spark.read.format("cmq-audit").load("/var/log/cmq-gateway")
     both = spark.read.format("cmq-audit").load(["/logs/gw-a", "/logs/gw-b"])  # or "/logs/gw-*"
     slim = spark.read.format("cmq-audit").option("columns", "ts,event,size").load(dir)
+    parse = spark.read.format("cmq-audit").option("cache", "off").load(dir)  # no columnar cache
     hour = (spark.read.format("cmq-audit")
             .option("from", "2024-05-01T10:00:00Z").option("to", "2024-05-01T11:00:00Z")
             .option("event", "publish,ack").load(dir))       # pruned before any file is opened
@@ -21,7 +22,13 @@ is not checked for its type); ``from`` / ``to`` (ISO-8601 or Unix seconds: keep
 ``from <= ts < to``; folders outside are never listed); ``event``, ``vhost``, ``topic``,
 ``queue`` (comma-separated values to keep); ``maxPartitionBytes`` (default 64 MiB: a larger
 file is read as several line-aligned ranges); ``output`` (``records``, the default, or
-``skipped``: one row per torn or unparseable line the records view skips); ``pushFilters``
+``skipped``: one row per torn or unparseable line the records view skips); ``cache``
+(``on``, the default: the parsed records of each closed file are kept as Arrow in
+``<dir>/.cmq-audit-cache/`` and later scans read them instead of parsing JSON; a directory
+to keep them elsewhere; ``off``; a cache that cannot be written means parsing, see
+``spark.cache``.  A range read through the cache is parsed whole once, so a line with a
+wrong-typed field is skipped even when that field is not among ``columns``); ``cacheCodec``
+(``zstd``, the default, ``lz4`` or ``none``: how new cache entries are compressed); ``pushFilters``
 (``true``: also take WHERE conditions through Spark's filter pushdown, see below); for streams
 ``startingOffsets`` (``earliest``, the default, or ``latest``).
 
@@ -48,6 +55,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from spark.cache import cache_base, cached_chunks, check_codec, sweep
 from spark.dirs import audit_dirs
 from spark.plan import FileRange, Layout, plan_batch, read_range, skipped_batch, to_batches
 from spark.pushdown import Pushdown
@@ -97,11 +105,16 @@ def parse_names(schema: StructType, pushdown: Pushdown | None) -> frozenset[str]
 
 
 def read_partition(part: object, schema: StructType, output: str,
-                   pushdown: Pushdown | None) -> Iterator[pa.RecordBatch]:
-    """Shared by the batch and the stream reader; stateless, runs on an executor."""
+                   pushdown: Pushdown | None, cache: str | None = None,
+                   codec: str = "zstd") -> Iterator[pa.RecordBatch]:
+    """Shared by the batch and the stream reader; stateless, runs on an executor.
+    ``cache``: the ``cache`` option (``spark.cache``); None (streams) parses every range."""
     if not isinstance(part, FileRange):  # Spark plans InputPartition(None) when there is no file
         return
-    chunks = read_range(part, parse_names(schema, pushdown) if output == "records" else None)
+    names = parse_names(schema, pushdown) if output == "records" else None
+    # The file the gateway is still writing is never cached: it is not final.
+    base = cache_base(part.root, cache) if cache is not None and not part.from_open else None
+    chunks = cached_chunks(base, part, names, codec) if base is not None else read_range(part, names)
     if chunks is None:
         log.warning("cmq-audit: %s was deleted before it was read", part.key)
         return
@@ -136,17 +149,23 @@ class AuditReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.roots, self.max_bytes, self.output = _options(options)
         self.schema = schema
+        self.cache = options.get("cache", "on")
+        self.codec = check_codec(options.get("cachecodec", "zstd"))
         self.pushdown = Pushdown()
         for f in option_filters(options):
             if not self.pushdown.offer(f):
                 raise ValueError(f"cmq-audit: cannot apply option filter {f}")
 
     def partitions(self) -> list[FileRange]:  # type: ignore[override]
+        for root in self.roots:  # entries of files retention has deleted since the last scan
+            base = cache_base(root, self.cache)
+            if base is not None:
+                sweep(base, root)
         return plan_batch(self.roots, self.pushdown, self.max_bytes)
 
     def read(self, partition: object) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return read_partition(partition, self.schema, self.output,
-                              self.pushdown if self.output == "records" else None)
+                              self.pushdown if self.output == "records" else None, self.cache, self.codec)
 
 
 class AuditPushdownReader(AuditReader):
