@@ -189,17 +189,6 @@ def test_A4_an_unwritable_cache_falls_back_to_parsing(spark, tmp_path: Path) -> 
     assert rows(AuditReader({"path": str(log)}, AUDIT_SCHEMA)).num_rows == 42
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permissions")
-def test_A4_a_read_only_audit_directory_is_read_without_a_cache(tmp_path: Path) -> None:
-    odd_log(tmp_path)
-    os.chmod(tmp_path, 0o555)
-    try:
-        assert rows(AuditReader({"path": str(tmp_path)}, AUDIT_SCHEMA)).num_rows == 42
-        assert not (tmp_path / DEFAULT_DIR).exists()
-    finally:
-        os.chmod(tmp_path, 0o755)
-
-
 def test_A4_the_open_file_is_never_cached(spark, tmp_path: Path) -> None:
     now = [H10 + 1]
     audit = AuditLog(str(tmp_path), clock=lambda: now[0])
