@@ -47,7 +47,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -273,6 +273,10 @@ class CmqQueue:
         self._fold_batch = FOLD_BATCH
         self._live_max = ""  # the highest ID ever folded: a later own ID is in no run
         self._unordered = False  # a thawed message went to the end of _messages
+        # Called when the queue empties after holding a run (a long backlog drained): the
+        # gateway gives memory back then (gateway.broker.folding).
+        self.on_drained: Callable[[], None] | None = None
+        self._had_runs = False
         self.max_inflight = limits.MAX_INFLIGHT_DELAYED  # L8; a test may lower it
         self._apply(attributes or QueueAttributes())
 
@@ -494,6 +498,7 @@ class CmqQueue:
         if not n:
             return
         self._runs.append(run)
+        self._had_runs = True
         self._n_cold = n
         run.visible_at = now
         run.pos0 = self._next_pos - run.head  # run index i has position pos0 + i
@@ -608,6 +613,7 @@ class CmqQueue:
         if not len(run):
             return
         self._runs.append(run)
+        self._had_runs = True
         self._n_cold += len(run)
         self._live_max = last_id
         # Their deadline entries, in send order near the front of the lane, go too (each
@@ -847,6 +853,10 @@ class CmqQueue:
         self._unordered = False
         if self._freezer is not None:
             self._fold_at = self._fold_keep + self._fold_tail + self._fold_batch
+        if self._had_runs:
+            self._had_runs = False
+            if self.on_drained is not None:
+                self.on_drained()
 
     def _drop_rewindable(self) -> None:
         for msg in [m for m in self._messages.values() if m.state is DELETED]:

@@ -266,3 +266,27 @@ def test_cold_run_holds_under_64_bytes_a_message_and_frees_them_when_drained() -
     assert cold_bytes * 5 < hot_bytes, (cold_bytes, hot_bytes)
     assert left < cold_bytes / 20, (left, cold_bytes)
     assert q.cold == 0 and len(q) == 0
+
+
+def test_a_folded_backlog_is_thawed_in_order_and_the_queue_says_once_when_it_drained() -> None:
+    """Issue 15: past the thresholds, the middle of the backlog is folded (the head and the
+    newest stay objects); when the queue empties after that, on_drained runs once (the
+    gateway then gives the memory back), and not for a queue that never held a run."""
+    freezer = Freezer()
+    q = CmqQueue("q", QueueAttributes(msg_retention_seconds=86_400))
+    q.fold_with(freezer, keep=10, tail=5, batch=20)
+    drained: list[int] = []
+    q.on_drained = lambda: drained.append(1)
+    ids = [new_msg_id() for _ in range(100)]
+    for i, msg_id in enumerate(ids):
+        q.send(("new", msg_id), 1, T0 + i, msg_id=msg_id)
+    assert q.cold > 50 and len(q._messages) == 100 - q.cold
+    assert q.get(ids[-1]) is not None and q.cold > 50  # the newest was never folded
+    got = []
+    while (m := q.receive_and_delete(T0 + 100)) is not None:
+        got.append((m.msg_id, m.payload, m.enqueue_time))
+    assert got == [(msg_id, ("new", msg_id), T0 + i) for i, msg_id in enumerate(ids)]
+    assert (drained, freezer.thawed, q.cold) == ([1], freezer.frozen, 0)
+    q.send("again", 1, T0 + 200)
+    q.receive_and_delete(T0 + 200)
+    assert drained == [1]
