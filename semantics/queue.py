@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -267,7 +268,7 @@ class CmqQueue:
         self._runs: deque[ColdRun | LiveRun] = deque()
         self._n_cold = 0
         self._freezer: Freezer | None = None
-        self._fold_at = _INF  # len(_active) beyond which send folds (no freezer: never)
+        self._fold_at = sys.maxsize  # len(_active) beyond which send folds (no freezer: never)
         self._fold_keep = FOLD_KEEP
         self._fold_tail = FOLD_TAIL
         self._fold_batch = FOLD_BATCH
