@@ -521,10 +521,11 @@ class CmqQueue:
     def _cold_has(self, msg_id: str) -> bool:
         # An ID this process made was never restored, and one made after the last fold
         # (every new message's) was never folded: the search is for the others.
-        if (msg_id.startswith(_OWN_IDS) and len(msg_id) == _OWN_ID_LEN
-                and (len(self._live_max) != _OWN_ID_LEN or msg_id > self._live_max)):
-            return False
-        return any(run.contains(msg_id) for run in self._runs)
+        if msg_id.startswith(_OWN_IDS) and len(msg_id) == _OWN_ID_LEN:
+            if len(self._live_max) != _OWN_ID_LEN or msg_id > self._live_max:
+                return False
+            return any(run.contains(msg_id) for run in self._runs if type(run) is LiveRun)
+        return any(run.contains(msg_id) for run in self._runs if type(run) is ColdRun)
 
     def _thaw(self) -> QueueMessage:
         """The first cold message as an ordinary ACTIVE one, counted as before, its
