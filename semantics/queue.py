@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -56,7 +57,7 @@ from semantics import limits
 from semantics.errors import CMQError, LimitError
 from semantics.message_ids import MSG_ID_PREFIX, new_msg_id, process_prefix
 from semantics.queue_attrs import OVERFLOW_DROP_HEAD, QueueAttributes
-from semantics.queue_cold import ColdRun
+from semantics.queue_cold import ColdRun, Freezer, LiveRun
 
 __all__ = [
     "CmqQueue",
@@ -99,6 +100,14 @@ _DEADLINE = 2
 _MIN_COMPACT = 1024
 _INF = float("inf")
 _OWN_IDS = MSG_ID_PREFIX + process_prefix()
+_OWN_ID_LEN = len(_OWN_IDS) + 16  # new_msg_id's counter: 16 hex digits
+
+# Folding (semantics.queue_cold.LiveRun): once a queue holds more than FOLD_KEEP +
+# FOLD_TAIL + FOLD_BATCH Active messages in its hot order, the ones after the first
+# FOLD_KEEP and before the newest FOLD_TAIL are folded. Shorter queues never pay for it.
+FOLD_KEEP = 1024
+FOLD_TAIL = 1024
+FOLD_BATCH = 4096
 
 
 class QueueMessage:
@@ -127,6 +136,11 @@ class QueueMessage:
         self.seq = seq  # production order, for rewind (Q6)
         self.deadline = 0.0  # the time of its live _DEADLINE timer
 
+    def __lt__(self, other: object) -> bool:
+        # Two heap entries with the same time, seq and kind may name two objects of one
+        # message (a stale entry of one folded, and the one thawed since): neither first.
+        return False
+
     def __repr__(self) -> str:
         return (f"QueueMessage({self.msg_id!r}, state={self.state.name}, size={self.size}, "
                 f"receive_count={self.receive_count})")
@@ -139,8 +153,9 @@ class Receipt(NamedTuple):
     handle: int
 
 
-# Timer entries: (when, kind, message, token) in the FIFO lanes; the heap adds a tiebreak so
-# that tuples never compare messages. token is the receipt handle for _VISIBLE.
+# Timer entries: (when, kind, message, token) in the FIFO lanes; the heap adds the message's
+# seq after the time: at the same time, production order. token is the receipt handle for
+# _VISIBLE.
 _Entry = tuple[float, int, QueueMessage, int]
 _HeapEntry = tuple[float, int, int, QueueMessage, int]
 
@@ -202,6 +217,14 @@ class MaxLengthRejected(CMQError):
     """
 
 
+def _pos(msg: QueueMessage) -> int:
+    return msg.pos
+
+
+def _seq_of_item(item: tuple[str, QueueMessage]) -> int:
+    return item[1].seq
+
+
 def _timer_live(when: float, kind: int, msg: QueueMessage, token: int) -> bool:
     """False for a timer whose message moved on (lazy deletion)."""
     if kind == _VISIBLE:
@@ -229,7 +252,6 @@ class CmqQueue:
         self._heap: list[_HeapEntry] = []
         self._vis_limit = self._dl_limit = self._heap_limit = _MIN_COMPACT
         self._next_due = _INF
-        self._tiebreak = itertools.count()
         self._handles = itertools.count(1)
         self._events: list[QueueEvent] = []
         self._next_pos = 0
@@ -240,12 +262,22 @@ class CmqQueue:
         self._n_parked = 0
         self._n_rewindable = 0
         self._rewound_to = float("-inf")
-        # Restored Active messages not yet made objects (semantics.queue_cold): counted in
-        # _n_active, positioned before every other Active message.
-        self._cold: ColdRun | None = None
+        # Active messages not yet (or no longer) objects (semantics.queue_cold): counted in
+        # _n_active, in runs of increasing positions and enqueue times, so the first run's
+        # head is the cold message received first and the first to reach its deadline.
+        self._runs: deque[ColdRun | LiveRun] = deque()
         self._n_cold = 0
-        self._cold_pos0 = self._cold_seq0 = 0
-        self._cold_at = 0.0  # when they were restored
+        self._freezer: Freezer | None = None
+        self._fold_at = sys.maxsize  # len(_active) beyond which send folds (no freezer: never)
+        self._fold_keep = FOLD_KEEP
+        self._fold_tail = FOLD_TAIL
+        self._fold_batch = FOLD_BATCH
+        self._live_max = ""  # the highest ID ever folded: a later own ID is in no run
+        self._unordered = False  # a thawed message went to the end of _messages
+        # Called when the queue empties after holding a run (a long backlog drained): the
+        # gateway gives memory back then (gateway.broker.folding).
+        self.on_drained: Callable[[], None] | None = None
+        self._had_runs = False
         self.max_inflight = limits.MAX_INFLIGHT_DELAYED  # L8; a test may lower it
         self._apply(attributes or QueueAttributes())
 
@@ -272,6 +304,7 @@ class CmqQueue:
         self._advance(now)
         old = self.attributes
         self._apply(attributes)
+        self._in_send_order()
         if (old.msg_retention_seconds, old.max_time_to_live) != (
                 attributes.msg_retention_seconds, attributes.max_time_to_live):
             for msg in self._messages.values():
@@ -330,9 +363,21 @@ class CmqQueue:
         return msg
 
     def messages(self) -> Iterator[QueueMessage]:
-        """Retained and rewindable messages, roughly in send order (management API, store)."""
+        """Retained and rewindable messages in send order (management API, store)."""
         self._thaw_all()
         return iter(list(self._messages.values()))
+
+    def fold_with(self, freezer: Freezer, keep: int | None = None, tail: int | None = None,
+                  batch: int | None = None) -> None:
+        """Fold a long backlog (see FOLD_KEEP; the module's values when called) with
+        ``freezer``'s help from now on."""
+        self._freezer = freezer
+        # At least the newest message stays hot: send returns it, and the ID of a message
+        # just sent is then known to be in no run (_cold_has).
+        self._fold_keep = FOLD_KEEP if keep is None else keep
+        self._fold_tail = max(FOLD_TAIL if tail is None else tail, 1)
+        self._fold_batch = max(FOLD_BATCH if batch is None else batch, 1)
+        self._fold_at = self._fold_keep + self._fold_tail + self._fold_batch
 
     # ------------------------------------------------------------------ send
 
@@ -401,6 +446,8 @@ class CmqQueue:
             self._n_active += 1
             if self._max_length is not None and self._n_active > self._max_length:
                 self._drop_over_max_length()
+            if len(self._active) > self._fold_at:
+                self._fold()
         return msg
 
     def restore(self, payload: object, size: int, now: float, *, msg_id: str, enqueue_time: float,
@@ -443,7 +490,7 @@ class CmqQueue:
             run.sort()
         # A rule that would move an Active message with no receive at once (x-max-length,
         # a max receive count of 0) is left to the ordinary path.
-        plain = (not self._messages and self._cold is None and self._max_length is None
+        plain = (not self._messages and not self._runs and self._max_length is None
                  and not (self._dlq is not None and self._max_receive is not None and self._max_receive <= 0))
         while len(run) and (not plain or self._cold_deadline(run.head_enqueue_time()) <= now):
             _, msg_id, enq, size, payload = run.pop()
@@ -451,11 +498,12 @@ class CmqQueue:
         n = len(run)
         if not n:
             return
-        self._cold = run
+        self._runs.append(run)
+        self._had_runs = True
         self._n_cold = n
-        self._cold_at = now
-        self._cold_pos0 = self._next_pos - run.head  # run index i has position pos0 + i
-        self._cold_seq0 = self._next_seq - run.head
+        run.visible_at = now
+        run.pos0 = self._next_pos - run.head  # run index i has position pos0 + i
+        run.seq0 = self._next_seq - run.head
         self._next_pos += n
         self._next_seq += n
         self._n_active += n
@@ -471,39 +519,115 @@ class CmqQueue:
         return deadline
 
     def _cold_has(self, msg_id: str) -> bool:
-        # An ID this process made was never restored: the scan is only for older ones.
-        if msg_id.startswith(_OWN_IDS):
-            return False
-        assert self._cold is not None
-        return self._cold.contains(msg_id)
+        # An ID this process made was never restored, and one made after the last fold
+        # (every new message's) was never folded: the search is for the others.
+        if msg_id.startswith(_OWN_IDS) and len(msg_id) == _OWN_ID_LEN:
+            if len(self._live_max) != _OWN_ID_LEN or msg_id > self._live_max:
+                return False
+            return any(run.contains(msg_id) for run in self._runs if type(run) is LiveRun)
+        return any(run.contains(msg_id) for run in self._runs if type(run) is ColdRun)
 
     def _thaw(self) -> QueueMessage:
-        """The oldest cold message as an ordinary ACTIVE one, counted as before, its
+        """The first cold message as an ordinary ACTIVE one, counted as before, its
         deadline timer set; the caller places it in the Active order."""
-        run = self._cold
-        assert run is not None
-        i, msg_id, enq, size, payload = run.pop()
-        msg = QueueMessage(msg_id, payload, size, enq, self._cold_seq0 + i, None)
-        msg.pos = self._cold_pos0 + i
-        msg.next_visible_time = self._cold_at
+        runs = self._runs
+        run = runs[0]
+        msg_id, enq, size, payload, pos, seq, visible = run.take()
+        msg = QueueMessage(msg_id, payload, size, enq, seq, None)
+        msg.pos = pos
+        msg.next_visible_time = visible
         self._messages[msg_id] = msg
+        self._unordered = True
         self._n_cold -= 1
-        if not self._n_cold:
-            self._cold = None  # its arrays go back as whole buffers
+        if not len(run):
+            runs.popleft()  # its arrays go back as whole buffers
         self._push_deadline(msg)
         return msg
 
     def _thaw_all(self) -> None:
-        """Every cold message as an object, ahead of the Active order, kept first in
-        ``_messages`` (send order)."""
-        if not self._n_cold:
+        """Every cold message as an object, in its place in the Active order, and
+        ``_messages`` in send order again."""
+        if self._n_cold:
+            thawed = [self._thaw() for _ in range(self._n_cold)]
+            if self._active and self._active[0].pos < thawed[-1].pos:
+                self._active = deque(heapq.merge(thawed, self._active, key=_pos))
+            else:
+                thawed.reverse()
+                self._active.extendleft(thawed)
+        self._in_send_order()
+
+    def _in_send_order(self) -> None:
+        """``_messages`` in production order again (a thawed message went to its end), as
+        the listings and the order of the events of a bulk change have it."""
+        if self._unordered:
+            self._messages = dict(sorted(self._messages.items(), key=_seq_of_item))
+            self._unordered = False
+
+    def _fold(self) -> None:
+        """Fold the plain Active messages between the hot head and the hot tail into a
+        LiveRun (see FOLD_KEEP), taking them out of ``_messages`` and the deadline lane."""
+        freezer = self._freezer
+        assert freezer is not None
+        active = self._active
+        keep = self._fold_keep
+        n = len(active) - keep - self._fold_tail
+        self._fold_at = max(self._fold_keep + self._fold_tail + self._fold_batch, len(active) + self._fold_batch)
+        if n < self._fold_batch:
             return
-        later = self._messages
-        self._messages = {}
-        thawed = [self._thaw() for _ in range(self._n_cold)]
-        self._messages.update(later)
-        thawed.reverse()
-        self._active.extendleft(thawed)
+        head = [active.popleft() for _ in range(keep)]
+        middle = [active.popleft() for _ in range(n)]
+        if self._runs:
+            last_pos, last_enq = self._runs[-1].last()
+        else:
+            last_pos, last_enq = -1, -_INF
+        last_id = self._live_max
+        run = LiveRun(freezer, _OWN_IDS)
+        stay: list[QueueMessage] = []
+        messages = self._messages
+        retention, dlq_ttl = self._retention, self._dlq_ttl
+        folded_deadline = -_INF
+        for m in middle:
+            state = m.state
+            if state is not ACTIVE:
+                self._active_stale -= 1  # a stale entry: dropped here
+                continue
+            enq = m.enqueue_time
+            msg_id = m.msg_id
+            deadline = enq + retention if dlq_ttl is None else min(enq + retention, enq + dlq_ttl)
+            if (m.receive_count or m.expires_at is not None or m.next_visible_time != enq
+                    or m.deadline != deadline or m.pos <= last_pos or enq < last_enq
+                    or len(msg_id) != _OWN_ID_LEN or not msg_id.startswith(_OWN_IDS) or msg_id <= last_id):
+                stay.append(m)
+                continue
+            ref = freezer.freeze(msg_id, m.payload, enq)
+            if ref < 0:
+                stay.append(m)
+                continue
+            run.append(int(msg_id[len(_OWN_IDS):], 16), enq, m.size, ref, m.pos, m.seq)
+            last_pos, last_enq, last_id = m.pos, enq, msg_id
+            m.state = REMOVED  # its timer entries are stale from now on
+            del messages[msg_id]
+            folded_deadline = deadline
+        stay.reverse()
+        active.extendleft(stay)
+        head.reverse()
+        active.extendleft(head)
+        if not len(run):
+            return
+        self._runs.append(run)
+        self._had_runs = True
+        self._n_cold += len(run)
+        self._live_max = last_id
+        # Their deadline entries, in send order near the front of the lane, go too (each
+        # holds its message); a stale entry met on the way goes with them.
+        dl = self._dl
+        kept = []
+        while dl and dl[0][0] <= folded_deadline:
+            e = dl.popleft()
+            if e[2].state is not REMOVED:
+                kept.append(e)
+        kept.reverse()
+        dl.extendleft(kept)
 
     # ------------------------------------------------------------------ receive / delete
 
@@ -611,8 +735,10 @@ class CmqQueue:
         active = self._active
         returned = self._returned
         while True:
-            if self._n_cold and (not returned or self._cold_pos0 + self._cold.head < returned[0][0]):  # type: ignore[union-attr]
-                return self._thaw()  # the cold run is ahead of every entry of _active
+            if self._n_cold:
+                at = self._runs[0].head_pos()
+                if (not returned or at < returned[0][0]) and (not active or at < active[0].pos):
+                    return self._thaw()
             if returned:
                 if active and active[0].pos < returned[0][0]:
                     msg = active.popleft()
@@ -725,7 +851,14 @@ class CmqQueue:
         self._vis_limit = self._dl_limit = self._heap_limit = _MIN_COMPACT
         self._next_due = _INF
         self._messages = {}
-        self._cold = None
+        self._runs = deque()
+        self._unordered = False
+        if self._freezer is not None:
+            self._fold_at = self._fold_keep + self._fold_tail + self._fold_batch
+        if self._had_runs:
+            self._had_runs = False
+            if self.on_drained is not None:
+                self.on_drained()
 
     def _drop_rewindable(self) -> None:
         for msg in [m for m in self._messages.values() if m.state is DELETED]:
@@ -749,7 +882,10 @@ class CmqQueue:
 
     def _push_timer(self, when: float, kind: int, msg: QueueMessage, token: int) -> None:
         lane = self._vis if kind == _VISIBLE else self._dl if kind == _DEADLINE else None
-        if lane is not None and (not lane or lane[-1][0] <= when):
+        # Deadlines at the same time run in production order: one behind a later message's
+        # (a message thawed from a run) goes to the heap.
+        if lane is not None and (not lane or lane[-1][0] < when or (
+                lane[-1][0] == when and (lane is self._vis or lane[-1][2].seq <= msg.seq))):
             lane.append((when, kind, msg, token))
             if lane is self._vis:
                 if len(lane) > self._vis_limit:
@@ -758,7 +894,7 @@ class CmqQueue:
                 self._dl_limit = self._compact_lane(lane)
         else:
             heap = self._heap
-            heapq.heappush(heap, (when, next(self._tiebreak), kind, msg, token))
+            heapq.heappush(heap, (when, msg.seq, kind, msg, token))
             if len(heap) > self._heap_limit:
                 live = [e for e in heap if _timer_live(e[0], e[2], e[3], e[4])]
                 heapq.heapify(live)
@@ -793,36 +929,38 @@ class CmqQueue:
         self._push_timer(when, _DEADLINE, msg, 0)
 
     def _advance(self, now: float) -> None:
-        """Apply every timed change due at or before ``now``, in time order."""
+        """Apply every timed change due at or before ``now``, in time order; at the same
+        time, a visibility end first, then deadlines and delay ends in production order
+        (which lane holds an entry depends on the entries before it, see _push_timer)."""
         vis, dl, heap = self._vis, self._dl, self._heap
         while True:
             v = vis[0][0] if vis else _INF
             d = dl[0][0] if dl else _INF
             h = heap[0][0] if heap else _INF
+            due = min(v, d, h)
             if self._n_cold:
-                c = self._cold_deadline(self._cold.head_enqueue_time())  # type: ignore[union-attr]
-                if c <= now and c <= v and c <= d and c <= h:
-                    # Due: an ordinary message now, at its position; its timer fires next.
+                run = self._runs[0]
+                c = self._cold_deadline(run.head_enqueue_time())
+                # Its turn is where its deadline entry would be if it had stayed an object.
+                if (c <= now and c < v and (c < d or (c == d and run.head_seq() < dl[0][2].seq))
+                        and (c < h or (c == h and run.head_seq() < heap[0][1]))):
+                    # Due: an ordinary message now, at its position, its deadline run now.
                     msg = self._thaw()
                     heapq.heappush(self._returned, (msg.pos, msg))
+                    self._fire(msg.deadline, _DEADLINE, msg, 0, now)
                     continue
-                h = min(h, c)  # only for _next_due below (the loop ends when nothing is due)
-                if h > now and v > now and d > now:
-                    break
+                if c < due:
+                    due = c  # only for _next_due below: it is not due yet
+            if due > now:
+                break
             if v <= d and v <= h:
-                if v > now:
-                    break
                 when, kind, msg, token = vis.popleft()
-            elif d <= h:
-                if d > now:
-                    break
+            elif d < h or (d == h and dl[0][2].seq <= heap[0][1]):
                 when, kind, msg, token = dl.popleft()
             else:
-                if h > now:
-                    break
                 when, _, kind, msg, token = heapq.heappop(heap)
             self._fire(when, kind, msg, token, now)
-        self._next_due = min(v, d, h)
+        self._next_due = due
 
     def _fire(self, when: float, kind: int, msg: QueueMessage, token: int, now: float) -> None:
         state = msg.state
@@ -922,7 +1060,7 @@ class CmqQueue:
             heapq.heappop(heap)
         self._next_due = first = min(vis[0][0] if vis else _INF, dl[0][0] if dl else _INF,
                                      heap[0][0] if heap else _INF,
-                                     self._cold_deadline(self._cold.head_enqueue_time())  # type: ignore[union-attr]
+                                     self._cold_deadline(self._runs[0].head_enqueue_time())
                                      if self._n_cold else _INF)
         return None if first == _INF else first
 

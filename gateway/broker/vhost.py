@@ -37,6 +37,7 @@ from gateway.broker.errors import (
     resource_locked,
 )
 from gateway.broker.exchange import EXCHANGE_TYPES, Dest, Exchange, message_tags, sub_label, sub_name
+from gateway.broker.folding import DiskPayloads, give_back_memory_soon
 from gateway.broker.message import DISK_BODY_MIN, Message
 from gateway.broker.policies import Policy, choose, queue_arguments
 from gateway.broker.queue import BrokerQueue
@@ -369,6 +370,10 @@ class VHost:
     def _make_queue(self, name: str, *, durable: bool, owner: Session | None, auto_delete: bool,
                     arguments: dict[str, Any], qargs: Any, attrs: QueueAttributes) -> BrokerQueue:
         cmq = self.broker.new_cmq_queue(name, attrs, refuse_size=self.profile.enforced.message_size)
+        if durable:
+            # Issue 15: a long backlog of persistent messages is folded into compact records.
+            cmq.fold_with(DiskPayloads(self.broker.store, self.name, name))
+            cmq.on_drained = give_back_memory_soon
         q = self.queue_class(self.name, name, durable=durable, exclusive_owner=owner,
                              auto_delete=auto_delete, arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
         q.receive_metadata = self.profile.receive_metadata or qargs.receive_metadata  # M11, PF5

@@ -1,10 +1,12 @@
-"""Restored messages held as a compact run (semantics.queue_cold; issue 15) behave exactly as
-messages restored one by one (Q1, Q3, Q4, Q6, Q7, Q8, M13).
+"""Restored messages held as a compact run, and a live backlog folded into compact runs
+(semantics.queue_cold; issue 15), behave exactly as messages held one by one (Q1, Q3, Q4,
+Q6, Q7, Q8, M13).
 
-The twin test drives two queues with the same random operations, one restored with
-``restore`` and one with ``restore_cold``, and requires the same answers and events after
-every step; the others pin the parts a twin cannot show (the objects are made lazily, the
-run's arrays go once it is used up).
+The twin test drives three queues with the same random operations: one restored with
+``restore`` and never folded, one restored with ``restore_cold`` and one with ``restore``,
+both folding their backlog with tiny thresholds, and requires the same answers and events
+after every step; the others pin the parts a twin cannot show (the objects are made lazily,
+the run's arrays go once it is used up).
 """
 
 from __future__ import annotations
@@ -33,6 +35,26 @@ def _payload(i: int, msg_id: str, enq: float, size: int, ref: int) -> object:
 def _backlog(n: int, start: float) -> list[tuple[str, float, int]]:
     """(msg_id, enqueue time, size) in enqueue order, some older than the restore allows."""
     return [(f"msg-old{i:08x}", start + i * 8, 10 + i) for i in range(n)]
+
+
+class Freezer:
+    """Folds any payload but "hot" ones (a gateway keeps some messages as they are)."""
+
+    def __init__(self) -> None:
+        self.payloads: list[object] = []
+        self.frozen = 0
+        self.thawed = 0
+
+    def freeze(self, msg_id: str, payload: object, enqueue_time: float) -> int:
+        if isinstance(payload, tuple) and payload[0] == "hot":
+            return -1
+        self.payloads.append(payload)
+        self.frozen += 1
+        return len(self.payloads) - 1
+
+    def thaw(self, index: int, msg_id: str, enqueue_time: float, size: int, ref: int) -> object:
+        self.thawed += 1
+        return self.payloads[ref]
 
 
 def _restored(backlog: list[tuple[str, float, int]], now: float, cold: bool,
@@ -67,100 +89,113 @@ class ColdVersusRestored(RuleBasedStateMachine):
         backlog = _backlog(40, T0 - 350)  # the first ones are past their dead-letter TTL
         self.hot = _restored(backlog, self.now, cold=False)
         self.cold = _restored(backlog, self.now, cold=True)
+        self.folded = _restored(backlog, self.now, cold=False)
+        # Tiny thresholds: folds happen within a few sends; the restored one-by-one
+        # messages have IDs of another process and stay hot.
+        self.freezers = [Freezer(), Freezer()]
+        self.cold.fold_with(self.freezers[0], keep=2, tail=1, batch=3)
+        self.folded.fold_with(self.freezers[1], keep=1, tail=2, batch=2)
+        self.others = (self.cold, self.folded)
         self.ids = [b[0] for b in backlog]
-        self.receipts: list[tuple[Receipt, Receipt]] = []
+        self.receipts: list[tuple[Receipt, ...]] = []
 
-    def _same(self, a: object, b: object) -> None:
-        assert a == b, (a, b)
+    def _same(self, a: object, *others: object) -> None:
+        for b in others:
+            assert a == b, (a, b)
 
     @rule(dt=st.sampled_from([0.0, 0.3, 1.0, 2.5, 5.0, 9.0, 30.0, 120.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
-        self._same(_events(self.hot.tick(self.now)), _events(self.cold.tick(self.now)))
+        self._same(*(_events(q.tick(self.now)) for q in (self.hot, *self.others)))
 
     @rule(visibility=st.sampled_from([None, None, 1.0, 12.0]))
     def receive(self, visibility: float | None) -> None:
-        a = self.hot.receive(self.now, visibility)
-        b = self.cold.receive(self.now, visibility)
-        self._same(a is None, b is None)
-        if a is not None and b is not None:
-            self._same((_msg(a.message), a.handle), (_msg(b.message), b.handle))
-            self.receipts.append((a, b))
+        got = [q.receive(self.now, visibility) for q in (self.hot, *self.others)]
+        self._same(*(r is None for r in got))
+        if got[0] is not None:
+            self._same(*((_msg(r.message), r.handle) for r in got if r is not None))
+            self.receipts.append(tuple(r for r in got if r is not None))
 
     @rule()
     def receive_and_delete(self) -> None:
-        self._same(_msg(self.hot.receive_and_delete(self.now)), _msg(self.cold.receive_and_delete(self.now)))
+        self._same(*(_msg(q.receive_and_delete(self.now)) for q in (self.hot, *self.others)))
 
     @precondition(lambda self: self.receipts)
     @rule(i=st.integers(min_value=0), how=st.sampled_from(["delete", "release", "drop"]))
     def settle(self, i: int, how: str) -> None:
-        a, b = self.receipts.pop(i % len(self.receipts))
-        ra = getattr(self.hot, how)(a, self.now)
-        rb = getattr(self.cold, how)(b, self.now)
+        receipts = self.receipts.pop(i % len(self.receipts))
+        outcomes = [getattr(q, how)(r, self.now) for q, r in zip((self.hot, *self.others), receipts, strict=True)]
         if how == "drop":
-            ra, rb = _msg(ra), _msg(rb)
-        self._same(ra, rb)
+            outcomes = [_msg(m) for m in outcomes]
+        self._same(*outcomes)
 
-    @rule(delay=st.sampled_from([0, 0, 2]))
-    def send(self, delay: int) -> None:
-        msg_id = new_msg_id()
-        self.hot.send("new", 1, self.now, delay=delay, msg_id=msg_id)
-        self.cold.send("new", 1, self.now, delay=delay, msg_id=msg_id)
-        self.ids.append(msg_id)
+    @rule(delay=st.sampled_from([0, 0, 0, 0, 2]), payload=st.sampled_from(["new", "new", "new", "hot"]),
+          ttl=st.sampled_from([None, None, None, 40.0]), n=st.sampled_from([1, 1, 3, 6]))
+    def send(self, delay: int, payload: str, ttl: float | None, n: int) -> None:
+        """Bursts long enough to fold, with messages a fold must leave hot in between
+        (a payload the gateway keeps, a TTL of its own, a delay)."""
+        for _ in range(n):
+            msg_id = new_msg_id()
+            expires = None if ttl is None else self.now + ttl
+            for q in (self.hot, *self.others):
+                q.send((payload, msg_id), 1, self.now, delay=delay, msg_id=msg_id, expires_at=expires)
+            self.ids.append(msg_id)
 
     @rule(i=st.integers(min_value=0))
-    def send_a_restored_id(self, i: int) -> None:
+    def send_a_held_id(self, i: int) -> None:
         """Q3: an ID the queue holds is refused, cold or not."""
-        msg_id = self.ids[i % len(self.ids)]
+        msg_id = self.ids[-1 - i % len(self.ids)]
         outcomes = []
-        for q in (self.hot, self.cold):
+        for q in (self.hot, *self.others):
             try:
                 q.send("again", 1, self.now, msg_id=msg_id)
                 outcomes.append("sent")
             except Exception as exc:  # noqa: BLE001 - the two must fail alike
                 outcomes.append(type(exc).__name__)
-        self._same(outcomes[0], outcomes[1])
+        self._same(*outcomes)
 
     @rule(i=st.integers(min_value=0))
     def get(self, i: int) -> None:
-        msg_id = self.ids[i % len(self.ids)]
-        self._same(_msg(self.hot.get(msg_id)), _msg(self.cold.get(msg_id)))
+        msg_id = self.ids[-1 - i % len(self.ids)]
+        self._same(*(_msg(q.get(msg_id)) for q in (self.hot, *self.others)))
 
     @rule(back=st.sampled_from([0.0, 10.0, 250.0]))
     def rewind(self, back: float) -> None:
         outcomes = []
-        for q in (self.hot, self.cold):
+        for q in (self.hot, *self.others):
             try:
                 outcomes.append(q.rewind(self.now - back, self.now))
             except Exception as exc:  # noqa: BLE001
                 outcomes.append(type(exc).__name__)
-        self._same(outcomes[0], outcomes[1])
+        self._same(*outcomes)
 
     @rule(retention=st.sampled_from([300, 600, 900]))
     def set_retention(self, retention: int) -> None:
-        for q in (self.hot, self.cold):
+        for q in (self.hot, *self.others):
             q.set_attributes(q.attributes.replace(msg_retention_seconds=retention), self.now)
 
     @rule()
     def purge(self) -> None:
-        self._same(sorted(m.msg_id for m in self.hot.purge(self.now)),
-                   sorted(m.msg_id for m in self.cold.purge(self.now)))
+        self._same(*([m.msg_id for m in q.purge(self.now)] for q in (self.hot, *self.others)))
 
     @rule()
     def listing(self) -> None:
-        self._same(sorted(map(_msg, self.hot.messages()), key=str), sorted(map(_msg, self.cold.messages()), key=str))
+        self._same(*([_msg(m) for m in q.messages()] for q in (self.hot, *self.others)))
 
     @invariant()
     def same_counts_and_wakeup(self) -> None:
+        qs = (self.hot, *self.others)
         for attr in ("active", "inactive", "delayed", "rewindable", "retained"):
-            self._same((attr, getattr(self.hot, attr)), (attr, getattr(self.cold, attr)))
-        self._same(len(self.hot), len(self.cold))
-        self._same(self.hot.next_wakeup(), self.cold.next_wakeup())
-        self._same(_events(self.hot.drain_events()), _events(self.cold.drain_events()))
+            self._same(*((attr, getattr(q, attr)) for q in qs))
+        self._same(*(len(q) for q in qs))
+        self._same(*(q.next_wakeup() for q in qs))
+        self._same(*(_events(q.drain_events()) for q in qs))
+        for q, f in zip(self.others, self.freezers, strict=True):
+            assert q.cold >= f.frozen - f.thawed  # the live runs hold what was frozen
 
 
 ColdVersusRestored.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
-test_Q1_Q6_Q8_cold_run_behaves_as_messages_restored_one_by_one = ColdVersusRestored.TestCase
+test_Q1_Q6_Q8_cold_and_folded_runs_behave_as_messages_held_one_by_one = ColdVersusRestored.TestCase
 
 
 def test_Q1_restore_cold_makes_no_message_object_until_received() -> None:
@@ -231,3 +266,27 @@ def test_cold_run_holds_under_64_bytes_a_message_and_frees_them_when_drained() -
     assert cold_bytes * 5 < hot_bytes, (cold_bytes, hot_bytes)
     assert left < cold_bytes / 20, (left, cold_bytes)
     assert q.cold == 0 and len(q) == 0
+
+
+def test_a_folded_backlog_is_thawed_in_order_and_the_queue_says_once_when_it_drained() -> None:
+    """Issue 15: past the thresholds, the middle of the backlog is folded (the head and the
+    newest stay objects); when the queue empties after that, on_drained runs once (the
+    gateway then gives the memory back), and not for a queue that never held a run."""
+    freezer = Freezer()
+    q = CmqQueue("q", QueueAttributes(msg_retention_seconds=86_400))
+    q.fold_with(freezer, keep=10, tail=5, batch=20)
+    drained: list[int] = []
+    q.on_drained = lambda: drained.append(1)
+    ids = [new_msg_id() for _ in range(100)]
+    for i, msg_id in enumerate(ids):
+        q.send(("new", msg_id), 1, T0 + i, msg_id=msg_id)
+    assert q.cold > 50 and len(q._messages) == 100 - q.cold
+    assert q.get(ids[-1]) is not None and q.cold > 50  # the newest was never folded
+    got = []
+    while (m := q.receive_and_delete(T0 + 100)) is not None:
+        got.append((m.msg_id, m.payload, m.enqueue_time))
+    assert got == [(msg_id, ("new", msg_id), T0 + i) for i, msg_id in enumerate(ids)]
+    assert (drained, freezer.thawed, q.cold) == ([1], freezer.frozen, 0)
+    q.send("again", 1, T0 + 200)
+    q.receive_and_delete(T0 + 200)
+    assert drained == [1]
