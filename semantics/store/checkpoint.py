@@ -10,7 +10,7 @@ order, which the broker's recovery relies on: it is the enqueue order) that shar
 
     HEADER = magic "CQK1" | segment u32 | segment_size u64 | snapshot u32 | snapshot_size u64
              | lsn u64 | count u64 | live_bytes u64 | memory u64 | body_len u64 | body_crc u32
-             | tail_len u16 | tail | header_crc u32
+             | token 8s | tail_len u16 | tail | header_crc u32
     tail   = the last bytes of the segment (up to 64), then the snapshot's header (if any)
     run    = RUN | kind | keys ("\\0"-joined UTF-8) | values
     RUN    = form u8 | file_id u32 | count u32 | kind_len u16 | keys_len u64 | values_len u64
@@ -52,7 +52,7 @@ __all__ = ["CHECKPOINT_NAME", "Checkpoint", "load_checkpoint", "remove_checkpoin
 
 CHECKPOINT_NAME = "checkpoint.idx"
 MAGIC = b"CQK1"
-HEADER = struct.Struct("<4sIQIQQQQQQIH")  # then the tail, then the CRC of both
+HEADER = struct.Struct("<4sIQIQQQQQQI8sH")  # then the tail, then the CRC of both
 RUN = struct.Struct("<BIIHQQ")
 LOCATED, WIDE, INLINE = 1, 2, 3
 TAIL_BYTES = 64
@@ -71,6 +71,7 @@ class Checkpoint:
     last_lsn: int
     live_bytes: int
     memory: int
+    token: bytes  # the closing store's Store.checkpoint_token
 
 
 def _tail(directory: str, segment: int, segment_size: int, snapshot: int) -> bytes:
@@ -107,7 +108,8 @@ def _runs(items: Iterable[tuple[str, Value]]) -> Iterable[tuple[str, int, list[s
 
 
 def encode_checkpoint(items: Iterable[tuple[str, Value]], count: int, *, segment: int, segment_size: int,
-                      snapshot: int, snapshot_size: int, lsn: int, tail: bytes) -> list[bytes] | None:
+                      snapshot: int, snapshot_size: int, lsn: int, tail: bytes, token: bytes = bytes(8)
+                      ) -> list[bytes] | None:
     """The checkpoint's pieces, or None when the map cannot be written as runs (a key with
     a NUL in it: such a store is replayed, as before). The byte counts it holds are the
     ones the store computes from a replayed map (Store.data_bytes, Store.live_bytes)."""
@@ -146,18 +148,19 @@ def encode_checkpoint(items: Iterable[tuple[str, Value]], count: int, *, segment
     for piece in body:
         crc = _crc32(piece, crc)
     head = HEADER.pack(MAGIC, segment, segment_size, snapshot, snapshot_size, lsn, count, live_bytes,
-                       memory, body_len, crc, len(tail)) + tail
+                       memory, body_len, crc, token, len(tail)) + tail
     return [head + _crc32(head).to_bytes(4, "little"), *body]
 
 
 def write_checkpoint(directory: str, items: Iterable[tuple[str, Value]], count: int, *, segment: int,
-                     segment_size: int, snapshot: int, snapshot_size: int, lsn: int, do_fsync: bool) -> bool:
+                     segment_size: int, snapshot: int, snapshot_size: int, lsn: int, do_fsync: bool,
+                     token: bytes = bytes(8)) -> bool:
     """Write the checkpoint (temp file, fsync, rename, fsync of the directory); False when
     the map cannot be checkpointed. Raises OSError; a temp file left behind is removed by
     the next open, as a snapshot's is."""
     tail = _tail(directory, segment, segment_size, snapshot)
     pieces = encode_checkpoint(items, count, segment=segment, segment_size=segment_size, snapshot=snapshot,
-                               snapshot_size=snapshot_size, lsn=lsn, tail=tail)
+                               snapshot_size=snapshot_size, lsn=lsn, tail=tail, token=token)
     if pieces is None:
         return False
     final = os.path.join(directory, CHECKPOINT_NAME)
@@ -200,7 +203,7 @@ def load_checkpoint(directory: str, segments: list[int], snapshot: int) -> Check
         return None
     if len(raw) < HEADER.size + 4 or raw[:4] != MAGIC or not segments:
         return None
-    (_, segment, segment_size, snap, snapshot_size, lsn, count, live_bytes, memory, body_len, body_crc,
+    (_, segment, segment_size, snap, snapshot_size, lsn, count, live_bytes, memory, body_len, body_crc, token,
      tail_len) = HEADER.unpack_from(raw)
     head_end = HEADER.size + tail_len
     if len(raw) < head_end + 4 or _crc32(raw[:head_end]) != int.from_bytes(raw[head_end:head_end + 4], "little"):
@@ -263,5 +266,5 @@ def load_checkpoint(directory: str, segments: list[int], snapshot: int) -> Check
         return None
     if len(data) != count:
         return None
-    return Checkpoint(data, kinds, lsn, live_bytes, memory)
+    return Checkpoint(data, kinds, lsn, live_bytes, memory, token)
 

@@ -55,6 +55,10 @@ class RecoveryReport:
     damaged: list[str] = field(default_factory=list)  # one line per damaged range (salvage)
     aside_paths: list[str] = field(default_factory=list)
     checkpoint: bool = False  # the map came from a clean close's checkpoint, not a replay
+    # That close's Store.checkpoint_token and LSN: what the store's owner may have left
+    # alongside, for the same state, is valid when it names both.
+    checkpoint_token: bytes = b""
+    checkpoint_lsn: int = 0
 
 
 @dataclass(slots=True)
@@ -223,6 +227,8 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
         report.records = len(checkpoint.data)
         report.segments = len(segments)
         report.checkpoint = True
+        report.checkpoint_token = checkpoint.token
+        report.checkpoint_lsn = checkpoint.last_lsn
         sizes = [os.path.getsize(os.path.join(directory, segment_name(n))) for n in segments]
         if changed and do_fsync:
             fsync_dir(directory)

@@ -163,6 +163,9 @@ class Store:
         # next put or delete: see _keys.
         self._kinds: dict[str, list[str]] | None = None
         self._snapshot_n = 0  # the number of the snapshot the journal starts from (0: none)
+        # Names this open's checkpoint (recovery.checkpoint_token at the next open), so that
+        # a cache its owner writes at close can tell it belongs to that very state.
+        self.checkpoint_token = os.urandom(8)
         if directory is None:
             self._map: dict[str, Value] = {}
             self._lsn = 0
@@ -376,6 +379,11 @@ class Store:
         finally:
             for m in maps.values():
                 m.close()
+
+    @property
+    def fsync(self) -> bool:
+        """Whether writes are fsynced (False: tests, benchmarks)."""
+        return self._fsync
 
     @property
     def durable_lsn(self) -> int:
@@ -692,7 +700,8 @@ class Store:
                 return
             write_checkpoint(self._dir, self._map.items(), len(self._map), segment=self._segment,
                              segment_size=self._good_size, snapshot=self._snapshot_n,
-                             snapshot_size=self._snapshot_bytes, lsn=self._lsn, do_fsync=self._fsync)
+                             snapshot_size=self._snapshot_bytes, lsn=self._lsn, do_fsync=self._fsync,
+                             token=self.checkpoint_token)
         except OSError:
             pass  # a full or failing disk: the next open replays
 
