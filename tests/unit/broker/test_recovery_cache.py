@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.broker import Broker
+from gateway.broker import Broker, recovery
 from gateway.broker import persistence as P
-from gateway.broker import recovery
 from gateway.broker.recovery_cache import CACHE_NAME
 from gateway.protocol.properties import Properties
 from semantics.clock import ManualClock
