@@ -221,9 +221,11 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
         raise StoreCorruptError(f"{directory}: journal segments {missing} are missing")
 
     # A clean close left the map's index (checkpoint.py): used when it describes exactly
-    # these files, and removed before the store appends anything either way.
+    # these files (the store removes it before it first writes), else removed now.
     checkpoint = None if changed or not segments else load_checkpoint(directory, segments, first if snapshots else 0)
-    if remove_checkpoint(directory, do_fsync=do_fsync) and checkpoint is not None:
+    if checkpoint is None:
+        remove_checkpoint(directory, do_fsync=do_fsync)
+    else:
         report.records = len(checkpoint.data)
         report.segments = len(segments)
         report.checkpoint = True

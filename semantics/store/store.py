@@ -57,7 +57,7 @@ import threading
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from .checkpoint import write_checkpoint
+from .checkpoint import remove_checkpoint, write_checkpoint
 from .errors import StoreClosedError, StoreCorruptError, StoreFailedError
 from .files import DirLock, fsync_dir, list_numbered, segment_name, snapshot_name
 from .format import (
@@ -166,6 +166,7 @@ class Store:
         # Names this open's checkpoint (recovery.checkpoint_token at the next open), so that
         # a cache its owner writes at close can tell it belongs to that very state.
         self.checkpoint_token = os.urandom(8)
+        self._checkpoint_left = False  # the checkpoint this open came from is still on disk
         if directory is None:
             self._map: dict[str, Value] = {}
             self._lsn = 0
@@ -189,6 +190,10 @@ class Store:
         self._snapshot_bytes = found.snapshot_bytes
         self.recovery = found.report
         self._snapshot_n = found.snapshot
+        if found.report.checkpoint:
+            # Valid until the first write: a close before one leaves it as it is.
+            self._checkpoint_left = True
+            self.checkpoint_token = found.report.checkpoint_token
         self._file = open(os.path.join(directory, segment_name(self._segment)), "ab", buffering=0)  # noqa: SIM115 - lives as long as the store
         self._good_size = os.fstat(self._file.fileno()).st_size
         if found.live_bytes is not None and found.memory is not None:  # from a checkpoint
@@ -464,6 +469,7 @@ class Store:
         data = b"".join(pending)
         start = self._good_size
         try:
+            self._drop_checkpoint()
             if self._failed is not None:
                 self._cut_back()  # a failed write may have left part of a batch behind
             self._write_all(data)
@@ -544,6 +550,7 @@ class Store:
         directory = self._dir
         assert directory is not None and self._file is not None
         with self._sync_lock:
+            self._drop_checkpoint()  # before the new segment exists
             # The snapshot must hold exactly the state at the end of the segment we close, so
             # copy the map in the same critical section that swaps the pending batch out.
             with self._lock:
@@ -688,13 +695,22 @@ class Store:
                     self._dirlock.release()
                     self._dirlock = None
 
+    def _drop_checkpoint(self) -> None:
+        """Remove the checkpoint this open came from before the first write changes the
+        files it describes (caller holds ``_sync_lock``). Raises OSError."""
+        if self._checkpoint_left:
+            assert self._dir is not None
+            remove_checkpoint(self._dir, do_fsync=self._fsync)
+            self._checkpoint_left = False
+            self.checkpoint_token = os.urandom(8)
+
     def _checkpoint(self) -> None:
         """Leave the map's index for the next open (checkpoint.py) when everything in it is
         on disk (caller holds every lock; the file is still open). Nothing is lost without
         one: the next open replays the journal instead."""
         assert self._file is not None and self._dir is not None
-        if self._failed is not None or self._durable != self._lsn or self._pending_bytes:
-            return
+        if self._checkpoint_left or self._failed is not None or self._durable != self._lsn or self._pending_bytes:
+            return  # the one on disk still holds (nothing was written), or the map is not on disk
         try:
             if os.fstat(self._file.fileno()).st_size != self._good_size:
                 return

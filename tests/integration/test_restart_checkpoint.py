@@ -43,12 +43,13 @@ def test_M14_a_kill_after_a_start_from_the_checkpoint_loses_no_confirmed_message
     assert all(os.path.exists(tmp_path / name) for name in LEFT)
 
     with serve(tmp_path) as (_proc, port):
-        assert not any(os.path.exists(tmp_path / name) for name in LEFT)  # gone before any write
+        assert not os.path.exists(tmp_path / "messages.cache")  # taken
         with blocking(URL.format(port=port)) as conn:
             ch = conn.channel()
             ch.confirm_delivery()
             assert ch.queue_declare("q", durable=True, passive=True).method.message_count == 200
             _publish(ch, range(200, 300))  # confirmed: on disk
+        assert not os.path.exists(tmp_path / "checkpoint.idx")  # gone before the first write
         # serve() ends with kill -9: no checkpoint of this run.
 
     with serve(tmp_path) as (_proc, port), blocking(URL.format(port=port)) as conn:

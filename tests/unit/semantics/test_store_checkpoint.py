@@ -59,10 +59,30 @@ def test_clean_close_writes_a_checkpoint_the_next_open_uses_and_removes(tmp_path
     replay.close()
     with Store.open(d) as s:
         assert s.recovery.checkpoint and s.recovery.records == 2
-        assert not os.path.exists(os.path.join(d, CHECKPOINT_NAME))  # gone before any append
         assert _state(s) == expected
         assert s.get("m/v/a/1") == big
         assert s.put("x/v/b", b"next") == 5
+        assert os.path.exists(os.path.join(d, CHECKPOINT_NAME))  # nothing written yet: still exact
+        s.sync()
+        assert not os.path.exists(os.path.join(d, CHECKPOINT_NAME))  # gone before the first write
+
+
+def test_a_close_with_nothing_written_leaves_the_checkpoint_as_it_was(tmp_path) -> None:
+    d = os.fspath(tmp_path / "d")
+    with Store.open(d) as s:
+        s.put("m/v/a/1", os.urandom(300))
+    with open(os.path.join(d, CHECKPOINT_NAME), "rb") as f:
+        before = f.read()
+    with Store.open(d) as s:
+        assert s.recovery.checkpoint and len(s) == 1
+    with open(os.path.join(d, CHECKPOINT_NAME), "rb") as f:
+        assert f.read() == before
+    with Store.open(d) as s:
+        assert s.recovery.checkpoint and s.keys() == ["m/v/a/1"]
+        s.maybe_compact(force=True)  # a compaction writes too
+        assert not os.path.exists(os.path.join(d, CHECKPOINT_NAME))
+    with Store.open(d) as s:
+        assert s.recovery.checkpoint and s.keys() == ["m/v/a/1"]
 
 
 @pytest.mark.parametrize("seed", range(12))
