@@ -28,8 +28,9 @@ the same snapshot with the same size, the same tail bytes (the end of the segmen
 snapshot's header with its LSN and CRC), no segment missing in between, and its own CRCs
 check out. Anything else (a torn or partial checkpoint, a journal that grew after it: a put
 after an open that died with kill -9) and the journal is replayed as before. The store
-removes the checkpoint as it opens, before it appends anything, so a checkpoint never
-outlives the state it describes; the size and tail checks guard against one whose removal
+removes the checkpoint it opened from before its first write (a batch or a compaction; an
+open that writes nothing leaves it, still exact), and a stale one at once, so a checkpoint
+never outlives the state it describes; the size and tail checks guard against one whose removal
 never reached the disk. Values are not checked against their record CRCs again: recovery
 (or the process that wrote them) checked every one before it was indexed.
 """
