@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.audit import NullAudit
 from gateway.audit.rows import ACK, ACK_MQTT, Row, fields_emitter, row_emitter
 from gateway.broker import persistence as P
+from gateway.broker import recovery_cache
 from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
@@ -947,6 +948,9 @@ class Broker:
             log.error("%s; stopping with unconfirmed changes not written", e)
             synced = False
             self._fail_confirms()
+        if synced and not self.read_only:
+            # The queues' cold runs for the next start, next to the store's checkpoint.
+            recovery_cache.save(self)
         with contextlib.suppress(StoreFailedError):
             self.store.close(sync=synced)
         self._executor.shutdown(wait=True)

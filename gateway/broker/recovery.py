@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gateway.broker.queue import BrokerQueue
     from gateway.broker.vhost import VHost
 
-__all__ = ["COLD_MESSAGE_BYTES", "recover_messages", "return_big_buffers"]
+__all__ = ["COLD_MESSAGE_BYTES", "QueueRecords", "properties_cache", "read_runs", "recover_messages", "return_big_buffers"]
 
 # W5: what a message held cold counts as held memory: its ID and array entries (~60 bytes,
 # tracemalloc), not the ~700 of a message made of objects (gateway.memory).
@@ -55,7 +55,7 @@ def return_big_buffers() -> bool:
         return False
 
 
-class _QueueRecords:
+class QueueRecords:
     """One queue's records as they are read: the run and what its refs and keys point at."""
 
     __slots__ = ("run", "shared", "combos", "odd_keys", "prefix", "store", "held")
@@ -102,14 +102,11 @@ class _QueueRecords:
         return Message(body, props, exchange, routing_key, enq, (), msg_id)
 
 
-def recover_messages(broker: Broker, now: float) -> None:
-    """Every persistent message of a durable queue comes back as a cold run of its queue
-    (semantics.queue_cold); records of a queue that no longer exists stay in the store."""
+def properties_cache() -> Callable[[bytes], Any]:
+    """Properties by their bytes: equal property bytes share one Properties (it only caches
+    what it decodes from them)."""
     from gateway.protocol.properties import Properties
 
-    store = broker.store
-    names: dict[bytes, tuple[str, str, str, str]] = {}
-    # Equal property bytes share one Properties: it only caches what it decodes from them.
     props_of: dict[bytes, Any] = {}
 
     def properties(raw: bytes) -> Any:
@@ -118,13 +115,20 @@ def recover_messages(broker: Broker, now: float) -> None:
             p = props_of[raw] = Properties(raw)
         return p
 
-    by_queue: dict[tuple[str, str], _QueueRecords] = {}
+    return properties
+
+
+def read_runs(store: Any, properties: Callable[[bytes], Any]) -> dict[tuple[str, str], QueueRecords]:
+    """Every message record in the store as a cold run of its (vhost, queue), in the
+    store's order (the enqueue order)."""
+    names: dict[bytes, tuple[str, str, str, str]] = {}
+    by_queue: dict[tuple[str, str], QueueRecords] = {}
     decode = P.decode_message_head
     at: tuple[str, str, str, str] | None = None
-    records: _QueueRecords | None = None
+    records: QueueRecords | None = None
     last_raw = b""
     ref = -1
-    # The loop is _QueueRecords.add and ColdRun.append inlined, with the ref of the record
+    # The loop is QueueRecords.add and ColdRun.append inlined, with the ref of the record
     # before reused while the properties repeat: 10^6 records pass here at a restart.
     for key, head, length in store.heads(P.MESSAGES_PREFIX, _HEAD_BYTES):
         got = decode(head, names)
@@ -137,7 +141,7 @@ def recover_messages(broker: Broker, now: float) -> None:
             at = four
             records = by_queue.get((four[0], four[1]))
             if records is None:
-                records = by_queue[(four[0], four[1])] = _QueueRecords(store, four[0], four[1])
+                records = by_queue[(four[0], four[1])] = QueueRecords(store, four[0], four[1])
             run = records.run
             assert run is not None
             ids, times, sizes, refs = run.ids, run.enqueue_times, run.sizes, run.refs
@@ -154,6 +158,20 @@ def recover_messages(broker: Broker, now: float) -> None:
         times.append(enq)
         sizes.append(length - body_at)
         refs.append(ref)
+    return by_queue
+
+
+def recover_messages(broker: Broker, now: float) -> None:
+    """Every persistent message of a durable queue comes back as a cold run of its queue
+    (semantics.queue_cold); records of a queue that no longer exists stay in the store.
+    The runs come from the cache a clean stop left (recovery_cache) when it was made for
+    exactly the state the store reopened with, else from the records themselves."""
+    from gateway.broker import recovery_cache
+
+    properties = properties_cache()
+    by_queue = recovery_cache.load(broker, properties)
+    if by_queue is None:
+        by_queue = read_runs(broker.store, properties)
     touched: dict[BrokerQueue, VHost] = {}
     for (vhost, queue), records in by_queue.items():
         vh = broker.vhost(vhost)

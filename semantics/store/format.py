@@ -63,6 +63,7 @@ __all__ = [
     "SNAPSHOT_MAGIC",
     "Batch",
     "OFFLOAD_MIN",
+    "LOCATION_BYTES",
     "encode_batch_header",
     "encode_record",
     "encode_snapshot_header",
@@ -97,6 +98,8 @@ _crc32 = zlib.crc32
 # Values from this size on stay on disk once written (see "Values left on disk"): below it
 # the bytes object costs little more than its location and a read would cost more than it saves.
 OFFLOAD_MIN = 128
+# What a value left on disk costs in memory: its location (an int of three 30-bit digits).
+LOCATION_BYTES = 36
 
 # A location: file id << 72 | offset << 32 | length (offsets below 2^40, lengths below 2^32).
 _OFF_SHIFT = 32

@@ -24,6 +24,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from .checkpoint import load_checkpoint, remove_checkpoint
 from .errors import StoreCorruptError
 from .files import fsync_dir, list_numbered, segment_name, set_aside, snapshot_name
 from .format import (
@@ -53,6 +54,11 @@ class RecoveryReport:
     segments: int = 0
     damaged: list[str] = field(default_factory=list)  # one line per damaged range (salvage)
     aside_paths: list[str] = field(default_factory=list)
+    checkpoint: bool = False  # the map came from a clean close's checkpoint, not a replay
+    # That close's Store.checkpoint_token and LSN: what the store's owner may have left
+    # alongside, for the same state, is valid when it names both.
+    checkpoint_token: bytes = b""
+    checkpoint_lsn: int = 0
 
 
 @dataclass(slots=True)
@@ -67,6 +73,12 @@ class Recovered:
     snapshot_bytes: int
     needs_snapshot: bool  # salvage found damage: write a fresh snapshot now
     report: RecoveryReport
+    # From a checkpoint (checkpoint.py): the keys by kind and the byte counts the store
+    # would otherwise compute with a pass over the map.
+    kinds: dict[str, list[str]] | None = None
+    live_bytes: int | None = None
+    memory: int | None = None
+    snapshot: int = 0  # the number of the snapshot the map starts from (0: none)
 
 
 def _map(path: str) -> Buffer:
@@ -188,9 +200,7 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
     last_lsn = 0
     if snapshots:
         first = snapshots[-1]
-        path = os.path.join(directory, snapshot_name(first))
-        last_lsn, needs_snapshot = _load_snapshot(path, snapshot_file_id(first), salvage, data, report, do_fsync)
-        snapshot_bytes = os.path.getsize(path)
+        snapshot_bytes = os.path.getsize(os.path.join(directory, snapshot_name(first)))
         # Older snapshots and segments before the newest snapshot are what a compaction had
         # not yet removed when it was interrupted; the snapshot replaces them.
         for n in snapshots[:-1]:
@@ -209,6 +219,29 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
     if segments and segments != list(range(first, first + len(segments))):
         missing = sorted(set(range(first, segments[-1] + 1)) - set(segments))
         raise StoreCorruptError(f"{directory}: journal segments {missing} are missing")
+
+    # A clean close left the map's index (checkpoint.py): used when it describes exactly
+    # these files (the store removes it before it first writes), else removed now.
+    checkpoint = None if changed or not segments else load_checkpoint(directory, segments, first if snapshots else 0)
+    if checkpoint is None:
+        remove_checkpoint(directory, do_fsync=do_fsync)
+    else:
+        report.records = len(checkpoint.data)
+        report.segments = len(segments)
+        report.checkpoint = True
+        report.checkpoint_token = checkpoint.token
+        report.checkpoint_lsn = checkpoint.last_lsn
+        sizes = [os.path.getsize(os.path.join(directory, segment_name(n))) for n in segments]
+        if changed and do_fsync:
+            fsync_dir(directory)
+        report.seconds = time.perf_counter() - started
+        return Recovered(checkpoint.data, checkpoint.last_lsn, segments[-1], sizes[-1], sum(sizes), snapshot_bytes,
+                         False, report, checkpoint.kinds, checkpoint.live_bytes, checkpoint.memory,
+                         first if snapshots else 0)
+
+    if snapshots:
+        path = os.path.join(directory, snapshot_name(first))
+        last_lsn, needs_snapshot = _load_snapshot(path, snapshot_file_id(first), salvage, data, report, do_fsync)
 
     journal_bytes = 0
     segment_bytes = 0
@@ -230,4 +263,5 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
     if changed and do_fsync:
         fsync_dir(directory)
     report.seconds = time.perf_counter() - started
-    return Recovered(data, last_lsn, segment, segment_bytes, journal_bytes, snapshot_bytes, needs_snapshot, report)
+    return Recovered(data, last_lsn, segment, segment_bytes, journal_bytes, snapshot_bytes, needs_snapshot, report,
+                     snapshot=first if snapshots else 0)

@@ -42,7 +42,15 @@ moves the locations into the snapshot it wrote before the old files go. ``get`` 
 value back with one ``pread`` under ``_lock`` (so no compaction closes the file under it);
 ``heads`` reads only the start of each value out of the mapped files, for a start-up pass
 that needs no more. A value read back is not checked against its CRC again: recovery verified every
-record it indexed, and a record the process wrote itself is checked at the next start.
+record it indexed, and a record the process wrote itself is checked at the next start
+that replays the journal.
+
+A clean close
+-------------
+``close()`` leaves a checkpoint of the map (checkpoint.py: keys by kind, locations, the
+small values) when everything in it is on disk; the next open loads it instead of replaying
+and checking every record (issue 15: 10^6 retained messages), and removes it before its
+first write. A killed process leaves none, and its successor replays the journal as before.
 """
 
 from __future__ import annotations
@@ -57,11 +65,16 @@ import threading
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from .checkpoint import remove_checkpoint, write_checkpoint
 from .errors import StoreClosedError, StoreCorruptError, StoreFailedError
 from .files import DirLock, fsync_dir, list_numbered, segment_name, snapshot_name
 from .format import (
+    _FILE_SHIFT,
+    _LEN_MASK,
+    _OFF_MASK,
     BATCH_HEADER,
     DELETE,
+    LOCATION_BYTES,
     MAX_KEY_BYTES,
     OFFLOAD_MIN,
     PUT,
@@ -85,8 +98,6 @@ COMPACT_RATIO = 2.0
 COMPACT_MIN_BYTES = 32 << 20
 
 _OVERHEAD = RECORD_HEADER.size
-# What a value left on disk costs in memory: its location (an int of three 30-bit digits).
-_LOCATION_BYTES = 36
 
 Value = bytes | int  # bytes in memory, or a location (format.py) of a value left on disk
 Batch = tuple[list[bytes], int, int, int, list[tuple[str, bytes, int]]]
@@ -97,7 +108,7 @@ def _disk_bytes(v: Value) -> int:
 
 
 def _memory_bytes(v: Value) -> int:
-    return _LOCATION_BYTES if type(v) is int else len(v)  # type: ignore[arg-type]
+    return LOCATION_BYTES if type(v) is int else len(v)  # type: ignore[arg-type]
 
 
 def _trim_heap() -> None:
@@ -159,6 +170,11 @@ class Store:
         # The keys by kind (up to the first "/"), made by a prefix scan and dropped by the
         # next put or delete: see _keys.
         self._kinds: dict[str, list[str]] | None = None
+        self._snapshot_n = 0  # the number of the snapshot the journal starts from (0: none)
+        # Names this open's checkpoint (recovery.checkpoint_token at the next open), so that
+        # a cache its owner writes at close can tell it belongs to that very state.
+        self.checkpoint_token = os.urandom(8)
+        self._checkpoint_left = False  # the checkpoint this open came from is still on disk
         if directory is None:
             self._map: dict[str, Value] = {}
             self._lsn = 0
@@ -181,11 +197,19 @@ class Store:
         self._journal_bytes = found.journal_bytes
         self._snapshot_bytes = found.snapshot_bytes
         self.recovery = found.report
+        self._snapshot_n = found.snapshot
+        if found.report.checkpoint:
+            # Valid until the first write: a close before one leaves it as it is.
+            self._checkpoint_left = True
+            self.checkpoint_token = found.report.checkpoint_token
         self._file = open(os.path.join(directory, segment_name(self._segment)), "ab", buffering=0)  # noqa: SIM115 - lives as long as the store
         self._good_size = os.fstat(self._file.fileno()).st_size
-        keys = sum(map(len, self._map)) + _OVERHEAD * len(self._map)
-        self._live_bytes = keys + sum(map(_disk_bytes, self._map.values()))
-        self._memory = keys + sum(map(_memory_bytes, self._map.values()))
+        if found.live_bytes is not None and found.memory is not None:  # from a checkpoint
+            self._live_bytes, self._memory, self._kinds = found.live_bytes, found.memory, found.kinds
+        else:
+            keys = sum(map(len, self._map)) + _OVERHEAD * len(self._map)
+            self._live_bytes = keys + sum(map(_disk_bytes, self._map.values()))
+            self._memory = keys + sum(map(_memory_bytes, self._map.values()))
         self._peak = len(self._map)
         if found.needs_snapshot:
             # Salvage dropped damaged bytes: a fresh snapshot makes the next open clean.
@@ -216,11 +240,19 @@ class Store:
         with self._lock:
             self._check()
             self._lsn = lsn = self._lsn + 1
-            self._kinds = None
             old = self._map.get(key)
             self._map[key] = value
             size = len(kb) + len(value) + _OVERHEAD
             if old is None:
+                if self._kinds is not None:
+                    # A start-up's own puts (its declarations) keep the kinds a checkpoint
+                    # gave: a new key only joins its kind, at the end as in the map.
+                    kind = key[:key.find("/") + 1]
+                    found = self._kinds.get(kind)
+                    if found is None:
+                        self._kinds[kind] = [key]
+                    else:
+                        found.append(key)
                 self._live_bytes += size
                 self._memory += size
                 if len(self._map) > self._peak:
@@ -338,23 +370,33 @@ class Store:
         (10^6 messages: their metadata) reads it straight from the mapped files, and no
         body is copied. A copy of the keys is taken first, as for ``items``."""
         with self._lock:
-            found = [(k, self._map[k]) for k in self._keys(prefix)]
+            keys = self._keys(prefix)
+            values = list(map(self._map.__getitem__, keys))
             maps: dict[int, mmap.mmap] = {}
-            for _, value in found:
-                if type(value) is int and location_file(value) not in maps:
-                    with open(self._path_of(location_file(value)), "rb") as f:
-                        maps[location_file(value)] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            for file_id in {location_file(v) for v in values if type(v) is int}:  # type: ignore[arg-type]
+                with open(self._path_of(file_id), "rb") as f:
+                    maps[file_id] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        # location_file/offset/length inlined: this loop runs once per retained message.
+        at, mapped, shift, off_mask, len_mask = -1, None, _FILE_SHIFT, _OFF_MASK, _LEN_MASK
         try:
-            for k, v in found:
+            for k, v in zip(keys, values, strict=True):
                 if type(v) is int:
-                    off = location_offset(v)
-                    length = location_length(v)
-                    yield k, maps[location_file(v)][off:off + min(size, length)], length
+                    if v >> shift != at:
+                        at = v >> shift
+                        mapped = maps[at]
+                    off = (v >> 32) & off_mask
+                    length = v & len_mask
+                    yield k, mapped[off:off + (size if length > size else length)], length  # type: ignore[index]
                 else:
                     yield k, v[:size], len(v)  # type: ignore[index,arg-type]
         finally:
-            for mapped in maps.values():
-                mapped.close()
+            for m in maps.values():
+                m.close()
+
+    @property
+    def fsync(self) -> bool:
+        """Whether writes are fsynced (False: tests, benchmarks)."""
+        return self._fsync
 
     @property
     def durable_lsn(self) -> int:
@@ -435,6 +477,7 @@ class Store:
         data = b"".join(pending)
         start = self._good_size
         try:
+            self._drop_checkpoint()
             if self._failed is not None:
                 self._cut_back()  # a failed write may have left part of a batch behind
             self._write_all(data)
@@ -460,7 +503,7 @@ class Store:
             for key, value, offset in big:
                 if m.get(key) is value:
                     m[key] = location(file_id, base + offset, len(value))
-                    freed += len(value) - _LOCATION_BYTES
+                    freed += len(value) - LOCATION_BYTES
             self._memory -= freed
 
     def _put_back(self, pieces: list[bytes], body_len: int, first: int, big: list[tuple[str, bytes, int]],
@@ -515,6 +558,7 @@ class Store:
         directory = self._dir
         assert directory is not None and self._file is not None
         with self._sync_lock:
+            self._drop_checkpoint()  # before the new segment exists
             # The snapshot must hold exactly the state at the end of the segment we close, so
             # copy the map in the same critical section that swaps the pending batch out.
             with self._lock:
@@ -573,6 +617,7 @@ class Store:
             if self._fsync:
                 fsync_dir(directory)
             self._snapshot_bytes = size
+            self._snapshot_n = new
             self._relocate(state, replaced)
             segments, snapshots, _ = list_numbered(directory)
             for n in segments:
@@ -647,6 +692,8 @@ class Store:
             with self._compact_lock, self._sync_lock, self._lock:
                 self._closed = True
                 if self._file is not None:
+                    if sync:
+                        self._checkpoint()
                     self._file.close()
                     self._file = None
                 for fd in self._readers.values():
@@ -655,6 +702,32 @@ class Store:
                 if self._dirlock is not None:
                     self._dirlock.release()
                     self._dirlock = None
+
+    def _drop_checkpoint(self) -> None:
+        """Remove the checkpoint this open came from before the first write changes the
+        files it describes (caller holds ``_sync_lock``). Raises OSError."""
+        if self._checkpoint_left:
+            assert self._dir is not None
+            remove_checkpoint(self._dir, do_fsync=self._fsync)
+            self._checkpoint_left = False
+            self.checkpoint_token = os.urandom(8)
+
+    def _checkpoint(self) -> None:
+        """Leave the map's index for the next open (checkpoint.py) when everything in it is
+        on disk (caller holds every lock; the file is still open). Nothing is lost without
+        one: the next open replays the journal instead."""
+        assert self._file is not None and self._dir is not None
+        if self._checkpoint_left or self._failed is not None or self._durable != self._lsn or self._pending_bytes:
+            return  # the one on disk still holds (nothing was written), or the map is not on disk
+        try:
+            if os.fstat(self._file.fileno()).st_size != self._good_size:
+                return
+            write_checkpoint(self._dir, self._map.items(), len(self._map), segment=self._segment,
+                             segment_size=self._good_size, snapshot=self._snapshot_n,
+                             snapshot_size=self._snapshot_bytes, lsn=self._lsn, do_fsync=self._fsync,
+                             token=self.checkpoint_token)
+        except OSError:
+            pass  # a full or failing disk: the next open replays
 
     def __enter__(self) -> Store:
         return self
