@@ -367,6 +367,17 @@ class CmqQueue:
         self._thaw_all()
         return iter(list(self._messages.values()))
 
+    def oldest_enqueue_time(self) -> float | None:
+        """The enqueue time of the oldest Active or Inactive message (CMQ's minMsgTime), or
+        None. Without thawing: a run's messages are Active in enqueue order, so each run's
+        head is its oldest."""
+        oldest = min((m.enqueue_time for m in self._messages.values() if m.state is ACTIVE or m.state is INACTIVE),
+                     default=None)
+        for run in self._runs:
+            if len(run) and (oldest is None or run.head_enqueue_time() < oldest):
+                oldest = run.head_enqueue_time()
+        return oldest
+
     def fold_with(self, freezer: Freezer, keep: int | None = None, tail: int | None = None,
                   batch: int | None = None) -> None:
         """Fold a long backlog (see FOLD_KEEP; the module's values when called) with

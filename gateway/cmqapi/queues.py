@@ -155,7 +155,7 @@ async def list_queue(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
 async def get_queue_attributes(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
     vh, q = api.queue(caller, p.text("queueName"))
     cmq = q.cmq
-    oldest = min((m.enqueue_time for m in cmq.messages() if m.state.name in ("ACTIVE", "INACTIVE")), default=0)
+    oldest = cmq.oldest_enqueue_time() or 0  # a folded backlog stays folded
     return {**_attributes(q), **api.times("queue", vh.name, q.name),
             "queueId": object_id("queue", vh.name, q.name), "queueName": q.name,
             "activeMsgNum": cmq.active, "inactiveMsgNum": cmq.inactive, "delayMsgNum": cmq.delayed,

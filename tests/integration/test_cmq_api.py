@@ -138,7 +138,9 @@ def test_CA2_Q7_send_receive_delete(cmq: CmqClient, unique: str) -> None:
     assert got["enqueueTime"] <= got["firstDequeueTime"] < got["nextVisibleTime"]
     attrs = cmq.ok("GetQueueAttributes", queueName=queue)
     assert (attrs["activeMsgNum"], attrs["inactiveMsgNum"]) == (0, 1)
+    assert attrs["minMsgTime"] == int(got["enqueueTime"])  # the received one still counts
     cmq.ok("DeleteMessage", queueName=queue, receiptHandle=got["receiptHandle"])
+    assert cmq.ok("GetQueueAttributes", queueName=queue)["minMsgTime"] == 0
     empty = cmq.call("ReceiveMessage", queueName=queue, pollingWaitSeconds=0)
     assert (empty["code"], empty["message"]) == (7000, "(10200)no message")
 

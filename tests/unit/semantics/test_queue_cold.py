@@ -290,3 +290,29 @@ def test_a_folded_backlog_is_thawed_in_order_and_the_queue_says_once_when_it_dra
     q.send("again", 1, T0 + 200)
     q.receive_and_delete(T0 + 200)
     assert drained == [1]
+
+
+def test_CA2_the_oldest_message_time_comes_off_the_runs_without_thawing_them() -> None:
+    """GetQueueAttributes' minMsgTime over a restored run and a folded backlog: the oldest
+    Active or Inactive message's enqueue time, with every run left as it is (listing every
+    message, as it was computed before, thawed a backlog of 10^6 for one answer)."""
+    run = ColdRun(_payload)
+    for i in range(50):
+        run.append(f"msg-old{i:08x}", T0 + i, 1, i)
+    q = CmqQueue("q", QueueAttributes(msg_retention_seconds=86_400))
+    assert q.oldest_enqueue_time() is None
+    q.restore_cold(run, T0 + 100)
+    q.fold_with(Freezer(), keep=10, tail=5, batch=20)
+    for i in range(100):
+        msg_id = new_msg_id()
+        q.send(("new", msg_id), 1, T0 + 100 + i, msg_id=msg_id)
+    cold = q.cold
+    assert cold > 100  # the restored run and a folded one
+    assert (q.oldest_enqueue_time(), q.cold) == (T0, cold)
+    r = q.receive(T0 + 200)  # the oldest is Inactive now: CMQ still counts it
+    assert r is not None and (q.oldest_enqueue_time(), q.cold) == (T0, cold - 1)
+    assert q.delete(r, T0 + 200)
+    assert (q.oldest_enqueue_time(), q.cold) == (T0 + 1, cold - 1)  # the run's new head
+    while (m := q.receive_and_delete(T0 + 200)) is not None:
+        last = m.enqueue_time
+    assert (last, q.oldest_enqueue_time()) == (T0 + 199, None)
