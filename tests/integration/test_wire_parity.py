@@ -16,6 +16,7 @@ import pika.exceptions
 import pytest
 from pamqp import commands as C
 
+from tests.conftest import RABBITMQ_URL
 from tests.integration.differential import blocking, expect_fault
 from tests.integration.raw_asyncio_amqp import RawClient, address, method
 
@@ -202,6 +203,10 @@ async def test_a_burst_of_confirms_is_acknowledged_with_multiple(broker_url: str
     assert {name for name, _, _ in acks} == {"Basic.Ack"}
     tags = [tag for _, tag, _ in acks]
     assert tags == sorted(tags) and len(set(tags)) == len(tags)
+    if broker_url == RABBITMQ_URL and delivery_mode == 1:
+        # RabbitMQ coalesces transient confirms only when the burst outruns its channel
+        # process: on a loaded machine it was seen acking all 640 one by one (both are AMQP).
+        return
     assert any(multiple for _, _, multiple in acks)
     assert len(acks) < 640
 
