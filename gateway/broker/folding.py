@@ -13,15 +13,14 @@ key) it shares with others of its queue.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import gc
-import sys
 from typing import Any
 
 from gateway.broker import persistence as P
 from gateway.broker.message import DiskMessage, recovered
 from gateway.broker.recovery import COLD_MESSAGE_BYTES
 from gateway.memory import HELD, HeldMemory
+from semantics.store import trim_heap
 
 __all__ = ["DiskPayloads", "give_back_memory_soon"]
 
@@ -103,8 +102,4 @@ def _give_back() -> None:
     global _give_back_pending
     _give_back_pending = False
     gc.collect()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
+    trim_heap()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .errors import StoreClosedError, StoreCorruptError, StoreError, StoreFailedError, StoreLockedError
 from .recovery import RecoveryReport
-from .store import Store
+from .store import Store, trim_heap
 from .versioning import StoreFormatError
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "StoreFailedError",
     "StoreFormatError",
     "StoreLockedError",
+    "trim_heap",
 ]

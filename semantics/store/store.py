@@ -111,11 +111,12 @@ def _memory_bytes(v: Value) -> int:
     return LOCATION_BYTES if type(v) is int else len(v)  # type: ignore[arg-type]
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Have glibc give back the free pages inside its heaps: what a drained backlog freed
     sits there in holes below live allocations, which the heap cannot shrink past (issue
-    15: a drained restart of 10^6 messages held 2.7x its idle RSS). Called only after the
-    map shrank, so a few times per drain (each a quarter of the one before)."""
+    15: a drained restart of 10^6 messages held 2.7x its idle RSS). The store calls it only
+    after its map shrank, so a few times per drain (each a quarter of the one before); the
+    gateway once a drained backlog's objects are freed (gateway.broker.folding)."""
     if _libc is None:
         return
     with contextlib.suppress(AttributeError, OSError):
@@ -671,7 +672,7 @@ class Store:
                 self._peak = len(self._map)
             else:
                 return
-        _trim_heap()
+        trim_heap()
 
     # -- life cycle ------------------------------------------------------------------------
 
