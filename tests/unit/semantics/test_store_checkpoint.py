@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 
 import pytest
 
@@ -105,20 +106,30 @@ def test_checkpoint_gives_what_a_replay_gives(tmp_path, seed) -> None:
         replay.close()
 
 
-def test_a_journal_grown_after_the_checkpoint_is_replayed(tmp_path) -> None:
-    """A checkpoint whose removal never reached the disk, then more appends and a kill -9."""
-    d = os.fspath(tmp_path / "d")
+def _outlived_checkpoint(d: str, change: Callable[[Store], None]) -> None:
+    """A clean close's checkpoint (``q/v/a`` = 1) that outlives the state it describes: the
+    next open makes ``change`` and ends as a killed process (no checkpoint of its own), and
+    the saved checkpoint is put back, as if its removal had never reached the disk."""
     with Store.open(d) as s:
         s.put("q/v/a", b"1")
     with open(os.path.join(d, CHECKPOINT_NAME), "rb") as f:
         saved = f.read()
     s = Store.open(d)
-    s.put("q/v/b", os.urandom(500))
-    s.delete("q/v/a")
-    s.sync()
-    s.close(sync=False)  # as a killed process: no checkpoint of its own
+    change(s)
+    s.close(sync=False)
     with open(os.path.join(d, CHECKPOINT_NAME), "wb") as f:
         f.write(saved)
+
+
+def test_a_journal_grown_after_the_checkpoint_is_replayed(tmp_path) -> None:
+    """A checkpoint whose removal never reached the disk, then more appends and a kill -9."""
+    d = os.fspath(tmp_path / "d")
+
+    def grow(s: Store) -> None:
+        s.put("q/v/b", os.urandom(500))
+        s.delete("q/v/a")
+        s.sync()
+    _outlived_checkpoint(d, grow)
     with Store.open(d) as s:
         assert not s.recovery.checkpoint
         assert s.keys() == ["q/v/b"] and s.last_lsn == 3
@@ -126,16 +137,11 @@ def test_a_journal_grown_after_the_checkpoint_is_replayed(tmp_path) -> None:
 
 def test_a_compaction_after_the_checkpoint_makes_it_stale(tmp_path) -> None:
     d = os.fspath(tmp_path / "d")
-    with Store.open(d) as s:
-        s.put("q/v/a", b"1")
-    with open(os.path.join(d, CHECKPOINT_NAME), "rb") as f:
-        saved = f.read()
-    s = Store.open(d)
-    s.put("q/v/a", b"2")
-    s.maybe_compact(force=True)  # a new segment of size 0 and a snapshot
-    s.close(sync=False)
-    with open(os.path.join(d, CHECKPOINT_NAME), "wb") as f:
-        f.write(saved)
+
+    def compact(s: Store) -> None:
+        s.put("q/v/a", b"2")
+        s.maybe_compact(force=True)  # a new segment of size 0 and a snapshot
+    _outlived_checkpoint(d, compact)
     with Store.open(d) as s:
         assert not s.recovery.checkpoint
         assert dict(s.items()) == {"q/v/a": b"2"}
