@@ -18,6 +18,7 @@ import pytest
 import semantics.queue as Q
 from gateway.server import gateway_in_thread
 from tests.integration.differential import blocking
+from tests.support.backlog import publish_backlog
 
 URL = "amqp://guest:guest@127.0.0.1:{port}/"
 N = 400
@@ -57,14 +58,7 @@ def _got(method: object, props: pika.BasicProperties, body: bytes) -> tuple[obje
 
 def _publish(port: int, first: int, n: int) -> None:
     with blocking(URL.format(port=port)) as conn:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.exchange_declare("dx", "direct", durable=True)
-        ch.queue_declare("backlog", durable=True)
-        for key in ("a", "b"):
-            ch.queue_bind("backlog", "dx", key)
-        for i in range(first, first + n):
-            ch.basic_publish("dx", "a" if i % 4 else "b", _body(i), _props(i))
+        publish_backlog(conn.channel(), first, n, _body, _props)
 
 
 def _cold(gw: object) -> int:

@@ -10,6 +10,7 @@ import pika
 
 from tests.integration.differential import blocking
 from tests.integration.test_process import serve
+from tests.support.backlog import publish_backlog
 
 URL = "amqp://guest:guest@127.0.0.1:{port}/"
 
@@ -27,14 +28,7 @@ def _body(i: int) -> bytes:
 def test_M14_M13_a_restarted_backlog_is_delivered_as_published_and_survives_a_second_restart(tmp_path: Path) -> None:
     n = 300
     with serve(tmp_path) as (_proc, port), blocking(URL.format(port=port)) as conn:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.exchange_declare("dx", "direct", durable=True)
-        ch.queue_declare("backlog", durable=True)
-        for key in ("a", "b"):
-            ch.queue_bind("backlog", "dx", key)
-        for i in range(n):
-            ch.basic_publish("dx", "a" if i % 4 else "b", _body(i), _props(i))
+        publish_backlog(conn.channel(), 0, n, _body, _props)
 
     with serve(tmp_path) as (proc, port):
         with blocking(URL.format(port=port)) as conn:
