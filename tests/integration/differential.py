@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+import time
 from typing import Any
 
 import pika
 import pika.exceptions
 
-__all__ = ["Fault", "blocking", "expect_fault", "fault_of", "message_outcome", "props_outcome"]
+__all__ = ["Fault", "blocking", "expect_fault", "fault_of", "message_outcome", "props_outcome", "pump"]
 
 PROPERTY_FIELDS = ("content_type", "content_encoding", "headers", "delivery_mode", "priority",
                    "correlation_id", "reply_to", "expiration", "message_id", "timestamp", "type",
@@ -85,3 +86,18 @@ def blocking(url: str, **params: Any) -> Iterator[pika.adapters.blocking_connect
     finally:
         if conn.is_open:
             conn.close()
+
+
+HANG = 15.0  # hang protection only; a pass never waits for it
+
+
+def pump(conn: pika.BlockingConnection, until: Callable[[], bool], settle: float = 0.3) -> None:
+    """Process events until ``until()`` holds, then ``settle`` seconds more, so that a test sees
+    what a broker sends late under load and still sees anything it sends beyond what it should.
+
+    A fixed window (``time_limit=1.0``) read a slow CI machine's late delivery as a missing one.
+    """
+    deadline = time.monotonic() + HANG
+    while not until() and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+    conn.process_data_events(time_limit=settle)

@@ -16,7 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.differential import blocking, expect_fault, message_outcome
+from tests.integration.differential import blocking, expect_fault, message_outcome, pump
 
 # Issue 14: the gateway runs also on NATS JetStream ([jetstream], tests/conftest.py).
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.both_stores]
@@ -197,10 +197,10 @@ def test_W4_prefetch_per_consumer(rabbitmq_url, gateway_url, unique) -> None:
             ch.basic_qos(prefetch_count=2)
             got: list[Any] = []
             ch.basic_consume(name, lambda c, m, p, b: got.append((m.delivery_tag, b)))
-            conn.process_data_events(time_limit=1.0)
+            pump(conn, lambda: len(got) >= 2)
             first = list(got)
             ch.basic_ack(got[-1][0], multiple=True)
-            conn.process_data_events(time_limit=1.0)
+            pump(conn, lambda: len(got) >= 4)
             ch.queue_delete(name)
         return first, got
 
