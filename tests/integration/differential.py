@@ -7,9 +7,9 @@ none) are removed first; everything else must match.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-import time
 from typing import Any
 
 import pika
