@@ -8,13 +8,24 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test,spark]'
-# Spark needs a Java runtime; install one if the machine has none (Debian/Ubuntu).
-if ! command -v java >/dev/null 2>&1; then
+# Spark needs a Java runtime, and the Java client tests run their program as a source file,
+# which needs the JDK's compiler; install one if the machine has none (Debian/Ubuntu).
+if ! command -v javac >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
-    echo "test.sh: installing Java 17 for the Spark tests (apt-get install openjdk-17-jre-headless)" >&2
-    apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+    echo "test.sh: installing Java 17 for the Spark and Java client tests (apt-get install openjdk-17-jdk-headless)" >&2
+    apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless >/dev/null
   else
     echo "Java 17 is required for the Spark tests" >&2; exit 1
+  fi
+fi
+# The Java client tests (tests/integration/test_clients_java.py) use RabbitMQ's Java client as
+# Debian packages it.
+if [ ! -f /usr/share/java/amqp-client.jar ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing RabbitMQ's Java client for its tests (apt-get install librabbitmq-client-java)" >&2
+    apt-get update -qq && apt-get install -y -qq librabbitmq-client-java >/dev/null
+  else
+    echo "RabbitMQ's Java client (/usr/share/java/amqp-client.jar) is required for its tests" >&2; exit 1
   fi
 fi
 # The report test renders the HTML page in headless Chromium; install it the same way.
