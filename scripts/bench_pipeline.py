@@ -118,6 +118,9 @@ async def run(messages: int, batch: int, audit: bool, metrics: bool = False) -> 
     one = tmpl.render(0)
     chunk = one * batch
     received = 0
+    import gc
+    gc0 = [g["collections"] for g in gc.get_stats()]
+    c0 = time.thread_time()
     t0 = time.perf_counter()
     sent = 0
     while received < messages:
@@ -134,6 +137,9 @@ async def run(messages: int, batch: int, audit: bool, metrics: bool = False) -> 
         elif sent >= messages:
             await asyncio.sleep(0)
     elapsed = time.perf_counter() - t0
+    cpu = time.thread_time() - c0
+    gcs = [g["collections"] - c for g, c in zip(gc.get_stats(), gc0)]
+    print(f"  loop thread CPU {cpu / received * 1e6:.2f} us/message, wall {elapsed / received * 1e6:.2f}; gc collections by generation {gcs}")
     if audit:
         gw.audit.close()
     await gw.broker.close()
