@@ -52,6 +52,9 @@ class Channel:
         # after it is replayed, the channel's later events are held here in order.
         self.waiting_get: tuple[BrokerQueue, bool] | None = None
         self.held: list[object] | None = None
+        # basic.cancel notices caused by a method of this channel whose reply waits (the
+        # JetStream broker's delete-ok waits for its count): they follow that reply.
+        self.cancels_after_reply: list[tuple[Channel, str]] = []
         self.draining = False  # closing with held events: they run, but nothing is handed out
 
     # -- credit (W4) -------------------------------------------------------------------------

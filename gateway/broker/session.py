@@ -121,7 +121,11 @@ class Session:
                 finally:
                     self._in_method = False
                     if self._cancels:
-                        self._send_cancels()
+                        if ch.held is not None:  # the reply waits: the notices follow it
+                            ch.cancels_after_reply += self._cancels
+                            self._cancels = []
+                        else:
+                            self._send_cancels()
         except ConnectionFault as e:
             cls, mid = _ids(method)
             self.conn.close(e.reply_code, e.reply_text, cls, mid)
@@ -153,9 +157,16 @@ class Session:
         if held is None or ch.waiting_get is not None:
             return
         ch.held = None
+        self._cancels_after_reply(ch)
         for event in held:
             self.on_event(event)
         self.request_flush()
+
+    def _cancels_after_reply(self, ch: Channel) -> None:
+        if ch.cancels_after_reply:
+            self._cancels, ch.cancels_after_reply = ch.cancels_after_reply, []
+            if not self.closed:  # a lost connection takes no notice
+                self._send_cancels()
 
     def end_wait(self, ch: Channel) -> None:
         """Q5: the channel closes while its basic.get waits (or before what waited behind it
@@ -164,6 +175,7 @@ class Session:
         channel is handed no message: a basic.get answers get-empty, consumers get nothing."""
         self.broker.cancel_get(ch)
         held, ch.held = ch.held or [], None
+        self._cancels_after_reply(ch)  # other channels' consumers are gone all the same
         ch.draining = True
         ch.flow_active = False
         for event in held:
