@@ -92,7 +92,7 @@ class ClusterBroker(Broker):
             await broker.publisher.start()
             await broker.watch.load()
             broker._recover()
-            store.on_durable = broker._on_durable
+            store.on_durable = broker._durable_soon
             # The streams of the queues it knows, before it serves: a declare-ok counts them.
             if broker._ensuring:
                 await asyncio.wait(list(broker._ensuring), timeout=STARTUP_STREAMS_SECONDS)
@@ -126,6 +126,7 @@ class ClusterBroker(Broker):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
+        self._durable_scheduled = False
 
     # -- the store: JetStream acknowledges as it goes (no group commit thread) ---------------
 
@@ -450,6 +451,18 @@ class ClusterBroker(Broker):
         q.in_flight -= 1
         if not q.in_flight and q.plain_gets:
             self._want(q)
+
+    def _durable_soon(self, durable: int) -> None:
+        """JetStream acknowledges each write on its own: the confirms they release go out
+        once per loop turn, after every acknowledgement that arrived with this one, so that a
+        burst is confirmed as RabbitMQ confirms it (basic.ack multiple=true), not frame by frame."""
+        if not self._durable_scheduled:
+            self._durable_scheduled = True
+            asyncio.get_running_loop().call_soon(self._durable_now)
+
+    def _durable_now(self) -> None:
+        self._durable_scheduled = False
+        self._on_durable(self.store.durable_lsn)
 
     def _on_durable(self, durable: int) -> None:
         refused = self.store.refused

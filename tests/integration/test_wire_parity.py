@@ -20,7 +20,7 @@ from tests.conftest import RABBITMQ_URL
 from tests.integration.differential import blocking, expect_fault
 from tests.integration.raw_asyncio_amqp import RawClient, address, method
 
-pytestmark = pytest.mark.rabbitmq
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.both_stores]
 
 
 # -- 1. connection.update_secret ------------------------------------------------------------
