@@ -28,6 +28,17 @@ if [ ! -f /usr/share/java/amqp-client.jar ]; then
     echo "RabbitMQ's Java client (/usr/share/java/amqp-client.jar) is required for its tests" >&2; exit 1
   fi
 fi
+# The amqplib tests (tests/integration/test_clients_node.py) run Node.js's amqplib at the version
+# its package-lock.json pins.
+if ! command -v npm >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Node.js for the amqplib tests (apt-get install nodejs npm)" >&2
+    apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null
+  else
+    echo "Node.js and npm are required for the amqplib tests" >&2; exit 1
+  fi
+fi
+npm ci --prefix tests/clients/node --no-audit --no-fund --loglevel=error >/dev/null
 # The report test renders the HTML page in headless Chromium; install it the same way.
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then

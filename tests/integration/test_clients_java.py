@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
+
+from tests.integration.client_programs import assert_same_as_rabbitmq, run_program
 
 pytestmark = [pytest.mark.rabbitmq, pytest.mark.both_stores]
 
@@ -64,38 +64,21 @@ PROPERTIES = (
 EXPECTED["properties"] = PROPERTIES
 
 
-def run_scenarios(url: str, prefix: str) -> dict[str, str]:
+def command() -> list[str]:
     java = shutil.which("java")
     missing = [j for j in JARS if not os.path.exists(j)]
     if java is None or missing:
         pytest.fail(f"the Java client tests need java and {missing or JARS} "
                     "(apt-get install librabbitmq-client-java; scripts/test.sh does)")
-    done = subprocess.run([java, "-cp", os.pathsep.join(JARS), str(PROGRAM), url, prefix],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    lines = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
-    assert set(lines) == set(EXPECTED), done.stdout + done.stderr
-    return lines
+    return [java, "-cp", os.pathsep.join(JARS), str(PROGRAM)]
 
 
 @pytest.fixture(scope="module")
 def rabbitmq_lines(rabbitmq_url: str) -> tuple[str, dict[str, str]]:
-    prefix = f"j{uuid.uuid4().hex[:10]}"
-    return prefix, run_scenarios(rabbitmq_url, prefix)
+    return run_program(command(), rabbitmq_url, list(EXPECTED))
 
 
-@pytest.fixture
-def gateway_lines(gateway_url: str) -> tuple[str, dict[str, str]]:
-    prefix = f"j{uuid.uuid4().hex[:10]}"
-    return prefix, run_scenarios(gateway_url, prefix)
-
-
-def test_M16_W4_M13_M14_java_client_scenarios_answer_as_rabbitmq(rabbitmq_lines, gateway_lines) -> None:
+def test_M16_W4_M13_M14_java_client_scenarios_answer_as_rabbitmq(rabbitmq_lines, gateway_url) -> None:
     """Each scenario's outcome on the gateway equals RabbitMQ's, which equals the known value
     (M13 nack/reject, M14 confirms, M16 reply codes, W4 prefetch, and the rest)."""
-    rprefix, rabbit = rabbitmq_lines
-    gprefix, gateway = gateway_lines
-    for name, want in EXPECTED.items():
-        assert rabbit[name] == want.replace("{p}", rprefix), f"RabbitMQ, scenario {name}"
-    for name in EXPECTED:
-        assert gateway[name].replace(gprefix, "{p}") == rabbit[name].replace(rprefix, "{p}"), f"scenario {name}"
+    assert_same_as_rabbitmq(EXPECTED, rabbitmq_lines, run_program(command(), gateway_url, list(EXPECTED)))
