@@ -28,6 +28,9 @@ from tests.integration.differential import blocking
 from tests.integration.test_http_push import Subscriber
 from tests.integration.test_http_push import _serve as serve_subscriber
 
+# Issue 14: these also run on the gateway on NATS JetStream (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
+
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 10.0  # hang protection only
 

@@ -18,6 +18,9 @@ from gateway.auth import Permission, User, UserDB, hash_password
 from gateway.config import AuditSettings, Limits
 from gateway.server import gateway_in_thread
 
+# Issue 14: these also run on the gateway on NATS JetStream (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
+
 
 def test_W1_server_properties_and_capabilities(gateway_url: str) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(gateway_url))

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from pamqp import commands, frame, header
 
+# Issue 14: these also run on the gateway on NATS JetStream (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

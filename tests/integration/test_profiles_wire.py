@@ -28,6 +28,9 @@ from gateway.management.testing import OperatorGateway, operator_gateway
 from tests.integration.differential import PROPERTY_FIELDS, blocking, typed
 from tests.integration.test_process import serve
 
+# Issue 14: these also run on the gateway on NATS JetStream (tests/conftest.py).
+pytestmark = pytest.mark.both_stores
+
 AUTH = aiohttp.BasicAuth("guest", "guest")
 
 
