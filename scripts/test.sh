@@ -39,6 +39,16 @@ if ! command -v npm >/dev/null 2>&1; then
   fi
 fi
 npm ci --prefix tests/clients/node --no-audit --no-fund --loglevel=error >/dev/null
+# kombu's and py-amqp's own integration suites (tests/integration/test_third_party_suites.py),
+# from the source distributions of the versions installed above.
+mkdir -p .venv/third-party
+for project in kombu amqp; do
+  version=$(.venv/bin/python -c "import importlib.metadata as m; print(m.version('$project'))")
+  if [ ! -d ".venv/third-party/$project-$version/t/integration" ]; then
+    .venv/bin/python -m pip download -q --no-deps --no-binary :all: -d .venv/third-party "$project==$version"
+    tar -xzf ".venv/third-party/$project-$version.tar.gz" -C .venv/third-party
+  fi
+done
 # The report test renders the HTML page in headless Chromium; install it the same way.
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
