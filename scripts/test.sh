@@ -28,6 +28,17 @@ if [ ! -f /usr/share/java/amqp-client.jar ]; then
     echo "RabbitMQ's Java client (/usr/share/java/amqp-client.jar) is required for its tests" >&2; exit 1
   fi
 fi
+# The Go client tests (tests/integration/test_clients_go.py) build against RabbitMQ's Go client
+# as Debian packages it, with Debian's Go.
+if ! command -v go >/dev/null 2>&1 || [ ! -d /usr/share/gocode/src/github.com/rabbitmq/amqp091-go ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Go and RabbitMQ's Go client for its tests" \
+         "(apt-get install golang-go golang-github-rabbitmq-amqp091-go-dev)" >&2
+    apt-get update -qq && apt-get install -y -qq golang-go golang-github-rabbitmq-amqp091-go-dev >/dev/null
+  else
+    echo "Go and RabbitMQ's Go client are required for their tests" >&2; exit 1
+  fi
+fi
 # The amqplib tests (tests/integration/test_clients_node.py) run Node.js's amqplib at the version
 # its package-lock.json pins.
 if ! command -v npm >/dev/null 2>&1; then
