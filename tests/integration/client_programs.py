@@ -13,7 +13,19 @@ import subprocess
 import uuid
 from collections.abc import Mapping, Sequence
 
-__all__ = ["assert_same_as_rabbitmq", "run_program"]
+__all__ = ["FAULTS", "assert_same_as_rabbitmq", "run_program"]
+
+# The reply code and reply-text class RabbitMQ gives each fault the programs provoke, in their
+# order (a program in a client that reports these as "<code> <class>").
+FAULTS = {
+    "passive missing queue": "404 NOT_FOUND", "passive missing exchange": "404 NOT_FOUND",
+    "publish to missing exchange": "404 NOT_FOUND", "redeclare with other durable": "406 PRECONDITION_FAILED",
+    "redeclare with other arguments": "406 PRECONDITION_FAILED",
+    "redeclare exchange other type": "406 PRECONDITION_FAILED", "consume missing queue": "404 NOT_FOUND",
+    "unknown delivery tag": "406 PRECONDITION_FAILED", "exclusive elsewhere": "405 RESOURCE_LOCKED",
+    "bind missing exchange": "404 NOT_FOUND", "declare amq. name": "403 ACCESS_REFUSED",
+    "delete amq.direct": "403 ACCESS_REFUSED",
+}
 
 
 def run_program(command: Sequence[str], url: str, names: Sequence[str], cwd: str | None = None
