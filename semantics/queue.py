@@ -217,6 +217,14 @@ class MaxLengthRejected(CMQError):
     """
 
 
+# A priority queue (RabbitMQ's x-max-priority, which CMQ does not have): a message's position
+# holds its rank (the queue's maximum priority minus its own, capped there) above a 48-bit
+# arrival counter, so the Active order is by priority, then by arrival, and a message put back
+# (M13) takes its own place again. Such a queue keeps its Active messages in the heap of
+# returned ones (_returned) and never folds (its order is not the arrival order runs keep).
+_RANK_SHIFT = 48
+
+
 def _pos(msg: QueueMessage) -> int:
     return msg.pos
 
@@ -278,6 +286,8 @@ class CmqQueue:
         # gateway gives memory back then (gateway.broker.folding).
         self.on_drained: Callable[[], None] | None = None
         self._had_runs = False
+        self._priority_of: Callable[[object], int] | None = None  # a priority queue's (set_priorities)
+        self._max_priority = 0
         self.max_inflight = limits.MAX_INFLIGHT_DELAYED  # L8; a test may lower it
         self._apply(attributes or QueueAttributes())
 
@@ -378,10 +388,33 @@ class CmqQueue:
                 oldest = run.head_enqueue_time()
         return oldest
 
+    def set_priorities(self, max_priority: int, priority_of: Callable[[object], int]) -> None:
+        """Deliver by priority (RabbitMQ's ``x-max-priority``; see _RANK_SHIFT): a payload's
+        priority is ``priority_of(payload)``, read as 0 below 0 and as ``max_priority`` above
+        it. Only while the queue is empty (when it is made, before a restart's messages come
+        back); a priority queue does not fold."""
+        if self._messages or self._runs:
+            raise ValueError(f"queue '{self.name}' holds messages: its priorities are set when it is made")
+        self._priority_of = priority_of
+        self._max_priority = max_priority
+        self._freezer = None
+        self._fold_at = sys.maxsize
+
+    def _place_ranked(self, msg: QueueMessage) -> None:
+        """A priority queue's newly Active ``msg`` after every Active one of its priority."""
+        assert self._priority_of is not None
+        priority = self._priority_of(msg.payload)
+        rank = self._max_priority - min(max(priority, 0), self._max_priority)
+        msg.pos = (rank << _RANK_SHIFT) | self._next_pos
+        self._next_pos += 1
+        heapq.heappush(self._returned, (msg.pos, msg))
+
     def fold_with(self, freezer: Freezer, keep: int | None = None, tail: int | None = None,
                   batch: int | None = None) -> None:
         """Fold a long backlog (see FOLD_KEEP; the module's values when called) with
-        ``freezer``'s help from now on."""
+        ``freezer``'s help from now on (never a priority queue's)."""
+        if self._priority_of is not None:
+            return
         self._freezer = freezer
         # At least the newest message stays hot: send returns it, and the ID of a message
         # just sent is then known to be in no run (_cold_has).
@@ -451,9 +484,12 @@ class CmqQueue:
                 self._n_delayed += 1
                 self._push_timer(msg.next_visible_time, _DELAY_END, msg, 0)
         else:
-            msg.pos = self._next_pos
-            self._next_pos += 1
-            self._active.append(msg)
+            if self._priority_of is None:
+                msg.pos = self._next_pos
+                self._next_pos += 1
+                self._active.append(msg)
+            else:
+                self._place_ranked(msg)
             self._n_active += 1
             if self._max_length is not None and self._n_active > self._max_length:
                 self._drop_over_max_length()
@@ -501,7 +537,8 @@ class CmqQueue:
             run.sort()
         # A rule that would move an Active message with no receive at once (x-max-length,
         # a max receive count of 0) is left to the ordinary path.
-        plain = (not self._messages and not self._runs and self._max_length is None
+        # A priority queue takes them one by one too: its order is not the run's.
+        plain = (not self._messages and not self._runs and self._max_length is None and self._priority_of is None
                  and not (self._dlq is not None and self._max_receive is not None and self._max_receive <= 0))
         while len(run) and (not plain or self._cold_deadline(run.head_enqueue_time()) <= now):
             _, msg_id, enq, size, payload = run.pop()
@@ -783,6 +820,8 @@ class CmqQueue:
         self._n_active += 1
         if back:
             heapq.heappush(self._returned, (msg.pos, msg))
+        elif self._priority_of is not None:
+            self._place_ranked(msg)
         else:
             msg.pos = self._next_pos
             self._next_pos += 1
@@ -815,12 +854,17 @@ class CmqQueue:
         """All ACTIVE messages in production order (after a rewind, Q6)."""
         ordered = sorted((m for m in self._messages.values() if m.state is ACTIVE),
                          key=lambda m: (m.enqueue_time, m.seq))
+        self._returned = []
+        self._active_stale = 0
+        if self._priority_of is not None:
+            self._active = deque()
+            for msg in ordered:
+                self._place_ranked(msg)
+            return
         for msg in ordered:
             msg.pos = self._next_pos
             self._next_pos += 1
         self._active = deque(ordered)
-        self._returned = []
-        self._active_stale = 0
 
     # ------------------------------------------------------------------ removal
 

@@ -44,6 +44,7 @@ class QueueArgs:
     expires_ms: int | None = None                      # x-expires
     single_active_consumer: bool = False               # x-single-active-consumer
     receive_metadata: bool = False                     # x-cmq-receive-metadata (M11, PF5)
+    max_priority: int = 0                              # x-max-priority: 0 is a plain queue
 
 
 def _int(name: str, value: Any) -> int:
@@ -175,6 +176,8 @@ def parse_queue_args(arguments: Mapping[str, Any] | None) -> QueueArgs:
             out.attrs["message_ttl_ms"] = _int(name, value)
         elif name == "x-single-active-consumer":
             out.single_active_consumer = value is True
+        elif name == "x-max-priority":
+            out.max_priority = _int(name, value)
         elif name == "x-expires":
             out.expires_ms = _int(name, value)
             if out.expires_ms <= 0:

@@ -21,7 +21,13 @@ from semantics.waiters import Waiters
 if TYPE_CHECKING:
     from gateway.broker.session import Session
 
-__all__ = ["BrokerQueue"]
+__all__ = ["BrokerQueue", "message_priority"]
+
+
+def message_priority(msg: Any) -> int:
+    """A message's AMQP priority, 0 when it has none (as RabbitMQ reads it)."""
+    priority = getattr(msg.properties, "priority", None)
+    return priority if isinstance(priority, int) else 0
 
 
 class BrokerQueue:
@@ -38,6 +44,8 @@ class BrokerQueue:
         self.arguments = arguments
         self.qargs = qargs
         self.attrs = attrs
+        if qargs.max_priority > 0:
+            cmq.set_priorities(qargs.max_priority, message_priority)
         self.policy: Policy | None = None  # the RabbitMQ policy applied (VHost._queue_settings)
         self.cmq = cmq
         # M11 / PF5: deliveries carry the CMQ receive metadata (the cmq profile, or the

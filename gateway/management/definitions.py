@@ -8,7 +8,7 @@ subscriptions). Nothing is dropped in silence: the answer counts what was import
 was already there, unchanged) per kind, lists every object that was NOT imported with the
 reason (and the SPEC rule when a CMQ limit refused it), and lists as notes what was imported
 but has no effect here (a policy key such as ``ha-mode``, a queue argument such as
-``x-max-priority``). Importing the same file twice is not an error: equal objects count as
+``x-max-length-bytes``). Importing the same file twice is not an error: equal objects count as
 unchanged, and a conflicting one (another type, other arguments) is listed per object.
 """
 
@@ -41,10 +41,9 @@ _ONE = {"vhosts": "vhost", "users": "user", "permissions": "permission", "polici
 # Queue arguments the gateway applies (M7); any other is imported, kept, and noted.
 _QUEUE_ARGS = frozenset((*CMQ_ATTRS, "x-cmq-dead-letter-queue", "x-cmq-receive-metadata", "x-dead-letter-exchange",
                          "x-dead-letter-routing-key", "x-max-length", "x-overflow", "x-message-ttl", "x-expires",
-                         "x-single-active-consumer", "x-delivery-limit", "x-queue-type"))
+                         "x-single-active-consumer", "x-delivery-limit", "x-queue-type", "x-max-priority"))
 _EXCHANGE_ARGS = frozenset(("alternate-exchange", X_MAX_MESSAGE_SIZE))
 _QUEUE_ARG_NOTES = {
-    "x-max-priority": "the CMQ queue model has no priorities: messages are delivered in order",
     "x-quorum-initial-group-size": "the gateway is one node: no replica count to choose",
 }
 _QUEUE_TYPE_NOTES = {

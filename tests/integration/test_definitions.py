@@ -71,8 +71,8 @@ def check_report(report: dict[str, Any], estate: Estate) -> None:
     assert kinds == [("parameter", "vhost-limits"), ("topic_permission", None)]
     notes = {(n["kind"], n["name"], n["key"]) for n in report["notes"]}
     assert {("policy", "cap-low", "ha-mode"), ("policy", "cap-low", "queue-mode"),
-            ("queue", "q-04", "x-max-priority"), ("queue", "q-08", "x-max-length-bytes"),
-            ("queue", "qq-00", "x-queue-type")} <= notes
+            ("queue", "q-08", "x-max-length-bytes"), ("queue", "qq-00", "x-queue-type")} <= notes
+    assert ("queue", "q-04", "x-max-priority") not in notes  # applied: a priority queue
     assert report["complete"] is False
 
 
