@@ -23,7 +23,7 @@ from gateway.broker.exchange import sub_label
 from gateway.broker.limit_report import LimitReport
 from gateway.broker.message import DiskMessage, Message
 from gateway.broker.queue import BrokerQueue
-from gateway.broker.recovery import recover_messages, return_big_buffers
+from gateway.broker.recovery import QueueRecords, recover_messages, return_big_buffers
 from gateway.broker.reply_to import ReplyRouter
 from gateway.broker.scheduler import Scheduler
 from gateway.broker.vhost import VHost
@@ -155,6 +155,9 @@ class Broker:
         # once no other input is being handled (end_batch, or the next loop turn).
         self._replays: deque[Channel] = deque()
         self._replay_soon = False
+        # Message records of queues that did not exist at the start, as read then
+        # (gateway.broker.recovery): still stored until something deletes them.
+        self.unclaimed_records: dict[tuple[str, str], QueueRecords] = {}
         self._closed = False
 
     @classmethod
