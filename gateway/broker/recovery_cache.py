@@ -290,16 +290,15 @@ def save(broker: Broker) -> None:
         for piece in body:
             crc = zlib.crc32(piece, crc)
         head = _HEADER.pack(_MAGIC, store.checkpoint_token, store.last_lsn, sum(map(len, body)), crc)
+        # Not fsynced: a cache that did not reach the disk whole fails its CRCs (or is
+        # missing), and one that did describes nothing but its own close (token and LSN),
+        # so a crash after the stop costs the next start its speed, never its state. The
+        # fsync of 57 MB at 10^6 messages took 0.5 s of a stop after a long publish.
         with open(tmp, "wb") as f:
             f.write(head + zlib.crc32(head).to_bytes(4, "little"))
             for piece in body:
                 f.write(piece)
-            f.flush()
-            if store.fsync:
-                os.fsync(f.fileno())
         os.replace(tmp, final)
-        if store.fsync:
-            fsync_dir(directory)
     except Exception:
         log.warning("recovery cache not written; the next start reads the message records", exc_info=True)
         with contextlib.suppress(OSError):
