@@ -4,8 +4,8 @@ It starts a gateway (`serve --host 127.0.0.1 --port P --management-port off`, a 
 the audit log and /metrics as `serve` has them by default, /metrics on a free port), reads
 its idle RSS, publishes --count persistent messages of --size bytes to a durable queue with
 gateway.perf.backlog's publisher (confirms), reads the RSS again (RSS per retained message),
-then --restarts times: stops the gateway (SIGTERM, a clean shutdown), starts it again on the
-same data dir and polls a passive queue.declare every 50 ms until message_count reaches
+then --restarts times: stops the gateway (SIGTERM, a clean shutdown, timed to the exit), starts
+it again on the same data dir and polls a passive queue.declare every 50 ms until message_count reaches
 --count (time from the new process's start; the median is reported). Finally it drains the
 queue with one consumer (prefetch 1000, an ack per 100) and reads the RSS after the drain
 (and 2 s later), compared with the idle RSS.
@@ -18,7 +18,7 @@ start, poll until message_count is --count), in the same run; the ratio is then 
 Without it, RabbitMQ's time is --rabbitmq-seconds (issue 15's figure, 6.7 s for 10^6 x 1 KB).
 
     .venv/bin/python scripts/bench_restart.py [--count 100000] [--size 1024] [--restarts 3]
-                                              [--rabbitmq-node]
+                                              [--rabbitmq-node] [--change-before-stop] [--no-drain]
 """
 
 from __future__ import annotations
@@ -60,6 +60,13 @@ def _start_gateway(port: int, data_dir: str, extra: list[str], timeout: float = 
             break
     proc.kill()
     raise SystemExit(f"the gateway did not start: {' '.join(cmd)}")
+
+
+def _timed_stop(proc: subprocess.Popen[bytes]) -> float:
+    """bench_compare's stop (SIGTERM, a clean shutdown); returns the seconds to the exit."""
+    t0 = time.monotonic()
+    _stop(proc)
+    return time.monotonic() - t0
 
 
 def _free_port() -> int:
@@ -200,6 +207,10 @@ def main() -> None:
     ap.add_argument("--rabbitmq-seconds", type=float, default=6.7,
                     help="RabbitMQ's restart time for the same backlog (issue 15: 6.7 s at 10^6 x 1 KB)")
     ap.add_argument("--no-drain", action="store_true")
+    ap.add_argument("--change-before-stop", action="store_true",
+                    help="publish one persistent message to another durable queue before each stop after a "
+                         "restart: the store changed, so the stop writes its checkpoint (a restart that changed "
+                         "nothing leaves the one it reopened from)")
     ap.add_argument("--rabbitmq-node", action="store_true",
                     help="measure RabbitMQ's restart in this run, on a node of the script's own")
     args = ap.parse_args()
@@ -219,7 +230,9 @@ def main() -> None:
             time.sleep(1.0)
             full = broker_rss(gw.pid, False) or 0
         finally:
-            _stop(gw)
+            published_stop = _timed_stop(gw)
+        print(f"stop after publishing: {published_stop:.2f} s (SIGTERM to exit)")
+        stops: list[float] = []
         print(f"idle RSS {idle / 2**20:.1f} MiB; after publishing {full / 2**20:.1f} MiB: "
               f"{(full - idle) / args.count:.0f} B per retained message")
         times = []
@@ -235,9 +248,16 @@ def main() -> None:
                   f"after {times[-1]:.2f} s; RSS {rss / 2**20:.1f} MiB = {(rss - idle) / args.count:.0f} B "
                   "per message over idle")
             if i < args.restarts - 1 or args.no_drain:
-                _stop(gw)
+                if args.change_before_stop:
+                    asyncio.run(_publish(uri, queue + "-change", 1, args.size))
+                stops.append(_timed_stop(gw))
+                print(f"stop {i + 1}: {stops[-1]:.2f} s (SIGTERM to exit)")
         med = statistics.median(times)
         print(f"restart median of {len(times)}: {med:.2f} s")
+        if stops:
+            print(f"stop after a restart, median of {len(stops)} (SIGTERM to exit, {args.count:,} messages "
+                  f"retained{', one published first' if args.change_before_stop else ''}): "
+                  f"{statistics.median(stops):.2f} s")
         if not args.no_drain:
             try:
                 secs = asyncio.run(_drain(uri, queue, args.count))

@@ -377,6 +377,13 @@ class CmqQueue:
         self._thaw_all()
         return iter(list(self._messages.values()))
 
+    def held(self) -> tuple[list[QueueMessage], list[ColdRun | LiveRun]]:
+        """Everything the queue holds, nothing thawed: its messages that are objects
+        (rewindable ones too) and its runs (their messages from the head on). Production
+        order (``seq``) interleaves them; the gateway writes them down at a clean stop
+        (gateway.broker.recovery_cache)."""
+        return list(self._messages.values()), [run for run in self._runs if len(run)]
+
     def oldest_enqueue_time(self) -> float | None:
         """The enqueue time of the oldest Active or Inactive message (CMQ's minMsgTime), or
         None. Without thawing: a run's messages are Active in enqueue order, so each run's

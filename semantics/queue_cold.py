@@ -120,6 +120,10 @@ class ColdRun:
         n = len(self.enqueue_times)
         return self.pos0 + n - 1, self.enqueue_times[n - 1]
 
+    def last_seq(self) -> int:
+        """Production order of the newest message."""
+        return self.seq0 + len(self.enqueue_times) - 1
+
     def take(self) -> tuple[str, float, int, object, int, int, float]:
         """Thaw the head: (msg_id, enqueue time, size, payload, position, seq, visible since)."""
         i, msg_id, enq, size, payload = self.pop()
@@ -177,6 +181,9 @@ class LiveRun:
 
     def last(self) -> tuple[int, float]:
         return self.poss[-1], self.enqueue_times[-1]
+
+    def last_seq(self) -> int:
+        return self.seqs[-1]
 
     def take(self) -> tuple[str, float, int, object, int, int, float]:
         i = self.head

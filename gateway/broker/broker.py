@@ -23,7 +23,7 @@ from gateway.broker.exchange import sub_label
 from gateway.broker.limit_report import LimitReport
 from gateway.broker.message import DiskMessage, Message
 from gateway.broker.queue import BrokerQueue
-from gateway.broker.recovery import recover_messages, return_big_buffers
+from gateway.broker.recovery import QueueRecords, recover_messages, return_big_buffers
 from gateway.broker.reply_to import ReplyRouter
 from gateway.broker.scheduler import Scheduler
 from gateway.broker.vhost import VHost
@@ -155,6 +155,9 @@ class Broker:
         # once no other input is being handled (end_batch, or the next loop turn).
         self._replays: deque[Channel] = deque()
         self._replay_soon = False
+        # Message records of queues that did not exist at the start, as read then
+        # (gateway.broker.recovery): still stored until something deletes them.
+        self.unclaimed_records: dict[tuple[str, str], QueueRecords] = {}
         self._closed = False
 
     @classmethod
@@ -217,6 +220,11 @@ class Broker:
     # -- the store and group commit (M14) ----------------------------------------------------
 
     def persist(self, key: str, value: bytes) -> int:
+        if self._recovering and isinstance(self.store, Store) and self.store.get(key) == value:
+            # A declaration coming back as it is stored: putting it again changed nothing
+            # but made the checkpoint the store reopened from stale, so that the next clean
+            # close wrote it again (1.3 s at 10^6 messages) after a start that changed nothing.
+            return self.store.last_lsn
         lsn = self.store.put(key, value)
         if self._dirty is not None:
             self._dirty.set()

@@ -163,7 +163,8 @@ def read_runs(store: Any, properties: Callable[[bytes], Any]) -> dict[tuple[str,
 
 def recover_messages(broker: Broker, now: float) -> None:
     """Every persistent message of a durable queue comes back as a cold run of its queue
-    (semantics.queue_cold); records of a queue that no longer exists stay in the store.
+    (semantics.queue_cold); records of a queue that no longer exists stay in the store, and
+    their run in ``broker.unclaimed_records`` for the clean stop's cache (recovery_cache).
     The runs come from the cache a clean stop left (recovery_cache) when it was made for
     exactly the state the store reopened with, else from the records themselves."""
     from gateway.broker import recovery_cache
@@ -176,8 +177,12 @@ def recover_messages(broker: Broker, now: float) -> None:
     for (vhost, queue), records in by_queue.items():
         vh = broker.vhost(vhost)
         q = vh.queues.get(queue)
+        if q is None:
+            # Kept as read: the clean stop writes them down again while they are stored.
+            broker.unclaimed_records[(vhost, queue)] = records
+            continue
         run, records.run = records.run, None
-        if q is not None and run is not None:
+        if run is not None:
             records.count_held(len(run))
             q.cmq.restore_cold(run, now)
             touched[q] = vh
