@@ -72,8 +72,8 @@ class Packed:
         if key == self.last_key:  # an ack asks "in store?" then deletes: one search for both
             p: int = self.last_pos
             return p if self.live[p] else -1
-        g = self.stem_ids.get(key[:-_TAIL])
-        if g is None or len(key) <= _TAIL:
+        g = self.stem_ids.get(key[:-_TAIL])  # a stem is never empty: no key of 16 or less
+        if g is None:
             return -1
         tail = key[-_TAIL:]
         try:
