@@ -29,8 +29,8 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import compress, islice
-from operator import lt
+from itertools import compress, islice, repeat
+from operator import lt, rshift
 
 __all__ = ["PACK_MIN", "Packed", "PackedBuilder", "pack_map"]
 
@@ -300,17 +300,30 @@ _HEX_STR = _HEX.decode()
 
 def pack_map(data: dict[str, bytes | int]) -> tuple[dict[str, bytes | int], Packed | None, dict[str, int] | None]:
     """Split a replayed map into (the entries the dict keeps, the packed tier, their
-    positions: Store._pos) when enough of it packs, else (data, None, None)."""
+    positions: Store._pos) when enough of it packs, else (data, None, None). Blocks of
+    entries that are one checkpoint run as it would be (one stem, one file) go in as such
+    (add_run); the others one entry at a time."""
     if len(data) < PACK_MIN:
         return data, None, None
     builder = PackedBuilder()
     rest: dict[str, bytes | int] = {}
     pos: dict[str, int] = {}
-    add = builder.add
-    for k, v in data.items():
-        if type(v) is not int or not add(k, v):
-            rest[k] = v
-            pos[k] = len(builder.ctr)
+    keys = list(data)
+    values = list(data.values())
+    low_bits = (1 << _FILE_SHIFT) - 1
+    for a in range(0, len(keys), _CHUNK):
+        ks, vs = keys[a:a + _CHUNK], values[a:a + _CHUNK]
+        try:
+            files = set(map(rshift, vs, repeat(_FILE_SHIFT)))  # TypeError: a value in memory
+            low = array("Q", map(low_bits.__and__, vs))  # type: ignore[arg-type]  # OverflowError: past 4 GiB
+            if len(files) == 1 and builder.add_run("\0".join(ks).encode(), len(ks), files.pop(), low):
+                continue
+        except (TypeError, OverflowError):
+            pass
+        for k, v in zip(ks, vs, strict=True):
+            if type(v) is not int or not builder.add(k, v):
+                rest[k] = v
+                pos[k] = len(builder.ctr)
     if len(builder) < PACK_MIN:
         return data, None, None
     return rest, builder.finish(), pos

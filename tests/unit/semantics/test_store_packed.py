@@ -98,18 +98,25 @@ def test_packed_store_matches_a_dict(tmp_path: str, monkeypatch: pytest.MonkeyPa
     assert packed_seen > 100 and reopened  # the packed tier was there for a good part of it
 
 
-def test_a_drained_packed_tier_goes(tmp_path: str) -> None:
-    """10^4 messages reopened packed, deleted one by one: the tier is dropped once mostly
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_a_drained_packed_tier_goes(tmp_path: str, checkpoint: bool) -> None:
+    """10^4 messages reopened packed (from the checkpoint, or replayed: whole blocks of one
+    stem go in at once there too), deleted one by one: the tier is dropped once mostly
     tombstones, and the survivors keep their order."""
     d = str(tmp_path)
     keys = [f"m/%2F/q/msg-0123456789ab{i:016x}" for i in range(10_000)]
     with Store.open(d, fsync=False) as s:
         s.put("q/%2F/q", b"queue")
-        for k in keys:
+        for i, k in enumerate(keys):
             s.put(k, b"x" * 300)
+            if i % 1000 == 0:
+                s.sync()
+    if not checkpoint:
+        remove_checkpoint(d, do_fsync=False)
     s = Store.open(d, fsync=False)
     try:
-        assert s.recovery.checkpoint and s._packed is not None and len(s._map) == 1
+        assert s.recovery.checkpoint == checkpoint and s._packed is not None and len(s._map) == 1
+        assert s.keys() == ["q/%2F/q", *keys] and s.get(keys[5000]) == b"x" * 300
         for k in keys[:9_000]:
             s.delete(k)
         s.sync()
