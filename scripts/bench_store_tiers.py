@@ -1,8 +1,10 @@
 """The store alone, the way a restarted backlog uses it (issue 15, target 3a): open a store
 of --count message records (keys as the broker makes them, values left on disk) from its
-checkpoint, close it after one write (a new checkpoint), reopen it, then drain it (get + delete of every key in order, a sync per 1000) and publish
---publish new records (put, a sync per 1000). Prints the open's seconds and RSS over the
-interpreter's, the close's seconds, and the CPU microseconds per drained and per published record.
+checkpoint, close it after one write (a new checkpoint), reopen it, publish --publish new
+records while the backlog is there (put, a sync per 1000), then drain the backlog (get +
+delete of every key in order, a sync per 1000). Prints the open's seconds and RSS over the
+interpreter's, the close's seconds, and the CPU microseconds per published and per drained
+record.
 
 Run it from two trees on one built directory for an A/B (each run works on a copy):
 
@@ -64,6 +66,14 @@ def main() -> None:
         s.close()
         closed = time.perf_counter() - t0
         s = Store.open(work, fsync=False)
+        value = os.urandom(args.size)
+        c0 = time.process_time()
+        for i in range(args.publish):  # while the restored backlog is there
+            s.put(f"m/%2F/perf-q/msg-ba9876543210{i:016x}", value)
+            if i % 1000 == 999:
+                s.sync()
+        s.sync()
+        publish = time.process_time() - c0
         keys = (f"{STEM}{i:016x}" for i in range(args.count))
         c0 = time.process_time()
         for i, key in enumerate(keys):
@@ -73,14 +83,6 @@ def main() -> None:
                 s.sync()
         s.sync()
         drain = time.process_time() - c0
-        value = os.urandom(args.size)
-        c0 = time.process_time()
-        for i in range(args.publish):
-            s.put(f"m/%2F/perf-q/msg-ba9876543210{i:016x}", value)
-            if i % 1000 == 999:
-                s.sync()
-        s.sync()
-        publish = time.process_time() - c0
         s.close()
         tree = os.environ.get("PYTHONPATH", "")
         print(f"{tree}: open {opened:.2f} s, close {closed:.2f} s, "
