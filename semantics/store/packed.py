@@ -42,13 +42,14 @@ _TAIL = 16
 _FILE_SHIFT = 72  # format.location's layout
 _LOW_MAX = 1 << 64  # a location whose offset is at 4 GiB or more does not fit in low
 _LITTLE = sys.byteorder == "little"
+_SEEN_MAX = 8192  # Packed.seen is cleared at this size
 _CHUNK = 2048  # keys per step of add_run and join_keys: some 100 KB, inside a CPU cache
 
 
 class Packed:
     """The arrays of the module docstring; read and tombstoned under the store's lock."""
 
-    __slots__ = ("ctr", "fid", "gid", "guess", "last_key", "last_pos", "live", "low", "n_live", "sctr", "spos", "stem_ids",
+    __slots__ = ("ctr", "fid", "gid", "guess", "seen", "live", "low", "n_live", "sctr", "spos", "stem_ids",
                  "stems")
 
     def __init__(self, stems: list[str], gid: array, ctr: array, fid: array, low: array,
@@ -61,16 +62,17 @@ class Packed:
         self.guess = [(a[0], (len(a) - 1) / (a[-1] - a[0]) if len(a) > 1 else 0.0) for a in sctr]
         self.live = bytearray(b"\1") * len(ctr)
         self.n_live = len(ctr)
-        self.last_key: str | None = None  # the last key found, at last_pos
-        self.last_pos = 0
+        # Keys found lately and their positions: a message's body is read (get) when it is
+        # delivered, and its ack asks whether it is there, then deletes it (a prefetch later).
+        self.seen: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self.n_live
 
     def find(self, key: str) -> int:
         """The position of live ``key``, or -1."""
-        if key == self.last_key:  # an ack asks "in store?" then deletes: one search for both
-            p: int = self.last_pos
+        p: int | None = self.seen.get(key)
+        if p is not None:
             return p if self.live[p] else -1
         g = self.stem_ids.get(key[:-_TAIL])  # a stem is never empty: no key of 16 or less
         if g is None:
@@ -97,7 +99,10 @@ class Packed:
         # (16 lowercase hex digits: nothing left once they are stripped) matches.
         if not self.live[p] or tail.strip(_HEX_STR):
             return -1
-        self.last_key, self.last_pos = key, p
+        seen = self.seen
+        if len(seen) >= _SEEN_MAX:
+            seen.clear()
+        seen[key] = p
         return p
 
     def value(self, p: int) -> int:
