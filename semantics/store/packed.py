@@ -105,6 +105,20 @@ class Packed:
         seen[key] = p
         return p
 
+    def get(self, key: str) -> int | None:
+        """The location of live ``key``, or None."""
+        p = self.find(key)
+        return None if p < 0 else self.fid[p] << _FILE_SHIFT | self.low[p]  # type: ignore[no-any-return]
+
+    def take(self, key: str) -> int | None:
+        """Tombstone live ``key``: its location, or None when it is not here."""
+        p = self.find(key)
+        if p < 0:
+            return None
+        self.live[p] = 0
+        self.n_live -= 1
+        return self.fid[p] << _FILE_SHIFT | self.low[p]  # type: ignore[no-any-return]
+
     def value(self, p: int) -> int:
         return self.fid[p] << _FILE_SHIFT | self.low[p]  # type: ignore[no-any-return]
 

@@ -341,10 +341,7 @@ class Store:
             if self._pos is not None:
                 self._pos.pop(key, None)
                 if old is None and self._packed is not None:
-                    p = self._packed.find(key)
-                    if p >= 0:
-                        old = self._packed.value(p)
-                        self._packed.kill(p)
+                    old = self._packed.take(key)
             if old is not None:
                 self._live_bytes -= len(key) + _disk_bytes(old) + _OVERHEAD
                 self._memory -= len(key) + _memory_bytes(old) + _OVERHEAD
@@ -363,9 +360,7 @@ class Store:
             self._check()  # its read fds are closed
             v = self._map.get(key)  # again: a compaction may have moved it meanwhile
             if v is None and self._packed is not None:
-                p = self._packed.find(key)
-                if p >= 0:
-                    v = self._packed.value(p)
+                v = self._packed.get(key)
             if type(v) is not int:
                 return v  # type: ignore[return-value]
             return self._read(v)
