@@ -42,6 +42,7 @@ _TAIL = 16
 _FILE_SHIFT = 72  # format.location's layout
 _LOW_MAX = 1 << 64  # a location whose offset is at 4 GiB or more does not fit in low
 _LITTLE = sys.byteorder == "little"
+RUN_MIN = 64  # shorter runs go one entry at a time (a checkpoint writes them as entries)
 _SEEN_MAX = 8192  # Packed.seen is cleared at this size
 _CHUNK = 2048  # keys per step of add_run and join_keys: some 100 KB, inside a CPU cache
 
@@ -178,10 +179,14 @@ class Packed:
         while a < stop:
             g, f = gid[a], fid[a]
             b, step = a + 1, 64
-            while b < stop:  # gallop over whole stretches of (g, f), then find the cut
+            end = min(a + 16, stop)
+            while b < end and gid[b] == g and fid[b] == f:  # short stretches (queues interleaved)
+                b += 1
+            while b == end and b < stop:  # gallop over whole stretches of (g, f), then find the cut
                 c = min(b + step, stop)
                 if gid[b:c].count(g) == c - b and fid[b:c].count(f) == c - b:
-                    b, step = c, step * 2
+                    b = end = c
+                    step *= 2
                     continue
                 while b < c and gid[b] == g and fid[b] == f:
                     b += 1
@@ -255,7 +260,7 @@ class PackedBuilder:
         """Add a checkpoint run of ``n`` keys (``blob``: their UTF-8 bytes joined by NUL) in
         one file with these low location bits, without a string per key; False (nothing
         added) unless every key has the same length and stem and a lowercase hex tail."""
-        if not n or len(low) != n:
+        if n < RUN_MIN or len(low) != n:
             return False
         width = blob.find(0) if n > 1 else len(blob)
         stride = width + 1

@@ -90,7 +90,7 @@ from .format import (
     segment_file_id,
     snapshot_file_id,
 )
-from .packed import Packed
+from .packed import RUN_MIN, Packed
 from .recovery import RecoveryReport, recover
 
 __all__ = ["Store"]
@@ -172,7 +172,12 @@ def _checkpoint_items(hot: dict[str, Value], pos: dict[str, int] | None, packed:
         cut = pos[k] if k is not None else len(packed.live)
         for g, f, counters, low in packed.runs(at, max(at, cut)):
             stem = packed.stems[g]
-            yield LocatedRun(stem[:stem.find("/") + 1], f, packed.join_keys(g, counters), low)
+            if len(counters) >= RUN_MIN:
+                yield LocatedRun(stem[:stem.find("/") + 1], f, packed.join_keys(g, counters), low)
+            else:  # a short stretch (queues interleaved): entries, that _runs groups as a dict's
+                bits = f << _FILE_SHIFT
+                for c, lo in zip(counters, low, strict=True):
+                    yield f"{stem}{c:016x}", bits | lo
         at = max(at, cut)
         if k is not None:
             yield k, hot[k]
