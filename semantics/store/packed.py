@@ -8,19 +8,23 @@ prefix, ``msg-``, the process prefix, then a counter; semantics.message_ids), wi
 shared by every message one process published to one queue, and their values are locations
 (format.py: file id << 72 | offset << 32 | length). Here such an entry costs 37 bytes:
 
-    per entry, by its position p in the map's order (the order a plain dict would iterate):
+    per entry, by its position p (0, 1, ... among the packed entries, in the map's order;
+    Store._pos places the dict's keys among them):
         gid[p] (u32: its stem), ctr[p] (u64: the counter), fid[p] (u32: file id),
         low[p] (u64: offset << 32 | length), live[p] (u8: 0 once deleted or put again)
     per stem g: sctr[g] (u64, ascending counters), spos[g] (u32, their positions)
 
-A lookup is the stem's dict lookup, one ``int(tail, 16)`` and a ``bisect``. Nothing is ever
+A lookup is the stem's dict lookup, one ``int(tail, 16)`` and an index guessed from the
+stem's counters (a bisect when the guess misses); the keys found lately are remembered. Nothing is ever
 added to a packed tier after it is built: the store keeps writing to its plain dict (the hot
 tier, looked at first), a put of a packed key moves it there and a delete tombstones it, and
 once it is mostly tombstones (a drained backlog) the store drops it (Store._drop_packed).
 
 Built from a checkpoint's runs without a key string per entry (``add_run``: the keys' bytes
-are taken apart by column with strided slices, when every key of the run has one stem), or
-from a replayed map (``pack_map``: one Python step per entry, after a crash only).
+are taken apart by column with strided slices, chunk by chunk, when every key of the run has
+one stem), or from a replayed map (``pack_map``: blocks of one stem and file as runs, the
+rest one entry at a time); written back the same way (``runs``, ``join_keys``). Queues
+published interleaved make short stretches: those go one entry at a time (RUN_MIN).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Iterator
 from itertools import compress, islice, repeat
 from operator import lt, rshift
 
-__all__ = ["PACK_MIN", "Packed", "PackedBuilder", "pack_map"]
+__all__ = ["PACK_MIN", "RUN_MIN", "Packed", "PackedBuilder", "pack_map"]
 
 # A start that loads fewer packable entries than this keeps them all in the dict.
 PACK_MIN = 1024
