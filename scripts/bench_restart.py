@@ -184,6 +184,13 @@ async def _drain(uri: str, queue: str, count: int) -> float:
         await client.close()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The user + system CPU seconds process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _wait_count(uri: str, queue: str, count: int, t1: float, timeout: float) -> int:
     recovered = 0
     while time.monotonic() - t1 < timeout:
@@ -260,11 +267,13 @@ def main() -> None:
                   f"{statistics.median(stops):.2f} s")
         if not args.no_drain:
             try:
+                cpu0 = _cpu_seconds(gw.pid)
                 secs = asyncio.run(_drain(uri, queue, args.count))
+                cpu = _cpu_seconds(gw.pid) - cpu0
                 after = broker_rss(gw.pid, False) or 0
                 time.sleep(2.0)
                 later = broker_rss(gw.pid, False) or 0
-                print(f"drained in {secs:.1f} s; RSS after drain {after / 2**20:.1f} MiB, 2 s later "
+                print(f"drained in {secs:.1f} s, gateway CPU {cpu:.1f} s; RSS after drain {after / 2**20:.1f} MiB, 2 s later "
                       f"{later / 2**20:.1f} MiB = {later / idle:.2f}x idle ({idle / 2**20:.1f} MiB)")
             finally:
                 _stop(gw)

@@ -46,10 +46,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
 
+from . import packed as _packed
 from .files import fsync_dir, segment_name, snapshot_name
 from .format import LOCATION_BYTES, RECORD_HEADER, SNAPSHOT_HEADER
+from .packed import Packed, PackedBuilder
 
-__all__ = ["CHECKPOINT_NAME", "Checkpoint", "load_checkpoint", "remove_checkpoint", "write_checkpoint"]
+__all__ = ["CHECKPOINT_NAME", "Checkpoint", "LocatedRun", "load_checkpoint", "remove_checkpoint", "write_checkpoint"]
 
 CHECKPOINT_NAME = "checkpoint.idx"
 MAGIC = b"CQK1"
@@ -67,12 +69,16 @@ Value = bytes | int
 
 @dataclass(slots=True)
 class Checkpoint:
-    data: dict[str, Value]
-    kinds: dict[str, list[str]]  # the keys by kind, as Store._keys builds them
+    data: dict[str, Value]  # the entries that did not go to ``packed``
+    kinds: dict[str, list[str]]  # the keys of ``data`` by kind, as Store._keys builds them
     last_lsn: int
     live_bytes: int
     memory: int
     token: bytes  # the closing store's Store.checkpoint_token
+    # The bulk of the located entries (packed.py) and the positions of the entries of
+    # ``data`` among them (Store._pos), or None.
+    packed: Packed | None = None
+    positions: dict[str, int] | None = None
 
 
 def _tail(directory: str, segment: int, segment_size: int, snapshot: int) -> bytes:
@@ -88,13 +94,35 @@ def _tail(directory: str, segment: int, segment_size: int, snapshot: int) -> byt
     return out
 
 
-def _runs(items: Iterable[tuple[str, Value]]) -> Iterable[tuple[str, int, list[str], list[Value]]]:
-    """(kind, file id or -1 for values in memory, keys, values) of consecutive entries."""
+@dataclass(slots=True)
+class LocatedRun:
+    """Entries that ``items`` hands over as one run already (the store's packed tier,
+    packed.py): keys of one kind joined by NUL, their values' file and low location bits."""
+
+    kind: str
+    file_id: int
+    blob: bytes
+    low: array
+
+
+Item = tuple[str, Value] | LocatedRun
+
+
+def _runs(items: Iterable[Item]) -> Iterable[tuple[str, int, list[str], list[Value]] | LocatedRun]:
+    """(kind, file id or -1 for values in memory, keys, values) of consecutive entries, and
+    the LocatedRuns among them as they are."""
     kind = ""
     where = -2
     keys: list[str] = []
     values: list[Value] = []
-    for k, v in items:
+    for item in items:
+        if type(item) is LocatedRun:
+            if keys:
+                yield kind, where, keys, values
+            kind, where, keys, values = "", -2, [], []
+            yield item
+            continue
+        k, v = item  # type: ignore[misc]
         slash = k.find("/")
         kk = k[:slash + 1]
         w = v >> _FILE_SHIFT if type(v) is int else -1
@@ -108,7 +136,7 @@ def _runs(items: Iterable[tuple[str, Value]]) -> Iterable[tuple[str, int, list[s
         yield kind, where, keys, values
 
 
-def encode_checkpoint(items: Iterable[tuple[str, Value]], count: int, *, segment: int, segment_size: int,
+def encode_checkpoint(items: Iterable[Item], count: int, *, segment: int, segment_size: int,
                       snapshot: int, snapshot_size: int, lsn: int, tail: bytes, token: bytes = bytes(8)
                       ) -> list[bytes] | None:
     """The checkpoint's pieces, or None when the map cannot be written as runs (a key with
@@ -116,7 +144,16 @@ def encode_checkpoint(items: Iterable[tuple[str, Value]], count: int, *, segment
     ones the store computes from a replayed map (Store.data_bytes, Store.live_bytes)."""
     body: list[bytes] = []
     live_bytes = memory = 0
-    for kind, where, keys, values in _runs(items):
+    for run in _runs(items):
+        if type(run) is LocatedRun:
+            n = len(run.low)
+            kb = run.kind.encode()
+            keys_bytes = len(run.blob) - (n - 1) + RECORD_HEADER.size * n
+            live_bytes += keys_bytes + sum(map(0xFFFFFFFF.__and__, run.low))
+            memory += keys_bytes + LOCATION_BYTES * n
+            body += [RUN.pack(LOCATED, run.file_id, n, len(kb), len(run.blob), 8 * n), kb, run.blob, run.low.tobytes()]
+            continue
+        kind, where, keys, values = run  # type: ignore[misc]
         blob = "\0".join(keys).encode()
         if blob.count(0) != len(keys) - 1:
             return None
@@ -153,7 +190,7 @@ def encode_checkpoint(items: Iterable[tuple[str, Value]], count: int, *, segment
     return [head + _crc32(head).to_bytes(4, "little"), *body]
 
 
-def write_checkpoint(directory: str, items: Iterable[tuple[str, Value]], count: int, *, segment: int,
+def write_checkpoint(directory: str, items: Iterable[Item], count: int, *, segment: int,
                      segment_size: int, snapshot: int, snapshot_size: int, lsn: int, do_fsync: bool,
                      token: bytes = bytes(8)) -> bool:
     """Write the checkpoint (temp file, fsync, rename, fsync of the directory); False when
@@ -225,6 +262,10 @@ def load_checkpoint(directory: str, segments: list[int], snapshot: int) -> Check
         return None
     data: dict[str, Value] = {}
     kinds: dict[str, list[str]] = {}
+    # Enough entries to pack: the runs of locations go to the packed tier (packed.py), the
+    # rest to ``data`` with their positions among them.
+    builder = PackedBuilder() if count >= _packed.PACK_MIN else None
+    positions: dict[str, int] = {}
     pos = 0
     try:
         while pos < body_len:
@@ -232,21 +273,29 @@ def load_checkpoint(directory: str, segments: list[int], snapshot: int) -> Check
             pos += RUN.size
             kind = str(body[pos:pos + kind_len], "utf-8")
             pos += kind_len
-            keys = str(body[pos:pos + keys_len], "utf-8").split("\0")
+            blob = body[pos:pos + keys_len]
             pos += keys_len
             vals = body[pos:pos + vals_len]
             pos += vals_len
-            if len(keys) != n or len(vals) != vals_len:
+            if len(vals) != vals_len:
+                return None
+            if builder is not None and form == LOCATED and len(blob) == keys_len:
+                low = array("Q")
+                low.frombytes(vals)
+                if builder.add_run(bytes(blob), n, file_id, low):
+                    continue
+            keys = str(blob, "utf-8").split("\0")
+            if len(keys) != n:
                 return None
             values: Iterable[Value]
             if form == INLINE:
                 lengths = array("I")
                 lengths.frombytes(vals[:4 * n])
-                blob = bytes(vals[4 * n:])
+                inline = bytes(vals[4 * n:])
                 ends = list(accumulate(lengths))
-                if (ends[-1] if ends else 0) != len(blob):
+                if (ends[-1] if ends else 0) != len(inline):
                     return None
-                values = [blob[e - m:e] for e, m in zip(ends, lengths, strict=True)]
+                values = [inline[e - m:e] for e, m in zip(ends, lengths, strict=True)]
             else:
                 low = array("Q")
                 low.frombytes(vals)
@@ -257,7 +306,18 @@ def load_checkpoint(directory: str, segments: list[int], snapshot: int) -> Check
                     values = [bits | o << 32 | m for o, m in zip(low[:n], low[n:], strict=True)]
                 else:
                     return None
-            data.update(zip(keys, values, strict=True))
+            if builder is not None:
+                kept = []
+                for k, v in zip(keys, values, strict=True):
+                    if type(v) is not int or not builder.add(k, v):
+                        positions[k] = len(builder)  # before the packed entry at that position
+                        data[k] = v
+                        kept.append(k)
+                keys = kept
+            else:
+                data.update(zip(keys, values, strict=True))
+            if not keys:
+                continue
             found = kinds.get(kind)
             if found is None:
                 kinds[kind] = keys
@@ -265,7 +325,8 @@ def load_checkpoint(directory: str, segments: list[int], snapshot: int) -> Check
                 found.extend(keys)
     except (struct.error, UnicodeDecodeError, ValueError):
         return None
-    if len(data) != count:
+    packed = builder.finish() if builder is not None and len(builder) else None
+    if len(data) + (len(packed) if packed is not None else 0) != count:
         return None
-    return Checkpoint(data, kinds, lsn, live_bytes, memory, token)
+    return Checkpoint(data, kinds, lsn, live_bytes, memory, token, packed, positions if packed is not None else None)
 

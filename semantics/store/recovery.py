@@ -28,16 +28,20 @@ from .checkpoint import load_checkpoint, remove_checkpoint
 from .errors import StoreCorruptError
 from .files import fsync_dir, list_numbered, segment_name, set_aside, snapshot_name
 from .format import (
+    LOCATION_BYTES,
     PUT,
+    RECORD_HEADER,
     BadBatch,
     Buffer,
     find_next_batch,
+    location_length,
     parse_batch,
     parse_snapshot_header,
     parse_snapshot_records,
     segment_file_id,
     snapshot_file_id,
 )
+from .packed import Packed, pack_map
 
 __all__ = ["Recovered", "RecoveryReport", "recover"]
 
@@ -79,6 +83,10 @@ class Recovered:
     live_bytes: int | None = None
     memory: int | None = None
     snapshot: int = 0  # the number of the snapshot the map starts from (0: none)
+    # The bulk of the entries whose values are locations, packed (packed.py; ``data`` holds
+    # the rest), and the positions of the entries of ``data`` among them (Store._pos).
+    packed: Packed | None = None
+    positions: dict[str, int] | None = None
 
 
 def _map(path: str) -> Buffer:
@@ -237,7 +245,7 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
         report.seconds = time.perf_counter() - started
         return Recovered(checkpoint.data, checkpoint.last_lsn, segments[-1], sizes[-1], sum(sizes), snapshot_bytes,
                          False, report, checkpoint.kinds, checkpoint.live_bytes, checkpoint.memory,
-                         first if snapshots else 0)
+                         first if snapshots else 0, checkpoint.packed, checkpoint.positions)
 
     if snapshots:
         path = os.path.join(directory, snapshot_name(first))
@@ -262,6 +270,11 @@ def recover(directory: str, *, salvage: bool = False, do_fsync: bool = True) -> 
         changed = True
     if changed and do_fsync:
         fsync_dir(directory)
+    # The byte counts over the whole map, then the bulk of it packed (packed.py).
+    keys = sum(map(len, data)) + RECORD_HEADER.size * len(data)
+    live_bytes = keys + sum(location_length(v) if type(v) is int else len(v) for v in data.values())  # type: ignore[misc,arg-type]
+    memory = keys + sum(LOCATION_BYTES if type(v) is int else len(v) for v in data.values())  # type: ignore[misc,arg-type]
+    data, packed, positions = pack_map(data)
     report.seconds = time.perf_counter() - started
     return Recovered(data, last_lsn, segment, segment_bytes, journal_bytes, snapshot_bytes, needs_snapshot, report,
-                     snapshot=first if snapshots else 0)
+                     None, live_bytes, memory, first if snapshots else 0, packed, positions)

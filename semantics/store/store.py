@@ -62,10 +62,11 @@ import mmap
 import os
 import sys
 import threading
+from array import array
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from .checkpoint import remove_checkpoint, write_checkpoint
+from .checkpoint import Item, LocatedRun, remove_checkpoint, write_checkpoint
 from .errors import StoreClosedError, StoreCorruptError, StoreFailedError
 from .files import DirLock, fsync_dir, list_numbered, segment_name, snapshot_name
 from .format import (
@@ -89,6 +90,7 @@ from .format import (
     segment_file_id,
     snapshot_file_id,
 )
+from .packed import RUN_MIN, Packed
 from .recovery import RecoveryReport, recover
 
 __all__ = ["Store"]
@@ -135,6 +137,55 @@ def _load_libc() -> ctypes.CDLL | None:
 _libc = _load_libc()
 
 
+def _ordered_items(hot: dict[str, Value], pos: dict[str, int] | None, packed: Packed | None,
+                   live: bytes | bytearray) -> Iterator[tuple[str, Value, int]]:
+    """(key, value, packed position or -1) of every entry of the dict ``hot`` and of the live
+    entries (``live``) of ``packed``, in the order one dict would hold them (see Store._pos)."""
+    if packed is None or pos is None:
+        for k, v in hot.items():
+            yield k, v, -1
+        return
+    placed = sorted((k for k in hot if k in pos), key=pos.__getitem__)
+    i, n = 0, len(placed)
+    key, value = packed.key, packed.value
+    for p in itertools.compress(range(len(live)), live):
+        while i < n and pos[placed[i]] <= p:
+            yield placed[i], hot[placed[i]], -1
+            i += 1
+        yield key(p), value(p), p
+    for k in placed[i:]:
+        yield k, hot[k], -1
+    for k, v in hot.items():
+        if k not in pos:
+            yield k, v, -1
+
+
+def _checkpoint_items(hot: dict[str, Value], pos: dict[str, int] | None, packed: Packed | None) -> Iterator[Item]:
+    """_ordered_items for a checkpoint: the packed tier's live entries as LocatedRuns, so that
+    a clean close of 10^6 packed messages makes no string per key."""
+    if packed is None or pos is None:
+        yield from hot.items()
+        return
+    placed = sorted((k for k in hot if k in pos), key=pos.__getitem__)
+    at = 0
+    for k in [*placed, None]:
+        cut = pos[k] if k is not None else len(packed.live)
+        for g, f, counters, low in packed.runs(at, max(at, cut)):
+            stem = packed.stems[g]
+            if len(counters) >= RUN_MIN:
+                yield LocatedRun(stem[:stem.find("/") + 1], f, packed.join_keys(g, counters), low)
+            else:  # a short stretch (queues interleaved): entries, that _runs groups as a dict's
+                bits = f << _FILE_SHIFT
+                for c, lo in zip(counters, low, strict=True):
+                    yield f"{stem}{c:016x}", bits | lo
+        at = max(at, cut)
+        if k is not None:
+            yield k, hot[k]
+    for k, v in hot.items():
+        if k not in pos:
+            yield k, v
+
+
 class Store:
     """See the module docstring; open with :meth:`Store.open`."""
 
@@ -176,6 +227,11 @@ class Store:
         # a cache its owner writes at close can tell it belongs to that very state.
         self.checkpoint_token = os.urandom(8)
         self._checkpoint_left = False  # the checkpoint this open came from is still on disk
+        # The packed tier (packed.py): entries a start loaded, looked at after the dict. A
+        # dict key that a plain dict would iterate among them has its place in ``_pos``: it
+        # comes right before the packed entry of that position (see _ordered).
+        self._packed: Packed | None = None
+        self._pos: dict[str, int] | None = None
         if directory is None:
             self._map: dict[str, Value] = {}
             self._lsn = 0
@@ -192,6 +248,9 @@ class Store:
                 self._dirlock.release()
             raise
         self._map = found.data
+        self._packed, self._pos = found.packed, found.positions
+        if self._packed is not None and self._pos is None:
+            self._pos = {}
         self._lsn = self._durable = found.last_lsn
         self._pending_first = self._lsn + 1
         self._segment = found.segment
@@ -205,7 +264,7 @@ class Store:
             self.checkpoint_token = found.report.checkpoint_token
         self._file = open(os.path.join(directory, segment_name(self._segment)), "ab", buffering=0)  # noqa: SIM115 - lives as long as the store
         self._good_size = os.fstat(self._file.fileno()).st_size
-        if found.live_bytes is not None and found.memory is not None:  # from a checkpoint
+        if found.live_bytes is not None and found.memory is not None:
             self._live_bytes, self._memory, self._kinds = found.live_bytes, found.memory, found.kinds
         else:
             keys = sum(map(len, self._map)) + _OVERHEAD * len(self._map)
@@ -242,9 +301,13 @@ class Store:
             self._check()
             self._lsn = lsn = self._lsn + 1
             old = self._map.get(key)
+            moved = False
+            if old is None and self._packed is not None:
+                old = self._unpack(key)  # a packed key put again moves to the dict
+                moved = old is not None
             self._map[key] = value
             size = len(kb) + len(value) + _OVERHEAD
-            if old is None:
+            if old is None or moved:
                 if self._kinds is not None:
                     # A start-up's own puts (its declarations) keep the kinds a checkpoint
                     # gave: a new key only joins its kind, at the end as in the map.
@@ -254,10 +317,11 @@ class Store:
                         self._kinds[kind] = [key]
                     else:
                         found.append(key)
-                self._live_bytes += size
-                self._memory += size
                 if len(self._map) > self._peak:
                     self._peak = len(self._map)
+            if old is None:
+                self._live_bytes += size
+                self._memory += size
             else:
                 self._live_bytes += len(value) - _disk_bytes(old)
                 self._memory += len(value) - _memory_bytes(old)
@@ -279,6 +343,10 @@ class Store:
             self._lsn = lsn = self._lsn + 1
             self._kinds = None
             old = self._map.pop(key, None)
+            if self._pos is not None:
+                self._pos.pop(key, None)
+                if old is None and self._packed is not None:
+                    old = self._packed.take(key)
             if old is not None:
                 self._live_bytes -= len(key) + _disk_bytes(old) + _OVERHEAD
                 self._memory -= len(key) + _memory_bytes(old) + _OVERHEAD
@@ -291,14 +359,27 @@ class Store:
     def get(self, key: str) -> bytes | None:
         """The value of ``key`` (read back from its file when it was left on disk), or None."""
         v = self._map.get(key)
-        if type(v) is not int:
+        if type(v) is not int and (v is not None or self._packed is None):
             return v  # type: ignore[return-value]
         with self._lock:
             self._check()  # its read fds are closed
             v = self._map.get(key)  # again: a compaction may have moved it meanwhile
+            if v is None and self._packed is not None:
+                v = self._packed.get(key)
             if type(v) is not int:
                 return v  # type: ignore[return-value]
             return self._read(v)
+
+    def _unpack(self, key: str) -> int | None:
+        """Take ``key`` out of the packed tier, keeping its place for the dict (caller
+        holds ``_lock``): its location, or None when it is not there."""
+        assert self._packed is not None and self._pos is not None
+        p = self._packed.find(key)
+        if p < 0:
+            return None
+        self._packed.kill(p)
+        self._pos[key] = p
+        return self._packed.value(p)
 
     def _read(self, loc: int) -> bytes:
         """The value at ``loc`` (caller holds ``_lock``)."""
@@ -319,10 +400,16 @@ class Store:
         return os.path.join(self._dir, snapshot_name(n) if snap else segment_name(n))
 
     def __contains__(self, key: str) -> bool:
-        return key in self._map
+        if key in self._map:
+            return True
+        if self._packed is None:
+            return False
+        with self._lock:
+            return key in self._map or (self._packed is not None and self._packed.find(key) >= 0)
 
     def __len__(self) -> int:
-        return len(self._map)
+        packed = self._packed
+        return len(self._map) + (packed.n_live if packed is not None else 0)
 
     def items(self, prefix: str = "") -> Iterator[tuple[str, bytes]]:
         """Pairs whose key starts with ``prefix``, in no particular order.
@@ -331,9 +418,9 @@ class Store:
         scans every key: meant for start-up and management, not for the hot path.
         """
         with self._lock:
-            m = self._map
-            return iter([(k, self._read(v) if type(v := m[k]) is int else v)  # type: ignore[misc]
-                         for k in self._keys(prefix)])
+            keys, values = self._ordered(prefix, True)
+            return iter([(k, self._read(v) if type(v) is int else v)  # type: ignore[misc]
+                         for k, v in zip(keys, values, strict=True)])
 
     def keys(self, prefix: str = "") -> list[str]:
         """The keys that start with ``prefix`` (no value is read): a copy, as for ``items``."""
@@ -341,7 +428,52 @@ class Store:
             return self._keys(prefix)
 
     def _keys(self, prefix: str) -> list[str]:
-        """The keys under ``prefix`` (caller holds ``_lock``): a start-up scans 10^6 keys once
+        """The keys under ``prefix`` in the map's order (caller holds ``_lock``)."""
+        return self._ordered(prefix, False)[0]
+
+    def _ordered(self, prefix: str, with_values: bool) -> tuple[list[str], list[Value]]:
+        """The keys under ``prefix`` of both tiers, in the order one dict would hold them,
+        and their values when asked (else []). Caller holds ``_lock``."""
+        hot = self._hot_keys(prefix)
+        m = self._map
+        pos, packed = self._pos, self._packed
+        if pos is None or packed is None:
+            return hot, list(map(m.__getitem__, hot)) if with_values else []
+        placed = [k for k in hot if k in pos]
+        rest = [k for k in hot if k not in pos] if placed else hot
+        keys: list[str]
+        values: list[Value] = []
+        if not placed and (found := packed.entries(prefix, with_values)) is not None:
+            keys, values = found  # type: ignore[assignment]
+        elif not placed:
+            ps = packed.positions(prefix)
+            keys = list(map(packed.key, ps))
+            if with_values:
+                values = list(map(packed.value, ps))
+        else:
+            ps = packed.positions(prefix)
+            placed.sort(key=pos.__getitem__)  # stable: equal places keep the dict's order
+            keys = []
+            i, n = 0, len(placed)
+            for p in ps:
+                while i < n and pos[placed[i]] <= p:
+                    keys.append(placed[i])
+                    if with_values:
+                        values.append(m[placed[i]])
+                    i += 1
+                keys.append(packed.key(p))
+                if with_values:
+                    values.append(packed.value(p))
+            keys.extend(placed[i:])
+            if with_values:
+                values.extend(map(m.__getitem__, placed[i:]))
+        keys.extend(rest)
+        if with_values:
+            values.extend(map(m.__getitem__, rest))
+        return keys, values
+
+    def _hot_keys(self, prefix: str) -> list[str]:
+        """The dict's keys under ``prefix`` (caller holds ``_lock``): a start-up scans 10^6 keys once
         per kind of record, so no (key, value) pair is made for a key that does not match."""
         if not prefix:
             return list(self._map)
@@ -371,8 +503,7 @@ class Store:
         (10^6 messages: their metadata) reads it straight from the mapped files, and no
         body is copied. A copy of the keys is taken first, as for ``items``."""
         with self._lock:
-            keys = self._keys(prefix)
-            values = list(map(self._map.__getitem__, keys))
+            keys, values = self._ordered(prefix, True)
             maps: dict[int, mmap.mmap] = {}
             for file_id in {location_file(v) for v in values if type(v) is int}:  # type: ignore[arg-type]
                 with open(self._path_of(file_id), "rb") as f:
@@ -452,6 +583,9 @@ class Store:
                 return self._durable
             batch = self._take_batch()
         durable = self._write_batch(batch)
+        packed = self._packed
+        if packed is not None and packed.n_live * 8 < len(packed.live):
+            self._drop_packed()
         if self._peak > 4096 and len(self._map) * 4 < self._peak:
             self._shrink()
         return durable
@@ -565,6 +699,11 @@ class Store:
             with self._lock:
                 self._check()
                 state = dict(self._map)
+                # The packed tier is not copied: only its tombstones change meanwhile (and
+                # _relocate below, which this compaction alone runs).
+                packed = self._packed
+                pos = dict(self._pos) if self._pos is not None else None
+                live = bytes(packed.live) if packed is not None else b""
                 lsn = self._lsn
                 batch = self._take_batch()
             self._write_batch(batch)
@@ -598,14 +737,31 @@ class Store:
             off = location_offset(v)
             return m[off:off + location_length(v)]
 
+        # Where the packed entries land in the snapshot: their low bits by position (0: not
+        # placed), or in ``wide`` when those do not fit in 64 bits.
+        new_low = array("Q", bytes(8 * len(live)))
+        wide: dict[int, int] = {}
+        at = -1  # the packed position of the item being written, else -1
+
         def placed(key: str, offset: int, length: int) -> None:
-            state[key] = location(snap_id, offset, length)  # an existing key: no resize
+            if at < 0:
+                state[key] = location(snap_id, offset, length)  # an existing key: no resize
+            elif (low := offset << 32 | length) < 1 << 64:
+                new_low[at] = low
+            else:
+                wide[at] = low
+
+        def values() -> Iterator[tuple[str, bytes]]:
+            nonlocal at
+            for k, v, p in _ordered_items(state, pos, packed, live):
+                at = p
+                yield k, value_of(v)
 
         try:
             size = 0
             with open(tmp, "wb") as f:
-                values = ((k, value_of(v)) for k, v in state.items())
-                for chunk in iter_snapshot_chunks(lsn, values, len(state), placed=placed):
+                count = len(state) + live.count(1)
+                for chunk in iter_snapshot_chunks(lsn, values(), count, placed=placed):
                     f.write(chunk)
                     size += len(chunk)
                 f.flush()
@@ -619,6 +775,8 @@ class Store:
                 fsync_dir(directory)
             self._snapshot_bytes = size
             self._snapshot_n = new
+            if packed is not None:  # first: _relocate closes the old files' read fds
+                self._relocate_packed(packed, new_low, wide, snap_id, replaced)
             self._relocate(state, replaced)
             segments, snapshots, _ = list_numbered(directory)
             for n in segments:
@@ -661,6 +819,50 @@ class Store:
                     for file_id in [f for f in self._readers if f < replaced]:
                         os.close(self._readers.pop(file_id))
                     return
+
+    def _relocate_packed(self, packed: Packed, new_low: array, wide: dict[int, int], snap_id: int,
+                         replaced: int) -> None:
+        """_relocate for the packed tier: ``new_low`` holds the new low bits by position. An
+        entry put or deleted since is dead there; one whose new offset does not fit moves to
+        the dict, in its place."""
+        fid, low, alive = packed.fid, packed.low, packed.live
+        for start in range(0, len(new_low), 65536):
+            with self._lock:
+                if self._packed is not packed:
+                    return
+                for p in range(start, min(start + 65536, len(new_low))):
+                    nl = new_low[p]
+                    if nl and alive[p] and fid[p] < replaced:
+                        fid[p] = snap_id
+                        low[p] = nl
+        with self._lock:
+            if self._packed is packed and self._pos is not None:
+                for p, nl in wide.items():
+                    if alive[p] and fid[p] < replaced:
+                        key = packed.key(p)
+                        packed.kill(p)
+                        self._map[key] = snap_id << _FILE_SHIFT | nl
+                        self._pos[key] = p
+                        self._kinds = None
+
+    def _drop_packed(self) -> None:
+        """A packed tier that is mostly tombstones (a drained backlog) goes: its live
+        entries move to a dict rebuilt in the map's order, and its arrays are freed
+        (issue 15, target 3b). Not while a compaction runs (it relocates the tier): the
+        next sync tries again. Caller holds ``_sync_lock``."""
+        if not self._compact_lock.acquire(blocking=False):
+            return
+        try:
+            with self._lock:
+                packed = self._packed
+                if packed is None:
+                    return
+                self._map = {k: v for k, v, _ in _ordered_items(self._map, self._pos, packed, packed.live)}
+                self._packed = self._pos = self._kinds = None
+                self._peak = len(self._map)
+        finally:
+            self._compact_lock.release()
+        trim_heap()
 
     def _shrink(self) -> None:
         """A dict never gives back the table it grew to when its keys go: after 10^6 messages
@@ -723,7 +925,8 @@ class Store:
         try:
             if os.fstat(self._file.fileno()).st_size != self._good_size:
                 return
-            write_checkpoint(self._dir, self._map.items(), len(self._map), segment=self._segment,
+            items = _checkpoint_items(self._map, self._pos, self._packed)
+            write_checkpoint(self._dir, items, len(self), segment=self._segment,
                              segment_size=self._good_size, snapshot=self._snapshot_n,
                              snapshot_size=self._snapshot_bytes, lsn=self._lsn, do_fsync=self._fsync,
                              token=self.checkpoint_token)
@@ -738,5 +941,5 @@ class Store:
 
     def __repr__(self) -> str:
         where = self._dir or "memory"
-        return f"<Store {where} keys={len(self._map)} lsn={self._lsn} durable={self._durable}>"
+        return f"<Store {where} keys={len(self)} lsn={self._lsn} durable={self._durable}>"
 

@@ -1,0 +1,131 @@
+"""The packed tier of the store's map (semantics/store/packed.py, issue 15 target 3a): a store
+that reopens into it (from a clean close's checkpoint or a replay of the journal) answers
+every question exactly as one plain dict would, in the same order, over random puts,
+deletes, syncs, compactions, clean closes and killed processes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from semantics.store import Store, packed
+from semantics.store.checkpoint import remove_checkpoint
+
+PREFIXES = ["m/%2F/q1/msg-0a1b2c3d4e5f", "m/%2F/q2/msg-0a1b2c3d4e5f", "m/%2F/q1/msg-ffeeddccbbaa", "m/v%2Fx/q1/msg-00"]
+ODD = ["q/%2F/q1", "q/%2F/q2", "m/%2F/q1/odd", "m/%2F/q1/msg-0A1B", "x/" + "0x" + "1" * 14, "m/%2F/q1/" + "f" * 16]
+SCANS = ["", "m/", "m/%2F/", "m/%2F/q1/", "m/%2F/q1/msg-0a1b2c3d4e5f00", "q/", "x/", "nothing/"]
+
+
+def _value(rng: random.Random) -> bytes:
+    # Mostly values left on disk (locations: what packs), some kept in memory.
+    n = rng.choice([1000, 1000, 1000, 200, 130, 5, 0])
+    return rng.randbytes(n)
+
+
+class _History:
+    """A store and the plain dict it must match; keys mostly message keys with counters."""
+
+    def __init__(self, d: str, rng: random.Random) -> None:
+        self.d, self.rng = d, rng
+        self.model: dict[str, bytes] = {}
+        self.counters = dict.fromkeys(PREFIXES, 0)
+        self.s = Store.open(d, fsync=False, compact_min_bytes=1 << 16, compact_ratio=1.5)
+
+    def new_key(self) -> str:
+        if self.rng.random() < 0.1:
+            return self.rng.choice(ODD)
+        prefix = self.rng.choice(PREFIXES)
+        self.counters[prefix] += self.rng.choice([1, 1, 1, 7, 1 << 33])
+        return f"{prefix}{self.counters[prefix]:016x}"
+
+    def step(self) -> None:
+        rng, s, model = self.rng, self.s, self.model
+        r = rng.random()
+        if r < 0.45 or not model:
+            key = self.new_key() if rng.random() < 0.7 or not model else rng.choice(list(model))
+            value = _value(rng)
+            s.put(key, value)
+            model[key] = value
+        elif r < 0.8:
+            key = rng.choice(list(model)) if rng.random() < 0.9 else self.new_key()
+            s.delete(key)
+            model.pop(key, None)
+        elif r < 0.9:
+            s.sync()
+        elif r < 0.93:
+            s.sync()
+            s.maybe_compact(force=True)
+        elif r < 0.965:
+            s.close()  # clean: leaves a checkpoint
+            self.s = Store.open(self.d, fsync=False, compact_min_bytes=1 << 16, compact_ratio=1.5)
+        else:
+            s.sync()
+            s.close(sync=False)  # as if killed after the sync: no checkpoint, a replay
+            # (one is left only when nothing was written since the open: still exact)
+            remove_checkpoint(self.d, do_fsync=False)
+            self.s = Store.open(self.d, fsync=False, compact_min_bytes=1 << 16, compact_ratio=1.5)
+
+    def check(self) -> None:
+        s, model = self.s, self.model
+        assert len(s) == len(model)
+        for prefix in SCANS:
+            want = [k for k in model if k.startswith(prefix)]
+            assert s.keys(prefix) == want, prefix
+            assert list(s.items(prefix)) == [(k, model[k]) for k in want], prefix
+            assert list(s.heads(prefix, 10)) == [(k, model[k][:10], len(model[k])) for k in want], prefix
+        for key in self.rng.sample(list(model), min(20, len(model))) + [self.new_key(), ODD[0], "m/"]:
+            assert s.get(key) == model.get(key), key
+            assert (key in s) == (key in model), key
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packed_store_matches_a_dict(tmp_path: str, monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    monkeypatch.setattr(packed, "PACK_MIN", 1)  # pack at every open, however small
+    h = _History(str(tmp_path), random.Random(seed))
+    reopened = packed_seen = 0
+    try:
+        for i in range(1500):
+            h.step()
+            if h.s._packed is not None:
+                packed_seen += 1
+            if i % 25 == 0:
+                h.check()
+        h.check()
+        reopened = h.s.recovery.records
+    finally:
+        h.s.close()
+    assert packed_seen > 100 and reopened  # the packed tier was there for a good part of it
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_a_drained_packed_tier_goes(tmp_path: str, checkpoint: bool) -> None:
+    """10^4 messages reopened packed (from the checkpoint, or replayed: whole blocks of one
+    stem go in at once there too), deleted one by one: the tier is dropped once mostly
+    tombstones, and the survivors keep their order."""
+    d = str(tmp_path)
+    keys = [f"m/%2F/q/msg-0123456789ab{i:016x}" for i in range(10_000)]
+    with Store.open(d, fsync=False) as s:
+        s.put("q/%2F/q", b"queue")
+        for i, k in enumerate(keys):
+            s.put(k, b"x" * 300)
+            if i % 1000 == 0:
+                s.sync()
+    if not checkpoint:
+        remove_checkpoint(d, do_fsync=False)
+    s = Store.open(d, fsync=False)
+    assert s.recovery.checkpoint == checkpoint and s._packed is not None and len(s._map) == 1
+    s.put("q/%2F/q2", b"queue")
+    s.close()  # its checkpoint holds the packed tier as whole runs (checkpoint.LocatedRun)
+    s = Store.open(d, fsync=False)
+    try:
+        assert s.recovery.checkpoint and s._packed is not None and len(s._map) == 2
+        assert s.keys() == ["q/%2F/q", *keys, "q/%2F/q2"] and s.get(keys[5000]) == b"x" * 300
+        for k in keys[:9_000]:
+            s.delete(k)
+        s.sync()
+        assert s._packed is None
+        assert s.keys() == ["q/%2F/q", *keys[9_000:], "q/%2F/q2"]
+        assert s.get(keys[-1]) == b"x" * 300 and s.get(keys[0]) is None
+    finally:
+        s.close()
