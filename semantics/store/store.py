@@ -63,7 +63,7 @@ import os
 import sys
 import threading
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from .checkpoint import Item, LocatedRun, remove_checkpoint, write_checkpoint
@@ -137,6 +137,19 @@ def _load_libc() -> ctypes.CDLL | None:
 _libc = _load_libc()
 
 
+def _interleave(placed: list[str], pos: dict[str, int], positions: Iterable[int]) -> Iterator[str | int]:
+    """The dict keys ``placed`` (sorted by their place in ``pos``) and the packed
+    ``positions`` (ascending) in one order: a key comes right before the packed entry of its
+    place, and the keys placed after the last position come last (see Store._pos)."""
+    i, n = 0, len(placed)
+    for p in positions:
+        while i < n and pos[placed[i]] <= p:
+            yield placed[i]
+            i += 1
+        yield p
+    yield from placed[i:]
+
+
 def _ordered_items(hot: dict[str, Value], pos: dict[str, int] | None, packed: Packed | None,
                    live: bytes | bytearray) -> Iterator[tuple[str, Value, int]]:
     """(key, value, packed position or -1) of every entry of the dict ``hot`` and of the live
@@ -146,15 +159,12 @@ def _ordered_items(hot: dict[str, Value], pos: dict[str, int] | None, packed: Pa
             yield k, v, -1
         return
     placed = sorted((k for k in hot if k in pos), key=pos.__getitem__)
-    i, n = 0, len(placed)
     key, value = packed.key, packed.value
-    for p in itertools.compress(range(len(live)), live):
-        while i < n and pos[placed[i]] <= p:
-            yield placed[i], hot[placed[i]], -1
-            i += 1
-        yield key(p), value(p), p
-    for k in placed[i:]:
-        yield k, hot[k], -1
+    for x in _interleave(placed, pos, itertools.compress(range(len(live)), live)):
+        if isinstance(x, int):
+            yield key(x), value(x), x
+        else:
+            yield x, hot[x], -1
     for k, v in hot.items():
         if k not in pos:
             yield k, v, -1
@@ -451,22 +461,17 @@ class Store:
             if with_values:
                 values = list(map(packed.value, ps))
         else:
-            ps = packed.positions(prefix)
             placed.sort(key=pos.__getitem__)  # stable: equal places keep the dict's order
             keys = []
-            i, n = 0, len(placed)
-            for p in ps:
-                while i < n and pos[placed[i]] <= p:
-                    keys.append(placed[i])
+            for x in _interleave(placed, pos, packed.positions(prefix)):
+                if isinstance(x, int):
+                    keys.append(packed.key(x))
                     if with_values:
-                        values.append(m[placed[i]])
-                    i += 1
-                keys.append(packed.key(p))
-                if with_values:
-                    values.append(packed.value(p))
-            keys.extend(placed[i:])
-            if with_values:
-                values.extend(map(m.__getitem__, placed[i:]))
+                        values.append(packed.value(x))
+                else:
+                    keys.append(x)
+                    if with_values:
+                        values.append(m[x])
         keys.extend(rest)
         if with_values:
             values.extend(map(m.__getitem__, rest))
