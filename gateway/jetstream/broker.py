@@ -449,6 +449,8 @@ class ClusterBroker(Broker):
 
     def _published(self, q: ClusterQueue) -> None:
         q.in_flight -= 1
+        if q.in_flight == 1 and q.landed is not None and not q.landed.done():
+            q.landed.set_result(None)  # only the trim's own count is left (gateway.jetstream.maxlength)
         if not q.in_flight and q.plain_gets:
             self._want(q)
 

@@ -15,7 +15,8 @@ gateway applies the limit itself, on JetStream's count of undelivered messages:
   count and deletes the oldest undelivered messages above the limit from the stream, one by
   one (a stream delete succeeds once, so two gateways trimming at once drop each message once),
   dead-lettering each with reason ``maxlen`` or auditing it as discarded. This gateway pulls
-  nothing while it trims, so a basic.get right after a publish sees the trimmed queue.
+  nothing while it trims, so a basic.get right after a publish sees the trimmed queue, and
+  the publish's confirm waits for the trim, so a count after the confirm sees it too.
 """
 
 from __future__ import annotations
@@ -49,26 +50,38 @@ def check_room(q: ClusterQueue) -> None:
                                 f"{q.attrs.overflow})", value=limit)
 
 
-def trim_after_publish(broker: ClusterBroker, q: ClusterQueue) -> None:
+def trim_after_publish(broker: ClusterBroker, q: ClusterQueue) -> int:
     """drop-head: a trim once this publish has landed (one at a time per queue; a publish during
-    a trim has it count again). Pulls wait for it as they wait for a rewind."""
+    a trim has it count again). Pulls wait for it as they wait for a rewind.
+
+    The publish is confirmed only once a trim that counted it is done, as RabbitMQ confirms a
+    message after the queue has dropped what it pushed over the limit: the first publish of a
+    trim's window takes a hold on the store's confirms (returned, 0 when the window already
+    has one; its confirm waits for it, and every later publish is behind it), released when
+    the trim that covers the window ends."""
     if q.attrs.max_length is None or q.attrs.overflow != OVERFLOW_DROP_HEAD:
-        return
+        return 0
+    hold = 0
+    if not q.trim_hold:
+        q.trim_hold = hold = broker.store.hold()
     if q.trimming:
         q.trim_again = True
-        return
+        return hold
     q.trimming = True
     q.rewinding += 1
     q.in_flight += 1  # counts (declare-ok, purge-ok) and basic.gets wait for it as for a publish
     broker.spawn(_trim(broker, q))
+    return hold
 
 
 async def _trim(broker: ClusterBroker, q: ClusterQueue) -> None:
     js = broker.link.js
+    covered = 0
     try:
         again = True
         while again and not q.deleted:
             q.trim_again = False
+            covered, q.trim_hold = q.trim_hold, 0
             await _landed(broker, q)
             refused = None
             info = await count(js, q)
@@ -80,10 +93,16 @@ async def _trim(broker: ClusterBroker, q: ClusterQueue) -> None:
                     await end(broker, q, raw, Q.MaxLengthDropped)
                 else:
                     refused = raw.seq  # another gateway dropped it (count again), unless it stays
+            broker.store.release(covered)
             again = q.trim_again
     except Exception as e:  # noqa: BLE001 - NATS away: the next publish trims again
         log.warning("x-max-length trim of queue %r failed: %r", q.name, e)
     finally:
+        # The messages are stored: a trim that failed (or a queue deleted) holds no confirm.
+        for hold in (covered, q.trim_hold):
+            if hold:
+                broker.store.release(hold)
+        q.trim_hold = 0
         q.trimming = False
         q.rewinding -= 1
         broker._published(q)
@@ -96,7 +115,14 @@ def _over(q: ClusterQueue) -> bool:
 
 
 async def _landed(broker: ClusterBroker, q: ClusterQueue) -> None:
-    """The publishes before this trim acknowledged by JetStream (the trim is one in_flight)."""
-    deadline = broker.clock.now() + LANDED_WAIT
-    while q.in_flight > 1 and broker.clock.now() < deadline:
-        await asyncio.sleep(0.005)
+    """The publishes before this trim acknowledged by JetStream (the trim is one in_flight):
+    woken by the broker's ``_published`` as the last one lands."""
+    if q.in_flight > 1:
+        q.landed = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(q.landed, LANDED_WAIT)
+        except TimeoutError:
+            log.warning("x-max-length trim of queue %r: publishes not acknowledged after %.0f s, "
+                        "counting anyway", q.name, LANDED_WAIT)
+        finally:
+            q.landed = None

@@ -104,6 +104,8 @@ class ClusterQueue(BrokerQueue):
         self.stale_remote = 0
         self.trimming = False  # x-max-length drop-head (gateway.jetstream.maxlength)
         self.trim_again = False
+        self.landed: asyncio.Future[None] | None = None  # a trim waiting for the publishes before it
+        self.trim_hold = 0  # the store's hold on the confirms of publishes the next trim covers
 
     def add_consumer(self, consumer: Any) -> None:
         super().add_consumer(consumer)

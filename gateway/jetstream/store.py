@@ -228,6 +228,15 @@ class JetStreamStore:
         publisher.publish(lsn, subject, payload, headers, settled, gone)
         return lsn
 
+    def hold(self) -> int:
+        """An LSN that is no write: durable_lsn stays below it, so no confirm passes it, until
+        :meth:`release` (work a confirm must follow that is not one write, such as a trim)."""
+        return self._next_lsn()
+
+    def release(self, lsn: int) -> None:
+        if lsn in self._open:
+            self._settle(lsn)
+
     def _next_lsn(self) -> int:
         """A new write's LSN, open (durable_lsn stays below it) until it settles."""
         lsn = self._lsn = self._lsn + 1

@@ -139,13 +139,16 @@ class ClusterVHost(VHost):
         out.routed = True
         self.broker.emit_row(ENQUEUE, self.name, (q.name, msg.msg_id, size, via, subscription))
         lsn = self.broker.publish_message(q, msg, now, delay, expires_at)  # type: ignore[attr-defined]
+        hold = trim_after_publish(self.broker, q)  # type: ignore[arg-type]
+        if hold:
+            self.broker.store.fanout_next[lsn] = hold  # type: ignore[attr-defined]  # a refusal still nacks
+            lsn = hold
         if lsn > out.lsn:
             if out.lsn:
                 # Routed to several queues: the confirm waits for the last write, and a refusal
                 # of an earlier one must still make it a nack (M14).
                 self.broker.store.fanout_next[out.lsn] = lsn  # type: ignore[attr-defined]
             out.lsn = lsn
-        trim_after_publish(self.broker, q)  # type: ignore[arg-type]
 
     def purge_queue(self, session: Session | None, name: str, user: str | None = None) -> int:
         q = self.queue(name, session)

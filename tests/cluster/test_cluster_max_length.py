@@ -152,3 +152,28 @@ def test_M7_CL1_drop_head_across_two_gateways_drops_each_message_once(js_gateway
     assert len(kept) == 3
     assert sorted(kept + dead) == sorted([b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)])
     assert kept == [b"b8", b"a9", b"b9"]  # the newest: each publish above was confirmed in turn
+
+
+def test_M7_CL1_drop_head_confirm_follows_the_trim(js_gateways) -> None:  # type: ignore[no-untyped-def]
+    """A drop-head publish is confirmed once the queue has dropped what it pushed over the
+    limit, as on RabbitMQ: right after each confirm, another gateway counts the limit, never
+    one more (the trim runs after JetStream stores the message; the confirm waits for it)."""
+    a, b = js_gateways(2)
+    name = f"ml-{uuid.uuid4().hex[:8]}"
+    with blocking(f"amqp://guest:guest@127.0.0.1:{a.port}/%2F") as conn:
+        conn.channel().queue_declare(name, arguments={"x-max-length": 2})
+    deadline = time.monotonic() + 10
+    while name not in b.broker.vhosts["/"].queues:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with blocking(f"amqp://guest:guest@127.0.0.1:{a.port}/%2F") as ca, \
+            blocking(f"amqp://guest:guest@127.0.0.1:{b.port}/%2F") as cb:
+        cha, chb = ca.channel(), cb.channel()
+        cha.confirm_delivery()
+        counts = []
+        for i in range(12):
+            assert _publish(cha, name, [b"m%d" % i]) == [True]
+            counts.append(chb.queue_declare(name, passive=True).method.message_count)
+        assert counts == [1] + [2] * 11
+        assert [body for body, _ in _get_all(chb, name)] == [b"m10", b"m11"]
+        chb.queue_delete(name)
