@@ -15,10 +15,13 @@ shared by every message one process published to one queue, and their values are
     per stem g: sctr[g] (u64, ascending counters), spos[g] (u32, their positions)
 
 A lookup is the stem's dict lookup, one ``int(tail, 16)`` and an index guessed from the
-stem's counters (a bisect when the guess misses); the keys found lately are remembered. Nothing is ever
-added to a packed tier after it is built: the store keeps writing to its plain dict (the hot
-tier, looked at first), a put of a packed key moves it there and a delete tombstones it, and
-once it is mostly tombstones (a drained backlog) the store drops it (Store._drop_packed).
+stem's counters (a bisect when the guess misses); the keys found lately are remembered. The
+store keeps writing to its plain dict (the hot tier, looked at first); a put of a packed key
+moves it there and a delete tombstones it. A backlog published to a running store reaches the
+tier too: once the dict holds many entries the tier does not place, the store's sync thread
+appends the oldest of them (``append``, Store._fold), so a live backlog costs what a restored
+one does. A tier mostly tombstones is rebuilt with its live entries alone (``repacked``), or
+dropped when few are left (Store._drop_packed).
 
 Built from a checkpoint's runs without a key string per entry (``add_run``: the keys' bytes
 are taken apart by column with strided slices, chunk by chunk, when every key of the run has
@@ -32,8 +35,8 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator
-from itertools import compress, islice, repeat
+from collections.abc import Iterable, Iterator
+from itertools import accumulate, compress, islice, repeat
 from operator import lt, rshift
 
 __all__ = ["PACK_MIN", "RUN_MIN", "Packed", "PackedBuilder", "pack_map"]
@@ -64,7 +67,7 @@ class Packed:
         self.gid, self.ctr, self.fid, self.low = gid, ctr, fid, low
         self.sctr, self.spos = sctr, spos
         # Per stem: (its first counter, entries per counter step), for find's first guess.
-        self.guess = [(a[0], (len(a) - 1) / (a[-1] - a[0]) if len(a) > 1 else 0.0) for a in sctr]
+        self.guess = [_guess(a) for a in sctr]
         self.live = bytearray(b"\1") * len(ctr)
         self.n_live = len(ctr)
         # Keys found lately and their positions: a message's body is read (get) when it is
@@ -73,6 +76,71 @@ class Packed:
 
     def __len__(self) -> int:
         return self.n_live
+
+    @classmethod
+    def empty(cls) -> Packed:
+        return cls([], array("I"), array("Q"), array("I"), array("Q"), [], [])
+
+    def append(self, key: str, loc: int) -> bool:
+        """Add live ``key`` at the next position (the store folding its oldest dict entries in);
+        False (nothing added) when it cannot be packed, or when its counter is not above its
+        stem's last (a stem's counters stay ascending: publishes committed out of order stay
+        in the dict). Call ``settle`` once a batch of appends is done."""
+        low = loc & _LOW_BITS
+        tail = key[-_TAIL:]
+        if len(key) <= _TAIL or low >= _LOW_MAX or loc < 0 or tail.strip(_HEX_STR):
+            return False
+        stem = key[:-_TAIL]
+        c = int(tail, 16)
+        g = self.stem_ids.get(stem)
+        if g is None:
+            g = self.stem_ids[stem] = len(self.stems)
+            self.stems.append(stem)
+            self.sctr.append(array("Q"))
+            self.spos.append(array("I"))
+            self.guess.append((c, 0.0))
+        else:
+            a = self.sctr[g]
+            if a and a[-1] >= c:
+                return False
+        self.sctr[g].append(c)
+        self.spos[g].append(len(self.ctr))
+        self.gid.append(g)
+        self.ctr.append(c)
+        self.fid.append(loc >> _FILE_SHIFT)
+        self.low.append(low)
+        self.live.append(1)
+        self.n_live += 1
+        return True
+
+    def settle(self) -> None:
+        """find's guesses again, after appends."""
+        self.guess = [_guess(a) for a in self.sctr]
+
+    def repacked(self, places: Iterable[int]) -> tuple[Packed, array]:
+        """The live entries alone, in the same order, as a new tier, and where each position
+        went: ``rank[p]``, the number of entries kept before ``p`` (``len(live) + 1`` of them,
+        so that a place after the last position maps too). The tombstones at ``places`` (the
+        dict's keys' places, Store._pos) stay, dead: two keys placed at different positions
+        must not come to share one, where the dict's order would decide between them."""
+        keep = bytearray(self.live)
+        n = len(keep)
+        for p in places:
+            if p < n:
+                keep[p] = 1
+        rank = array("I", [0])
+        rank.extend(accumulate(keep))
+        gid, ctr, fid, low = (array(a.typecode, compress(a, keep)) for a in (self.gid, self.ctr, self.fid, self.low))
+        sctr: list[array] = []
+        spos: list[array] = []
+        for cs, ps in zip(self.sctr, self.spos, strict=True):
+            kept = bytes(map(keep.__getitem__, ps))
+            sctr.append(array("Q", compress(cs, kept)))
+            spos.append(array("I", map(rank.__getitem__, compress(ps, kept))))
+        fresh = Packed(list(self.stems), gid, ctr, fid, low, sctr, spos)
+        fresh.live = bytearray(compress(self.live, keep))
+        fresh.n_live = self.n_live
+        return fresh, rank
 
     def find(self, key: str) -> int:
         """The position of live ``key``, or -1."""
@@ -324,6 +392,11 @@ class PackedBuilder:
 
 
 _HEX_STR = _HEX.decode()
+_LOW_BITS = (1 << _FILE_SHIFT) - 1
+
+
+def _guess(a: array) -> tuple[int, float]:
+    return (a[0] if a else 0, (len(a) - 1) / (a[-1] - a[0]) if len(a) > 1 and a[-1] > a[0] else 0.0)
 
 
 def pack_map(data: dict[str, bytes | int]) -> tuple[dict[str, bytes | int], Packed | None, dict[str, int] | None]:

@@ -98,6 +98,16 @@ __all__ = ["Store"]
 # Compact when the journal (segments + snapshot) is above both of these.
 COMPACT_RATIO = 2.0
 COMPACT_MIN_BYTES = 32 << 20
+# The fold (Store._fold): once the dict holds more than FOLD_AT entries the packed tier does
+# not place, its oldest go to the tier until FOLD_KEEP are left (the newest: those a consumer
+# keeping up acks soon, at the dict's speed), FOLD_SLICE at a time under the lock.
+FOLD_AT = 131072
+FOLD_KEEP = 65536
+FOLD_SLICE = 8192
+FOLD_STUCK = 64  # a slice with more than one entry in this many kept in memory stops the fold
+# A tier less than half alive is rebuilt (Packed.repacked), or goes back to the dict when it
+# has fewer than DROP_BELOW live entries.
+DROP_BELOW = FOLD_KEEP // 2
 
 _OVERHEAD = RECORD_HEADER.size
 
@@ -242,6 +252,7 @@ class Store:
         # comes right before the packed entry of that position (see _ordered).
         self._packed: Packed | None = None
         self._pos: dict[str, int] | None = None
+        self._fold_again_at = 0  # see _fold
         if directory is None:
             self._map: dict[str, Value] = {}
             self._lsn = 0
@@ -589,8 +600,13 @@ class Store:
             batch = self._take_batch()
         durable = self._write_batch(batch)
         packed = self._packed
-        if packed is not None and packed.n_live * 8 < len(packed.live):
-            self._drop_packed()
+        if packed is not None and packed.n_live * 2 < len(packed.live):
+            if packed.n_live < DROP_BELOW:
+                self._drop_packed()
+            else:
+                self._repack()
+        if len(self._map) - len(self._pos or ()) > max(FOLD_AT, self._fold_again_at):
+            self._fold()
         if self._peak > 4096 and len(self._map) * 4 < self._peak:
             self._shrink()
         return durable
@@ -849,6 +865,66 @@ class Store:
                         self._map[key] = snap_id << _FILE_SHIFT | nl
                         self._pos[key] = p
                         self._kinds = None
+
+    def _fold(self) -> None:
+        """The oldest entries of the dict that the tier does not place go to the tier, in
+        the dict's order (so the one-dict order holds: they were before every entry still
+        unplaced), until FOLD_KEEP are left: a backlog published to a running store then
+        costs an entry of the tier (~40 B) instead of a key, an int and a slot (~175 B). An
+        entry that cannot go there (not a message key, counted out of order) is placed before
+        the next position instead; when a slice has more of those than one in 64 (small
+        values, which stay in memory: FOLD_STUCK), the fold stops until the dict has grown by FOLD_AT.
+        Not while a compaction runs (it relocates the tier by position). Caller holds
+        ``_sync_lock``."""
+        if not self._compact_lock.acquire(blocking=False):
+            return
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    m = self._map
+                    pos = self._pos if self._pos is not None else {}
+                    unplaced = len(m) - len(pos)
+                    if unplaced <= FOLD_KEEP:
+                        return
+                    keys = list(itertools.islice((k for k in m if k not in pos), min(FOLD_SLICE, unplaced - FOLD_KEEP)))
+                    if sum(type(m[k]) is not int for k in keys) * FOLD_STUCK > len(keys):
+                        self._fold_again_at = unplaced + FOLD_AT
+                        return
+                    packed = self._packed if self._packed is not None else Packed.empty()
+                    # Both before a key leaves the dict: get() and `in` read the dict unlocked
+                    # and look in the tier when it is there.
+                    self._packed, self._pos = packed, pos
+                    self._kinds = None
+                    for k in keys:
+                        v = m[k]
+                        if type(v) is int and packed.append(k, v):
+                            del m[k]
+                        else:
+                            pos[k] = len(packed.live)
+                    packed.settle()
+        finally:
+            self._compact_lock.release()
+
+    def _repack(self) -> None:
+        """A tier less than half alive is rebuilt with its live entries alone (a backlog that
+        is consumed as fast as it is published would otherwise keep every tombstone); the
+        dict's places move with them. Under the lock: ~0.1 s at 10^6 positions. Not while a
+        compaction runs. Caller holds ``_sync_lock``."""
+        if not self._compact_lock.acquire(blocking=False):
+            return
+        try:
+            with self._lock:
+                packed, pos = self._packed, self._pos
+                if packed is None or pos is None or self._closed:
+                    return
+                fresh, rank = packed.repacked(pos.values())
+                self._pos = {k: rank[p] for k, p in pos.items()}
+                self._packed = fresh
+        finally:
+            self._compact_lock.release()
+        trim_heap()
 
     def _drop_packed(self) -> None:
         """A packed tier that is mostly tombstones (a drained backlog) goes: its live

@@ -6,10 +6,12 @@ deletes, syncs, compactions, clean closes and killed processes."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
 from semantics.store import Store, packed
+from semantics.store import store as store_module
 from semantics.store.checkpoint import remove_checkpoint
 
 PREFIXES = ["m/%2F/q1/msg-0a1b2c3d4e5f", "m/%2F/q2/msg-0a1b2c3d4e5f", "m/%2F/q1/msg-ffeeddccbbaa", "m/v%2Fx/q1/msg-00"]
@@ -30,6 +32,7 @@ class _History:
         self.d, self.rng = d, rng
         self.model: dict[str, bytes] = {}
         self.counters = dict.fromkeys(PREFIXES, 0)
+        self.reopen_share = 1.0  # of the steps that would reopen the store, those that do
         self.s = Store.open(d, fsync=False, compact_min_bytes=1 << 16, compact_ratio=1.5)
 
     def new_key(self) -> str:
@@ -56,6 +59,8 @@ class _History:
         elif r < 0.93:
             s.sync()
             s.maybe_compact(force=True)
+        elif rng.random() >= self.reopen_share:
+            s.sync()
         elif r < 0.965:
             s.close()  # clean: leaves a checkpoint
             self.s = Store.open(self.d, fsync=False, compact_min_bytes=1 << 16, compact_ratio=1.5)
@@ -96,6 +101,88 @@ def test_packed_store_matches_a_dict(tmp_path: str, monkeypatch: pytest.MonkeyPa
     finally:
         h.s.close()
     assert packed_seen > 100 and reopened  # the packed tier was there for a good part of it
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_running_store_folds_into_the_tier_and_still_matches_a_dict(tmp_path: str, monkeypatch: pytest.MonkeyPatch,
+                                                                      seed: int) -> None:
+    """The same random histories with the running store's fold, repack and drop at tiny
+    sizes, so that each happens again and again between the puts, deletes, compactions and
+    reopenings (with no packing at an open: what is packed was folded in while running)."""
+    monkeypatch.setattr(packed, "PACK_MIN", 1 << 30)
+    for name, value in (("FOLD_AT", 12), ("FOLD_KEEP", 4), ("FOLD_SLICE", 5), ("DROP_BELOW", 3),
+                        ("FOLD_STUCK", 2)):
+        monkeypatch.setattr(store_module, name, value)
+    calls = {"_fold": 0, "_repack": 0, "_drop_packed": 0}
+
+    def counting(name: str) -> Callable[[Store], None]:
+        run = getattr(Store, name)
+
+        def counted(self: Store) -> None:
+            before = self._packed
+            size = len(before.live) if before is not None else 0
+            run(self)
+            after = self._packed
+            calls[name] += after is not before or (after is not None and len(after.live) > size)
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(Store, name, counting(name))
+    h = _History(str(tmp_path), random.Random(1000 + seed))
+    h.reopen_share = 0.1  # a tier lives long enough to be mostly tombstones
+    try:
+        for i in range(3000):
+            h.step()
+            if i % 25 == 0:
+                h.check()
+        h.check()
+    finally:
+        h.s.close()
+    assert min(calls.values()) >= 3, calls  # made or grown, rebuilt, dropped, again and again
+
+
+def test_a_live_backlog_folds_in_order_and_reopens(tmp_path: str) -> None:
+    """A backlog published to a running store: a sync that finds more than FOLD_AT message
+    keys in the dict folds all but the newest FOLD_KEEP into the tier, keeping the one-dict order around the keys that stay (a
+    declaration, a small value, a counter out of order); a reopen finds the same map."""
+    d = str(tmp_path)
+    n = store_module.FOLD_AT + 5000
+    stem = "m/%2F/q/msg-0123456789ab"
+    keys = [f"{stem}{i + 10:016x}" for i in range(n)]
+    expected: dict[str, bytes] = {}
+    s = Store.open(d, fsync=False)
+    try:
+        for i, k in enumerate(keys):
+            if i == 100:
+                expected["q/%2F/q"] = b"queue"
+            if i == 200:
+                expected[f"{stem}{3:016x}"] = b"late" * 100  # counted before its neighbours
+            expected[k] = b"%08d" % i * 20  # left on disk (format.OFFLOAD_MIN)
+            if i % 1000 == 0:
+                for key, v in expected.items():
+                    if key not in s:
+                        s.put(key, v)
+                s.sync()
+        for key, v in expected.items():
+            if key not in s:
+                s.put(key, v)
+        s.sync()
+        assert s._packed is not None and s._packed.n_live >= n - store_module.FOLD_AT
+        assert s._pos is not None and len(s._map) - len(s._pos) <= store_module.FOLD_AT
+        assert s._packed.n_live + len(s._map) == len(expected)
+        assert s.keys() == list(expected) and len(s) == len(expected)
+        assert s.get(keys[7]) == expected[keys[7]] and s.get(f"{stem}{3:016x}") == b"late" * 100
+        for k in keys[:1000]:
+            s.delete(k)
+            del expected[k]
+        s.sync()
+        assert list(s.items("m/")) == [(k, v) for k, v in expected.items() if k.startswith("m/")]
+        s.maybe_compact(force=True)
+        assert list(s.items()) == list(expected.items())
+    finally:
+        s.close()
+    with Store.open(d, fsync=False) as s:
+        assert list(s.items()) == list(expected.items())
 
 
 @pytest.mark.parametrize("checkpoint", [True, False])
