@@ -113,6 +113,39 @@ class Packed:
         self.n_live += 1
         return True
 
+    def append_run(self, keys: list[str], values: list[int]) -> bool:
+        """``append`` for a whole slice at once, without a Python step per entry: True (all
+        appended) when the keys are one checkpoint run as PackedBuilder.add_run takes it (one
+        stem, one file, one length) and their counters rise above the stem's last; else
+        False, and nothing changed (append them one by one)."""
+        located = _one_file(values)
+        if located is None:
+            return False
+        b = PackedBuilder()
+        if not b.add_run("\0".join(keys).encode(), len(keys), *located):
+            return False
+        c = b.ctr
+        stem = b.stems[0]
+        g = self.stem_ids.get(stem)
+        if not all(map(lt, c, islice(c, 1, None))) or (g is not None and self.sctr[g] and self.sctr[g][-1] >= c[0]):
+            return False
+        if g is None:
+            g = self.stem_ids[stem] = len(self.stems)
+            self.stems.append(stem)
+            self.sctr.append(array("Q"))
+            self.spos.append(array("I"))
+            self.guess.append((c[0], 0.0))
+        n, base = len(c), len(self.ctr)
+        self.sctr[g].extend(c)
+        self.spos[g].extend(range(base, base + n))
+        self.gid.extend(array("I", [g]) * n)
+        self.ctr.extend(c)
+        self.fid.extend(b.fid)
+        self.low.extend(b.low)
+        self.live.extend(bytes([1]) * n)
+        self.n_live += n
+        return True
+
     def settle(self) -> None:
         """find's guesses again, after appends."""
         self.guess = [_guess(a) for a in self.sctr]
@@ -156,6 +189,8 @@ class Packed:
         except ValueError:
             return -1
         a = self.sctr[g]
+        if not a or c > a[-1] or c < a[0]:
+            return -1  # a put of a new key (the running process's next counter): no search
         # Counters are spread about evenly (one process's counter, its messages spread over
         # a few queues): a guess from the stem's first counter and mean step is usually the
         # very index, which spares the 20 probes of a bisect of 10^6.
@@ -395,6 +430,17 @@ _HEX_STR = _HEX.decode()
 _LOW_BITS = (1 << _FILE_SHIFT) - 1
 
 
+def _one_file(values: list[int]) -> tuple[int, array] | None:
+    """(their file id, their low bits) when the locations ``values`` are all in one file;
+    None when one is not (or is a value kept in memory, or lies past 4 GiB)."""
+    try:
+        files = set(map(rshift, values, repeat(_FILE_SHIFT)))
+        low = array("Q", map(_LOW_BITS.__and__, values))
+    except (TypeError, OverflowError):
+        return None
+    return (files.pop(), low) if len(files) == 1 else None
+
+
 def _guess(a: array) -> tuple[int, float]:
     return (a[0] if a else 0, (len(a) - 1) / (a[-1] - a[0]) if len(a) > 1 and a[-1] > a[0] else 0.0)
 
@@ -411,16 +457,11 @@ def pack_map(data: dict[str, bytes | int]) -> tuple[dict[str, bytes | int], Pack
     pos: dict[str, int] = {}
     keys = list(data)
     values = list(data.values())
-    low_bits = (1 << _FILE_SHIFT) - 1
     for a in range(0, len(keys), _CHUNK):
         ks, vs = keys[a:a + _CHUNK], values[a:a + _CHUNK]
-        try:
-            files = set(map(rshift, vs, repeat(_FILE_SHIFT)))  # TypeError: a value in memory
-            low = array("Q", map(low_bits.__and__, vs))  # type: ignore[arg-type]  # OverflowError: past 4 GiB
-            if len(files) == 1 and builder.add_run("\0".join(ks).encode(), len(ks), files.pop(), low):
-                continue
-        except (TypeError, OverflowError):
-            pass
+        located = _one_file(vs)  # type: ignore[arg-type]
+        if located is not None and builder.add_run("\0".join(ks).encode(), len(ks), *located):
+            continue
         for k, v in zip(ks, vs, strict=True):
             if type(v) is not int or not builder.add(k, v):
                 rest[k] = v

@@ -888,8 +888,10 @@ class Store:
                     unplaced = len(m) - len(pos)
                     if unplaced <= FOLD_KEEP:
                         return
-                    keys = list(itertools.islice((k for k in m if k not in pos), min(FOLD_SLICE, unplaced - FOLD_KEEP)))
-                    if sum(type(m[k]) is not int for k in keys) * FOLD_STUCK > len(keys):
+                    keys = list(itertools.islice(itertools.filterfalse(pos.__contains__, m),
+                                                 min(FOLD_SLICE, unplaced - FOLD_KEEP)))
+                    values = list(map(m.__getitem__, keys))
+                    if sum(type(v) is not int for v in values) * FOLD_STUCK > len(keys):
                         self._fold_again_at = unplaced + FOLD_AT
                         return
                     packed = self._packed if self._packed is not None else Packed.empty()
@@ -897,12 +899,15 @@ class Store:
                     # and look in the tier when it is there.
                     self._packed, self._pos = packed, pos
                     self._kinds = None
-                    for k in keys:
-                        v = m[k]
-                        if type(v) is int and packed.append(k, v):
+                    if packed.append_run(keys, values):  # type: ignore[arg-type]
+                        for k in keys:
                             del m[k]
-                        else:
-                            pos[k] = len(packed.live)
+                    else:
+                        for k, v in zip(keys, values, strict=True):
+                            if type(v) is int and packed.append(k, v):
+                                del m[k]
+                            else:
+                                pos[k] = len(packed.live)
                     packed.settle()
         finally:
             self._compact_lock.release()
