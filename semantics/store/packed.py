@@ -150,20 +150,22 @@ class Packed:
         """find's guesses again, after appends."""
         self.guess = [_guess(a) for a in self.sctr]
 
-    def repacked(self, places: Iterable[int]) -> tuple[Packed, array]:
-        """The live entries alone, in the same order, as a new tier, and where each position
-        went: ``rank[p]``, the number of entries kept before ``p`` (``len(live) + 1`` of them,
-        so that a place after the last position maps too). The tombstones at ``places`` (the
-        dict's keys' places, Store._pos) stay, dead: two keys placed at different positions
-        must not come to share one, where the dict's order would decide between them."""
-        keep = bytearray(self.live)
+    def repacked(self, live: bytes, places: Iterable[int]) -> tuple[Packed, array]:
+        """The entries alive in ``live`` (a copy of ``self.live``) alone, in the same order, as
+        a new tier, and where each position went: ``rank[p]``, the number of entries kept
+        before ``p`` (``len(live) + 1`` of them, so that a place after the last position maps
+        too). The tombstones at ``places`` (the dict's keys' places, Store._pos) stay, dead:
+        two keys placed at different positions must not come to share one, where the dict's
+        order would decide between them. Reads only what a put or delete does not change, so
+        it runs outside the store's lock; ``catch_up`` then replays the deletes made since."""
+        keep = bytearray(live)
         n = len(keep)
         for p in places:
             if p < n:
                 keep[p] = 1
         rank = array("I", [0])
         rank.extend(accumulate(keep))
-        gid, ctr, fid, low = (array(a.typecode, compress(a, keep)) for a in (self.gid, self.ctr, self.fid, self.low))
+        gid, ctr, fid, low = (array(a.typecode, compress(a[:n], keep)) for a in (self.gid, self.ctr, self.fid, self.low))
         sctr: list[array] = []
         spos: list[array] = []
         for cs, ps in zip(self.sctr, self.spos, strict=True):
@@ -171,9 +173,20 @@ class Packed:
             sctr.append(array("Q", compress(cs, kept)))
             spos.append(array("I", map(rank.__getitem__, compress(ps, kept))))
         fresh = Packed(list(self.stems), gid, ctr, fid, low, sctr, spos)
-        fresh.live = bytearray(compress(self.live, keep))
-        fresh.n_live = self.n_live
+        fresh.live = bytearray(compress(live, keep))
+        fresh.n_live = fresh.live.count(1)
         return fresh, rank
+
+    def catch_up(self, old: Packed, live: bytes, rank: array) -> None:
+        """Tombstone here what ``old`` lost since its copy ``live`` was taken (this tier being
+        ``old.repacked(live, ...)``); the caller holds the store's lock."""
+        now = old.live
+        step = 4096
+        for a in range(0, len(live), step):
+            if live[a:a + step] != now[a:a + step]:
+                for p in range(a, min(a + step, len(live))):
+                    if live[p] and not now[p]:
+                        self.kill(rank[p])
 
     def find(self, key: str) -> int:
         """The position of live ``key``, or -1."""

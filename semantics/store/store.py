@@ -915,8 +915,10 @@ class Store:
     def _repack(self) -> None:
         """A tier less than half alive is rebuilt with its live entries alone (a backlog that
         is consumed as fast as it is published would otherwise keep every tombstone); the
-        dict's places move with them. Under the lock: ~0.1 s at 10^6 positions. Not while a
-        compaction runs. Caller holds ``_sync_lock``."""
+        dict's places move with them. Built outside the lock from a copy of the live flags
+        (0.2-0.5 s at 10^6 positions: the event loop is not held up meanwhile), then swapped
+        in under it with the deletes made since. Not while a compaction runs (it relocates
+        by position); no fold runs meanwhile (the same thread). Caller holds ``_sync_lock``."""
         if not self._compact_lock.acquire(blocking=False):
             return
         try:
@@ -924,8 +926,15 @@ class Store:
                 packed, pos = self._packed, self._pos
                 if packed is None or pos is None or self._closed:
                     return
-                fresh, rank = packed.repacked(pos.values())
-                self._pos = {k: rank[p] for k, p in pos.items()}
+                live = bytes(packed.live)
+                places = list(pos.values())
+            fresh, rank = packed.repacked(live, places)
+            with self._lock:
+                if self._packed is not packed or self._pos is None or self._closed:
+                    return
+                fresh.catch_up(packed, live, rank)
+                # A place made since (a packed key put again) is at an entry alive in the copy.
+                self._pos = {k: rank[p] for k, p in self._pos.items()}
                 self._packed = fresh
         finally:
             self._compact_lock.release()

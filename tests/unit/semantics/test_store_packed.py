@@ -216,3 +216,28 @@ def test_a_drained_packed_tier_goes(tmp_path: str, checkpoint: bool) -> None:
         assert s.get(keys[-1]) == b"x" * 300 and s.get(keys[0]) is None
     finally:
         s.close()
+
+
+def test_a_repack_built_from_a_copy_catches_up_with_the_deletes_made_meanwhile() -> None:
+    """Store._repack builds the new tier outside the lock from a copy of the live flags; the
+    entries deleted meanwhile are dead in the new tier too, the others are found where the
+    rank says, and a tombstone a dict key is placed at stays (dead) in between."""
+    stem = "m/%2F/q/msg-0123456789ab"
+    keys = [f"{stem}{i:016x}" for i in range(1, 20_001)]
+    old = packed.Packed.empty()
+    assert old.append_run(keys, [(3 << 72) | (i * 300 << 32) | 250 for i in range(len(keys))])
+    for p in range(0, len(keys), 3):
+        old.kill(p)  # deleted before the copy
+    live = bytes(old.live)
+    fresh, rank = old.repacked(live, [3, 30_000])  # a place at a tombstone, one past the end
+    meanwhile = list(range(1, len(keys), 7))
+    for p in meanwhile:
+        if old.live[p]:
+            old.kill(p)
+    fresh.catch_up(old, live, rank)
+    assert fresh.n_live == old.n_live and len(fresh.live) == live.count(1) + 1
+    assert rank[3] + 1 == rank[4] and not fresh.live[rank[3]]  # the placed tombstone kept
+    for p, key in enumerate(keys):
+        assert (fresh.find(key) >= 0) == bool(old.live[p]), p
+        if old.live[p]:
+            assert fresh.find(key) == rank[p] and fresh.get(key) == old.value(p)
