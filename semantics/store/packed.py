@@ -36,8 +36,8 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from itertools import accumulate, compress, islice, repeat
-from operator import lt, rshift
+from itertools import accumulate, compress, groupby, islice, repeat
+from operator import itemgetter, lt, rshift
 
 __all__ = ["PACK_MIN", "RUN_MIN", "Packed", "PackedBuilder", "pack_map"]
 
@@ -114,34 +114,62 @@ class Packed:
         return True
 
     def append_run(self, keys: list[str], values: list[int]) -> bool:
-        """``append`` for a whole slice at once, without a Python step per entry: True (all
-        appended) when the keys are one checkpoint run as PackedBuilder.add_run takes it (one
-        stem, one file, one length) and their counters rise above the stem's last; else
-        False, and nothing changed (append them one by one)."""
-        located = _one_file(values)
-        if located is None:
+        """``append`` for a whole slice at once, with no Python step per entry where it has one
+        stem (one queue's backlog) and a sort by stem where it has several (queues published
+        interleaved): True when all went in; False, nothing changed, when one cannot (a value
+        in memory, a key that is not ``<stem><16 lowercase hex digits>``, a stem whose
+        counters do not rise above its last): then append them one by one."""
+        n = len(keys)
+        try:
+            fid = array("I", map(rshift, values, repeat(_FILE_SHIFT)))
+            low = array("Q", map(_LOW_BITS.__and__, values))
+        except (TypeError, OverflowError):  # a value in memory; past 4 GiB
             return False
-        b = PackedBuilder()
-        if not b.add_run("\0".join(keys).encode(), len(keys), *located):
+        if not n or min(map(len, keys)) <= _TAIL:
             return False
-        c = b.ctr
-        stem = b.stems[0]
-        g = self.stem_ids.get(stem)
-        if not all(map(lt, c, islice(c, 1, None))) or (g is not None and self.sctr[g] and self.sctr[g][-1] >= c[0]):
+        tails = "".join(map(_TAIL_OF, keys))
+        if tails.translate(_NOT_HEX):
             return False
-        if g is None:
-            g = self.stem_ids[stem] = len(self.stems)
-            self.stems.append(stem)
-            self.sctr.append(array("Q"))
-            self.spos.append(array("I"))
-            self.guess.append((c[0], 0.0))
-        n, base = len(c), len(self.ctr)
-        self.sctr[g].extend(c)
-        self.spos[g].extend(range(base, base + n))
-        self.gid.extend(array("I", [g]) * n)
-        self.ctr.extend(c)
-        self.fid.extend(b.fid)
-        self.low.extend(b.low)
+        ctr = array("Q")
+        ctr.frombytes(bytes.fromhex(tails))
+        if _LITTLE:
+            ctr.byteswap()
+        stems = list(map(_STEM_OF, keys))
+        groups: list[tuple[str, list[int] | None, array]] = []  # (stem, its indexes or all, counters)
+        if stems.count(stems[0]) == n:
+            groups.append((stems[0], None, ctr))
+        else:
+            order = sorted(range(n), key=stems.__getitem__)  # stable: each stem's in slice order
+            for stem, idx in groupby(order, key=stems.__getitem__):
+                at = list(idx)
+                groups.append((stem, at, array("Q", map(ctr.__getitem__, at))))
+        for stem, _, cs in groups:
+            g = self.stem_ids.get(stem)
+            if not all(map(lt, cs, islice(cs, 1, None))) or (g is not None and self.sctr[g] and self.sctr[g][-1] >= cs[0]):
+                return False
+        base = len(self.ctr)
+        gid = array("I", bytes(4 * n))
+        for stem in dict.fromkeys(stems):  # new stems numbered as append would: first seen first
+            if stem not in self.stem_ids:
+                self.stem_ids[stem] = len(self.stems)
+                self.stems.append(stem)
+                self.sctr.append(array("Q"))
+                self.spos.append(array("I"))
+                self.guess.append((0, 0.0))  # settle() makes it
+        for stem, where, cs in groups:
+            g = self.stem_ids[stem]
+            self.sctr[g].extend(cs)
+            if where is None:
+                self.spos[g].extend(range(base, base + n))
+                gid = array("I", [g]) * n
+            else:
+                self.spos[g].extend(map(base.__add__, where))
+                for i in where:
+                    gid[i] = g
+        self.gid.extend(gid)
+        self.ctr.extend(ctr)
+        self.fid.extend(fid)
+        self.low.extend(low)
         self.live.extend(bytes([1]) * n)
         self.n_live += n
         return True
@@ -441,6 +469,9 @@ class PackedBuilder:
 
 _HEX_STR = _HEX.decode()
 _LOW_BITS = (1 << _FILE_SHIFT) - 1
+_TAIL_OF = itemgetter(slice(-_TAIL, None))
+_STEM_OF = itemgetter(slice(None, -_TAIL))
+_NOT_HEX = dict.fromkeys(map(ord, _HEX_STR))  # str.translate deletes these: anything left is not hex
 
 
 def _one_file(values: list[int]) -> tuple[int, array] | None:

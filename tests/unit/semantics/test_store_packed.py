@@ -241,3 +241,34 @@ def test_a_repack_built_from_a_copy_catches_up_with_the_deletes_made_meanwhile()
         assert (fresh.find(key) >= 0) == bool(old.live[p]), p
         if old.live[p]:
             assert fresh.find(key) == rank[p] and fresh.get(key) == old.value(p)
+
+
+@pytest.mark.parametrize("stems", [1, 3])
+def test_a_slice_appended_at_once_is_the_tier_one_by_one_would_make(stems: int) -> None:
+    """Packed.append_run (the fold's slices: one queue's backlog, or queues published
+    interleaved) makes the very arrays that appending entry by entry makes, and refuses,
+    changing nothing, a slice that entry-by-entry would not take whole."""
+    rng = random.Random(stems)
+    prefixes = [f"m/%2F/q{i}/msg-0123456789ab" for i in range(stems)]
+    counter = 100
+    keys, values = [], []
+    for i in range(3000):
+        counter += rng.choice([1, 1, 2, 1 << 33])
+        keys.append(f"{rng.choice(prefixes)}{counter:016x}")
+        values.append((rng.choice([4, 5]) << 72) | (i * 300 << 32) | 250)
+    whole, single = packed.Packed.empty(), packed.Packed.empty()
+    for a in range(0, len(keys), 1000):
+        assert whole.append_run(keys[a:a + 1000], values[a:a + 1000])
+        assert all(single.append(k, v) for k, v in zip(keys[a:a + 1000], values[a:a + 1000], strict=True))
+    whole.settle()
+    single.settle()
+    for name in ("stems", "gid", "ctr", "fid", "low", "live", "sctr", "spos", "n_live", "guess"):
+        assert getattr(whole, name) == getattr(single, name), name
+    assert [whole.find(k) for k in keys[::97]] == list(range(0, 3000, 97))
+    before = (len(whole.ctr), list(whole.stems))
+    counter += 1
+    late = [f"{prefixes[0]}{counter + 5:016x}", f"{prefixes[-1]}{counter + 9:016x}", f"{prefixes[0]}{counter:016x}"]
+    bad = [late, [keys[0]], [f"{prefixes[0]}{counter + 20:016X}"], [f"{prefixes[0]}{counter + 30:016x}"]]
+    for ks, vs in zip(bad, [[1 << 72] * 3, [1 << 72], [1 << 72], [b"in memory"]], strict=True):
+        assert not whole.append_run(ks, vs)  # type: ignore[arg-type]
+        assert (len(whole.ctr), whole.stems) == before
