@@ -300,6 +300,8 @@ def load_checkpoint(directory: str, segments: list[int], snapshot: int) -> Check
                 low = array("Q")
                 low.frombytes(vals)
                 bits = file_id << _FILE_SHIFT
+                if form == LOCATED and builder is not None and builder.add_located(keys, file_id, low):
+                    continue  # message keys of queues published interleaved
                 if form == LOCATED and len(low) == n:
                     values = map(bits.__or__, low)
                 elif form == WIDE and len(low) == 2 * n:

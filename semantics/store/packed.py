@@ -125,16 +125,10 @@ class Packed:
             low = array("Q", map(_LOW_BITS.__and__, values))
         except (TypeError, OverflowError):  # a value in memory; past 4 GiB
             return False
-        if not n or min(map(len, keys)) <= _TAIL:
+        parsed = _parse(keys)
+        if parsed is None:
             return False
-        tails = "".join(map(_TAIL_OF, keys))
-        if tails.translate(_NOT_HEX):
-            return False
-        ctr = array("Q")
-        ctr.frombytes(bytes.fromhex(tails))
-        if _LITTLE:
-            ctr.byteswap()
-        stems = list(map(_STEM_OF, keys))
+        stems, ctr = parsed
         groups: list[tuple[str, list[int] | None, array]] = []  # (stem, its indexes or all, counters)
         if stems.count(stems[0]) == n:
             groups.append((stems[0], None, ctr))
@@ -404,6 +398,27 @@ class PackedBuilder:
         self.low.append(low)
         return True
 
+    def add_located(self, keys: list[str], file_id: int, low: array) -> bool:
+        """Add a checkpoint run whose keys have several stems (queues published interleaved,
+        which ``add_run`` refuses), with a sort by stem instead of a Python step per key;
+        False (nothing added) when a key is not ``<stem><16 lowercase hex digits>``."""
+        n = len(keys)
+        parsed = _parse(keys) if len(low) == n else None
+        if parsed is None:
+            return False
+        stems, ctr = parsed
+        for stem in dict.fromkeys(stems):
+            self._stem(stem)
+        gids = array("I", map(self.stem_ids.__getitem__, stems))
+        base = len(self.ctr)
+        for g, idx in groupby(sorted(range(n), key=gids.__getitem__), key=gids.__getitem__):
+            self.stem_pos[g].extend(map(base.__add__, idx))
+        self.gid.extend(gids)
+        self.ctr.extend(ctr)
+        self.fid.extend(array("I", [file_id]) * n)
+        self.low.extend(low)
+        return True
+
     def add_run(self, blob: bytes, n: int, file_id: int, low: array) -> bool:
         """Add a checkpoint run of ``n`` keys (``blob``: their UTF-8 bytes joined by NUL) in
         one file with these low location bits, without a string per key; False (nothing
@@ -474,6 +489,21 @@ _STEM_OF = itemgetter(slice(None, -_TAIL))
 _NOT_HEX = dict.fromkeys(map(ord, _HEX_STR))  # str.translate deletes these: anything left is not hex
 
 
+def _parse(keys: list[str]) -> tuple[list[str], array] | None:
+    """(the stems, the counters) of keys ``<stem><16 lowercase hex digits>``, without a
+    Python step per key; None when one is not such a key (or there are none)."""
+    if not keys or min(map(len, keys)) <= _TAIL:
+        return None
+    tails = "".join(map(_TAIL_OF, keys))
+    if tails.translate(_NOT_HEX):
+        return None
+    ctr = array("Q")
+    ctr.frombytes(bytes.fromhex(tails))
+    if _LITTLE:
+        ctr.byteswap()
+    return list(map(_STEM_OF, keys)), ctr
+
+
 def _one_file(values: list[int]) -> tuple[int, array] | None:
     """(their file id, their low bits) when the locations ``values`` are all in one file;
     None when one is not (or is a value kept in memory, or lies past 4 GiB)."""
@@ -504,7 +534,8 @@ def pack_map(data: dict[str, bytes | int]) -> tuple[dict[str, bytes | int], Pack
     for a in range(0, len(keys), _CHUNK):
         ks, vs = keys[a:a + _CHUNK], values[a:a + _CHUNK]
         located = _one_file(vs)  # type: ignore[arg-type]
-        if located is not None and builder.add_run("\0".join(ks).encode(), len(ks), *located):
+        if located is not None and (builder.add_run("\0".join(ks).encode(), len(ks), *located)
+                                    or builder.add_located(ks, *located)):
             continue
         for k, v in zip(ks, vs, strict=True):
             if type(v) is not int or not builder.add(k, v):

@@ -272,3 +272,24 @@ def test_a_slice_appended_at_once_is_the_tier_one_by_one_would_make(stems: int) 
     for ks, vs in zip(bad, [[1 << 72] * 3, [1 << 72], [1 << 72], [b"in memory"]], strict=True):
         assert not whole.append_run(ks, vs)  # type: ignore[arg-type]
         assert (len(whole.ctr), whole.stems) == before
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_queues_published_interleaved_reopen_packed_in_order(tmp_path: str, checkpoint: bool) -> None:
+    """Three queues published in turn: a checkpoint's runs (or a replay's chunks) hold keys of
+    three stems, which go into the tier whole (PackedBuilder.add_located), in the map's order."""
+    d = str(tmp_path)
+    keys = [f"m/%2F/q{i % 3}/msg-0123456789ab{i + 1:016x}" for i in range(6000)]
+    with Store.open(d, fsync=False) as s:
+        s.put("q/%2F/q0", b"queue")
+        for i, k in enumerate(keys):
+            s.put(k, b"%08d" % i * 20)
+            if i % 1000 == 999:
+                s.sync()
+    if not checkpoint:
+        remove_checkpoint(d, do_fsync=False)
+    with Store.open(d, fsync=False) as s:
+        assert s.recovery.checkpoint == checkpoint
+        assert s._packed is not None and s._packed.n_live == len(keys) and list(s._map) == ["q/%2F/q0"]
+        assert s.keys() == ["q/%2F/q0", *keys] and s.keys("m/%2F/q1/") == keys[1::3]
+        assert s.get(keys[4444]) == b"%08d" % 4444 * 20
