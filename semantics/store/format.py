@@ -287,7 +287,9 @@ def iter_snapshot_chunks(
     placed: Callable[[str, int, int], None] | None = None,
 ) -> Iterable[bytes]:
     """The snapshot file's bytes in chunks of about ``chunk_bytes`` (one join per chunk).
-    ``placed(key, offset, length)`` is told where each value of OFFLOAD_MIN bytes or more lands."""
+    ``placed(key, offset, length)`` is told where each value lands: a value of any size may be
+    one the map holds as a location (a store left small values on disk while a backlog built),
+    and that location must move to the snapshot too."""
     head = encode_snapshot_header(lsn, count)
     pieces: list[bytes] = [head]
     size = 0
@@ -299,7 +301,7 @@ def iter_snapshot_chunks(
         pieces.append(kb)
         pieces.append(value)
         n = len(kb) + len(value) + hsize
-        if placed is not None and len(value) >= OFFLOAD_MIN:
+        if placed is not None:
             placed(key, pos + hsize + len(kb), len(value))
         pos += n
         size += n

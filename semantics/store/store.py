@@ -34,7 +34,8 @@ both succeeded; nothing is reported durable that is not.
 
 Values left on disk
 -------------------
-A value of ``OFFLOAD_MIN`` bytes or more is held in memory only until its batch is written:
+A value of ``OFFLOAD_MIN`` bytes or more (any value, while a backlog builds: see ``_fold``)
+is held in memory only until its batch is written:
 ``_write_batch`` then puts its location in the map in its place (unless a later put or
 delete replaced it meanwhile: it checks the map still holds that very object), recovery
 rebuilds the map with locations without copying a value out of the files, and a compaction
@@ -104,7 +105,9 @@ COMPACT_MIN_BYTES = 32 << 20
 FOLD_AT = 131072
 FOLD_KEEP = 65536
 FOLD_SLICE = 8192
-FOLD_STUCK = 64  # a slice with more than one entry in this many kept in memory stops the fold
+# The fold places at most this many dict keys (values kept in memory, keys that do not pack)
+# before the next position: every later slice scans past them under the lock.
+PLACE_MAX = 2 * FOLD_KEEP
 # A tier less than half alive is rebuilt (Packed.repacked), or goes back to the dict when it
 # has fewer than DROP_BELOW live entries.
 DROP_BELOW = FOLD_KEEP // 2
@@ -253,6 +256,9 @@ class Store:
         self._packed: Packed | None = None
         self._pos: dict[str, int] | None = None
         self._fold_again_at = 0  # see _fold
+        # A backlog is building (more than FOLD_KEEP unplaced keys in the dict at the last
+        # sync): values of any size are left on disk once written, so that they can fold.
+        self._offload_all = False
         if directory is None:
             self._map: dict[str, Value] = {}
             self._lsn = 0
@@ -348,7 +354,7 @@ class Store:
                 self._memory += len(value) - _memory_bytes(old)
             if self._file is not None:
                 pending = self._pending
-                if len(value) >= OFFLOAD_MIN:
+                if len(value) >= OFFLOAD_MIN or self._offload_all:
                     self._pending_big.append((key, value, self._pending_bytes + _OVERHEAD + len(kb)))
                 pending.append(encode_record(PUT, lsn, kb, value))
                 pending.append(kb)
@@ -605,7 +611,9 @@ class Store:
                 self._drop_packed()
             else:
                 self._repack()
-        if len(self._map) - len(self._pos or ()) > max(FOLD_AT, self._fold_again_at):
+        unplaced = len(self._map) - len(self._pos or ())
+        self._offload_all = unplaced > FOLD_KEEP
+        if unplaced > max(FOLD_AT, self._fold_again_at):
             self._fold()
         if self._peak > 4096 and len(self._map) * 4 < self._peak:
             self._shrink()
@@ -871,9 +879,11 @@ class Store:
         the dict's order (so the one-dict order holds: they were before every entry still
         unplaced), until FOLD_KEEP are left: a backlog published to a running store then
         costs an entry of the tier (~40 B) instead of a key, an int and a slot (~175 B). An
-        entry that cannot go there (not a message key, counted out of order) is placed before
-        the next position instead; when a slice has more of those than one in 64 (small
-        values, which stay in memory: FOLD_STUCK), the fold stops until the dict has grown by FOLD_AT.
+        entry that cannot go there (not a message key, counted out of order, a value kept in
+        memory) is placed before the next position instead; once PLACE_MAX are placed, the
+        fold stops until the dict has grown by FOLD_AT. Small values are kept in memory only
+        until a backlog builds (``_offload_all``), so a backlog of small messages folds too,
+        past the few put before it.
         Not while a compaction runs (it relocates the tier by position). Caller holds
         ``_sync_lock``."""
         if not self._compact_lock.acquire(blocking=False):
@@ -891,7 +901,7 @@ class Store:
                     keys = list(itertools.islice(itertools.filterfalse(pos.__contains__, m),
                                                  min(FOLD_SLICE, unplaced - FOLD_KEEP)))
                     values = list(map(m.__getitem__, keys))
-                    if sum(type(v) is not int for v in values) * FOLD_STUCK > len(keys):
+                    if len(pos) + sum(type(v) is not int for v in values) > PLACE_MAX:
                         self._fold_again_at = unplaced + FOLD_AT
                         return
                     packed = self._packed if self._packed is not None else Packed.empty()

@@ -111,7 +111,7 @@ def test_a_running_store_folds_into_the_tier_and_still_matches_a_dict(tmp_path: 
     reopenings (with no packing at an open: what is packed was folded in while running)."""
     monkeypatch.setattr(packed, "PACK_MIN", 1 << 30)
     for name, value in (("FOLD_AT", 12), ("FOLD_KEEP", 4), ("FOLD_SLICE", 5), ("DROP_BELOW", 3),
-                        ("FOLD_STUCK", 2)):
+                        ("PLACE_MAX", 8)):
         monkeypatch.setattr(store_module, name, value)
     calls = {"_fold": 0, "_repack": 0, "_drop_packed": 0}
 
@@ -293,3 +293,32 @@ def test_queues_published_interleaved_reopen_packed_in_order(tmp_path: str, chec
         assert s._packed is not None and s._packed.n_live == len(keys) and list(s._map) == ["q/%2F/q0"]
         assert s.keys() == ["q/%2F/q0", *keys] and s.keys("m/%2F/q1/") == keys[1::3]
         assert s.get(keys[4444]) == b"%08d" % 4444 * 20
+
+
+def test_a_live_backlog_of_small_values_folds_and_survives_a_compaction(tmp_path: str) -> None:
+    """Values under format.OFFLOAD_MIN stay in memory, which no tier can hold; once a backlog
+    builds, the store leaves every value on disk, so a backlog of small messages folds too
+    (past the few put before it, which the fold places). A compaction then moves the small
+    values' locations into its snapshot like the large ones', and a reopen reads them all."""
+    d = str(tmp_path)
+    n = 3 * store_module.FOLD_AT
+    keys = [f"m/%2F/q/msg-0123456789ab{i + 1:016x}" for i in range(n)]
+    s = Store.open(d, fsync=False)
+    try:
+        for i, k in enumerate(keys):
+            s.put(k, b"%d" % i)
+            if i % 1000 == 999:
+                s.sync()
+        s.sync()
+        assert s._packed is not None and s._packed.n_live > n // 3
+        assert s._pos is not None and 0 < len(s._pos) <= store_module.PLACE_MAX
+        assert s.keys() == keys and s.get(keys[-200_000]) == b"%d" % (n - 200_000)
+        for k in keys[:1000]:
+            s.delete(k)
+        s.sync()
+        assert s.maybe_compact(force=True)
+        assert list(s.items()) == [(k, b"%d" % i) for i, k in enumerate(keys) if i >= 1000]
+    finally:
+        s.close()
+    with Store.open(d, fsync=False) as s:
+        assert list(s.items()) == [(k, b"%d" % i) for i, k in enumerate(keys) if i >= 1000]
