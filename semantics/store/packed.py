@@ -90,20 +90,12 @@ class Packed:
         tail = key[-_TAIL:]
         if len(key) <= _TAIL or low >= _LOW_MAX or loc < 0 or tail.strip(_HEX_STR):
             return False
-        stem = key[:-_TAIL]
         c = int(tail, 16)
-        g = self.stem_ids.get(stem)
-        if g is None:
-            g = self.stem_ids[stem] = len(self.stems)
-            self.stems.append(stem)
-            self.sctr.append(array("Q"))
-            self.spos.append(array("I"))
-            self.guess.append((c, 0.0))
-        else:
-            a = self.sctr[g]
-            if a and a[-1] >= c:
-                return False
-        self.sctr[g].append(c)
+        g = self._stem(key[:-_TAIL])
+        a = self.sctr[g]
+        if a and a[-1] >= c:
+            return False
+        a.append(c)
         self.spos[g].append(len(self.ctr))
         self.gid.append(g)
         self.ctr.append(c)
@@ -144,12 +136,7 @@ class Packed:
         base = len(self.ctr)
         gid = array("I", bytes(4 * n))
         for stem in dict.fromkeys(stems):  # new stems numbered as append would: first seen first
-            if stem not in self.stem_ids:
-                self.stem_ids[stem] = len(self.stems)
-                self.stems.append(stem)
-                self.sctr.append(array("Q"))
-                self.spos.append(array("I"))
-                self.guess.append((0, 0.0))  # settle() makes it
+            self._stem(stem)
         for stem, where, cs in groups:
             g = self.stem_ids[stem]
             self.sctr[g].extend(cs)
@@ -167,6 +154,17 @@ class Packed:
         self.live.extend(bytes([1]) * n)
         self.n_live += n
         return True
+
+    def _stem(self, stem: str) -> int:
+        """The id of ``stem``, a new one (no entries yet) when it has none."""
+        g = self.stem_ids.get(stem)
+        if g is None:
+            g = self.stem_ids[stem] = len(self.stems)
+            self.stems.append(stem)
+            self.sctr.append(array("Q"))
+            self.spos.append(array("I"))
+            self.guess.append((0, 0.0))  # settle() makes it
+        return g
 
     def settle(self) -> None:
         """find's guesses again, after appends."""
