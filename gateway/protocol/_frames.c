@@ -1,0 +1,443 @@
+/* The two frames of every message, in C: a hand-written measured hot path (issue 15).
+ *
+ * Why by hand: no maintained library parses AMQP 0-9-1 frames for a server in C (pamqp, the
+ * wire types, is pure Python), and these few functions were a fifth of the event loop's CPU
+ * per message in scenario 1 (a publish cost 3.8 us to take out of the buffer, an ack 1.5 us,
+ * a delivery ~1.5 us to encode: scripts/bench_pipeline.py, 19.3 us a message in all).
+ *
+ * The contract is gateway.protocol.fastpath's pure-Python twins, which run where this module
+ * is not built; tests/unit/protocol/test_fastpath.py holds the two to the same results on
+ * random and damaged input. Anything that is not the plain case returns None, and the
+ * caller's general path (which has every error reply) takes the frame instead.
+ *
+ *   fast_event(buf, pos, frame_max, max_message_size, channels)
+ *       -> (event, next_pos) | None
+ *   append_deliver(out, channel, consumer_tag, delivery_tag, redelivered, exchange,
+ *                  routing_key, properties, body, frame_max) -> None
+ *   configure(...) once at import: the event classes, the shared caches, ChannelState.OPEN.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define FRAME_METHOD 1
+#define FRAME_HEADER 2
+#define FRAME_BODY 3
+#define FRAME_END 0xCE
+#define NAMES_MAX 4096
+#define SCANNED_MAX 4096
+
+static PyObject *Content_t, *Method_t, *Publish_t, *Ack_t, *Properties_t;
+static PyObject *names;    /* codec._NAMES: bytes -> str, shared with the Python path */
+static PyObject *scanned;  /* properties._SCANNED: raw -> (raw, flags, spans, templates) */
+static PyObject *chan_open;  /* ChannelState.OPEN */
+static PyObject *empty_tuple;
+
+static PyObject *s_channel, *s_method, *s_properties, *s_body, *s_ticket, *s_exchange,
+    *s_routing_key, *s_mandatory, *s_immediate, *s_delivery_tag, *s_multiple, *s_raw,
+    *s_flags, *s_spans, *s_templates, *s_cache, *s_state, *s_publish;
+
+static inline uint16_t u16(const unsigned char *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t u32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline uint64_t u64(const unsigned char *p) { return ((uint64_t)u32(p) << 32) | u32(p + 4); }
+static inline void put16(unsigned char *p, uint16_t v) { p[0] = v >> 8; p[1] = v & 0xFF; }
+static inline void put32(unsigned char *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = (v >> 16) & 0xFF; p[2] = (v >> 8) & 0xFF; p[3] = v & 0xFF;
+}
+static inline void put64(unsigned char *p, uint64_t v) { put32(p, (uint32_t)(v >> 32)); put32(p + 4, (uint32_t)v); }
+
+/* A new instance of a slotted class without running its __init__ (as cls.__new__(cls)). */
+static PyObject *bare(PyObject *cls) {
+    PyTypeObject *t = (PyTypeObject *)cls;
+    return t->tp_new(t, empty_tuple, NULL);
+}
+
+/* Set a slot; steals ``value`` (which may be NULL after a failed call: then fails). */
+static int set_steal(PyObject *obj, PyObject *name, PyObject *value) {
+    if (value == NULL) return -1;
+    int rc = PyObject_GenericSetAttr(obj, name, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+/* codec._name: one str per distinct name; NULL with no error set when not UTF-8. */
+static PyObject *name_of(const unsigned char *p, Py_ssize_t n) {
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)p, n);
+    if (raw == NULL) return NULL;
+    PyObject *name = PyDict_GetItemWithError(names, raw);
+    if (name != NULL) {
+        Py_DECREF(raw);
+        Py_INCREF(name);
+        return name;
+    }
+    if (PyErr_Occurred()) { Py_DECREF(raw); return NULL; }
+    name = PyUnicode_DecodeUTF8((const char *)p, n, "strict");
+    if (name == NULL) {
+        Py_DECREF(raw);
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear();
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(names) >= NAMES_MAX) PyDict_Clear(names);
+    int rc = PyDict_SetItem(names, raw, name);
+    Py_DECREF(raw);
+    if (rc < 0) { Py_DECREF(name); return NULL; }
+    return name;
+}
+
+/* Properties(raw) with the scan shared through _SCANNED, as Properties.__init__ does; NULL
+ * with no error set when the property list is malformed (the general path replies). */
+static PyObject *properties_of(const unsigned char *p, Py_ssize_t n) {
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)p, n);
+    if (raw == NULL) return NULL;
+    PyObject *known = PyDict_GetItemWithError(scanned, raw);
+    if (known == NULL) {
+        if (PyErr_Occurred()) { Py_DECREF(raw); return NULL; }
+        /* First sight of these bytes: the Python constructor scans them and fills the cache. */
+        PyObject *props = PyObject_CallOneArg(Properties_t, raw);
+        Py_DECREF(raw);
+        if (props == NULL && (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_IndexError)))
+            PyErr_Clear();
+        return props;
+    }
+    Py_DECREF(raw);
+    if (!PyTuple_CheckExact(known) || PyTuple_GET_SIZE(known) != 4) {
+        PyErr_SetString(PyExc_TypeError, "_SCANNED holds (raw, flags, spans, templates)");
+        return NULL;
+    }
+    PyObject *props = bare(Properties_t);
+    if (props == NULL) return NULL;
+    PyObject *const *k = &PyTuple_GET_ITEM(known, 0);
+    if (PyObject_GenericSetAttr(props, s_raw, k[0]) < 0 || PyObject_GenericSetAttr(props, s_flags, k[1]) < 0
+        || PyObject_GenericSetAttr(props, s_spans, k[2]) < 0 || PyObject_GenericSetAttr(props, s_templates, k[3]) < 0
+        || PyObject_GenericSetAttr(props, s_cache, Py_None) < 0) {
+        Py_DECREF(props);
+        return NULL;
+    }
+    return props;
+}
+
+/* 1: the channel is open and not in the middle of a content; 0: not; -1: error. */
+static int channel_takes(PyObject *channels, unsigned channel) {
+    PyObject *key = PyLong_FromUnsignedLong(channel);
+    if (key == NULL) return -1;
+    PyObject *chan = PyDict_GetItemWithError(channels, key);
+    Py_DECREF(key);
+    if (chan == NULL) return PyErr_Occurred() ? -1 : 0;
+    Py_INCREF(chan);
+    PyObject *state = PyObject_GetAttr(chan, s_state);
+    if (state == NULL) { Py_DECREF(chan); return -1; }
+    int ok = state == chan_open;
+    Py_DECREF(state);
+    if (ok) {
+        PyObject *publish = PyObject_GetAttr(chan, s_publish);
+        if (publish == NULL) { Py_DECREF(chan); return -1; }
+        ok = publish == Py_None;
+        Py_DECREF(publish);
+    }
+    Py_DECREF(chan);
+    return ok;
+}
+
+static PyObject *pair(PyObject *event, Py_ssize_t next_pos) {
+    if (event == NULL) return NULL;
+    PyObject *at = PyLong_FromSsize_t(next_pos);
+    if (at == NULL) { Py_DECREF(event); return NULL; }
+    PyObject *out = PyTuple_New(2);
+    if (out == NULL) { Py_DECREF(event); Py_DECREF(at); return NULL; }
+    PyTuple_SET_ITEM(out, 0, event);
+    PyTuple_SET_ITEM(out, 1, at);
+    return out;
+}
+
+static PyObject *make_ack(unsigned channel, uint64_t tag, int multiple, Py_ssize_t next_pos) {
+    PyObject *ack = bare(Ack_t);
+    if (ack == NULL) return NULL;
+    if (set_steal(ack, s_delivery_tag, PyLong_FromUnsignedLongLong(tag)) < 0
+        || PyObject_GenericSetAttr(ack, s_multiple, multiple ? Py_True : Py_False) < 0) {
+        Py_DECREF(ack);
+        return NULL;
+    }
+    PyObject *event = bare(Method_t);
+    if (event == NULL) { Py_DECREF(ack); return NULL; }
+    if (set_steal(event, s_channel, PyLong_FromUnsignedLong(channel)) < 0 || set_steal(event, s_method, ack) < 0) {
+        Py_DECREF(event);
+        return NULL;
+    }
+    return pair(event, next_pos);
+}
+
+/* The publish at ``d + pos`` (its method frame ``start``..``end`` whole and well-ended
+ * checked by the caller: no); returns the pair, Py_None (new ref) to decline, NULL on error. */
+static PyObject *take_publish(const unsigned char *d, Py_ssize_t n, unsigned channel, Py_ssize_t start,
+                              Py_ssize_t end, unsigned long long frame_max, unsigned long long max_size,
+                              PyObject *channels) {
+    if (d[end] != FRAME_END) Py_RETURN_NONE;
+    /* The header frame, then the single body frame, all buffered and well-formed. */
+    Py_ssize_t hpos = end + 1;
+    if (n - hpos < 7) Py_RETURN_NONE;
+    unsigned htype = d[hpos], hchannel = u16(d + hpos + 1);
+    Py_ssize_t hsize = u32(d + hpos + 3), hstart = hpos + 7, hend = hstart + hsize;
+    if (htype != FRAME_HEADER || hchannel != channel || hsize < 14 || hend >= n
+        || (frame_max && (unsigned long long)hsize > frame_max) || d[hend] != FRAME_END)
+        Py_RETURN_NONE;
+    uint64_t body_size = u64(d + hstart + 4);
+    if (u16(d + hstart) != 60 || u16(d + hstart + 2) != 0 || body_size > max_size) Py_RETURN_NONE;
+    Py_ssize_t bstart = hend, bend = hend;
+    if (body_size) {
+        Py_ssize_t bpos = hend + 1;
+        if (n - bpos < 7) Py_RETURN_NONE;
+        unsigned btype = d[bpos], bchannel = u16(d + bpos + 1);
+        Py_ssize_t bsize = u32(d + bpos + 3);
+        bstart = bpos + 7;
+        bend = bstart + bsize;
+        if (btype != FRAME_BODY || bchannel != channel || (uint64_t)bsize != body_size || bend >= n
+            || (frame_max && (unsigned long long)bsize > frame_max) || d[bend] != FRAME_END)
+            Py_RETURN_NONE;
+    }
+    /* basic.publish: ticket, exchange, routing key (short strings), then one octet of bits,
+     * ending exactly at the frame's end. */
+    Py_ssize_t p = start + 4;
+    if (end - p < 5) Py_RETURN_NONE;
+    unsigned ticket = u16(d + p);
+    p += 2;
+    Py_ssize_t xn = d[p], xat = p + 1;
+    p = xat + xn;
+    if (p >= end) Py_RETURN_NONE;
+    Py_ssize_t rn = d[p], rat = p + 1;
+    p = rat + rn;
+    if (p + 1 != end) Py_RETURN_NONE;
+    unsigned bits = d[p];
+
+    int takes = channel_takes(channels, channel);
+    if (takes <= 0) {
+        if (takes < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    /* Every byte is copied out before any Python code runs (Properties' first scan). */
+    PyObject *body = NULL, *exchange = NULL, *routing_key = NULL, *props = NULL, *method = NULL, *event = NULL,
+             *number = NULL, *result = NULL;
+    body = PyBytes_FromStringAndSize(body_size ? (const char *)d + bstart : NULL, bend - bstart);
+    if (body == NULL) goto done;
+    exchange = name_of(d + xat, xn);
+    if (exchange == NULL) goto done;
+    routing_key = name_of(d + rat, rn);
+    if (routing_key == NULL) goto done;
+    props = properties_of(d + hstart + 12, hend - hstart - 12);
+    if (props == NULL) goto done;
+    number = PyLong_FromUnsignedLong(channel);
+    if (number == NULL) goto done;
+    method = bare(Publish_t);
+    if (method == NULL) goto done;
+    if (set_steal(method, s_ticket, PyLong_FromUnsignedLong(ticket)) < 0
+        || PyObject_GenericSetAttr(method, s_exchange, exchange) < 0
+        || PyObject_GenericSetAttr(method, s_routing_key, routing_key) < 0
+        || PyObject_GenericSetAttr(method, s_mandatory, (bits & 1) ? Py_True : Py_False) < 0
+        || PyObject_GenericSetAttr(method, s_immediate, (bits & 2) ? Py_True : Py_False) < 0)
+        goto done;
+    event = bare(Content_t);
+    if (event == NULL) goto done;
+    if (PyObject_GenericSetAttr(event, s_channel, number) < 0 || PyObject_GenericSetAttr(event, s_method, method) < 0
+        || PyObject_GenericSetAttr(event, s_properties, props) < 0 || PyObject_GenericSetAttr(event, s_body, body) < 0)
+        goto done;
+    Py_INCREF(event);
+    result = pair(event, bend + 1);
+done:
+    Py_XDECREF(body); Py_XDECREF(exchange); Py_XDECREF(routing_key); Py_XDECREF(props);
+    Py_XDECREF(number); Py_XDECREF(method); Py_XDECREF(event);
+    if (result == NULL && !PyErr_Occurred()) Py_RETURN_NONE;  /* declined: not UTF-8, bad properties */
+    return result;
+}
+
+static PyObject *fast_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "fast_event(buf, pos, frame_max, max_message_size, channels)");
+        return NULL;
+    }
+    if (Content_t == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "_frames.configure() was not called");
+        return NULL;
+    }
+    const unsigned char *d;
+    Py_ssize_t n;
+    PyObject *buf = args[0];
+    if (PyBytes_CheckExact(buf)) {
+        d = (const unsigned char *)PyBytes_AS_STRING(buf);
+        n = PyBytes_GET_SIZE(buf);
+    } else if (PyByteArray_CheckExact(buf)) {
+        d = (const unsigned char *)PyByteArray_AS_STRING(buf);
+        n = PyByteArray_GET_SIZE(buf);
+    } else {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    unsigned long long frame_max = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long max_size = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *channels = args[4];
+    if (!PyDict_Check(channels)) {
+        PyErr_SetString(PyExc_TypeError, "channels must be a dict");
+        return NULL;
+    }
+    if (pos < 0 || n - pos < 11) Py_RETURN_NONE;
+    unsigned ftype = d[pos], channel = u16(d + pos + 1);
+    Py_ssize_t size = u32(d + pos + 3);
+    if (ftype != FRAME_METHOD || channel == 0 || size < 4) Py_RETURN_NONE;
+    if (frame_max && (unsigned long long)size > frame_max) Py_RETURN_NONE;
+    if (n - pos < size + 8) Py_RETURN_NONE;
+    Py_ssize_t start = pos + 7, end = start + size;
+    uint32_t index = u32(d + start);
+    if (index == ((60u << 16) | 40u))
+        return take_publish(d, n, channel, start, end, frame_max, max_size, channels);
+    if (index == ((60u << 16) | 80u) && size == 13 && d[end] == FRAME_END) {
+        int takes = channel_takes(channels, channel);
+        if (takes <= 0) {
+            if (takes < 0) return NULL;
+            Py_RETURN_NONE;
+        }
+        return make_ack(channel, u64(d + start + 4), d[start + 12] & 1, end + 1);
+    }
+    Py_RETURN_NONE;
+}
+
+/* The UTF-8 of a str (cached by CPython in the object) or a bytes' own data. */
+static int short_string(PyObject *value, const char **data, Py_ssize_t *n) {
+    if (PyUnicode_Check(value)) {
+        *data = PyUnicode_AsUTF8AndSize(value, n);
+        if (*data == NULL) return -1;
+    } else if (PyBytes_Check(value)) {
+        *data = PyBytes_AS_STRING(value);
+        *n = PyBytes_GET_SIZE(value);
+    } else {
+        PyErr_SetString(PyExc_TypeError, "a short string is a str or bytes");
+        return -1;
+    }
+    if (*n > 255) {
+        PyErr_Format(PyExc_ValueError, "short string of %zd bytes (max 255)", *n);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *append_deliver(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "append_deliver(out, channel, consumer_tag, delivery_tag, "
+                                         "redelivered, exchange, routing_key, properties, body, frame_max)");
+        return NULL;
+    }
+    PyObject *out = args[0];
+    if (!PyByteArray_CheckExact(out)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a bytearray");
+        return NULL;
+    }
+    unsigned long channel = PyLong_AsUnsignedLong(args[1]);
+    unsigned long long tag = PyLong_AsUnsignedLongLong(args[3]);
+    long long frame_max = PyLong_AsLongLong(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    if (channel > 0xFFFF) {
+        PyErr_SetString(PyExc_OverflowError, "channel above 65535");
+        return NULL;
+    }
+    int redelivered = PyObject_IsTrue(args[4]);
+    if (redelivered < 0) return NULL;
+    const char *ctag, *exch, *rkey;
+    Py_ssize_t ctag_n, exch_n, rkey_n;
+    if (short_string(args[2], &ctag, &ctag_n) < 0 || short_string(args[5], &exch, &exch_n) < 0
+        || short_string(args[6], &rkey, &rkey_n) < 0)
+        return NULL;
+    Py_buffer props, body;
+    if (PyObject_GetBuffer(args[7], &props, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[8], &body, PyBUF_SIMPLE) < 0) { PyBuffer_Release(&props); return NULL; }
+    Py_ssize_t bn = body.len;
+    Py_ssize_t chunk = frame_max > 8 ? (Py_ssize_t)frame_max - 8 : bn;
+    if (chunk <= 0) chunk = bn ? bn : 1;
+    Py_ssize_t pieces = bn ? (bn + chunk - 1) / chunk : 0;
+    Py_ssize_t method_size = 4 + 1 + ctag_n + 9 + 1 + exch_n + 1 + rkey_n;
+    Py_ssize_t need = (7 + method_size + 1) + (7 + 12 + props.len + 1) + pieces * 8 + bn;
+    if (props.len > 0xFFFFFFFFLL - 12 || method_size > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError, "frame payload over 4 GiB");
+        goto fail;
+    }
+    Py_ssize_t at = PyByteArray_GET_SIZE(out);
+    if (PyByteArray_Resize(out, at + need) < 0) goto fail;
+    unsigned char *w = (unsigned char *)PyByteArray_AS_STRING(out) + at;
+    /* basic.deliver (60, 60): consumer tag, delivery tag, redelivered, exchange, routing key */
+    w[0] = FRAME_METHOD; put16(w + 1, (uint16_t)channel); put32(w + 3, (uint32_t)method_size);
+    put16(w + 7, 60); put16(w + 9, 60);
+    w += 11;
+    *w++ = (unsigned char)ctag_n; memcpy(w, ctag, ctag_n); w += ctag_n;
+    put64(w, tag); w[8] = redelivered ? 1 : 0; w += 9;
+    *w++ = (unsigned char)exch_n; memcpy(w, exch, exch_n); w += exch_n;
+    *w++ = (unsigned char)rkey_n; memcpy(w, rkey, rkey_n); w += rkey_n;
+    *w++ = FRAME_END;
+    /* content header: class 60, weight 0, body size, property list */
+    w[0] = FRAME_HEADER; put16(w + 1, (uint16_t)channel); put32(w + 3, (uint32_t)(12 + props.len));
+    put16(w + 7, 60); put16(w + 9, 0); put64(w + 11, (uint64_t)bn);
+    w += 19;
+    memcpy(w, props.buf, props.len); w += props.len;
+    *w++ = FRAME_END;
+    for (Py_ssize_t off = 0; off < bn; off += chunk) {
+        Py_ssize_t len = bn - off < chunk ? bn - off : chunk;
+        w[0] = FRAME_BODY; put16(w + 1, (uint16_t)channel); put32(w + 3, (uint32_t)len);
+        w += 7;
+        memcpy(w, (const char *)body.buf + off, len); w += len;
+        *w++ = FRAME_END;
+    }
+    PyBuffer_Release(&props);
+    PyBuffer_Release(&body);
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&props);
+    PyBuffer_Release(&body);
+    return NULL;
+}
+
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *c, *m, *p, *a, *pr, *nm, *sc, *op;
+    if (!PyArg_ParseTuple(args, "OOOOOO!O!O:configure", &c, &m, &p, &a, &pr, &PyDict_Type, &nm, &PyDict_Type, &sc, &op))
+        return NULL;
+    PyObject *types[5] = {c, m, p, a, pr};
+    for (int i = 0; i < 5; i++) {
+        if (!PyType_Check(types[i])) {
+            PyErr_SetString(PyExc_TypeError, "configure: the first five arguments are classes");
+            return NULL;
+        }
+    }
+    Py_INCREF(c); Py_XSETREF(Content_t, c);
+    Py_INCREF(m); Py_XSETREF(Method_t, m);
+    Py_INCREF(p); Py_XSETREF(Publish_t, p);
+    Py_INCREF(a); Py_XSETREF(Ack_t, a);
+    Py_INCREF(pr); Py_XSETREF(Properties_t, pr);
+    Py_INCREF(nm); Py_XSETREF(names, nm);
+    Py_INCREF(sc); Py_XSETREF(scanned, sc);
+    Py_INCREF(op); Py_XSETREF(chan_open, op);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"fast_event", (PyCFunction)(void (*)(void))fast_event, METH_FASTCALL,
+     "The publish (with its header and body) or ack at pos as (event, next_pos), or None."},
+    {"append_deliver", (PyCFunction)(void (*)(void))append_deliver, METH_FASTCALL,
+     "Append basic.deliver, its content header and body frames to a bytearray."},
+    {"configure", configure, METH_VARARGS, "Hand over the event classes and shared caches."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_frames", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__frames(void) {
+    const char *names_[] = {"channel", "method", "properties", "body", "ticket", "exchange", "routing_key",
+                            "mandatory", "immediate", "delivery_tag", "multiple", "raw", "_flags", "_spans",
+                            "_templates", "_cache", "state", "publish"};
+    PyObject **slots[] = {&s_channel, &s_method, &s_properties, &s_body, &s_ticket, &s_exchange, &s_routing_key,
+                          &s_mandatory, &s_immediate, &s_delivery_tag, &s_multiple, &s_raw, &s_flags, &s_spans,
+                          &s_templates, &s_cache, &s_state, &s_publish};
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); i++) {
+        *slots[i] = PyUnicode_InternFromString(names_[i]);
+        if (*slots[i] == NULL) return NULL;
+    }
+    empty_tuple = PyTuple_New(0);
+    if (empty_tuple == NULL) return NULL;
+    return PyModule_Create(&module);
+}
