@@ -19,8 +19,9 @@ class Clock(Protocol):
 class SystemClock:
     __slots__ = ()
 
-    def now(self) -> float:
-        return time.time()
+    # time.time itself, not a method that calls it: the broker reads the clock a few times a
+    # message, and the Python frame in between cost more than the read.
+    now = staticmethod(time.time)
 
 
 class ManualClock:

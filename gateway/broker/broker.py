@@ -774,7 +774,8 @@ class Broker:
         now = self.clock.now()
         if q.cmq.delete(u.handle, now):
             m = u.handle.message
-            self.unpersist_message(q, m, body_needed=False)
+            if q.durable:  # nothing on disk otherwise: no call on every ack of a transient queue
+                self.unpersist_message(q, m, body_needed=False)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
             if session.protocol is None:

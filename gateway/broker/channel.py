@@ -125,9 +125,9 @@ class Channel:
 
     def _take_one(self, tag: int, hold: bool = False) -> Unacked:
         """The delivery ``tag`` names, removed (406 when unknown, M12); see take_tagged."""
-        if tag not in self.unacked:
+        u = self.unacked.pop(tag, None)
+        if u is None:
             raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
-        u = self.unacked.pop(tag)
         if u.consumer is not None and not hold:
             u.consumer.unacked -= 1
         return u
