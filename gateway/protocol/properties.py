@@ -159,6 +159,20 @@ _M11_TIME = b"\x12x-cmq-enqueue-timel"
 _M11_COUNT = b"\x13x-cmq-receive-countl"
 
 
+def _field(i: int) -> Any:
+    """The property for field ``i``. An absent field (most of them, on every publish: headers,
+    reply_to, expiration are read for each) and an octet answer without a second call."""
+    if _KINDS[i] == _OCTET:
+        def octet(self: Properties) -> Any:
+            span = self._spans[i]
+            return None if span is None else self.raw[span[0]]
+        return property(octet)
+
+    def field(self: Properties) -> Any:
+        return None if self._spans[i] is None else self._get(i)
+    return property(field)
+
+
 class Properties:
     """The raw property bytes of one content header, with lazily decoded fields.
 
@@ -244,21 +258,21 @@ class Properties:
         cache[i] = value
         return value
 
-    content_type = property(lambda self: self._get(0))
-    content_encoding = property(lambda self: self._get(1))
-    headers = property(lambda self: self._get(2))
-    delivery_mode = property(lambda self: self._get(3))
-    priority = property(lambda self: self._get(4))
-    correlation_id = property(lambda self: self._get(5))
-    reply_to = property(lambda self: self._get(6))
-    expiration = property(lambda self: self._get(7))
-    message_id = property(lambda self: self._get(8))
-    timestamp = property(lambda self: self._get(9))
-    type = property(lambda self: self._get(10))
+    content_type = _field(0)
+    content_encoding = _field(1)
+    headers = _field(2)
+    delivery_mode = _field(3)
+    priority = _field(4)
+    correlation_id = _field(5)
+    reply_to = _field(6)
+    expiration = _field(7)
+    message_id = _field(8)
+    timestamp = _field(9)
+    type = _field(10)
     message_type = type
-    user_id = property(lambda self: self._get(11))
-    app_id = property(lambda self: self._get(12))
-    cluster_id = property(lambda self: self._get(13))
+    user_id = _field(11)
+    app_id = _field(12)
+    cluster_id = _field(13)
 
     @property
     def persistent(self) -> bool:
