@@ -106,15 +106,19 @@ static PyObject *properties_of(const unsigned char *p, Py_ssize_t n) {
         PyErr_SetString(PyExc_TypeError, "_SCANNED holds (raw, flags, spans, templates)");
         return NULL;
     }
+    /* Held: the allocation below may run the collector, and a finalizer could make a
+     * Properties that clears the cache this entry is borrowed from. */
+    Py_INCREF(known);
     PyObject *props = bare(Properties_t);
-    if (props == NULL) return NULL;
-    PyObject *const *k = &PyTuple_GET_ITEM(known, 0);
-    if (PyObject_GenericSetAttr(props, s_raw, k[0]) < 0 || PyObject_GenericSetAttr(props, s_flags, k[1]) < 0
-        || PyObject_GenericSetAttr(props, s_spans, k[2]) < 0 || PyObject_GenericSetAttr(props, s_templates, k[3]) < 0
-        || PyObject_GenericSetAttr(props, s_cache, Py_None) < 0) {
-        Py_DECREF(props);
-        return NULL;
+    if (props != NULL) {
+        PyObject *const *k = &PyTuple_GET_ITEM(known, 0);
+        if (PyObject_GenericSetAttr(props, s_raw, k[0]) < 0 || PyObject_GenericSetAttr(props, s_flags, k[1]) < 0
+            || PyObject_GenericSetAttr(props, s_spans, k[2]) < 0
+            || PyObject_GenericSetAttr(props, s_templates, k[3]) < 0
+            || PyObject_GenericSetAttr(props, s_cache, Py_None) < 0)
+            Py_CLEAR(props);
     }
+    Py_DECREF(known);
     return props;
 }
 
