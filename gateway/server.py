@@ -561,7 +561,11 @@ def run(config: GatewayConfig) -> None:
     # a 10 s flood, pauses up to 63 ms that a slow consumer beside it waited through. Messages
     # are freed by reference counting (they form no cycles), so collecting rarely costs no
     # memory that matters: 10-14 % less CPU per message (scripts/bench_pipeline.py, same run).
-    gc.set_threshold(50_000, 20, 10)
+    # 200,000 rather than 50,000: a 25 s scenario 1 flood then runs without one collection,
+    # where 50,000 made 53 of up to 46 ms each (1.07 s in all: every object of the flood's
+    # backlog walked while alive); 300 connections opened and closed, with channel errors,
+    # left no cyclic garbage for a collection to find (docs/BENCHMARKS.md).
+    gc.set_threshold(200_000, 20, 10)
     _new_loop_run(_serve(config))
 
 
