@@ -164,42 +164,44 @@ static PyObject *make_ack(unsigned channel, uint64_t tag, int multiple, Py_ssize
         return NULL;
     }
     PyObject *event = bare(Method_t);
-    if (event == NULL) { Py_DECREF(ack); return NULL; }
-    if (set_steal(event, s_channel, PyLong_FromUnsignedLong(channel)) < 0 || set_steal(event, s_method, ack) < 0) {
-        Py_DECREF(event);
+    if (event == NULL || set_steal(event, s_channel, PyLong_FromUnsignedLong(channel)) < 0
+        || PyObject_GenericSetAttr(event, s_method, ack) < 0) {
+        Py_XDECREF(event);
+        Py_DECREF(ack);
         return NULL;
     }
+    Py_DECREF(ack);  /* the event holds it */
     return pair(event, next_pos);
 }
 
-/* The publish at ``d + pos`` (its method frame ``start``..``end`` whole and well-ended
- * checked by the caller: no); returns the pair, Py_None (new ref) to decline, NULL on error. */
+/* fastpath._frame_at: 1 and the payload's start and end when the frame of this type and
+ * channel at ``pos`` is all buffered, within frame_max and well-ended; 0 otherwise. */
+static int frame_at(const unsigned char *d, Py_ssize_t n, Py_ssize_t pos, unsigned ftype, unsigned channel,
+                    unsigned long long frame_max, Py_ssize_t *start, Py_ssize_t *end) {
+    if (n - pos < 7) return 0;
+    Py_ssize_t size = u32(d + pos + 3);
+    *start = pos + 7;
+    *end = *start + size;
+    return d[pos] == ftype && u16(d + pos + 1) == channel && *end < n
+           && !(frame_max && (unsigned long long)size > frame_max) && d[*end] == FRAME_END;
+}
+
+/* The publish whose method frame's payload is ``start``..``end`` (all in the buffer; its end
+ * octet is checked here), with its content header and single body frame; returns the pair,
+ * Py_None (new ref) to decline, NULL on error. */
 static PyObject *take_publish(const unsigned char *d, Py_ssize_t n, unsigned channel, Py_ssize_t start,
                               Py_ssize_t end, unsigned long long frame_max, unsigned long long max_size,
                               PyObject *channels) {
     if (d[end] != FRAME_END) Py_RETURN_NONE;
-    /* The header frame, then the single body frame, all buffered and well-formed. */
-    Py_ssize_t hpos = end + 1;
-    if (n - hpos < 7) Py_RETURN_NONE;
-    unsigned htype = d[hpos], hchannel = u16(d + hpos + 1);
-    Py_ssize_t hsize = u32(d + hpos + 3), hstart = hpos + 7, hend = hstart + hsize;
-    if (htype != FRAME_HEADER || hchannel != channel || hsize < 14 || hend >= n
-        || (frame_max && (unsigned long long)hsize > frame_max) || d[hend] != FRAME_END)
+    Py_ssize_t hstart, hend;
+    if (!frame_at(d, n, end + 1, FRAME_HEADER, channel, frame_max, &hstart, &hend) || hend - hstart < 14)
         Py_RETURN_NONE;
     uint64_t body_size = u64(d + hstart + 4);
     if (u16(d + hstart) != 60 || u16(d + hstart + 2) != 0 || body_size > max_size) Py_RETURN_NONE;
     Py_ssize_t bstart = hend, bend = hend;
-    if (body_size) {
-        Py_ssize_t bpos = hend + 1;
-        if (n - bpos < 7) Py_RETURN_NONE;
-        unsigned btype = d[bpos], bchannel = u16(d + bpos + 1);
-        Py_ssize_t bsize = u32(d + bpos + 3);
-        bstart = bpos + 7;
-        bend = bstart + bsize;
-        if (btype != FRAME_BODY || bchannel != channel || (uint64_t)bsize != body_size || bend >= n
-            || (frame_max && (unsigned long long)bsize > frame_max) || d[bend] != FRAME_END)
-            Py_RETURN_NONE;
-    }
+    if (body_size && (!frame_at(d, n, hend + 1, FRAME_BODY, channel, frame_max, &bstart, &bend)
+                      || (uint64_t)(bend - bstart) != body_size))
+        Py_RETURN_NONE;
     /* basic.publish: ticket, exchange, routing key (short strings), then one octet of bits,
      * ending exactly at the frame's end. */
     Py_ssize_t p = start + 4;
@@ -219,7 +221,7 @@ static PyObject *take_publish(const unsigned char *d, Py_ssize_t n, unsigned cha
         if (takes < 0) return NULL;
         Py_RETURN_NONE;
     }
-    /* Every byte is copied out before any Python code runs (Properties' first scan). */
+    /* Every byte is copied out before Properties' first scan of new bytes runs Python code. */
     PyObject *body = NULL, *exchange = NULL, *routing_key = NULL, *props = NULL, *method = NULL, *event = NULL,
              *number = NULL, *result = NULL;
     body = PyBytes_FromStringAndSize(body_size ? (const char *)d + bstart : NULL, bend - bstart);
