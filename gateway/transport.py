@@ -73,7 +73,6 @@ _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk,
 # and the time a turn may take: a publish to a fanout of 50 queues is 50 enqueues, and 256 of
 # them held the loop for a second while the consumers' acks waited (scenario 3).
 EVENTS_PER_TURN = 256
-_CONTENT, _METHOD = ev.Content, ev.Method
 TURN_SECONDS = 0.005
 # Light connections (see the module docstring): fewer events a second than this, measured over
 # LIGHT_WINDOW_SECONDS. A consumer acking 1,000 deliveries a second is busy; one with prefetch 1
@@ -291,16 +290,7 @@ class AMQPConnection(ClientProtocol):
                     event = next_event()
                     if event is None:
                         break
-                    # A publish or an ack, once the session exists, straight to it (what
-                    # _dispatch does for them, without its call: two of these a message).
-                    cls = type(event)
-                    if cls is _METHOD and self.session is not None:
-                        self.session.on_event(event)
-                    elif cls is _CONTENT and self.session is not None:
-                        self.publisher = True
-                        self.session.on_event(event)
-                    else:
-                        dispatch(event)
+                    dispatch(event)
                     budget -= 1
                     if not budget:
                         more = True

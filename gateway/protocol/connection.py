@@ -558,9 +558,7 @@ class ServerConnection:
     def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
                      exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
         """basic.deliver + header + body, hand-written (the hot path of every consumer)."""
-        chan = self._channels.get(channel)  # _sendable's test, inlined on the hot path
-        if chan is None or chan.state is not ChannelState.OPEN or self.state is not ConnState.OPEN:
-            self._sendable(channel)  # raises for channel 0; otherwise the send is dropped
+        if not self._sendable(channel):
             return
         fastpath.append_deliver(self._out, channel, consumer_tag, delivery_tag, redelivered, exchange,
                                 routing_key, properties, body, self.frame_max)
