@@ -552,20 +552,23 @@ def _new_loop_run(coro: Any) -> None:
     uvloop.run(coro)
 
 
+# Every message makes a few container objects (Message, QueueMessage, a receipt, frames'
+# tuples), so with CPython's default gen-0 threshold (700) the cyclic collector ran
+# thousands of times a second under load and walked the young backlog each time: ~1.5 s of
+# a 10 s flood, pauses up to 63 ms that a slow consumer beside it waited through. Messages
+# are freed by reference counting (they form no cycles), so collecting rarely costs no
+# memory that matters: 10-14 % less CPU per message (scripts/bench_pipeline.py, same run).
+# 200,000 rather than 50,000: a 25 s scenario 1 flood then runs without one collection,
+# where 50,000 made 53 of up to 46 ms each (1.07 s in all: every object of the flood's
+# backlog walked while alive); 300 connections opened and closed, with channel errors,
+# left no cyclic garbage for a collection to find (docs/BENCHMARKS.md).
+GC_THRESHOLDS = (200_000, 20, 10)
+
+
 def run(config: GatewayConfig) -> None:
     """Serve until SIGTERM or SIGINT; raises ListenError when a listener cannot be bound."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Every message makes a few container objects (Message, QueueMessage, a receipt, frames'
-    # tuples), so with CPython's default gen-0 threshold (700) the cyclic collector ran
-    # thousands of times a second under load and walked the young backlog each time: ~1.5 s of
-    # a 10 s flood, pauses up to 63 ms that a slow consumer beside it waited through. Messages
-    # are freed by reference counting (they form no cycles), so collecting rarely costs no
-    # memory that matters: 10-14 % less CPU per message (scripts/bench_pipeline.py, same run).
-    # 200,000 rather than 50,000: a 25 s scenario 1 flood then runs without one collection,
-    # where 50,000 made 53 of up to 46 ms each (1.07 s in all: every object of the flood's
-    # backlog walked while alive); 300 connections opened and closed, with channel errors,
-    # left no cyclic garbage for a collection to find (docs/BENCHMARKS.md).
-    gc.set_threshold(200_000, 20, 10)
+    gc.set_threshold(*GC_THRESHOLDS)
     _new_loop_run(_serve(config))
 
 
