@@ -218,9 +218,9 @@ def _serve(args: argparse.Namespace) -> int:
         run(config)
     except (ListenError, StartupError) as e:
         # A taken port or an unusable directory is an operator's mistake, not a crash: one
-        # line saying which option fixes it, exit 1.
+        # line saying which option fixes it, exit 1 (2: an audit dir in use, A7).
         print(f"cmq-gateway: {e}", file=sys.stderr)
-        return 1
+        return int(getattr(e, "exit_code", 1))
     except ConfigError as e:  # found at start, e.g. a TLS certificate that cannot be read
         print(f"cmq-gateway: {e}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from gateway import version
@@ -119,25 +119,36 @@ def server_properties(cluster_name: str, *, exchange_exchange_bindings: bool,
     }
 
 
-def _open_audit(config: GatewayConfig) -> Any:
+def _open_audit(config: GatewayConfig, lock: Any = None) -> Any:
+    """``lock``: the audit dir's AuditDirLock (A7), held by the AuditLog until it closes."""
     settings = config.audit
     if settings.dir is None:
         return NullAudit()
     return AuditLog(settings.dir, rotate_bytes=settings.rotate_bytes, rotate_seconds=settings.rotate_seconds,
                     retention_hours=settings.retention_hours,
-                    events=None if settings.events is None else set(settings.events))
+                    events=None if settings.events is None else set(settings.events),
+                    lock=True if lock is None else lock)
+
+
+class DirInUseError(StartupError):
+    """A7: the audit dir is another gateway's; ``exit_code`` 2 (issue 27)."""
+
+    exit_code = 2
 
 
 def _claim_dirs(config: GatewayConfig) -> list[Any]:
-    """DirLocks on the data dir and on the audit dir when it lies outside the data dir."""
+    """DirLocks on the data dir and on the audit dir. The audit dir's is taken wherever it
+    lies, inside a data dir too: a gateway whose audit dir is inside its data dir must still
+    keep out another one given that audit dir (issue 27, A7)."""
+    from gateway.audit.dirlock import AuditDirLock
+    from semantics.store.files import DirLock
+
     locks: list[Any] = []
     try:
         if config.data_dir is not None:
-            locks.append(_claim(config.data_dir, "data dir", "--data-dir", "LOCK"))
-        audit_dir = config.audit.dir
-        if audit_dir is not None and not _within(audit_dir, config.data_dir):
-            # Hidden: Spark's partition discovery would take a plain file beside dt=... amiss.
-            locks.append(_claim(audit_dir, "audit dir", "--audit-dir", ".lock"))
+            locks.append(_claim(config.data_dir, "data dir", "--data-dir", lambda d: DirLock(d, "LOCK")))
+        if config.audit.dir is not None:
+            locks.append(_claim(config.audit.dir, "audit dir", "--audit-dir", AuditDirLock))
     except BaseException:
         for lock in locks:
             lock.release()
@@ -145,16 +156,20 @@ def _claim_dirs(config: GatewayConfig) -> list[Any]:
     return locks
 
 
-def _claim(directory: str, what: str, option: str, name: str) -> Any:
+def _claim(directory: str, what: str, option: str, take: Callable[[str], Any]) -> Any:
+    from gateway.audit.dirlock import AuditDirLocked
     from semantics.store import StoreLockedError
-    from semantics.store.files import DirLock
 
     try:
         os.makedirs(directory, exist_ok=True)
-        return DirLock(directory, name)
+        return take(directory)
     except StoreLockedError:
         raise StartupError(f"{what} {directory} is in use by another cmq-gateway: stop that one, "
                            f"or choose another directory with {option}") from None
+    except AuditDirLocked as e:
+        raise DirInUseError(f"{what} {directory} is in use by another cmq-gateway "
+                            f"({e.holder or 'holder unknown'}): stop that one, "
+                            f"or choose another directory with {option}") from None
     except OSError as e:
         reason = "not a directory" if e.errno in (errno.EEXIST, errno.ENOTDIR) else \
             (e.strerror or str(e)).lower()
@@ -162,13 +177,6 @@ def _claim(directory: str, what: str, option: str, name: str) -> Any:
         raise StartupError(f"{what} {directory} cannot be used: {reason}"
                            + (f" ({where})" if where else "")
                            + f": choose another with {option}") from None
-
-
-def _within(path: str, directory: str | None) -> bool:
-    if directory is None:
-        return False
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return os.path.commonpath([path, directory]) == directory
 
 
 async def _operator_listen(where: str, port: int, serves: str, starting: Any) -> Any:
@@ -305,7 +313,7 @@ class Gateway:
             # The directories' locks before anything in them is touched: a refused second
             # gateway must not close (rename) the running one's open audit file.
             self._locks = _claim_dirs(self.config)
-            self.audit = _open_audit(self.config)
+            self.audit = _open_audit(self.config, self._locks[-1] if self.config.audit.dir is not None else None)
             kwargs: dict[str, Any] = {"audit": self.audit, "config": self.config}
             if self.clock is not None:
                 kwargs["clock"] = self.clock

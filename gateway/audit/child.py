@@ -44,7 +44,8 @@ def main() -> None:
     # a record).
     gc.disable()
     params: dict[str, Any] = json.loads(sys.argv[1])
-    log = AuditLog(params.pop("directory"), process=False, _thread=False, **params)
+    # The gateway holds the directory's lock for this process (A7).
+    log = AuditLog(params.pop("directory"), process=False, lock=False, _thread=False, **params)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     reported: dict[Any, int] = {}  # log.counts as of the last answer
     while True:

@@ -51,6 +51,7 @@ from typing import IO, Any
 from gateway.audit import layout
 from gateway.audit.batch import format_run, second_runs
 from gateway.audit.counting import count_key
+from gateway.audit.dirlock import AuditDirLock
 from gateway.audit.record import MICRO_Z, MILLI, format_line, format_ts
 from gateway.audit.rows import ROWS, Row
 
@@ -113,14 +114,32 @@ class AuditLog:
         retention_check_seconds: float = 60.0,
         clock: Callable[[], float] = time.time,
         process: bool | None = None,
+        lock: bool | AuditDirLock = True,
         _thread: bool = True,
     ) -> None:
         """``process``: format and write in a child process (gateway.audit.child) instead of
         this process's writer thread; None means yes unless a ``clock`` is given (a test's
-        clock cannot drive another process's file rotation)."""
+        clock cannot drive another process's file rotation). ``lock``: take the directory's
+        lock (A7, gateway.audit.dirlock) before touching anything in it, and hold it until
+        ``close()``; raises AuditDirLocked when another writer holds it. A lock already
+        taken (the gateway claims its directories first) is held the same way. Only the
+        writer process, whose parent holds the lock for it, passes False."""
         if rotate_bytes < 1:
             raise ValueError("rotate_bytes must be positive")
         self.directory = os.path.abspath(directory)
+        self._lock = lock if isinstance(lock, AuditDirLock) else AuditDirLock(self.directory) if lock else None
+        try:
+            self._setup(rotate_bytes, rotate_seconds, retention_hours, events, max_pending, flush_interval,
+                        retention_check_seconds, clock, process, _thread)
+        except BaseException:
+            if self._lock is not None:
+                self._lock.release()
+            raise
+
+    def _setup(self, rotate_bytes: int, rotate_seconds: float, retention_hours: float,
+               events: Iterable[str] | None, max_pending: int, flush_interval: float,
+               retention_check_seconds: float, clock: Callable[[], float], process: bool | None,
+               _thread: bool) -> None:
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
         self.retention_hours = retention_hours
@@ -268,7 +287,11 @@ class AuditLog:
         self._closed = True
         self._stopping = True
         self._wake.set()
-        self._thread.join()
+        try:
+            self._thread.join()
+        finally:
+            if self._lock is not None:  # the files are closed: another writer may take over
+                self._lock.release()
 
     def __enter__(self) -> AuditLog:
         return self

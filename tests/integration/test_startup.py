@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -267,11 +268,13 @@ def test_A3_second_serve_is_refused_before_touching_the_running_audit_log(tmp_pa
         # Same data dir; or, with the audit dir outside, another data dir and the same audit dir.
         second_data = tmp_path / "other-data" if audit_outside else data
         done = run_serve("--data-dir", str(second_data), "--config", str(config), *audit_args)
-        what, directory, option = ("audit dir", audit, "--audit-dir") if audit_outside else \
-            ("data dir", data, "--data-dir")
+        # A7: an audit dir in use names its holder and exits 2 (tests/integration/test_audit_lock.py).
+        code, what, directory, option, holder = (
+            (2, "audit dir", audit, "--audit-dir", f" (pid {proc.pid} on host {socket.gethostname()})")
+            if audit_outside else (1, "data dir", data, "--data-dir", ""))
         assert (done.returncode, one_line(done)) == (
-            1, f"cmq-gateway: {what} {directory} is in use by another cmq-gateway: stop that one, "
-               f"or choose another directory with {option}")
+            code, f"cmq-gateway: {what} {directory} is in use by another cmq-gateway{holder}: stop that one, "
+                  f"or choose another directory with {option}")
         assert _audit_files(audit) == before
 
         # The first keeps writing through rotations: its open file is closed by its own writer.
