@@ -159,22 +159,22 @@ def test_W2_vhosts_without_users_keep_guest() -> None:
 
 
 def _readme_config() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "CONFIGURATION.md").read_text()
     section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
     block = re.search(r"```yaml\n(.*?)```", section, re.S)
-    assert block is not None, "the README's Configuration section has no yaml block"
+    assert block is not None, "docs/CONFIGURATION.md's Configuration section has no yaml block"
     return block.group(1)
 
 
 def test_W2_the_readme_example_config_starts_and_its_users_log_in(tmp_path: Path) -> None:
-    """The README's example, as printed (port, data dir and audit dir overridden), starts and
+    """The example of docs/CONFIGURATION.md, as printed (port, data dir and audit dir overridden), starts and
     every user it gives a password can open a vhost it has rights on."""
     text = _readme_config()
     (tmp_path / "gw.yaml").write_text(text)
     raw = yaml.safe_load(text)
     logins = [(u["name"], u["password"], p["vhost"]) for u in raw["users"] if "password" in u
               for p in raw.get("permissions", []) if p["user"] == u["name"]]
-    assert logins, "the README's example has no user who can connect"
+    assert logins, "the example config has no user who can connect"
     with serve(tmp_path / "data", "--config", str(tmp_path / "gw.yaml"),
                "--audit-dir", str(tmp_path / "audit")) as (_proc, port):
         for user, password, vhost in logins:
