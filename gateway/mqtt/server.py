@@ -62,7 +62,31 @@ class MQTTService:
     def stored_session(self, vhost: str, client_id: str) -> SessionState | None:
         """A persistent session from before a restart (MQ3)."""
         raw = self.gw.broker.store.get(session_key(vhost, client_id))
-        return None if raw is None else SessionState.from_json(raw)
+        if raw is None:
+            return None
+        state = SessionState.from_json(raw)
+        if self.cluster is None:
+            self._drop_settled(state)
+        return state
+
+    def _drop_settled(self, state: SessionState) -> None:
+        """Packet identifiers whose message is in none of the session's queues any more: a
+        QoS 1 message whose ack was durable when the crash came, before the record that
+        frees its identifier (MQ8). A QoS 2 message leaves its queue only after the record
+        that releases it, so it never shows here. (The embedded store, whose queues hold
+        every message; on JetStream such an identifier stays reserved.)"""
+        queues = self.gw.broker.vhost(state.vhost).queues
+        held = [q for q in (queues.get(name) for name in [state.queue, *self._shared_queues(state)])
+                if q is not None and hasattr(q, "cmq")]
+        for msg_id in list(state.pid_of_msg):
+            if not any(q.cmq.get(msg_id) is not None for q in held):
+                state.forget_msg(msg_id)
+
+    @staticmethod
+    def _shared_queues(state: SessionState) -> list[str]:
+        from gateway.mqtt.session import shared_queue_name, split_shared
+
+        return [shared_queue_name(*parts) for parts in map(split_shared, state.shared) if parts is not None]
 
     def shared_held(self, vhost: str, shared: str, but: str) -> bool:
         """Whether a session other than client ``but``'s holds the shared subscription

@@ -31,6 +31,7 @@ import logging
 import re
 import struct
 from collections import deque
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
@@ -196,7 +197,13 @@ def message_properties(qos: int, retain: bool, client_id: str, mprops: dict[str,
 
 
 class SessionState:
-    """What outlives one connection of a client id (MQ3, MQ4)."""
+    """What outlives one connection of a client id (MQ3, MQ4, MQ8).
+
+    The outgoing half of a persistent session is stored with it and is durable before a
+    packet that depends on it leaves (MQTTSession._after_save): which message each packet
+    identifier in flight carries (so that a resend, after a reconnect or a restart, goes
+    under the same identifier with DUP), and the identifiers whose PUBREL was sent. An
+    identifier in either is never given to another message."""
 
     def __init__(self, vhost: str, client_id: str, persistent: bool, expiry: int | None) -> None:
         self.vhost = vhost
@@ -207,22 +214,28 @@ class SessionState:
         self.subs: dict[str, tuple[int, int]] = {}  # filter -> (QoS, options)
         self.shared: dict[str, tuple[int, int]] = {}  # "$share/<group>/<filter>" -> (QoS, options)
         self.inbound_qos2: set[int] = set()  # PUBLISH QoS 2 routed, PUBREL not yet received
-        self.released: set[int] = set()  # outbound QoS 2: PUBREL sent, PUBCOMP awaited
-        self.pid_of_msg: dict[str, int] = {}  # outbound in flight: CMQ msg id -> packet id
-        self.qos2_msgs: set[str] = set()  # those of pid_of_msg sent at QoS 2 (persisted)
+        # outbound QoS 2: PUBREL sent (or about to be), PUBCOMP awaited: packet id -> the
+        # message it carried ("" for a retained one), and the reverse: such a message, given
+        # again by its queue (its ack was lost in a crash), is acknowledged, not sent.
+        self.released: dict[int, str] = {}
+        self.released_of_msg: dict[str, int] = {}
+        self.pid_of_msg: dict[str, int] = {}  # outbound QoS 1/2 in flight: CMQ msg id -> packet id
         self.msg_of_pid: dict[int, str] = {}  # the reverse: those identifiers are not reused
+        self.retained_pids: dict[int, str] = {}  # retained messages in flight: packet id -> topic
         self.live: Any = None  # the MQTTConnection using it now
         self.will_timer: Any = None  # an MQTT 5 delayed will waiting (asyncio.TimerHandle)
         self.will_timer_args: tuple[Any, ...] = ()  # (user, peer, Will) it will publish
 
     def to_json(self) -> bytes:
-        """The persistent part: filters, and the QoS 2 state that makes exactly once hold
-        across a restart too (MQ4)."""
+        """The persistent part: filters, and the packet identifier state that makes QoS 2
+        exactly once (and QoS 1 resends DUP) across a restart too (MQ4, MQ8)."""
         return json.dumps({"vhost": self.vhost, "client_id": self.client_id, "expiry": self.expiry,
                            "subs": {f: list(v) for f, v in self.subs.items()},
                            "shared": {f: list(v) for f, v in self.shared.items()},
-                           "inbound_qos2": sorted(self.inbound_qos2), "released": sorted(self.released),
-                           "qos2_pids": {m: p for m, p in self.pid_of_msg.items() if m in self.qos2_msgs}}).encode()
+                           "inbound_qos2": sorted(self.inbound_qos2),
+                           "released": {str(p): m for p, m in self.released.items()},
+                           "pids": self.pid_of_msg,
+                           "retained_pids": {str(p): t for p, t in self.retained_pids.items()}}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> SessionState:
@@ -231,11 +244,19 @@ class SessionState:
         s.subs = {f: (int(v[0]), int(v[1])) for f, v in r["subs"].items()}
         s.shared = {f: (int(v[0]), int(v[1])) for f, v in r.get("shared", {}).items()}
         s.inbound_qos2 = set(r.get("inbound_qos2", ()))
-        s.released = set(r.get("released", ()))
-        s.pid_of_msg = {m: int(p) for m, p in r.get("qos2_pids", {}).items()}
-        s.qos2_msgs = set(s.pid_of_msg)
+        released = r.get("released", ())
+        # Records written before MQ8 kept a list of identifiers and only QoS 2's pids.
+        s.released = {int(p): m for p, m in released.items()} if isinstance(released, dict) else \
+            {int(p): "" for p in released}
+        s.released_of_msg = {m: p for p, m in s.released.items() if m}
+        s.pid_of_msg = {m: int(p) for m, p in r.get("pids", r.get("qos2_pids", {})).items()}
         s.msg_of_pid = {p: m for m, p in s.pid_of_msg.items()}
+        s.retained_pids = {int(p): t for p, t in r.get("retained_pids", {}).items()}
         return s
+
+    def pid_taken(self, pid: int) -> bool:
+        """Whether ``pid`` still belongs to a message the client may hold (MQ8)."""
+        return pid in self.msg_of_pid or pid in self.released or pid in self.retained_pids
 
     def remember(self, msg_id: str, pid: int) -> None:
         self.pid_of_msg[msg_id] = pid
@@ -245,6 +266,21 @@ class SessionState:
         pid = self.pid_of_msg.pop(msg_id, None)
         if pid is not None and self.msg_of_pid.get(pid) == msg_id:
             del self.msg_of_pid[pid]
+
+    def release(self, pid: int, msg_id: str) -> None:
+        """PUBREC came for ``pid``: PUBREL is owed until PUBCOMP."""
+        self.released[pid] = msg_id
+        if msg_id:
+            self.released_of_msg[msg_id] = pid
+
+    def completed(self, pid: int) -> bool:
+        """PUBCOMP for ``pid``: the identifier is free again. False: it was not released."""
+        msg_id = self.released.pop(pid, None)
+        if msg_id is None:
+            return False
+        if msg_id and self.released_of_msg.get(msg_id) == pid:
+            del self.released_of_msg[msg_id]
+        return True
 
 
 class Bridge:
@@ -313,6 +349,17 @@ class MQTTSession:
         # outbound QoS 1/2 in flight: packet id -> (delivery tag or 0 for a retained one, msg id)
         self.inflight: dict[int, tuple[int, str | None]] = {}
         self._next_pid = 1
+        # MQ8, a persistent session: packets (or steps) that wait for the session record they
+        # depend on to be durable, (store lsn, bytes or a callable) in lsn order; those that
+        # wait for the next record (_save_now, once per loop turn: group commit); and the
+        # released messages whose ack waits there too: msg id -> its latest delivery tag.
+        self.outbox: deque[tuple[int, Any]] = deque()
+        self._save_due: list[Any] = []
+        self._save_scheduled = False
+        self._dirty = False
+        self._releasing: dict[str, int] = {}
+        # Read by the JetStream broker in every confirm waiter (refused writes): none here.
+        self.pending_confirms: tuple[()] = ()
         self._qos_of_topic: dict[str, tuple[str, int]] = {}  # routing key -> (topic, best QoS)
         self._methods: dict[str, Any] = {}  # topic -> its basic.publish (read only by the broker)
         self.options_used = False  # a filter asks for "no local" or "retain as published"
@@ -350,9 +397,14 @@ class MQTTSession:
         return err
 
     def start(self, session_present: bool) -> None:
-        """After CONNACK: a resumed session consumes its queue and finishes QoS 2 handshakes."""
+        """After CONNACK: a resumed session finishes QoS 2 handshakes, resends the retained
+        messages it had in flight and consumes its queue (whose unacknowledged messages come
+        again under their packet identifiers, with DUP: MQ6, MQ8)."""
         for pid in sorted(self.state.released):
-            self.core.send(P.Ack(P.PUBREL, pid))
+            # Behind the record that holds it (a reconnect may come before it was durable).
+            self._after_save(bytes((P.PUBREL << 4 | 2, 2, pid >> 8, pid & 0xFF)))
+        if self.state.retained_pids:
+            self._resend_retained()
         if session_present and self.state.subs:
             self._ensure_queue()
         if session_present:
@@ -545,7 +597,106 @@ class MQTTSession:
 
     def _save(self) -> None:
         if self.state.persistent:
+            self._dirty = False
             self.broker.persist(session_key(self.state.vhost, self.state.client_id), self.state.to_json())
+
+    # -- the durable outgoing state (MQ8) ----------------------------------------------------
+
+    def _save_soon(self) -> None:
+        """The record changed: written once at the end of this loop turn, whatever else
+        changes in it meanwhile (a burst of deliveries is one record, one group commit)."""
+        if self.state.persistent:
+            self._dirty = True
+            self._schedule_save()
+
+    def _schedule_save(self) -> None:
+        if not self._save_scheduled:
+            self._save_scheduled = True
+            asyncio.get_running_loop().call_soon(self._save_now)
+
+    def _after_save(self, item: Any) -> None:
+        """Send ``item`` (a packet's bytes; or call it) once the session record as it is now
+        is durable; at once for a clean session. What waits keeps its order."""
+        if not self.state.persistent:
+            if callable(item):
+                item()
+            else:
+                self.core.send_raw(item)
+            return
+        self._save_due.append(item)
+        self._schedule_save()
+
+    def _save_now(self) -> None:
+        self._save_scheduled = False
+        if self._dirty:
+            self._save()
+        due, self._save_due = self._save_due, []
+        if self.closed or not due:
+            return
+        # Everything written so far, the record included: a record written by an earlier
+        # connection, or one this turn did not change, is covered too.
+        lsn = self.broker.store.last_lsn
+        outbox = self.outbox
+        was_empty = not outbox
+        for item in due:
+            outbox.append((lsn, item))
+        if was_empty:
+            self.broker.confirm_waiters.add(self)
+        if self.broker.durable_lsn >= lsn:
+            self.on_durable(self.broker.durable_lsn)
+
+    def on_durable(self, durable: int) -> bool:
+        """The broker's group commit reached ``durable`` (as for a channel's confirms, M14):
+        what waited for it goes out. True while some still wait."""
+        outbox = self.outbox
+        if self.closed:
+            outbox.clear()
+            return False
+        if outbox and outbox[0][0] <= durable:
+            self.broker.begin_batch()  # the acks among them: one dispatch per queue
+            try:
+                while outbox and outbox[0][0] <= durable:
+                    item = outbox.popleft()[1]
+                    if callable(item):
+                        item()
+                    else:
+                        self.core.send_raw(item)
+            finally:
+                self.broker.end_batch()
+            self.conn.request_flush()
+        return bool(outbox)
+
+    def fail_pending_confirms(self) -> None:
+        """The broker stops with the store failed: nothing that waits will be durable."""
+        self.outbox.clear()
+
+    def _ack_released(self, msg_id: str) -> None:
+        """The record that says ``msg_id`` was received (PUBREC) is durable: its message
+        may go from the queue (a crash before this leaves it there, and it is acknowledged
+        when it comes again; see deliver)."""
+        tag = self._releasing.pop(msg_id, 0)
+        if tag:
+            self._settle(tag)
+
+    def _resend_retained(self) -> None:
+        """Retained messages in flight when the session's last connection ended: each sent
+        again under its identifier, with DUP, as the topic's retained message is now. One
+        cleared since is released instead (PUBREL: the client may hold its identifier; a
+        client that does not answers PUBCOMP all the same), so the identifier comes free."""
+        state = self.state
+        known = self.service.retained._of(state.vhost)
+        for pid, topic in sorted(state.retained_pids.items()):
+            held = known.get(topic)
+            qos = min(held[0], self._topic_qos(topic_to_routing_key(topic))[1]) if held else 0
+            if held is not None and qos > 0:
+                self.inflight[pid] = (0, None)
+                self._after_save(P.encode(P.Publish(topic, held[1], qos, retain=True, dup=True, packet_id=pid),
+                                          self.level))
+                continue
+            del state.retained_pids[pid]
+            state.release(pid, "")
+            self._save_soon()
+            self._after_save(bytes((P.PUBREL << 4 | 2, 2, pid >> 8, pid & 0xFF)))
 
     # -- PUBLISH from the client (MQ2, MQ4, MQ5) ------------------------------------------------
 
@@ -672,20 +823,13 @@ class MQTTSession:
     def pubrel(self, packet: P.Ack) -> None:
         known = packet.packet_id in self.state.inbound_qos2
         self.state.inbound_qos2.discard(packet.packet_id)
-        comp = P.Ack(P.PUBCOMP, packet.packet_id, 0 if known else PACKET_ID_NOT_FOUND)
-        if known and self.state.persistent:
-            # The identifier may be reused once PUBCOMP is out: its release must be durable
-            # first, or a restart would take the next message with it for a resend (MQ4).
-            self._save()
-            asyncio.get_running_loop().create_task(self._send_after_flush(comp))
-        else:
-            self.core.send(comp)
-
-    async def _send_after_flush(self, packet: P.Ack) -> None:
-        await self.broker.flush()
-        if not self.closed:
-            self.core.send(packet)
-            self.conn.request_flush()
+        comp = P.encode(P.Ack(P.PUBCOMP, packet.packet_id, 0 if known else PACKET_ID_NOT_FOUND), self.level)
+        if known:
+            self._save_soon()
+        # The identifier may be reused once PUBCOMP is out: its release must be durable first,
+        # or a restart would take the next message with it for a resend (MQ4). A PUBREL for an
+        # identifier not known waits too: its release may be in a record not yet durable.
+        self._after_save(comp)
 
     # -- deliveries to the client (MQ2, MQ4, MQ6) ----------------------------------------------
 
@@ -694,7 +838,7 @@ class MQTTSession:
         for _ in range(65535):
             pid = self._next_pid
             self._next_pid = pid % 65535 + 1
-            if pid not in self.inflight and pid not in self.state.released and pid not in self.state.msg_of_pid:
+            if pid not in self.inflight and not self.state.pid_taken(pid):
                 return pid
         return 0
 
@@ -763,6 +907,17 @@ class MQTTSession:
         state = self.state
         if not isinstance(msg_id, str):
             msg_id = None
+        elif msg_id in state.released_of_msg:
+            # PUBREC came for it already: its ack was lost (a crash, or the connection ended
+            # before the record was durable). Acknowledged once that record is (MQ8).
+            if not state.persistent:
+                self._ack_soon(tag)
+                return
+            first = msg_id not in self._releasing
+            self._releasing[msg_id] = tag
+            if first:
+                self._after_save(lambda m=msg_id: self._ack_released(m))
+            return
         before = state.pid_of_msg.get(msg_id) if msg_id is not None else None
         # Sent before: the queue's receive count says so, or (after a restart, where counts
         # start over) the packet identifier it was sent under (MQ6).
@@ -771,7 +926,7 @@ class MQTTSession:
         inflight = self.inflight
         if pid is None or pid in inflight and inflight[pid][1] != msg_id:
             pid = self._next_pid  # _alloc_pid's first try, inline: it is nearly always free
-            if pid in inflight or pid in state.released or pid in state.msg_of_pid:
+            if pid in inflight or pid in state.msg_of_pid or pid in state.released or pid in state.retained_pids:
                 pid = self._alloc_pid()
                 if not pid:
                     return  # stays unacknowledged: sent again after the visibility timeout (MQ6)
@@ -783,15 +938,20 @@ class MQTTSession:
         if self.client_max_packet and self._too_large(data):
             self._ack_soon(tag)
             return
-        if msg_id is not None:
-            state.pid_of_msg[msg_id] = pid  # SessionState.remember, inline: once a delivery
-            state.msg_of_pid[pid] = msg_id
-            if qos == 2 and before != pid:
-                # Its packet identifier outlives a restart: a resend keeps it (MQ4).
-                state.qos2_msgs.add(msg_id)
-                self._save()
         inflight[pid] = (tag, msg_id)
-        self.core.send_raw(data)
+        if not state.persistent:
+            if msg_id is not None:
+                state.pid_of_msg[msg_id] = pid  # SessionState.remember, inline: once a delivery
+                state.msg_of_pid[pid] = msg_id
+            self.core.send_raw(data)
+            return
+        if msg_id is not None and before != pid:
+            state.pid_of_msg[msg_id] = pid
+            state.msg_of_pid[pid] = msg_id
+            # Its packet identifier outlives a restart: a resend keeps it and sets DUP, and
+            # the identifier is not given to another message while the client may hold it (MQ8).
+            self._save_soon()
+        self._after_save(data)
 
     def _too_large(self, data: bytes) -> bool:
         """MQTT-3.1.2-25: a packet larger than the client's maximum is discarded as if
@@ -819,7 +979,10 @@ class MQTTSession:
             if not pid:
                 return
             self.inflight[pid] = (0, None)
-            self.core.send(P.Publish(topic, payload, qos, retain=True, packet_id=pid))
+            if self.state.persistent:
+                self.state.retained_pids[pid] = topic  # resent after a reconnect (MQ8)
+                self._save_soon()
+            self._after_save(P.encode(P.Publish(topic, payload, qos, retain=True, packet_id=pid), self.level))
         else:
             self.core.send(P.Publish(topic, payload, 0, retain=True))
 
@@ -860,33 +1023,50 @@ class MQTTSession:
 
     def puback(self, packet: P.Ack) -> None:
         """PUBACK (QoS 1 done) or PUBREC (QoS 2: delivered; PUBREL follows) from the client."""
-        entry = self.inflight.pop(packet.packet_id, None)
+        pid = packet.packet_id
+        entry = self.inflight.pop(pid, None)
+        state = self.state
         if entry is None:
-            if packet.kind == P.PUBREC and packet.packet_id in self.state.released:
-                self.core.send(P.Ack(P.PUBREL, packet.packet_id))
+            if packet.kind == P.PUBREC and pid in state.released:
+                self._after_save(bytes((P.PUBREL << 4 | 2, 2, pid >> 8, pid & 0xFF)))
             return
         tag, msg_id = entry
-        qos2 = False
-        if msg_id is not None:
-            state = self.state
-            pid = state.pid_of_msg.pop(msg_id, None)  # SessionState.forget_msg, inline
-            if pid is not None and state.msg_of_pid.get(pid) == msg_id:
-                del state.msg_of_pid[pid]
-            if msg_id in state.qos2_msgs:
-                state.qos2_msgs.discard(msg_id)
-                qos2 = True
+        if packet.kind == P.PUBACK or packet.reason_code >= 0x80 or not state.persistent:
+            self._settle(tag)
+            if state.persistent:
+                # The identifier leaves the record once the ack is durable: a crash before
+                # gives the message again, and it must go under its identifier with DUP (MQ8).
+                self._after_save(partial(self._forget, msg_id, pid))
+                return
+        self._forget(msg_id, pid)
         if packet.kind == P.PUBREC and packet.reason_code < 0x80:
-            self.state.released.add(packet.packet_id)
-            qos2 = True
-            self.core.send(P.Ack(P.PUBREL, packet.packet_id))
-        if qos2:
-            self._save()
-        self._settle(tag)
+            state.release(pid, msg_id or "")
+            if state.persistent:
+                # MQ8: PUBREL only once the record saying so is durable, and the message leaves
+                # its queue only then too: before, a crash would send it again as new, under a
+                # new identifier, to a client that has it already.
+                self._save_soon()
+                if msg_id is not None:
+                    self._releasing[msg_id] = tag
+                    self._after_save(lambda m=msg_id: self._ack_released(m))
+                self._after_save(bytes((P.PUBREL << 4 | 2, 2, pid >> 8, pid & 0xFF)))
+                return
+            self.core.send_raw(bytes((P.PUBREL << 4 | 2, 2, pid >> 8, pid & 0xFF)))
+
+    def _forget(self, msg_id: str | None, pid: int) -> None:
+        """The client is done with ``pid`` (and its message is acknowledged)."""
+        state = self.state
+        if msg_id is not None:
+            mapped = state.pid_of_msg.pop(msg_id, None)  # SessionState.forget_msg, inline
+            if mapped is not None and state.msg_of_pid.get(mapped) == msg_id:
+                del state.msg_of_pid[mapped]
+        elif state.retained_pids.pop(pid, None) is None:
+            return
+        self._save_soon()
 
     def pubcomp(self, packet: P.Ack) -> None:
-        if packet.packet_id in self.state.released:
-            self.state.released.discard(packet.packet_id)
-            self._save()
+        if self.state.completed(packet.packet_id):
+            self._save_soon()
 
     # -- end -------------------------------------------------------------------------------
 
@@ -901,4 +1081,14 @@ class MQTTSession:
                 self.release_shared(shared)
         self.closed = True
         self.inflight.clear()
+        # What waited for a record goes with the connection; the next one resends it from
+        # the session state (PUBREL) and the queue (PUBLISH, DUP). Identifiers whose message
+        # was acknowledged are freed now (else nothing would free them).
+        for item in [i for _, i in self.outbox] + self._save_due:
+            if isinstance(item, partial) and item.func == self._forget:
+                item()
+        self.outbox.clear()
+        self._save_due.clear()
+        self._releasing.clear()
+        self.broker.confirm_waiters.discard(self)
         self.bs.on_connection_lost()
