@@ -400,7 +400,7 @@ class _Import:
             args = raw.get("arguments") or {}
             ex = vh.exchanges.get(source)
             binding = ex.bindings.get((kind, dest_name)) if ex is not None else None
-            if binding is not None and key in binding.keys:
+            if binding is not None and binding.has_key(key):
                 if jsonable(binding.arguments.get(key) or {}) == jsonable(args):
                     return False
                 # RabbitMQ keeps both bindings; the gateway keeps one per routing key (M8).
