@@ -252,6 +252,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 def make_app(obj: Any, pusher: HttpPusher | None = None) -> web.Application:
     """The aiohttp application for a Gateway or Broker (see ``start_management``)."""
     from gateway.management import accounts_api, cmq_api, rabbit_api
+    from gateway.management.slash import add_slash_routes
 
     mgmt = Management(obj, pusher)
     app = web.Application(middlewares=[_auth_middleware(mgmt)])
@@ -259,6 +260,7 @@ def make_app(obj: Any, pusher: HttpPusher | None = None) -> web.Application:
     rabbit_api.add_routes(app, mgmt)
     accounts_api.add_routes(app, mgmt)
     cmq_api.add_routes(app, mgmt)
+    add_slash_routes(app)  # RabbitMQ serves every path with a trailing slash too
     authz.check_table(app)
     app.on_startup.append(_start_sampler)
     app.on_cleanup.append(_stop_sampler)

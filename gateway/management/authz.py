@@ -130,6 +130,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("PUT", "/api/exchanges/{vhost}/{name}"): X_CONFIGURE,
     ("DELETE", "/api/exchanges/{vhost}/{name}"): X_CONFIGURE,
     ("POST", "/api/exchanges/{vhost}/{name}/publish"): _on(("write", "exchange", "name")),
+    ("GET", "/api/exchanges/{vhost}/{name}/bindings/source"): VHOST,
+    ("GET", "/api/exchanges/{vhost}/{name}/bindings/destination"): VHOST,
     ("GET", "/api/bindings"): ANY,
     ("GET", "/api/bindings/{vhost}"): VHOST,
     ("POST", "/api/bindings/{vhost}/e/{source}/{kind}/{dest}"): BIND,
@@ -191,7 +193,8 @@ def is_monitor(user: User) -> bool:
 
 
 def _key(method: str, path: str) -> tuple[str, str]:
-    return ("GET" if method == "HEAD" else method, path)
+    # A path with a trailing slash is the same route (gateway/management/slash.py).
+    return ("GET" if method == "HEAD" else method, path[:-1] if len(path) > 1 and path.endswith("/") else path)
 
 
 def rule_for(request: web.Request) -> Rule | None:

@@ -517,6 +517,20 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                if b["destination_type"] == "queue" and b["destination"] == name]
         return web.json_response(out)
 
+    def exchange_bindings(field: str) -> Any:
+        """/api/exchanges/{vhost}/{name}/bindings/source|destination: the bindings whose
+        source, or whose destination exchange, it is (RabbitMQ's exchange page reads both)."""
+        async def handler(request: web.Request) -> web.Response:
+            vh = mgmt.check_vhost(request, request.match_info["vhost"])
+            name = request.match_info["name"]
+            name = "" if name == "amq.default" else name
+            if name and name not in vh.exchanges:
+                raise not_found()
+            out = [b for b in _bindings(mgmt, [vh.name]) if b[field] == name
+                   and (field == "source" or b["destination_type"] == "exchange")]
+            return web.json_response(out)
+        return handler
+
     async def exchanges(request: web.Request) -> web.Response:
         return web.json_response(_paged(request, _exchanges(mgmt, mgmt.vhosts_in(request))))
 
@@ -721,6 +735,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_put("/api/exchanges/{vhost}/{name}", exchange_put)
     r.add_delete("/api/exchanges/{vhost}/{name}", exchange_delete)
     r.add_post("/api/exchanges/{vhost}/{name}/publish", exchange_publish)
+    r.add_get("/api/exchanges/{vhost}/{name}/bindings/source", exchange_bindings("source"))
+    r.add_get("/api/exchanges/{vhost}/{name}/bindings/destination", exchange_bindings("destination"))
     r.add_get("/api/bindings", bindings)
     r.add_get("/api/bindings/{vhost}", bindings)
     r.add_post("/api/bindings/{vhost}/e/{source}/{kind:[qe]}/{dest}", binding_post)
