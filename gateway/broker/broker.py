@@ -774,7 +774,9 @@ class Broker:
         now = self.clock.now()
         if q.cmq.delete(u.handle, now):
             m = u.handle.message
-            if q.durable:  # nothing on disk otherwise: no call on every ack of a transient queue
+            # Nothing on disk for a transient queue of the embedded store: no call on its every
+            # ack. A queue settled elsewhere (JetStream) must hear of every ack, durable or not.
+            if q.durable or q.settled_elsewhere:
                 self.unpersist_message(q, m, body_needed=False)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None

@@ -70,6 +70,8 @@ class LeasedCmqQueue(CmqQueue):
 
 
 class ClusterQueue(BrokerQueue):
+    settled_elsewhere = True  # every ack goes to JetStream (Broker.ack)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.stream = ""
