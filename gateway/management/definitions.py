@@ -30,7 +30,10 @@ from semantics.errors import CMQError
 
 __all__ = ["KINDS", "add_policy_routes", "export_definitions", "import_definitions"]
 
-COMPAT_VERSION = "3.12.0"
+# The RabbitMQ release whose wire and management API the gateway answers as: the one its
+# differential tests run against (COMPATIBILITY.md says 3.10). One constant for every place
+# that reports it (/api/overview, definitions exports).
+COMPAT_VERSION = "3.10.8"
 KINDS = ("vhosts", "users", "permissions", "topic_permissions", "parameters", "global_parameters",
          "policies", "exchanges", "queues", "bindings", "cmq_http_subscriptions")
 _METADATA = frozenset(("rabbit_version", "rabbitmq_version", "product_name", "product_version"))

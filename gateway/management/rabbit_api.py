@@ -37,8 +37,7 @@ from semantics.names import cmq_name
 
 __all__ = ["COMPAT_VERSION", "add_routes", "connection_name", "queue_json"]
 
-# The RabbitMQ management API version whose shapes this follows.
-COMPAT_VERSION = "3.12.0"
+COMPAT_VERSION = definitions.COMPAT_VERSION  # the RabbitMQ release whose shapes this follows
 NODE = "cmq-gateway@localhost"
 GET_ACKMODES = ("ack_requeue_true", "ack_requeue_false", "reject_requeue_true", "reject_requeue_false")
 EXCHANGE_TYPES = [
