@@ -15,6 +15,7 @@ CMQ's region is in the host name), else the one configured with the key, else ``
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -23,14 +24,17 @@ from typing import Any
 
 from gateway.auth import Access, Permission
 from gateway.broker.errors import resource_locked
-from gateway.cmqapi.errors import AUTH, DENIED, QUEUE_FULL, TOO_LARGE, CmqApiError, from_cmq_error
+from gateway.cmqapi.errors import AUTH, DENIED, INTERNAL, QUEUE_FULL, TOO_LARGE, CmqApiError, from_cmq_error
+from gateway.cmqapi.nonces import NonceStore
 from gateway.cmqapi.params import Params
-from gateway.cmqapi.signing import METHODS, NonceCache, check_timestamp, verify_signature
+from gateway.cmqapi.signing import METHODS, check_timestamp, verify_signature
 from gateway.push import HttpPusher
 from gateway.transport import is_loopback
 from semantics.errors import CMQError, LimitError
 
 __all__ = ["PROTOCOL", "Action", "Caller", "CmqApi"]
+
+log = logging.getLogger("cmq_gateway.cmqapi")
 
 PROTOCOL = "cmq-api"  # CA4: the audit records of what this API carried say so
 PATH = "/v2/index.php"
@@ -48,6 +52,16 @@ class Caller:
     peer: str
     secret_id: str
 
+    def sees(self, resource: str) -> bool:
+        """Whether a listing shows the queue or topic ``resource``: the caller holds one of the
+        three permissions on it (a name it may do nothing with is not told, nor its counts)."""
+        return any(self.permission.allows(a, resource) for a in ("configure", "write", "read"))
+
+    def require_any(self, resource: str) -> None:
+        if not self.sees(resource):
+            raise CmqApiError(DENIED, f"access to '{resource}' in vhost '{self.vhost}' refused for user "
+                              f"'{self.user}' (no permission on it)")
+
     def require(self, access: Access, resource: str) -> None:
         if not self.permission.allows(access, resource):
             what = "the default exchange" if resource == "" else f"'{resource}'"
@@ -59,15 +73,16 @@ class CmqApi:
     """CMQ's classic API over one gateway's broker and configuration."""
 
     def __init__(self, broker: Any, config: Any, *, pusher: HttpPusher | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time, gateway: Any = None) -> None:
         from gateway.cmqapi.queues import QUEUE_ACTIONS
         from gateway.cmqapi.topics import TOPIC_ACTIONS
 
         self.broker = broker
         self.config = config
+        self.gateway = gateway  # its resource alarms (SE6), when served by a Gateway
         self.pusher = pusher if pusher is not None else HttpPusher.of(broker)
         self.wall_clock = wall_clock  # Timestamp and Nonce checks: the caller's real time
-        self.nonces = NonceCache()
+        self.nonces = NonceStore(broker)  # SE6: across restarts and the gateways of a cluster
         self.actions: dict[str, Action] = {**QUEUE_ACTIONS, **TOPIC_ACTIONS}
         self.started = int(wall_clock())
         self.closing = False  # the server stops: long polls answer now (7000) instead of waiting
@@ -83,7 +98,7 @@ class CmqApi:
         try:
             params = Params(values)
             name = params.text("Action")
-            caller = self.authenticate(params, method, host, path, peer)
+            caller = await self.authenticate(params, method, host, path, peer)
             action = self.actions.get(name)
             if action is None:
                 raise CmqApiError.param(f"action name {name} is not existed", 10430)
@@ -92,9 +107,12 @@ class CmqApi:
             return e.answer(request_id)
         except CMQError as e:
             return from_cmq_error(e).answer(request_id)
+        except Exception:  # a fault of ours: CMQ's answer for it, never a bare HTTP 500 (issue 26)
+            log.exception("CMQ API %s failed", values.get("Action"))
+            return CmqApiError(INTERNAL, "server internal error").answer(request_id)
         return {"code": 0, "message": "", "requestId": request_id, **answer}
 
-    def authenticate(self, params: Params, method: str, host: str, path: str, peer: str) -> Caller:
+    async def authenticate(self, params: Params, method: str, host: str, path: str, peer: str) -> Caller:
         secret_id = params.text("SecretId")
         params.text("Signature")
         nonce = params.text("Nonce")
@@ -110,7 +128,7 @@ class CmqApi:
         hosts = [host] if _without_port(host) == host else [host, _without_port(host)]
         if not verify_signature(key.secret_key, method, hosts, path, params.values):
             raise CmqApiError(AUTH, "authentication failed: the signature is not correct")
-        self.nonces.use(secret_id, nonce, now)
+        await self.nonces.use(secret_id, nonce, now)
         users = self.config.users
         if key.user not in users.users:
             raise CmqApiError(AUTH, f"authentication failed: user '{key.user}' of secretId {secret_id} does not exist")
@@ -147,10 +165,30 @@ class CmqApi:
         self.broker.audit.emit(event, caller.vhost, user=caller.user, peer=caller.peer, protocol=PROTOCOL,
                                **fields)
 
+    def alarm(self) -> str:
+        """The resource alarm in effect ("" when none): W5's memory or disk alarm, or the
+        memory mark passed since the last tick, as the AMQP transport checks it."""
+        gw = self.gateway
+        if gw is None:
+            return ""
+        alarms = gw.alarms
+        if alarms.memory or alarms.disk:
+            return alarms.reason
+        return "low on memory" if gw.memory_over() else ""
+
     async def publish(self, caller: Caller, vh: Any, exchange: str, key: str, properties: Any,
                       bodies: list[str]) -> list[Any]:
         """(Batch)SendMessage / (Batch)PublishMessage: each body published as AMQP would
-        (M9, M10), answered once stored durably (M14). The PublishOutcomes."""
+        (M9, M10), answered once stored durably (M14). The PublishOutcomes.
+
+        SE6: while a resource alarm holds AMQP and MQTT publishers, a publish here is refused
+        with 4410, CMQ's answer for a queue that takes no more for now (the SDKs' "queue
+        full"; CMQ's API pages give no code of their own for a throttled or paused server);
+        the caller retries later, as a blocked AMQP publisher waits."""
+        reason = self.alarm()
+        if reason:
+            raise CmqApiError(QUEUE_FULL, f"the gateway is {reason} (resource alarm, CMQ rule SE6): "
+                              "nothing was stored, send again later")
         try:
             outs = [vh.publish(exchange, key, properties, body.encode(), user=caller.user, peer=caller.peer,
                                protocol=PROTOCOL) for body in bodies]

@@ -29,6 +29,7 @@ SUBSCRIPTIONS_FULL = 4500  # 10480 number of subscription has reached the limit
 BATCH_DELETE_PARTIAL = 6010  # BatchDeleteMessage: some handles failed (errorList)
 BATCH_DELETE_FAILED = 6020  # BatchDeleteMessage: every handle failed
 NO_MESSAGE = 7000  # ReceiveMessage: nothing to receive, after the long poll if any
+INTERNAL = 6000  # server internal error (CMQ's common table): a fault of the gateway, retry
 
 
 class CmqApiError(Exception):

@@ -15,7 +15,8 @@ __all__ = ["BATCH_MAX", "Params"]
 
 BATCH_MAX = 16  # CA2/CA3: BatchSendMessage, BatchReceiveMessage, BatchDeleteMessage, BatchPublishMessage
 
-_INT = re.compile(r"-?\d+\Z")
+_INT = re.compile(r"-?[0-9]{1,30}\Z")  # longer is out of every range (and int() refuses 4,300 digits)
+_INDEX = re.compile(r"[0-9]{1,9}\Z")  # ASCII: str.isdigit() takes "²", which int() refuses
 
 
 class Params:
@@ -45,8 +46,11 @@ class Params:
             if default is None:
                 raise CmqApiError.missing(name)
             return default
-        if not _INT.match(raw.strip()):
-            raise CmqApiError.param(f"parameter {name} error type: {raw!r} is not an integer", 10360)
+        raw = raw.strip()
+        if re.fullmatch(r"-?[0-9]+", raw, re.ASCII) and not _INT.match(raw):
+            raise CmqApiError.out_of_range(name, f"{raw[:40]}... is not in {low}-{high}")
+        if not _INT.match(raw):
+            raise CmqApiError.param(f"parameter {name} error type: {raw[:100]!r} is not an integer", 10360)
         value = int(raw)
         if not low <= value <= high:
             raise CmqApiError.out_of_range(name, f"{value} is not in {low}-{high}")
@@ -78,7 +82,7 @@ class Params:
         prefix = name + "."
         indexed: dict[int, str] = {}
         for key, value in self.values.items():
-            if key.startswith(prefix) and key[len(prefix):].isdigit():
+            if key.startswith(prefix) and _INDEX.match(key[len(prefix):]):
                 indexed[int(key[len(prefix):])] = value
         if not indexed:
             return []

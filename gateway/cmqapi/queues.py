@@ -33,6 +33,7 @@ from gateway.cmqapi.errors import (
     CmqApiError,
 )
 from gateway.cmqapi.params import BATCH_MAX, Params
+from gateway.jetstream.api_receive import counts, demand_for
 from gateway.protocol.properties import Properties
 from semantics import limits
 from semantics.message_ids import format_handle, parse_handle
@@ -43,6 +44,7 @@ from semantics.queue_attrs import QueueAttributes
 __all__ = ["POLL_INTERVAL", "QUEUE_ACTIONS"]
 
 POLL_INTERVAL = 0.02  # seconds between two looks of a long poll (Q5)
+JETSTREAM_ANSWER_WAIT = 10.0  # a receive without a wait waits this long at most for JetStream's answer
 BIG = 2**62  # integer parameters whose range the CMQ model checks (L6-L8, Q8)
 
 # CMQ parameter -> (x-cmq-* argument, QueueAttributes field) (M7).
@@ -147,19 +149,22 @@ async def create_queue(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]
 
 async def list_queue(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
     vh = api.vhost(caller)
-    total, names = p.page(vh.queues)
+    total, names = p.page(n for n in vh.queues if caller.sees(n))  # as permitted (issue 26)
     return {"totalCount": total, "queueList": [{"queueId": object_id("queue", vh.name, n), "queueName": n}
                                                for n in names]}
 
 
 async def get_queue_attributes(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
     vh, q = api.queue(caller, p.text("queueName"))
+    caller.require_any(q.name)
     cmq = q.cmq
     oldest = cmq.oldest_enqueue_time() or 0  # a folded backlog stays folded
+    active, inactive, delayed, rewindable = (await counts(api.broker, q)
+                                             or (cmq.active, cmq.inactive, cmq.delayed, cmq.rewindable))
     return {**_attributes(q), **api.times("queue", vh.name, q.name),
             "queueId": object_id("queue", vh.name, q.name), "queueName": q.name,
-            "activeMsgNum": cmq.active, "inactiveMsgNum": cmq.inactive, "delayMsgNum": cmq.delayed,
-            "rewindMsgNum": cmq.rewindable, "minMsgTime": int(oldest)}
+            "activeMsgNum": active, "inactiveMsgNum": inactive, "delayMsgNum": delayed,
+            "rewindMsgNum": rewindable, "minMsgTime": int(oldest)}
 
 
 async def set_queue_attributes(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
@@ -230,12 +235,28 @@ async def _receive(api: CmqApi, caller: Caller, p: Params, count: int) -> list[d
     vh, q = api.queue(caller, p.text("queueName"))
     caller.require("read", q.name)
     wait = p.opt_number("pollingWaitSeconds", limits.POLLING_WAIT_MIN, limits.POLLING_WAIT_MAX)
-    deadline = time.monotonic() + (q.attrs.polling_wait_seconds if wait is None else wait)
-    while True:
-        receipts = _receive_now(api, vh, q, count)
-        if receipts or q.deleted or api.closing or time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(POLL_INTERVAL)
+    seconds = q.attrs.polling_wait_seconds if wait is None else wait
+    deadline = time.monotonic() + seconds
+    demand = demand_for(api.broker, q, count, seconds > 0)
+    if demand is None:  # the embedded store: every message is in the local model
+        while True:
+            receipts = _receive_now(api, vh, q, count)
+            if receipts or q.deleted or api.closing or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(POLL_INTERVAL)
+    else:
+        with demand:  # JetStream: pulled for this receive (gateway.jetstream.api_receive)
+            while True:
+                receipts = _receive_now(api, vh, q, count)
+                if receipts or q.deleted or api.closing:
+                    break
+                left = deadline - time.monotonic()
+                answered = await demand.pulled(left if seconds > 0 else JETSTREAM_ANSWER_WAIT)
+                if seconds <= 0 and answered:
+                    receipts = _receive_now(api, vh, q, count)  # what that pull brought, or none
+                    break
+                if not answered and time.monotonic() >= deadline:
+                    break
     if not receipts:
         raise CmqApiError(NO_MESSAGE, "no message", 10200)
     out = []

@@ -5,7 +5,8 @@ SDKs (``cmq/sign.py`` of the Python SDK):
 
 1. every request parameter but ``Signature``, sorted by name (byte order);
 2. each as ``name=value``, the value as sent (not URL-encoded), ``_`` in a name written ``.``;
-   in a POST, a value starting with ``@`` is left out (the SDKs' file-upload convention);
+   in a POST, the SDKs leave out a value starting with ``@`` (their file-upload convention):
+   the gateway takes such a value only when it is signed all the same (verify_signature);
 3. joined with ``&``;
 4. the string to sign: ``METHOD + host + path + "?" + that``, the method upper case, the host
    as the client addressed it (with ``:port`` when it gave one, as in the Host header), the
@@ -24,11 +25,12 @@ import base64
 import hashlib
 import hmac
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from gateway.cmqapi.errors import AUTH, CmqApiError
 
-__all__ = ["METHODS", "NonceCache", "check_timestamp", "signature", "string_to_sign", "verify_signature"]
+__all__ = ["METHODS", "NonceCache", "check_timestamp", "nonce_key", "replayed", "signature", "string_to_sign",
+           "verify_signature"]
 
 METHODS = {"HmacSHA1": hashlib.sha1, "HmacSHA256": hashlib.sha256}
 # How far a request's Timestamp may be from the gateway's clock, either way: the window in
@@ -36,10 +38,10 @@ METHODS = {"HmacSHA1": hashlib.sha1, "HmacSHA256": hashlib.sha256}
 TIMESTAMP_WINDOW = 300.0
 
 
-def string_to_sign(method: str, host: str, path: str, params: Mapping[str, str]) -> str:
+def string_to_sign(method: str, host: str, path: str, params: Mapping[str, str], *, skip_at: bool = True) -> str:
     method = method.upper()
     parts = [f"{name.replace('_', '.')}={value}" for name, value in sorted(params.items())
-             if name != "Signature" and not (method == "POST" and value.startswith("@"))]
+             if name != "Signature" and not (skip_at and method == "POST" and value.startswith("@"))]
     return f"{method}{host}{path}?{'&'.join(parts)}"
 
 
@@ -51,13 +53,25 @@ def signature(secret_key: str, text: str, method: str = "HmacSHA1") -> str:
 def verify_signature(secret_key: str, method: str, hosts: Iterable[str], path: str,
                      params: Mapping[str, str]) -> bool:
     """Whether ``params["Signature"]`` signs the request for one of the ``hosts`` the client
-    may have addressed (the Host header, and without its port)."""
+    may have addressed (the Host header, and without its port).
+
+    A POST value starting with ``@`` (which the SDKs leave out of the signature, step 2) must
+    be signed all the same: CMQ's actions take no file, so such a value is a message body or
+    a name, and one nobody signed could be added to, or swapped into, a captured request
+    (issue 26). A request signed over every value passes; one whose signature holds only
+    without its ``@`` values is refused (4000, 10110), naming them."""
     given = params.get("Signature", "")
     sig_method = params.get("SignatureMethod") or "HmacSHA1"
-    for host in hosts:
-        expected = signature(secret_key, string_to_sign(method, host, path, params), sig_method)
-        if hmac.compare_digest(expected.encode(), given.encode()):
-            return True
+    unsigned = sorted(n for n, v in params.items() if n != "Signature" and method.upper() == "POST"
+                      and v.startswith("@"))
+    for skip_at in ((False, True) if unsigned else (True,)):
+        for host in hosts:
+            expected = signature(secret_key, string_to_sign(method, host, path, params, skip_at=skip_at), sig_method)
+            if hmac.compare_digest(expected.encode(), given.encode()):
+                if skip_at and unsigned:
+                    raise CmqApiError.param(f"parameters {', '.join(unsigned)} start with '@' and are not covered "
+                                            "by the signature: sign every value (issue 26)", 10110)
+                return True
     return False
 
 
@@ -71,27 +85,59 @@ def check_timestamp(value: str, now: float, window: float = TIMESTAMP_WINDOW) ->
                           f"the server's time {int(now)} (request expired)")
 
 
+def nonce_key(secret_id: str, nonce: str) -> str:
+    """The name a (SecretId, Nonce) pair is remembered under: a digest, so that any Nonce a
+    client sends makes a valid store key and a valid JetStream KV key."""
+    return hashlib.sha256(f"{secret_id}\0{nonce}".encode()).hexdigest()[:40]
+
+
 class NonceCache:
     """The Nonces each SecretId used within the timestamp window: a second use is a replay.
     Older entries go once they are out of the window (a replay of such a request fails the
-    Timestamp check instead)."""
+    Timestamp check instead): ``forget`` is told their keys (the store drops their records)."""
 
-    def __init__(self, window: float = TIMESTAMP_WINDOW) -> None:
+    def __init__(self, window: float = TIMESTAMP_WINDOW,
+                 forget: Callable[[str], None] | None = None) -> None:
         self.window = window
-        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.forget = forget
+        self._seen: OrderedDict[str, float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def use(self, secret_id: str, nonce: str, now: float) -> None:
-        """Record the nonce; CmqApiError (4100) when it was used already."""
+    def __contains__(self, key: str) -> bool:
+        return key in self._seen
+
+    def expired(self, at: float, now: float) -> bool:
+        """Whether a nonce used at ``at`` is past the window (a request signed then can no
+        longer pass the Timestamp check): 2 windows, as a Timestamp may be ahead by one."""
+        return at < now - 2 * self.window
+
+    def drop(self, key: str) -> None:
+        """Forget a use that did not count (its record could not be written)."""
+        self._seen.pop(key, None)
+
+    def remember(self, key: str, at: float) -> None:
+        """A use read back from the store (in time order)."""
+        self._seen[key] = at
+
+    def use(self, secret_id: str, nonce: str, now: float) -> str:
+        """Record the nonce, and return its key; CmqApiError (4100) when it was used already."""
         seen = self._seen
         while seen:
             key, at = next(iter(seen.items()))
-            if at >= now - 2 * self.window:
+            if not self.expired(at, now):
                 break
             del seen[key]
-        if (secret_id, nonce) in seen:
-            raise CmqApiError(AUTH, f"authentication failed: Nonce {nonce} was already used by this SecretId "
-                              "(replayed request)")
-        seen[secret_id, nonce] = now
+            if self.forget is not None:
+                self.forget(key)
+        key = nonce_key(secret_id, nonce)
+        if key in seen:
+            raise replayed(nonce)
+        seen[key] = now
+        return key
+
+
+def replayed(nonce: str) -> CmqApiError:
+    return CmqApiError(AUTH, f"authentication failed: Nonce {nonce} was already used by this SecretId "
+                       "(replayed request)")

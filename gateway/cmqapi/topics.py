@@ -15,6 +15,7 @@ gateway.push, refused unless the push policy allows its URL and addresses (SE3).
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
@@ -34,6 +35,9 @@ from semantics.topic import FilterType
 
 __all__ = ["TOPIC_ACTIONS", "subscription_name"]
 
+# Subscribe's page: "a string of at most 64 characters, starting with a letter; the rest
+# letters, digits and hyphens" (``s1`` included); ``_`` is taken too, as in queue names.
+SUBSCRIPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}\Z")
 SUB_NAME_ARG = "x-cmq-subscription-name"
 STRATEGY_ARG = "x-cmq-notify-strategy"
 BIG = 2**62
@@ -78,13 +82,14 @@ def _check_topic_size(size: int) -> CmqApiError | None:
 
 async def list_topic(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
     vh = api.vhost(caller)
-    total, names = p.page(n for n, ex in vh.exchanges.items() if ex.topic is not None and n)
+    total, names = p.page(n for n, ex in vh.exchanges.items() if ex.topic is not None and n and caller.sees(n))
     return {"totalCount": total, "topicList": [{"topicId": object_id("topic", vh.name, n), "topicName": n}
                                                for n in names]}
 
 
 async def get_topic_attributes(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
     vh, ex = api.exchange(caller, p.text("topicName"))
+    caller.require_any(ex.name)
     return {"topicId": object_id("topic", vh.name, ex.name), "topicName": ex.name,
             "msgCount": ex.topic.retained_count, "maxMsgSize": ex.topic.max_message_size,
             "msgRetentionSeconds": limits.TOPIC_LIFECYCLE_SECONDS, "filterType": _filter_type(ex),
@@ -168,6 +173,7 @@ def _subscriptions(api: CmqApi, vh: Any, ex: Any) -> dict[str, tuple[str, Any]]:
 
 def _subscription(api: CmqApi, caller: Caller, p: Params) -> tuple[Any, Any, str, str, Any]:
     vh, ex = api.exchange(caller, p.text("topicName"))
+    caller.require_any(ex.name)
     name = p.text("subscriptionName")
     found = _subscriptions(api, vh, ex).get(name)
     if found is None:
@@ -208,8 +214,9 @@ def _format(p: Params, protocol: str, default: str | None) -> str | None:
 async def subscribe(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
     vh, ex = api.exchange(caller, p.text("topicName"))
     name = p.text("subscriptionName")
-    if not is_valid_name(name, "topic"):
-        raise CmqApiError.param(f"subscription name format error: {name!r}", 10580)
+    if not SUBSCRIPTION_NAME.match(name):
+        raise CmqApiError.param(f"subscription name format error: {name[:80]!r} (at most 64 letters, digits, - and _, "
+                                "starting with a letter)", 10580)
     protocol = p.text("protocol").lower()
     endpoint = p.text("endpoint")
     if protocol not in ("queue", "http", "https"):
@@ -287,6 +294,7 @@ def _view(api: CmqApi, vh: Any, ex: Any, name: str, kind: str, sub: Any) -> dict
 
 async def list_subscription_by_topic(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
     vh, ex = api.exchange(caller, p.text("topicName"))
+    caller.require_any(ex.name)
     subs = _subscriptions(api, vh, ex)
     total, names = p.page(subs)
     out = []

@@ -24,6 +24,7 @@ from gateway.broker.broker import Broker
 from gateway.broker.exchange import Exchange
 from gateway.broker.message import Message
 from gateway.broker.policies import Policy
+from gateway.jetstream.api_receive import answer_receives
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.head import EXPIRES_AT, MSG_ID, stored_message
 from gateway.jetstream.link import Link, open_link
@@ -403,6 +404,7 @@ class ClusterBroker(Broker):
             headers[BODY_HEADER] = f"{q.stream or q.name}.{msg.msg_id}"
         if delay:
             headers[VISIBLE_AT] = repr(now + delay)
+            q.delays[msg.msg_id] = (now + delay, False)  # delayMsgNum (gateway.jetstream.api_receive)
         if expires_at is not None:
             headers[EXPIRES_AT] = repr(expires_at)
         q.remote_ready += 1
@@ -510,6 +512,7 @@ class ClusterBroker(Broker):
                 need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
         if q.waiters is not None:
             need += len(q.waiters)
+        need += q.api_demand  # CMQ API receives (gateway.jetstream.api_receive)
         return min(need - q.cmq.active - len(q.held_back), PULL_MAX)
 
     def _want(self, q: Any) -> None:
@@ -530,8 +533,8 @@ class ClusterBroker(Broker):
             # A pull is under way: the next one waits until a batch's worth of credit is free
             # (an ack frees one), not one pull request per ack.
             return
-        waiting = any(c.has_credit() for c in q.consumers) or (q.waiters is not None
-                                                                and len(q.waiters) > len(q.plain_gets))
+        waiting = any(c.has_credit() for c in q.consumers) or q.api_polls > 0 or (
+            q.waiters is not None and len(q.waiters) > len(q.plain_gets))
         request: dict[str, Any] = {"batch": extra}
         if waiting:
             request["expires"] = int(PULL_WAIT * 1e9)
@@ -564,6 +567,8 @@ class ClusterBroker(Broker):
             q.requested = 0
             q.no_wait_batches.clear()
             self._nothing_to_get(q)
+        if not q.held_back:
+            answer_receives(q, status=True)  # a pull ended: CMQ API receives look again (or answer 7000)
         self._want(q)
 
     def _take_arrived(self, q: ClusterQueue) -> None:
@@ -610,7 +615,9 @@ class ClusterBroker(Broker):
             if visible_at is not None and float(visible_at) > now:
                 # Q4: too early; JetStream keeps it for the rest of the delay, for every gateway.
                 self._reply(m, b"-NAK {\"delay\": %d}" % int((float(visible_at) - now) * 1e9))
+                q.delays[msg_id] = (float(visible_at), True)
                 continue
+            q.delays.pop(msg_id, None)
             if cmq.get(msg_id) is not None:
                 q.leases[msg_id] = m
                 continue  # JetStream's delivery of a message leased here already: the newer lease
@@ -635,6 +642,8 @@ class ClusterBroker(Broker):
         vh = self.vhosts[q.vhost]
         self.after_queue_change(vh, q)
         self._return_surplus(q)
+        if not q.held_back:
+            answer_receives(q, status=False)
         self._want(q)  # what was naked for its delay (Q4) left a get or a credit unserved
 
     async def _fetch_body(self, q: ClusterQueue, m: Any, name: str, msg_id: str) -> None:
@@ -651,7 +660,7 @@ class ClusterBroker(Broker):
 
     def _return_surplus(self, q: ClusterQueue) -> None:
         """Leases pulled for consumers that went meanwhile go back to JetStream at once."""
-        if q.consumers or q.waiters is not None:
+        if q.consumers or q.waiters is not None or q.api_demand:
             return
         now = self.clock.now()
         while (r := q.cmq.receive(now)) is not None:
@@ -704,6 +713,7 @@ class ClusterBroker(Broker):
             lease = q.leases.pop(m.msg_id, None)
             if lease is not None:
                 self._reply(lease, b"+ACK")
+                q.last_ack = lease.reply  # a count confirms it first (gateway.jetstream.api_receive)
                 name = (lease.headers or {}).get(BODY_HEADER)
                 if name is not None:
                     self._spawn(self.bodies.delete(name))
@@ -748,6 +758,19 @@ class ClusterBroker(Broker):
             if not q.consumers and q.waiters is None and q.requested:
                 self._spawn(self._forget_requests(q))
             self._return_surplus(q)
+
+    def api_demand_ended(self, q: ClusterQueue) -> None:
+        """The last CMQ API receive of ``q`` answered: what was pulled for it and not
+        received goes back. Its pulls are not withdrawn (_forget_requests), as a consumer's
+        are: what they are delivering meanwhile would be held by JetStream until ack_wait (the
+        visibility timeout); a pull ends within PULL_WAIT, and what it brings goes back at once."""
+        self._return_surplus(q)
+
+    def want_pull(self, q: ClusterQueue) -> None:
+        self._want(q)
+
+    async def publishes_landed(self, q: ClusterQueue) -> None:
+        await self._publishes_landed(q)
 
     async def _forget_requests(self, q: ClusterQueue) -> None:
         """Nobody here takes from the queue any more: its waiting pull requests must not take

@@ -31,12 +31,14 @@ from gateway.broker.persistence import decode_message
 from gateway.broker.queue import BrokerQueue
 from gateway.jetstream.link import Link
 from gateway.jetstream.store import Chain
+from semantics.errors import LimitError
 from semantics.jetstream.config import consumer_config, stream_config
 from semantics.jetstream.names import CONSUMER
 from semantics.queue import CmqQueue
 from semantics.queue_attrs import QueueAttributes
 
-__all__ = ["ClusterQueue", "LeasedCmqQueue", "delivery_counts", "ensure_stream", "rewind_consumer", "subscribe"]
+__all__ = ["ClusterQueue", "LeasedCmqQueue", "check_heap", "delivery_counts", "ensure_stream", "rewind_consumer",
+           "subscribe"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
@@ -99,6 +101,15 @@ class ClusterQueue(BrokerQueue):
         self.fetched: dict[str, bytes] = {}  # large bodies read back, for the message's next take
         self.leases: dict[str, Any] = {}  # msg_id -> the JetStream message last pulled for it
         self.plain_gets: list[Any] = []  # channels whose basic.get (no polling wait) waits for a pull
+        # CMQ API receives (gateway.jetstream.api_receive): messages wanted, how many of them
+        # long-poll, and the futures of those waiting for a pull's answer.
+        self.api_demand = 0
+        self.api_polls = 0
+        self.api_signals: list[asyncio.Future[None]] = []
+        # Delayed messages this gateway knows of (Q4): msg_id -> (visible at, pulled and naked
+        # for the rest of the delay, i.e. ack-pending in JetStream, rather than not delivered yet).
+        self.delays: dict[str, tuple[float, bool]] = {}
+        self.last_ack: str | None = None  # the reply subject of the latest ack sent, unconfirmed
         self.remote_ready = 0  # messages JetStream has not delivered yet (num_pending)
         # A purge or delete under way: JetStream's count just before it, and the estimate the
         # broker's own count included (replaced by the former in the -ok's count).
@@ -123,6 +134,21 @@ class ClusterQueue(BrokerQueue):
     def message_count(self) -> int:
         """Ready messages: those leased here and Active, and those JetStream still holds."""
         return self.cmq.active + self.remote_ready
+
+
+def check_heap(q: ClusterQueue) -> None:
+    """L8 maxMsgHeapNum before the message is routed, as CmqQueue.send refuses it on the
+    embedded store: SendMessage is answered 4410 and a topic keeps the message for the
+    subscription whose queue is full (D2), instead of learning it from JetStream's nack
+    (max_msgs) after the fact. The count is this gateway's: JetStream's undelivered messages,
+    the leases held here and the delayed ones naked here; leases other gateways hold are not
+    in it, and for those JetStream's own max_msgs still refuses (the nack, M14)."""
+    heap = q.attrs.max_msg_heap_num
+    cmq = q.cmq
+    held = q.remote_ready + cmq.active + cmq.inactive + cmq.delayed + sum(naked for _, naked in q.delays.values())
+    if held >= heap:
+        raise LimitError("L8", f"queue '{q.name}' already retains {int(heap):,} messages (max_msg_heap_num)",
+                         value=int(heap) + 1, limit=int(heap))
 
 
 def delivery_counts(reply: str) -> tuple[int, int, int]:
@@ -157,7 +183,8 @@ async def ensure_stream(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQu
         await _create(js, s, q)
     await subscribe(link, q, pulled)
     info = await js.consumer_info(s["name"], CONSUMER)
-    q.remote_ready = info.num_pending or 0
+    # The publishes made from here meanwhile wait for ``ready``: not in JetStream's count yet.
+    q.remote_ready = (info.num_pending or 0) + q.in_flight
     q.ready.set()
 
 

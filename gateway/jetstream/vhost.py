@@ -16,7 +16,7 @@ from gateway.broker import persistence as P
 from gateway.broker.errors import resource_locked
 from gateway.broker.vhost import PublishOutcome, VHost
 from gateway.jetstream.maxlength import check_room, trim_after_publish
-from gateway.jetstream.queues import ClusterQueue
+from gateway.jetstream.queues import ClusterQueue, check_heap
 from semantics.errors import LimitError
 
 if TYPE_CHECKING:
@@ -126,6 +126,7 @@ class ClusterVHost(VHost):
         if size > attrs.max_msg_size and q.cmq.refuse_size:
             raise LimitError("L6", f"message of {size:,} bytes is larger than queue '{q.name}' "
                              f"max_msg_size {attrs.max_msg_size:,} bytes", value=size, limit=attrs.max_msg_size)
+        check_heap(q)  # type: ignore[arg-type]  # L8, as CmqQueue.send (helper D, issue 26)
         if delay is None:
             delay = attrs.delay_seconds or None
         if not delay:

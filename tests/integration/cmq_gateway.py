@@ -16,6 +16,16 @@ from tests.integration.cmq_client import CmqClient
 ADMIN_ID, ADMIN_KEY = "AKIDadmin0000000000000000000000000000", "admin-secret-key-0123456789abcdef"
 READER_ID, READER_KEY = "AKIDreader000000000000000000000000000", "reader-secret-key-0123456789abcd"
 WAIT = 60.0  # hang protection only (a loaded CI machine pushes 100 HTTP messages slowly)
+# CA1-CA4 on both stores (issue 26): the modules' gateway fixtures take these params, and the
+# JetStream run is a gateway on the session's nats-server (tests/support/natsd_fixtures.py).
+STORES = ["embedded", "jetstream"]
+
+
+def store_of(request: Any) -> str | None:
+    """The ``store`` of a gateway fixture parametrized with STORES."""
+    if getattr(request, "param", "embedded") == "jetstream":
+        return str(request.getfixturevalue("nats_single").store_url)
+    return None
 
 
 def users() -> UserDB:

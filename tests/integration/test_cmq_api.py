@@ -17,14 +17,24 @@ import pytest
 import requests
 
 from tests.integration.cmq_client import CmqClient
-from tests.integration.cmq_gateway import WAIT, admin, cmq_gateway, drain, eventually, reader
+from tests.integration.cmq_gateway import (
+    STORES,
+    WAIT,
+    admin,
+    cmq_gateway,
+    drain,
+    eventually,
+    reader,
+    store_of,
+)
 
 
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=STORES)
+def endpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A gateway in the cmq profile (PF2), every CMQ limit refused, as a CMQ application
-    expects; test_CA2_PF4_compatible_profile_reports shows the default profile."""
-    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-api-data")), profile="cmq") as (_gw, url):
+    expects; test_CA2_PF4_compatible_profile_reports shows the default profile. On each store."""
+    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-api-data")), profile="cmq",
+                     store=store_of(request)) as (_gw, url):
         yield url
 
 

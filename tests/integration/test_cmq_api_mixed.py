@@ -13,13 +13,13 @@ import pytest
 
 from gateway.config import AuditSettings
 from tests.integration.cmq_client import CmqClient
-from tests.integration.cmq_gateway import admin, cmq_gateway, drain
+from tests.integration.cmq_gateway import STORES, admin, cmq_gateway, drain, store_of
 
 
-@pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CmqClient, str]]:
-    """(CMQ client, AMQP URL) of one gateway."""
-    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-mixed"))) as (gw, url):
+@pytest.fixture(scope="module", params=STORES)
+def both(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CmqClient, str]]:
+    """(CMQ client, AMQP URL) of one gateway, on each store."""
+    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-mixed")), store=store_of(request)) as (gw, url):
         yield admin(url), f"amqp://admin:admin@127.0.0.1:{gw.port}/%2F"
 
 
@@ -74,6 +74,34 @@ def test_CA4_amqp_publish_cmq_receive(both: tuple[CmqClient, str],
     assert _get(channel, unique) is None  # Q2: Inactive, not handed to AMQP either
     cmq.ok("DeleteMessage", queueName=unique, receiptHandle=got["receiptHandle"])
     assert channel.queue_declare(unique, passive=True).method.message_count == 0
+
+
+def test_CA2_CA4_receive_and_counts_of_messages_sent_through_the_api(
+        both: tuple[CmqClient, str], channel: pika.adapters.blocking_connection.BlockingChannel, unique: str) -> None:
+    """Issue 26 item 6, on each store: three messages sent through the API are counted Active,
+    AMQP sees them, and ReceiveMessage without a polling wait takes them one by one (on
+    JetStream it answered "no message" and the counts showed 0)."""
+    cmq, _ = both
+    cmq.ok("CreateQueue", queueName=unique, pollingWaitSeconds=0)
+    sent = [cmq.ok("SendMessage", queueName=unique, msgBody=f"m{i}")["msgId"] for i in range(3)]
+    attrs = cmq.ok("GetQueueAttributes", queueName=unique)
+    assert (attrs["activeMsgNum"], attrs["inactiveMsgNum"], attrs["delayMsgNum"]) == (3, 0, 0)
+    assert channel.queue_declare(unique, passive=True).method.message_count == 3
+    first = cmq.ok("ReceiveMessage", queueName=unique, pollingWaitSeconds=0)
+    assert first["msgId"] == sent[0] and first["msgBody"] == "m0"
+    attrs = cmq.ok("GetQueueAttributes", queueName=unique)
+    assert (attrs["activeMsgNum"], attrs["inactiveMsgNum"]) == (2, 1)
+    rest = cmq.ok("BatchReceiveMessage", queueName=unique, numOfMsg=16, pollingWaitSeconds=0)["msgInfoList"]
+    assert [m["msgId"] for m in rest] == sent[1:]
+    assert cmq.call("ReceiveMessage", queueName=unique, pollingWaitSeconds=0)["code"] == 7000
+    cmq.ok("BatchDeleteMessage", queueName=unique,
+           receiptHandle=[first["receiptHandle"], *(m["receiptHandle"] for m in rest)])
+    attrs = cmq.ok("GetQueueAttributes", queueName=unique)
+    assert (attrs["activeMsgNum"], attrs["inactiveMsgNum"]) == (0, 0)
+    delayed = cmq.ok("SendMessage", queueName=unique, msgBody="later", delaySeconds=2)["msgId"]
+    assert cmq.ok("GetQueueAttributes", queueName=unique)["delayMsgNum"] == 1
+    assert cmq.call("ReceiveMessage", queueName=unique, pollingWaitSeconds=0)["code"] == 7000
+    assert cmq.ok("ReceiveMessage", queueName=unique, pollingWaitSeconds=10)["msgId"] == delayed
 
 
 def test_CA4_M2_cmq_tag_topic_to_amqp_binding(both: tuple[CmqClient, str],

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from tests.integration.cmq_client import CmqClient
-from tests.integration.cmq_gateway import admin, cmq_gateway, drain, eventually
+from tests.integration.cmq_gateway import STORES, admin, cmq_gateway, drain, eventually, store_of
 
 TAGS = ["apple", "imac", "iphone", "macbook"]  # the producer's message filter tags
 
 
-@pytest.fixture(scope="module")
-def cmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CmqClient]:
-    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-scenarios"))) as (_gw, url):
+@pytest.fixture(scope="module", params=STORES)
+def cmq(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CmqClient]:
+    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-scenarios")), store=store_of(request)) as (_gw, url):
         yield admin(url)
 
 

@@ -15,12 +15,12 @@ from cmq.subscription import SubscriptionMeta
 from cmq.topic import Message as TopicMessage
 from cmq.topic import TopicMeta
 
-from tests.integration.cmq_gateway import ADMIN_ID, ADMIN_KEY, cmq_gateway
+from tests.integration.cmq_gateway import ADMIN_ID, ADMIN_KEY, STORES, cmq_gateway, store_of
 
 
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-sdk"))) as (_gw, url):
+@pytest.fixture(scope="module", params=STORES)
+def endpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with cmq_gateway(str(tmp_path_factory.mktemp("cmq-sdk")), store=store_of(request)) as (_gw, url):
         yield url
 
 
