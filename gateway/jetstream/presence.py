@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from nats.js.api import DeliverPolicy
@@ -48,6 +49,30 @@ DEAD_AFTER = 5.0
 LEASE_TTL = 30.0  # the bucket's max_age: what a dead gateway leaves is gone after it
 USE_REFRESH = 10.0  # a queue's last use (u.<token>) is rewritten this often, well within LEASE_TTL
 
+
+
+# A bucket another gateway created a moment ago answers once its stream has a leader (an R3
+# stream on a fresh cluster: a second or two); until then a write has no responders. Two
+# gateways started together on a new cluster met this and one of them exited.
+FIRST_WRITE_WAIT = 60.0
+
+
+async def answered(write: Callable[[], Awaitable[Any]], wait: float = FIRST_WRITE_WAIT) -> Any:
+    """``write()``, again every 0.25 s while JetStream has no responder or times out, for at
+    most ``wait`` seconds."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import NoStreamResponseError
+
+    until = time.monotonic() + wait
+    while True:
+        try:
+            return await write()
+        except (NoRespondersError, NoStreamResponseError, NatsTimeout):
+            if time.monotonic() > until:
+                raise
+            log.info("JetStream bucket not answering yet; again")
+            await asyncio.sleep(0.25)
 
 class Presence:
     def __init__(self, broker: ClusterBroker) -> None:
@@ -78,7 +103,7 @@ class Presence:
 
         self._sub = await js.subscribe(f"$KV.{LEASE_BUCKET}.>", cb=got, ordered_consumer=True,
                                        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
-        await self.kv.put(f"gw.{self.me}", b"1")
+        await answered(lambda: self.kv.put(f"gw.{self.me}", b"1"))
         self._task = asyncio.get_running_loop().create_task(self._beat())
 
     async def stop(self) -> None:
