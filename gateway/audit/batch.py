@@ -13,7 +13,7 @@ record: ~1.6 us a record (thread_time on the loaded 2-core machine; the record-b
 The bytes are exactly those of ``Row.put`` (schema v1, tests/unit/audit/test_batch_format.py).
 A value is copied into a line only when json would write it as it is: a str without quote,
 backslash or non-printable character, an int, a finite float (json writes repr). A row with a
-list (``tags``) is made into msgspec Structs tagged ``"v":1``, one ``encode`` each, when
+list (``tags``) is made into msgspec Structs tagged ``"v":2``, one ``encode`` each, when
 msgspec writes those values as json does. Anything else (another record, a value of an
 unusual type, a timestamp rounding into the next second) returns None, and the caller
 formats the run record by record, as before.

@@ -9,8 +9,9 @@ thread), so files, layout and records are the same.
 
 Protocol on stdin, each message ``kind (1 byte) + length (4 bytes, big endian) + payload``:
 ``B`` a batch (``marshal`` of a list of ``(time, event, vhost, fields)``), ``F`` "tell me where
-you are" (also runs the time rotation and the retention), ``C`` close the open file and exit.
-Each ``F`` and ``C`` is answered on stdout with one JSON line of counters, with the record
+you are" (also runs the time rotation and the retention), ``S`` the same once the open file is
+fsynced (A5: the store's group commit waits for it), ``C`` close the open file and exit.
+Each ``F``, ``S`` and ``C`` is answered on stdout with one JSON line of counters, with the record
 counts (``AuditLog.counts``) that changed since the last answer as ``[key, added]`` pairs.
 End of input without ``C`` (the gateway died) leaves the open file ``.open``, exactly as a
 crash of the in-thread writer would; the next ``AuditLog`` closes it (A3).
@@ -61,6 +62,9 @@ def main() -> None:
             log._write(*log._format(marshal.loads(payload), bytearray(), 0, "", "")[:2])
             continue
         if kind == b"F":
+            log._periodic()
+        elif kind == b"S":  # A5: F, with the lines on disk before the answer
+            log._sync_file()
             log._periodic()
         elif kind == b"C":
             log._close_file()

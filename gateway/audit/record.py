@@ -1,4 +1,4 @@
-"""One audit record as one JSON line (A2), schema version 1.
+"""One audit record as one JSON line (A2), schema version 2.
 
 The writer thread, not ``emit()``, calls ``format_line``: the event loop only appends a tuple.
 Field types are normalised here so that readers can rely on one JSON type per field (the Spark
@@ -25,7 +25,11 @@ __all__ = [
     "line_writer",
 ]
 
-SCHEMA_VERSION = 1
+# 2 (issue 27, A6): ``origin`` says a record is not a client's action as it happened:
+# "recovery" (what a start restored: queue_declare, bind, limit_exceeded of saved objects) or
+# "rebuilt" (a client's publish/enqueue whose record a crash lost, written again at the start
+# from the store, gateway.audit.rebuild). Absent: the client's action, recorded as it happened.
+SCHEMA_VERSION = 2
 
 # The event names of the audit contract (docs/ARCHITECTURE.md), plus ``audit_dropped``, which
 # the writer itself emits when it had to shed records (never silent).
@@ -51,6 +55,7 @@ FIELD_TYPES: Mapping[str, str] = {
     # limit_exceeded (PF4): the CMQ rule, the number that broke it and the limit, and the
     # object (``exchange:<name>``, ``queue:<name>``, ``binding:<exchange>-><sub>``).
     "rule": "string", "value": "long", "limit": "long", "object": "string",
+    "origin": "string",  # A6: "recovery" | "rebuilt" (see SCHEMA_VERSION)
 }
 
 _STR_FIELDS = frozenset(k for k, t in FIELD_TYPES.items() if t == "string")

@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 # (time, event, vhost, fields) or, for a row, (time, row id, vhost, values).
 _Item = tuple[float, Any, str, Any]
 _time_of = operator.itemgetter(0)
-_TS_AT = len('{"v":1,"ts":"')  # where a line's ts starts (schema v1: v first, then ts)
+_TS_AT = len('{"v":2,"ts":"')  # where a line's ts starts (v first, then ts; one digit)
 # Records formatted between two releases of the GIL by the writer thread (~0.5 ms of work).
 _CHUNK = 200
 # Records per message to the writer process. Large: each message costs this thread two
@@ -167,6 +167,10 @@ class AuditLog:
         # once while that one is not done, rather than after its flush_interval nap (which was
         # every management call's and every /metrics scrape's 100 ms).
         self._flush_to = 0
+        # A5: the store's group commit asks for records on disk (written and fsynced) up to a
+        # cycle (sync_mark); _synced is the last cycle that did so.
+        self._sync_to = 0
+        self._synced = 0
         self._busy = False  # a cycle is under way (set under _cond)
         self._stopping = False
         self._closed = False
@@ -175,6 +179,8 @@ class AuditLog:
 
         self._file: IO[bytes] | None = None
         self._file_key = ""  # closed path of the open file
+        self._file_synced = False  # its folder fsynced since it was opened
+        self._file_unsynced = False  # lines written since the last fsync
         self._file_folder = ""
         self._file_size = 0
         self._file_opened_at = 0.0
@@ -280,6 +286,23 @@ class AuditLog:
                 lambda: self._cycles >= target or not self._thread.is_alive(), timeout
             )
 
+    def sync_mark(self) -> int:
+        """A5: ask for everything emitted before this call to be written and fsynced; returns
+        the mark ``wait_synced`` waits for. Called by the broker's group commit on the event
+        loop, next to the store's last LSN, so that a confirm never passes its records."""
+        with self._cond:
+            target = self._cycles + (2 if self._busy else 1)
+            self._flush_to = max(self._flush_to, target)
+            self._sync_to = max(self._sync_to, target)
+            self._wake.set()
+        return target
+
+    def wait_synced(self, mark: int, timeout: float | None = None) -> bool:
+        """Wait until the records before ``sync_mark()`` are on disk (False: the writer is
+        gone, or ``timeout``)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._synced >= mark or not self._thread.is_alive(), timeout)
+
     def close(self) -> None:
         """Write everything queued, close (rename) the open file and stop the thread."""
         if self._closed:
@@ -314,22 +337,32 @@ class AuditLog:
             self._wake.wait(self._flush_interval)
             with self._cond:
                 self._busy = True
+                sync = self._sync_to > self._cycles  # this cycle is one a sync_mark waits for
             self._wake.clear()
             stopping = self._stopping
+            synced = False
             try:
                 if self._child is not None:  # process mode: hand the records over
                     self._send_pending()
-                    self._request(b"F")
+                    self._request(b"S" if sync else b"F")
                 else:
                     self._drain()
+                    if sync:
+                        self._sync_file()
                     self._periodic()
+                synced = sync
             except Exception:  # the writer must outlive any one bad batch
                 if self._child is not None:
-                    self._child_failed()
+                    self._child_failed()  # its records go again; the next cycle syncs them
                 else:
                     log.exception("audit writer cycle failed")
+                    synced = sync  # lost records are counted in dropped: nothing to wait for
             with self._cond:
                 self._cycles += 1
+                if synced:
+                    self._synced = self._cycles
+                elif sync:
+                    self._wake.set()
                 self._busy = False
                 if self._cycles < self._flush_to:
                     self._wake.set()
@@ -519,7 +552,7 @@ class AuditLog:
 
     def _next_file(self, data: bytes, pos: int, folder: str, buf: bytearray, nlines: int) -> tuple[bytearray, int]:
         """Write ``buf``, close the open file and open the next one, named for the line at
-        ``pos`` of ``data`` (its ts: the 27 characters after '{"v":1,"ts":"')."""
+        ``pos`` of ``data`` (its ts: the 27 characters after '{"v":2,"ts":"')."""
         self._write(buf, nlines)
         self._close_file()
         self._open_file(data[pos + _TS_AT:pos + _TS_AT + 27].decode(), folder)
@@ -611,7 +644,21 @@ class AuditLog:
             self._close_file()
             return
         self._file_size += len(data)
+        self._file_unsynced = True
         self.written += nlines
+
+    def _sync_file(self) -> None:
+        """A5: the open file's lines on disk (fsync; its folder too when the file is new, so
+        that its name survives a power loss as well)."""
+        f = self._file
+        if f is None or not self._file_unsynced:
+            return
+        self._file_unsynced = False
+        f.flush()
+        os.fsync(f.fileno())
+        if not self._file_synced:
+            self._file_synced = True
+            _fsync_dir(os.path.dirname(self._file_key))
 
     def _open_file(self, ts: str, folder: str) -> None:
         folder_path = os.path.join(self.directory, folder)
@@ -625,6 +672,7 @@ class AuditLog:
         # "x": never append to (rewrite) a file that already exists.
         self._file = open(layout.open_path(closed), "xb")  # noqa: SIM115 (lives across cycles)
         self._file_key = closed
+        self._file_synced = False
         self._file_folder = folder
         self._file_size = 0
         self._file_opened_at = self._clock()
@@ -641,6 +689,9 @@ class AuditLog:
             f.close()
             os.rename(layout.open_path(self._file_key), self._file_key)
             self.files_closed += 1
+        from gateway.audit import compact  # A7: the closed segment to Parquet, in the background
+
+        compact.closed(self.directory, self.retention_hours)
 
     def _apply_retention(self) -> None:
         cutoff = time.time() - self.retention_hours * 3600.0
@@ -675,6 +726,14 @@ class AuditLog:
                 closed = os.path.join(self.directory, af.key)
                 log.warning("audit: closing %s left open by a crash", af.key)
                 os.rename(af.path, closed)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _plain(value: Any) -> Any:

@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gateway.audit import NullAudit
 from gateway.audit.rows import ACK, ACK_MQTT, Row, fields_emitter, row_emitter
@@ -20,7 +20,7 @@ from gateway.broker import recovery_cache
 from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
-from gateway.broker.limit_report import LimitReport
+from gateway.broker.limit_report import LimitEntry, LimitReport
 from gateway.broker.message import DiskMessage, Message
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.recovery import QueueRecords, recover_messages, return_big_buffers
@@ -32,6 +32,7 @@ from semantics import topic as T
 from semantics.clock import Clock, SystemClock
 from semantics.errors import LimitError
 from semantics.limits import TOPIC_LIFECYCLE_SECONDS
+from semantics.names import Kind, cmq_name
 from semantics.profile import COMPATIBLE, DEFAULT_PROFILE, Profile, profile_named
 from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store, StoreFailedError
@@ -51,6 +52,11 @@ log = logging.getLogger("cmq_gateway.broker")
 
 # How often a failed store write is retried (a full disk may get room back at any time).
 STORE_RETRY_SECONDS = 1.0
+# A5: how long a group commit waits for the audit writer before it lets the confirms go (a
+# writer that cannot write counts what it lost in audit_dropped; confirms are not held hostage).
+AUDIT_SYNC_TIMEOUT = 30.0
+# No audit log: confirms follow the store alone.
+NO_AUDIT_LIMIT = 1 << 62
 
 
 @dataclass
@@ -108,6 +114,7 @@ class Broker:
         self.vhost_profiles: dict[str, Profile] = {
             str(v): profile_named(p) for v, p in (getattr(self.config, "vhost_profiles", None) or {}).items()}
         self.limit_report = LimitReport()  # PF4: the migration report
+        self.limit_report.on_clear = self._unkeep_limit_entries  # A6: kept in the store
         self._recovering = False
         # Advertised in connection.start capabilities (W1): exchange.bind works (M8).
         self.exchange_exchange_bindings = True
@@ -159,6 +166,11 @@ class Broker:
         # (gateway.broker.recovery): still stored until something deletes them.
         self.unclaimed_records: dict[tuple[str, str], QueueRecords] = {}
         self._closed = False
+        # A5: the store LSN up to which the audit records are on disk as well; only the
+        # group commit (_flush_loop) moves it, so with an audit log a confirm waits for its
+        # message's publish and enqueue records. No audit log: no limit.
+        self._audit_sync = getattr(audit, "sync_mark", None) is not None
+        self._audit_lsn = NO_AUDIT_LIMIT
 
     @classmethod
     async def open(cls, data_dir: str | None, *, clock: Clock | None = None, audit: Any = None,
@@ -169,6 +181,8 @@ class Broker:
         return_big_buffers()  # before the store's map and the runs grow
         broker = cls(data_dir, clock=clock or SystemClock(), audit=audit, config=config, loop=loop, lock=lock)
         broker._recover()
+        if broker._audit_sync:
+            broker._audit_lsn = broker._last_lsn()  # what recovery wrote needs no confirm
         broker._flusher = loop.create_task(broker._flush_loop())
         return broker
 
@@ -209,13 +223,50 @@ class Broker:
         """PF4: a breach the cmq profile would refuse, let through: one audit record
         ``limit_exceeded`` (rule, value, limit, object, user, peer; reason: the refusal text)
         and an entry in the migration report."""
+        if self._recovering and self.limit_report.has(vhost, err.rule, object):
+            return  # A6: a standing breach the report kept across the restart: reported already
         value = err.value if isinstance(err.value, int) and not isinstance(err.value, bool) else None
         limit = err.limit if isinstance(err.limit, int) and not isinstance(err.limit, bool) else None
+        # While recovering, emit_fields marks it origin "recovery": found again, not a client's doing.
         self.emit_fields("limit_exceeded", vhost, {"rule": err.rule, "value": value, "limit": limit,
                                                    "object": object, "user": user, "peer": peer,
                                                    "reason": err.reply_text})
-        self.limit_report.record(vhost, err.rule, object, user, peer, value, limit, err.reply_text,
-                                 self.clock.now())
+        if self.limit_report.record(vhost, err.rule, object, user, peer, value, limit, err.reply_text,
+                                    self.clock.now()):
+            self._keep_limit_entry(vhost, err.rule, object, user)
+
+    # -- the limits report across restarts (A6) ----------------------------------------------
+
+    def _keep_limit_entry(self, vhost: str, rule: str, object: str, user: str | None) -> None:
+        entry = self.limit_report.entry(vhost, rule, object, user)
+        if entry is not None and self.data_dir is not None:
+            self.persist(P.limit_key(vhost, rule, object, user), P.encode_json(entry.as_json()))
+
+    def _unkeep_limit_entries(self, entries: list[LimitEntry]) -> None:
+        for e in entries:
+            self.unpersist(P.limit_key(e.vhost, e.rule, e.object, e.user), missing_ok=True)
+
+    def _keep_limit_counts(self) -> None:
+        """A clean stop: the counts and times changed since the entries were made."""
+        changed, self.limit_report.changed = self.limit_report.changed, set()
+        for vhost, rule, object, user in changed:
+            self._keep_limit_entry(vhost, rule, object, user)
+
+    def _recover_limit_report(self) -> None:
+        for _, raw in self.store.items(P.LIMITS_PREFIX):
+            r = P.decode_json(raw)
+            self.limit_report.restore(LimitEntry.from_json(r["vhost"], r))
+
+    def _recover_names(self, vh: VHost, kind: Kind, names: Any) -> None:
+        """L1/L2 (PF4): a restored exchange's or queue's name CMQ could not hold is a standing
+        breach (VHost._check_name skips them while recovering: it would raise under
+        strict_names). Reported as report_breach does while recovering (A6)."""
+        what = "exchange" if kind == "topic" else "queue"
+        for name in names:
+            try:
+                cmq_name(name, kind, strict=True)
+            except LimitError as e:
+                self.report_breach(vh.name, e, f"{what}:{name}", None, None)
 
     # -- the store and group commit (M14) ----------------------------------------------------
 
@@ -224,7 +275,7 @@ class Broker:
             # A declaration coming back as it is stored: putting it again changed nothing
             # but made the checkpoint the store reopened from stale, so that the next clean
             # close wrote it again (1.3 s at 10^6 messages) after a start that changed nothing.
-            return self.store.last_lsn
+            return self._last_lsn()
         lsn = self.store.put(key, value)
         if self._dirty is not None:
             self._dirty.set()
@@ -236,9 +287,16 @@ class Broker:
             if self._dirty is not None:
                 self._dirty.set()
 
+    def _last_lsn(self) -> int:
+        """The store's latest LSN (both stores have it; StoreBackend does not say so)."""
+        return int(cast(Any, self.store).last_lsn)
+
     @property
     def durable_lsn(self) -> int:
-        return self.store.durable_lsn
+        """What confirms follow (M14): the store's durable LSN, and with an audit log no
+        further than the LSN whose records are on disk too (A5, ``_flush_loop``)."""
+        durable: int = self.store.durable_lsn
+        return durable if durable <= self._audit_lsn else self._audit_lsn
 
     def wait_durable(self, ch: Channel) -> None:
         self.confirm_waiters.add(ch)
@@ -255,8 +313,11 @@ class Broker:
 
     def sync_now(self) -> int:
         """Sync on the calling thread and send the confirms it releases (tests, close)."""
-        durable = self.store.sync()
-        self._on_durable(durable)
+        lsn_mark = self._last_lsn()
+        durable = self._sync(self.audit.sync_mark() if self._audit_sync else 0)
+        if self._audit_sync and lsn_mark > self._audit_lsn:
+            self._audit_lsn = lsn_mark
+        self._on_durable(self.durable_lsn)
         return durable
 
     async def flush(self) -> int:
@@ -265,8 +326,12 @@ class Broker:
         the two never sync at once."""
         if self._loop is None:
             return self.sync_now()
-        durable = await self._loop.run_in_executor(self._executor, self.store.sync)
-        self._on_durable(durable)
+        lsn_mark = self._last_lsn()
+        audit_mark = self.audit.sync_mark() if self._audit_sync else 0
+        durable = await self._loop.run_in_executor(self._executor, self._sync, audit_mark)
+        if self._audit_sync and lsn_mark > self._audit_lsn:
+            self._audit_lsn = lsn_mark
+        self._on_durable(self.durable_lsn)
         return durable
 
     async def _flush_loop(self) -> None:
@@ -276,16 +341,24 @@ class Broker:
             if not self.read_only:
                 await self._dirty.wait()
             self._dirty.clear()
+            # A5: between two loop turns every message stored so far has had its records
+            # emitted (publish and enqueue come before the store put, in one turn): the audit
+            # writes and fsyncs up to this mark while the store syncs, and the confirms go no
+            # further than this LSN, whichever finishes last.
+            lsn_mark = self._last_lsn()
+            audit_mark = self.audit.sync_mark() if self._audit_sync else 0
             try:
-                durable = await self._loop.run_in_executor(self._executor, self._sync_and_compact)
+                await self._loop.run_in_executor(self._executor, self._sync_and_compact, audit_mark)
             except StoreFailedError as e:
                 self._store_failed(e)
                 # The batch is pending again in the store: retried until the disk takes it.
                 await asyncio.sleep(STORE_RETRY_SECONDS)
                 continue
+            if self._audit_sync and lsn_mark > self._audit_lsn:
+                self._audit_lsn = lsn_mark
             if self.read_only:
                 self._store_resumed()
-            self._on_durable(durable)
+            self._on_durable(self.durable_lsn)
 
     def _store_failed(self, e: StoreFailedError) -> None:
         """W5/M14: the disk refused a write. Confirms still waiting stay waiting (their
@@ -300,10 +373,18 @@ class Broker:
         self.read_only = False
         self.on_store_change(False)
 
-    def _sync_and_compact(self) -> int:
+    def _sync(self, audit_mark: int = 0) -> int:
+        """Sync the store; with ``audit_mark`` (``audit.sync_mark()``), wait for the audit
+        records before it to be on disk as well (A5; the writer fsyncs meanwhile)."""
+        durable = self.store.sync()
+        if audit_mark:
+            self.audit.wait_synced(audit_mark, AUDIT_SYNC_TIMEOUT)
+        return durable
+
+    def _sync_and_compact(self, audit_mark: int = 0) -> int:
         """The worker thread's turn: sync, then compact if the journal has grown enough
         (safe here: see semantics/store/store.py, "Compaction")."""
-        durable = self.store.sync()
+        durable = self._sync(audit_mark)
         try:
             self.store.maybe_compact()
         except OSError:
@@ -834,7 +915,17 @@ class Broker:
             vh.set_profile(COMPATIBLE)
         collecting = gc.isenabled()
         gc.disable()
+        # A6: what a start restores is no client action: its records say origin "recovery".
+        emit_fields = self.emit_fields
+
+        def recovered(event: str, vhost: str, fields: dict[str, Any]) -> None:
+            if "origin" not in fields:
+                fields["origin"] = "recovery"
+            emit_fields(event, vhost, fields)
+
+        self.emit_fields = recovered
         try:
+            self._recover_limit_report()
             self._recover_accounts()
             try:
                 self._recover_declarations()
@@ -845,6 +936,7 @@ class Broker:
             self._recover_http_subscriptions()
             self._recover_retained(now)
         finally:
+            self.emit_fields = emit_fields
             if collecting:
                 gc.enable()
             self._recovering = False
@@ -878,11 +970,15 @@ class Broker:
             vh = self.vhost(r["vhost"])
             if r["name"] not in vh.exchanges:
                 vh.exchanges[r["name"]] = _exchange(vh, r)
+                self._recover_names(vh, "topic", (r["name"],))
         for _, raw in store.items(P.QUEUES_PREFIX):
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
-            vh.declare_queue(None, r["name"], passive=False, durable=True, exclusive=False,
+            # As a server-named queue: checked when it was declared, and an amq.* name (an
+            # MQTT session's, MQ8) is only ever given by the server.
+            vh.declare_queue(None, "", server_name=r["name"], passive=False, durable=True, exclusive=False,
                              auto_delete=r["auto_delete"], arguments=r["arguments"])
+            self._recover_names(vh, "queue", (r["name"],))
         for _, raw in store.items(P.BINDINGS_PREFIX):
             r = P.decode_json(raw)
             vh = self.vhost(r["vhost"])
@@ -951,6 +1047,8 @@ class Broker:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._flusher
         synced = True
+        if not self.read_only:
+            self._keep_limit_counts()  # A6: the report as it stands, for the next start
         try:
             self.sync_now()
         except StoreFailedError as e:

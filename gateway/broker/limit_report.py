@@ -5,11 +5,20 @@ In ``compatible`` a breach of a CMQ limit is let through and reported: one audit
 ``GET /api/cmq/limits`` lists. Memory is bounded: breaches are aggregated per (vhost, rule,
 object, user) with a count, the first and last time seen and the worst value; past
 ``max_entries`` distinct entries a new one is only counted (``overflow``), never stored.
+
+Restarts (A6): the broker keeps each entry in its store (``persistence.limit_key``) when it
+is made and again at a clean stop, and loads them back first thing at a start
+(``restore``); the objects a start restores are checked again, and a breach the report
+already holds for that object and rule (``has``) is neither counted nor recorded again, so
+a standing breach is reported once, and ``GET /api/cmq/limits`` lists the same before and
+after a restart. After a crash the counts and ``last_seen`` are those of the entry's making
+or of the last clean stop.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +43,12 @@ class LimitEntry:
     example: str   # the reply text the cmq profile would have closed the channel with
     peer: str | None
 
+    @classmethod
+    def from_json(cls, vhost: str, r: dict[str, Any]) -> LimitEntry:
+        return cls(vhost, r["rule"], r["object"], r.get("user"), int(r["count"]), float(r["first_seen"]),
+                   float(r["last_seen"]), r.get("worst_value"), r.get("limit"), r.get("example", ""),
+                   r.get("peer"))
+
     def as_json(self) -> dict[str, Any]:
         return {"vhost": self.vhost, "rule": self.rule, "object": self.object, "user": self.user,
                 "peer": self.peer, "count": self.count, "first_seen": self.first_seen,
@@ -55,20 +70,26 @@ class LimitReport:
         self.max_entries = max_entries
         self._entries: dict[tuple[str, str, str, str | None], LimitEntry] = {}
         self.overflow: dict[tuple[str, str], int] = defaultdict(int)  # (vhost, rule) -> not stored
+        self._objects: dict[tuple[str, str, str], int] = {}  # (vhost, rule, object) -> entries
+        # Entries changed since they were last kept (the broker's store, at a clean stop).
+        self.changed: set[tuple[str, str, str, str | None]] = set()
+        self.on_clear: Callable[[list[LimitEntry]], None] | None = None  # the broker unkeeps them
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def record(self, vhost: str, rule: str, object: str, user: str | None, peer: str | None,
-               value: Any, limit: Any, text: str, now: float) -> None:
+               value: Any, limit: Any, text: str, now: float) -> bool:
+        """Count one breach; True when it made a new entry (for the broker to keep)."""
         key = (vhost, rule, object, user)
         entry = self._entries.get(key)
         if entry is None:
             if len(self._entries) >= self.max_entries:
                 self.overflow[vhost, rule] += 1
-                return
-            self._entries[key] = LimitEntry(vhost, rule, object, user, 1, now, now, value, limit, text, peer)
-            return
+                return False
+            self._add(LimitEntry(vhost, rule, object, user, 1, now, now, value, limit, text, peer))
+            return True
+        self.changed.add(key)
         entry.count += 1
         entry.last_seen = now
         entry.peer = peer or entry.peer
@@ -76,6 +97,24 @@ class LimitReport:
             entry.worst_value = value
             entry.limit = limit
             entry.example = text
+        return False
+
+    def _add(self, entry: LimitEntry) -> None:
+        self._entries[entry.vhost, entry.rule, entry.object, entry.user] = entry
+        obj = (entry.vhost, entry.rule, entry.object)
+        self._objects[obj] = self._objects.get(obj, 0) + 1
+
+    def restore(self, entry: LimitEntry) -> None:
+        """An entry kept before a restart, back as it was (A6)."""
+        if (entry.vhost, entry.rule, entry.object, entry.user) not in self._entries:
+            self._add(entry)
+
+    def has(self, vhost: str, rule: str, object: str) -> bool:
+        """The report holds a breach of ``rule`` by ``object`` (by any user)."""
+        return (vhost, rule, object) in self._objects
+
+    def entry(self, vhost: str, rule: str, object: str, user: str | None) -> LimitEntry | None:
+        return self._entries.get((vhost, rule, object, user))
 
     def entries(self, vhost: str | None = None) -> list[LimitEntry]:
         """Stored entries (of one vhost), by rule, then object, then user."""
@@ -103,8 +142,18 @@ class LimitReport:
                 rule["not_stored"] += n
         return dict(sorted(out.items()))
 
-    def clear(self, vhost: str | None = None) -> None:
+    def clear(self, vhost: str | None = None) -> list[LimitEntry]:
+        """Forget the entries (of one vhost); returns them (the broker unkeeps them)."""
+        gone = []
         for key in [k for k in self._entries if vhost is None or k[0] == vhost]:
-            del self._entries[key]
+            gone.append(self._entries.pop(key))
+            self.changed.discard(key)
+            obj = key[:3]
+            self._objects[obj] -= 1
+            if not self._objects[obj]:
+                del self._objects[obj]
         for dropped in [k for k in self.overflow if vhost is None or k[0] == vhost]:
             del self.overflow[dropped]
+        if gone and self.on_clear is not None:
+            self.on_clear(gone)
+        return gone

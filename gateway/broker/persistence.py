@@ -14,6 +14,8 @@ the keys of the objects it names.
 * ``t/<vhost>/<exchange>/<msg_id>``  binary: a persistent message a durable topic retains
   for retries (D2), with the subscriptions still owed it
 * ``s/<vhost>/<exchange>/<subscription>``  JSON: an HTTP subscription (D7, gateway.push)
+* ``l/<vhost>/<rule>/<object>/<user>``  JSON: an entry of the CMQ limits report (PF4), so
+  that a restart neither reports a standing breach again nor forgets it (A6)
 * ``u/user/<name>``, ``u/vhost/<name>``, ``u/perm/<vhost>/<user>``  JSON: a user, vhost or
   permission changed at run time, or its tombstone (gateway.accounts, SE4); layout 0 never
   had them
@@ -40,6 +42,7 @@ __all__ = [
     "EXCHANGES_PREFIX",
     "FORMAT_KEY",
     "FORMAT_VERSION",
+    "LIMITS_PREFIX",
     "MESSAGES_PREFIX",
     "POLICIES_PREFIX",
     "QUEUES_PREFIX",
@@ -53,6 +56,7 @@ __all__ = [
     "encode_json",
     "encode_message",
     "exchange_key",
+    "limit_key",
     "message_key",
     "permission_key",
     "policy_key",
@@ -83,6 +87,7 @@ RETAINED_PREFIX = key_prefix("t")
 SUBSCRIPTIONS_PREFIX = key_prefix("s")
 ACCOUNTS_PREFIX = key_prefix("u")
 POLICIES_PREFIX = key_prefix("p")
+LIMITS_PREFIX = key_prefix("l")
 
 
 def exchange_key(vhost: str, name: str) -> str:
@@ -95,6 +100,11 @@ def queue_key(vhost: str, name: str) -> str:
 
 def binding_key(vhost: str, source: str, kind: str, dest: str, key: str) -> str:
     return make_key("b", vhost, source, kind, dest, key)
+
+
+def limit_key(vhost: str, rule: str, object: str, user: str | None) -> str:
+    """An entry of the limits report; a breach with no user (a restart found it) as ``""``."""
+    return make_key("l", vhost, rule, object, user or "")
 
 
 def policy_key(vhost: str, name: str) -> str:

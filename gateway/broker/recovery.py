@@ -12,6 +12,7 @@ keeps that key on the side).
 from __future__ import annotations
 
 import ctypes
+import logging
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -21,12 +22,15 @@ from gateway.broker.message import DISK_BODY_MIN, Message, recovered
 from gateway.memory import HELD, HeldMemory
 from semantics.queue_cold import ColdRun
 
+log = logging.getLogger("cmq_gateway.broker")
+
 if TYPE_CHECKING:
     from gateway.broker.broker import Broker
     from gateway.broker.queue import BrokerQueue
     from gateway.broker.vhost import VHost
 
-__all__ = ["COLD_MESSAGE_BYTES", "QueueRecords", "properties_cache", "read_runs", "recover_messages", "return_big_buffers"]
+__all__ = ["COLD_MESSAGE_BYTES", "QueueRecords", "properties_cache", "read_runs", "rebuild_records", "recover_messages",
+           "return_big_buffers"]
 
 # W5: what a message held cold counts as held memory: its ID and array entries (~60 bytes,
 # tracemalloc), not the ~700 of a message made of objects (gateway.memory).
@@ -173,6 +177,7 @@ def recover_messages(broker: Broker, now: float) -> None:
     by_queue = recovery_cache.load(broker, properties)
     if by_queue is None:
         by_queue = read_runs(broker.store, properties)
+    rebuild_records(broker, by_queue)
     touched: dict[BrokerQueue, VHost] = {}
     for (vhost, queue), records in by_queue.items():
         vh = broker.vhost(vhost)
@@ -190,3 +195,44 @@ def recover_messages(broker: Broker, now: float) -> None:
     # the recovery's time went to rescheduling the same queue).
     for q, vh in touched.items():
         broker.after_queue_change(vh, q, dispatch=False)
+
+
+def _stored_since(broker: Broker, by_queue: dict[tuple[str, str], QueueRecords], since: float
+                  ) -> list[tuple[str, str, str, str, str, int]]:
+    """The messages of existing queues enqueued from ``since`` on: (vhost, queue, msg_id,
+    exchange, routing key, size). A run is in store order, so its tail is walked back only."""
+    out: list[tuple[str, str, str, str, str, int]] = []
+    for (vhost, queue), records in by_queue.items():
+        run = records.run
+        vh = broker.vhosts.get(vhost)
+        if run is None or vh is None or queue not in vh.queues:
+            continue
+        times = run.enqueue_times
+        n = len(times)
+        k = 0
+        while k < n and times[n - 1 - k] >= since:
+            k += 1
+        if not k:
+            continue
+        ids = bytes(run.ids).rsplit(b"\x00", k + 1)[1:-1]
+        for i, raw in zip(range(n - k, n), ids, strict=True):
+            _, exchange, routing_key = records.combos[run.refs[i]]
+            out.append((vhost, queue, raw.decode(), exchange, routing_key, run.sizes[i]))
+    return out
+
+
+def rebuild_records(broker: Broker, by_queue: dict[tuple[str, str], QueueRecords]) -> None:
+    """A5: the publish and enqueue records a crash kept from the audit log, for the stored
+    messages that come back (gateway.audit.rebuild), written before anything else happens."""
+    directory = getattr(broker.audit, "directory", None)
+    if directory is None or not by_queue:
+        return
+    from gateway.audit import rebuild
+
+    try:
+        found = rebuild.missing(directory, lambda since: _stored_since(broker, by_queue, since))
+    except OSError:
+        log.warning("audit: the log could not be read to find the records a crash lost", exc_info=True)
+        return
+    for event, vhost, fields in found:
+        broker.emit_fields(event, vhost, fields)

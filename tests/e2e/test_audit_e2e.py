@@ -381,7 +381,7 @@ def test_A1_A2_A3_A4_audit_log_of_a_known_workload(spark: Any, audit_run: Run) -
     # ---- A2: common fields -------------------------------------------------------------------
     for r in rows:
         gaps.true(f"A2 v/ts/vhost of {r['event']}: {r['v']!r} {r['ts']!r} {r['vhost']!r}",
-                  r["v"] == 1 and r["ts"] is not None and r["vhost"] == VHOST)
+                  r["v"] == 2 and r["ts"] is not None and r["vhost"] == VHOST)
     ts_re = re.compile(r'"ts":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z"')
     raw_lines = [line for f in run.closed_files
                  for line in Path(run.audit_dir, f).read_text(encoding="utf-8").splitlines()]

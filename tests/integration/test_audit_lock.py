@@ -42,6 +42,8 @@ def test_A7_second_gateway_on_the_audit_dir_is_refused_and_the_first_stops_clean
             for i in range(20):
                 ch.basic_publish("", "lock-q", str(i).encode(), pika.BasicProperties(delivery_mode=2))
         _wait_for(lambda: any(name.endswith(".open") for name in _audit_files(audit)), "an open audit file")
+        # Every record of that connection written (its close comes after its confirms: A5).
+        _wait_for(lambda: any(r["event"] == "connection_close" for r in _records(audit)), "the close record")
         before = _audit_files(audit)
 
         done = run_serve("--data-dir", str(tmp_path / "other-data"), "--audit-dir", str(audit))

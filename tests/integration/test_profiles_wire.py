@@ -83,7 +83,7 @@ async def test_PF4_cmq_refusals_pass_and_are_reported_in_compatible(og: Operator
         ("L6", "exchange:ex.t", 70_000, 65536), ("L6", "queue:q1", 70_000, 65536),
         # L1/L2: names CMQ could not hold (too short, or a dot) are reported too.
         ("L2", "exchange:ex", 2, 64), ("L2", "exchange:ex.t", 4, 64), ("L2", "queue:q1", 2, 64)])
-    assert all(r["user"] == "guest" and r["peer"].startswith("127.0.0.1:") and r["v"] == 1 for r in records)
+    assert all(r["user"] == "guest" and r["peer"].startswith("127.0.0.1:") and r["v"] == 2 for r in records)
     async with aiohttp.ClientSession(auth=AUTH) as http:
         async with http.get(f"{og.metrics_url}/metrics") as r:
             text = await r.text()

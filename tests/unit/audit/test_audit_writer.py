@@ -40,7 +40,7 @@ def test_A2_record_has_version_ts_and_typed_fields(tmp_path: Path) -> None:
         audit.emit("retry", "/", topic="orders", subscription="s1", msg_id="msg-1", tags=["a", 7],
                    attempt=2, policy="BACKOFF_RETRY", next_at=1_714_557_615.0, conn=12, size=None)
     assert _lines(tmp_path) == [{
-        "v": 1, "ts": "2024-05-01T10:00:00.123456Z", "event": "retry", "vhost": "/",
+        "v": 2, "ts": "2024-05-01T10:00:00.123456Z", "event": "retry", "vhost": "/",
         "topic": "orders", "subscription": "s1", "msg_id": "msg-1", "tags": ["a", "7"],
         "attempt": 2, "policy": "BACKOFF_RETRY", "next_at": "2024-05-01T10:00:15.000000Z",
         "conn": "12",

@@ -100,7 +100,7 @@ def test_A1_scenario_1_rows_take_the_batch_path_with_exact_counts() -> None:
     data, ts, counts = got
     lines = data.splitlines()
     assert len(lines) == 2000 and ts == "2026-09-21T14:13:20.250000Z"
-    assert lines[1] == (b'{"v":1,"ts":"2026-09-21T14:13:20.250001Z","event":"enqueue","vhost":"/",'
+    assert lines[1] == (b'{"v":2,"ts":"2026-09-21T14:13:20.250001Z","event":"enqueue","vhost":"/",'
                         b'"queue":"perf-q","msg_id":"msg-0000000000000000","size":16}')
     assert sorted(counts) == sorted([(("publish", "/", ""), 500), (("enqueue", "/", "perf-q", True), 500),
                                      (("deliver", "/", "perf-q", False), 500), (("ack", "/", "perf-q"), 500)])
