@@ -11,10 +11,18 @@ copy (a fanout message is one copy per queue):
 * every confirmed copy is back, unless a consumer had acked it before the crash (an acked
   copy may be back or not: the crash may have come before the ack was written);
 * nothing comes back twice from one queue (``duplicates``) and nothing comes back that was
-  never published (``phantoms``).
+  never published (``phantoms``);
+* the audit trail (A5): once the restarted gateway has stopped, every message copy the store
+  held after the restart (what the drain got) and every copy a consumer got before the
+  crash has its ``publish`` and ``enqueue`` records in the audit log (the gateway's default
+  ``DATA_DIR/audit``). Consumers and the drain ask for receive metadata (PF5) to learn each
+  copy's CMQ ID (``x-cmq-msg-id``), which the records carry. A copy without them is
+  ``audit missing``, counted by kind: held by the store, consumed and confirmed, consumed
+  and never confirmed (the bound the README states: a message delivered before its confirm
+  may lose its records with a crash in that window, as it is neither confirmed nor stored).
 
 A confirmed copy neither acked nor back is LOST; the script exits 1 if anything was lost or
-duplicated or a phantom appeared. With ``--disk-full-trials`` some trials put the data dir
+duplicated or a phantom appeared, or a stored or confirmed copy has no audit records. With ``--disk-full-trials`` some trials put the data dir
 on a small tmpfs (root only) that a filler file takes almost all of, with ``disk_free_limit``
 set below what is left, so the store hits ENOSPC while the publishers run; the filler is
 removed before the restart (the operator made room).
@@ -80,6 +88,7 @@ class Ledger:
     delivered: int = 0
     requeued: int = 0
     free_at_kill: int = 0  # bytes free on the data dir's file system when it was killed
+    consumed: set[tuple[str, str, str]] = field(default_factory=set)  # (queue, CMQ ID, id) delivered
 
 
 @dataclass
@@ -98,10 +107,16 @@ class Result:
     phantoms: int
     unconfirmed_back: int
     free_at_kill: int
+    audit_checked: int = 0  # copies whose records were looked up
+    audit_missing_stored: int = 0  # held by the store after the restart, no publish/enqueue
+    audit_missing_confirmed: int = 0  # consumed before the crash and confirmed, no records
+    audit_missing_unconfirmed: int = 0  # consumed before the crash, never confirmed, no records
+    audit_rebuilt: int = 0  # records written again at the restart (origin "rebuilt")
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicates or self.phantoms)
+        return not (self.lost or self.duplicates or self.phantoms or self.audit_missing_stored
+                    or self.audit_missing_confirmed)
 
 
 class Gateway:
@@ -212,6 +227,7 @@ async def consumer(url: str, queue: str, ledger: Ledger, rng: random.Random) -> 
         mid = message.header.properties.message_id
         tag = message.delivery_tag
         assert tag is not None and mid is not None
+        ledger.consumed.add((queue, cmq_id(message), mid))
         r = rng.random()
         if r < 0.9:
             # Recorded before it is sent: from here on the copy may or may not come back.
@@ -222,7 +238,7 @@ async def consumer(url: str, queue: str, ledger: Ledger, rng: random.Random) -> 
             await ch.basic_nack(tag, requeue=True)
         # else: held unacked; it must come back after the restart
 
-    await ch.basic_consume(queue, on_message)
+    await ch.basic_consume(queue, on_message, arguments=METADATA)
     await conn.closing
 
 
@@ -249,8 +265,19 @@ async def load(gw: Gateway, ledger: Ledger, rng: random.Random, seconds: float, 
     return killed_after
 
 
-async def drain(url: str) -> dict[str, Counter[str]]:
-    """Every message of every queue, received with no_ack (so they are gone afterwards)."""
+# PF5: each delivery carries its CMQ ID (x-cmq-msg-id), the msg_id of its audit records.
+METADATA = {"x-cmq-receive-metadata": True}
+
+
+def cmq_id(message: aiormq.abc.DeliveredMessage) -> str:
+    headers = message.header.properties.headers or {}
+    got = headers.get("x-cmq-msg-id")
+    return got.decode() if isinstance(got, bytes) else str(got)
+
+
+async def drain(url: str, stored: set[tuple[str, str]] | None = None) -> dict[str, Counter[str]]:
+    """Every message of every queue, received with no_ack (so they are gone afterwards);
+    ``stored`` gets each one's (queue, CMQ ID)."""
     conn = await aiormq.connect(url)
     ch = await conn.channel()
     found: dict[str, Counter[str]] = {}
@@ -259,12 +286,15 @@ async def drain(url: str) -> dict[str, Counter[str]]:
         got: Counter[str] = Counter()
         last = loop.time()
 
-        async def on_message(message: aiormq.abc.DeliveredMessage, got: Counter[str] = got) -> None:
+        async def on_message(message: aiormq.abc.DeliveredMessage, got: Counter[str] = got,
+                             queue: str = queue) -> None:
             nonlocal last
             got[message.body.split(b"|", 1)[0].decode()] += 1
+            if stored is not None:
+                stored.add((queue, cmq_id(message)))
             last = loop.time()
 
-        ok = await ch.basic_consume(queue, on_message, no_ack=True)
+        ok = await ch.basic_consume(queue, on_message, no_ack=True, arguments=METADATA)
         while True:
             await asyncio.sleep(0.2)
             declared = await ch.queue_declare(queue, passive=True)
@@ -298,6 +328,56 @@ def check(ledger: Ledger, found: dict[str, Counter[str]]) -> tuple[int, int, int
     return recovered, len(lost), duplicates, phantoms, unconfirmed_back, lost
 
 
+def read_audit(directory: Path) -> tuple[set[str], set[tuple[str, str]], int]:
+    """The msg_ids with a publish record, the (queue, msg_id) with an enqueue record, and how
+    many records say origin "rebuilt" (every whole line of every segment)."""
+    published: set[str] = set()
+    enqueued: set[tuple[str, str]] = set()
+    rebuilt = 0
+    for path in sorted(directory.glob("dt=*/hour=*/*.jsonl")) + sorted(directory.glob("dt=*/hour=*/.*.open")):
+        for line in path.read_bytes().split(b"\n"):
+            if b'"event":"publish"' not in line and b'"event":"enqueue"' not in line:
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue  # a torn last line (A3)
+            rebuilt += r.get("origin") == "rebuilt"
+            if r["event"] == "publish":
+                published.add(r["msg_id"])
+            else:
+                enqueued.add((r["queue"], r["msg_id"]))
+    return published, enqueued, rebuilt
+
+
+def check_audit(result: Result, ledger: Ledger, stored: set[tuple[str, str]], audit_dir: Path
+                ) -> list[tuple[str, str, str]]:
+    """A5: the records of every copy the store held or a consumer got; the missing ones."""
+    published, enqueued, result.audit_rebuilt = read_audit(audit_dir)
+    missing: list[tuple[str, str, str]] = []
+
+    def has(queue: str, gid: str) -> bool:
+        return gid in published and (queue, gid) in enqueued
+
+    for queue, gid in stored:
+        result.audit_checked += 1
+        if not has(queue, gid):
+            result.audit_missing_stored += 1
+            missing.append(("stored", queue, gid))
+    for queue, gid, mid in ledger.consumed:
+        if (queue, gid) in stored:
+            continue
+        result.audit_checked += 1
+        if not has(queue, gid):
+            if mid in ledger.confirmed:
+                result.audit_missing_confirmed += 1
+                missing.append(("confirmed", queue, gid))
+            else:
+                result.audit_missing_unconfirmed += 1
+                missing.append(("unconfirmed", queue, gid))
+    return missing
+
+
 def run_trial(trial: int, data_dir: Path, work: Path, args: argparse.Namespace, rng: random.Random,
               variant: str, config: Path | None = None, before_restart=None) -> tuple[Result, list[tuple[str, str]]]:
     ledger = Ledger()
@@ -309,14 +389,15 @@ def run_trial(trial: int, data_dir: Path, work: Path, args: argparse.Namespace, 
     if before_restart is not None:
         before_restart()
     gw = Gateway(data_dir, work / "gateway-2.log", config)
+    stored: set[tuple[str, str]] = set()
     try:
-        found = asyncio.run(drain(gw.url))
+        found = asyncio.run(drain(gw.url, stored))
         recovered, n_lost, duplicates, phantoms, unconfirmed_back, lost = check(ledger, found)
         if lost:
             # A copy restored Inactive would show only after its visibility timeout (Q1, 30 s
             # by default): look once more before calling it lost.
             time.sleep(35)
-            again = asyncio.run(drain(gw.url))
+            again = asyncio.run(drain(gw.url, stored))
             for queue, got in again.items():
                 found[queue].update(got)
             recovered, n_lost, duplicates, phantoms, unconfirmed_back, lost = check(ledger, found)
@@ -325,11 +406,12 @@ def run_trial(trial: int, data_dir: Path, work: Path, args: argparse.Namespace, 
     result = Result(trial, variant, round(killed_after, 2), len(ledger.published), len(ledger.confirmed),
                     sum(len(d) for d in ledger.confirmed.values()), ledger.nacked, len(ledger.acked),
                     recovered, n_lost, duplicates, phantoms, unconfirmed_back, ledger.free_at_kill)
+    missing = check_audit(result, ledger, stored, data_dir / "audit")  # the gateway has stopped
     if not result.ok:
         (work / "ledger.json").write_text(json.dumps({
             "result": result.__dict__, "lost": lost[:10_000], "published": sorted(ledger.published),
             "confirmed": {m: sorted(d) for m, d in ledger.confirmed.items()}, "acked": sorted(ledger.acked),
-            "found": {q: dict(c) for q, c in found.items()}}))
+            "found": {q: dict(c) for q, c in found.items()}, "audit_missing": missing[:10_000]}))
     return result, lost
 
 
@@ -390,7 +472,9 @@ def main() -> int:
         print(f"trial {trial} ({variant}): killed after {r.killed_after} s; published {r.published}, "
               f"confirmed {r.confirmed} ({r.confirmed_copies} queue copies), nacked {r.nacked}, "
               f"acked {r.acked}, recovered {r.recovered}, lost {r.lost}, duplicates {r.duplicates}, "
-              f"phantoms {r.phantoms}, unconfirmed back {r.unconfirmed_back}"
+              f"phantoms {r.phantoms}, unconfirmed back {r.unconfirmed_back}; audit: {r.audit_checked} "
+              f"copies checked, missing {r.audit_missing_stored} stored / {r.audit_missing_confirmed} "
+              f"confirmed / {r.audit_missing_unconfirmed} unconfirmed consumed, {r.audit_rebuilt} rebuilt"
               + (f"; {r.free_at_kill} bytes free at the kill" if variant == "disk-full" else ""), flush=True)
         if r.ok:
             if args.keep_all:
@@ -404,7 +488,8 @@ def main() -> int:
             print(f"  FAILED: first lost copies {lost[:5]}; files kept in {keep}", flush=True)
     total = {k: sum(getattr(r, k) for r in results) for k in
              ("published", "confirmed", "confirmed_copies", "nacked", "acked", "recovered", "lost",
-              "duplicates", "phantoms", "unconfirmed_back")}
+              "duplicates", "phantoms", "unconfirmed_back", "audit_checked", "audit_missing_stored",
+              "audit_missing_confirmed", "audit_missing_unconfirmed", "audit_rebuilt")}
     print(f"total: {len(results)} trials, " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in total.items()))
     return 0 if all(r.ok for r in results) else 1
 
