@@ -238,10 +238,13 @@ def _exists(vh: Any, kind: str, name: str) -> bool:
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
+    # Read (and kept) by the admission middleware already, within its deadline (SE5): the
+    # stream is at its end then, so can_read_body says no more whether there was a body.
+    raw = await request.read() if request.body_exists else b""
+    if not raw:
         return {}
     try:
-        body = await request.json(loads=json.loads)
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise bad_request("body is not JSON")
     if not isinstance(body, dict):
@@ -251,7 +254,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 
 def make_app(obj: Any, pusher: HttpPusher | None = None) -> web.Application:
     """The aiohttp application for a Gateway or Broker (see ``start_management``)."""
-    from gateway.management import accounts_api, cmq_api, rabbit_api
+    from gateway.management import accounts_api, cmq_api, console, rabbit_api
     from gateway.management.slash import add_slash_routes
 
     mgmt = Management(obj, pusher)
@@ -260,6 +263,7 @@ def make_app(obj: Any, pusher: HttpPusher | None = None) -> web.Application:
     rabbit_api.add_routes(app, mgmt)
     accounts_api.add_routes(app, mgmt)
     cmq_api.add_routes(app, mgmt)
+    console.add_routes(app, mgmt)  # the web console at / and its message trace (UI1, UI3)
     add_slash_routes(app)  # RabbitMQ serves every path with a trailing slash too
     authz.check_table(app)
     app.on_startup.append(_start_sampler)
@@ -299,4 +303,4 @@ async def start_management(obj: Any, host: str = "127.0.0.1", port: int = 15672,
     Stop with ``await runner.cleanup()``."""
     app = make_app(obj, pusher)
     app[MGMT].pusher.recover()
-    return await serve_app(app, host, port, ssl_context, sockets)
+    return await serve_app(app, host, port, ssl_context, sockets, obj=obj, name="management API")

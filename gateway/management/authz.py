@@ -177,6 +177,13 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/cmq/queues/{vhost}/{queue}"): VHOST,
     ("POST", "/api/cmq/queues/{vhost}/{queue}/rewind"): _on(("read", "queue", "queue")),
     ("DELETE", "/api/cmq/queues/{vhost}/{queue}/messages"): _on(("read", "queue", "queue")),
+    # UI3: a message's events from the audit log (gateway/management/trace.py): records carry
+    # users, peers and routing keys of every client, so monitors only, within a vhost they see.
+    ("GET", "/api/cmq/trace/{vhost}/{msg_id}"): Rule("monitoring", vhost=True),
+    # UI1: the web console's files (gateway/management/console), public as RabbitMQ's login
+    # page: they hold no data, every value is read through the routes above.
+    ("GET", "/"): OPEN,
+    ("GET", "/console/{file}"): OPEN,
 }
 
 

@@ -1,0 +1,81 @@
+// Connections and channels: lists, a connection's page, closing a connection (its own user or
+// an administrator: the API decides).
+import { api, get } from './api.js';
+import { button, connectionHref, details, enc, fill, h, num, pre, section, table, when } from './dom.js';
+
+const clientName = (c) => ((c.client_properties || {}).connection_name || (c.client_properties || {}).client_id || '');
+
+export function connectionsView(ctx) {
+  const list = h('div', { id: 'connections-table' });
+  const el = h('div', { id: 'connections' }, h('h1', null, 'Connections'), list);
+  async function refresh() {
+    const data = await get('/api/connections?page=1&page_size=500');
+    const items = ctx.vhost ? data.items.filter((c) => c.vhost === ctx.vhost) : data.items;
+    fill(list, h('p', { class: 'summary' }, `${num(items.length)} of ${num(data.total_count)} connections`
+      + (data.total_count > 500 ? ' (first 500)' : '')),
+    table([
+      ctx.vhost ? null : { key: 'vhost', label: 'Virtual host' },
+      { key: 'name', label: 'Name', value: (c) => h('a', { href: connectionHref(c.name) }, c.name) },
+      { key: 'client', label: 'Client-provided name', value: clientName },
+      { key: 'user', label: 'User name' },
+      { key: 'protocol', label: 'Protocol' },
+      { key: 'ssl', label: 'TLS', value: (c) => (c.ssl ? c.ssl_protocol || 'yes' : 'no') },
+      { key: 'state', label: 'State' },
+      { key: 'channels', label: 'Channels', num: true },
+      { key: 'connected_at', label: 'Connected at', value: (c) => when(c.connected_at) },
+    ].filter(Boolean), items, { empty: 'No connections.', id: 'connections-list' }));
+  }
+  return { el, refresh, title: 'Connections' };
+}
+
+export function connectionView(ctx, name) {
+  const path = `/api/connections/${enc(name)}`;
+  const info = h('div', { id: 'connection-details' });
+  const chans = h('div');
+  const close = button('Force close', async () => {
+    if (!confirm(`Close connection "${name}"?`)) return;
+    try {
+      await api('DELETE', path, undefined, { headers: { 'X-Reason': 'Closed via the management console' } });
+      ctx.flash('Connection closed.');
+      ctx.go('#/connections');
+    } catch (e) { ctx.flash(`Close failed: ${e.message}`, 'error'); }
+  }, 'danger');
+  const el = h('div', { id: 'connection' }, h('h1', null, 'Connection ', h('span', { class: 'name' }, name)),
+    section('Details', info), section('Channels', chans), section('Close this connection', close));
+  async function refresh() {
+    const [c, ch] = await Promise.all([get(path), get('/api/channels')]);
+    fill(info, details([
+      ['Client-provided name', clientName(c)], ['User', c.user], ['Virtual host', c.vhost], ['Protocol', c.protocol],
+      ['State', c.state], ['Peer', `${c.peer_host}:${c.peer_port}`], ['Local', `${c.host}:${c.port}`],
+      ['Authentication', c.auth_mechanism], ['Heartbeat', c.timeout], ['Frame max', c.frame_max],
+      ['Channel max', c.channel_max], ['TLS', c.ssl ? `${c.ssl_protocol} ${c.ssl_cipher}` : 'no'],
+      ['Connected at', when(c.connected_at)], ['Client properties', pre(c.client_properties || {})],
+    ]));
+    fill(chans, channelTable(ch.filter((x) => (x.connection_details || {}).name === name)));
+  }
+  return { el, refresh, title: `Connection ${name}` };
+}
+
+function channelTable(items) {
+  return table([
+    { key: 'name', label: 'Channel' },
+    { key: 'user', label: 'User name' },
+    { key: 'vhost', label: 'Virtual host' },
+    { key: 'mode', label: 'Mode', value: (c) => [c.confirm ? 'C' : '', c.transactional ? 'T' : ''].join(' ').trim() },
+    { key: 'state', label: 'State' },
+    { key: 'prefetch_count', label: 'Prefetch', num: true },
+    { key: 'messages_unacknowledged', label: 'Unacked', num: true },
+    { key: 'messages_unconfirmed', label: 'Unconfirmed', num: true },
+    { key: 'consumer_count', label: 'Consumers', num: true },
+  ], items, { empty: 'No channels.', id: 'channels-list' });
+}
+
+export function channelsView(ctx) {
+  const list = h('div', { id: 'channels-table' });
+  const el = h('div', { id: 'channels' }, h('h1', null, 'Channels'), list);
+  async function refresh() {
+    const items = await get('/api/channels');
+    fill(list, channelTable(ctx.vhost ? items.filter((c) => c.vhost === ctx.vhost) : items));
+  }
+  return { el, refresh, title: 'Channels' };
+}
