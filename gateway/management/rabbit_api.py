@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import json
 import math
@@ -30,6 +31,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from gateway.auth import User
+from gateway.jetstream.api_receive import demand_for
 from gateway.management import definitions
 from gateway.management.app import USER, Management, bad_request, jsonable, not_found, read_json
 from gateway.protocol.properties import Properties
@@ -335,6 +337,28 @@ def _channels(mgmt: Management, vhosts: set[str]) -> list[Any]:
 # -- handlers -----------------------------------------------------------------------------------
 
 
+# JetStream: how long a "get messages" waits for the pull made for it (hang protection; a
+# pull is answered at once, with messages or with none).
+GET_PULL_WAIT = 10.0
+
+
+async def _receive_for_get(broker: Any, q: Any, count: int, demand: Any) -> list[Any]:
+    """Up to ``count`` CMQ receives for "get messages". On JetStream (``demand`` not None) the
+    local queue holds only what was pulled for consumers and gets, so the request pulls for
+    itself, as a CMQ API ReceiveMessage does (gateway.jetstream.api_receive; issue 28)."""
+    receipts: list[Any] = []
+
+    def take() -> None:
+        now = broker.now()
+        while len(receipts) < count and (receipt := q.receive(now)) is not None:
+            receipts.append(receipt)
+
+    take()
+    if demand is not None and len(receipts) < count and await demand.pulled(GET_PULL_WAIT):
+        take()
+    return receipts
+
+
 def add_routes(app: web.Application, mgmt: Management) -> None:
     r = app.router
 
@@ -473,41 +497,44 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             raise bad_request(f"Invalid ackmode: {mode}")
         if encoding not in ("auto", "base64"):
             raise bad_request(f"Unsupported encoding: {encoding}")
-        broker, now = mgmt.broker, mgmt.broker.now()
-        receipts: list[Any] = []
-        while len(receipts) < count and (receipt := q.receive(now)) is not None:
-            receipts.append(receipt)
-        out = []
-        for i, receipt in enumerate(receipts):
-            m = receipt.message
-            msg = m.payload
-            data = bytes(getattr(msg, "body", b""))
-            shown = data[:truncate] if isinstance(truncate, int) and not isinstance(truncate, bool) else data
-            text = None
-            if encoding == "auto":
-                try:
-                    text = shown.decode()
-                except UnicodeDecodeError:
-                    text = None
-            props = getattr(msg, "properties", None)
-            out.append({"payload_bytes": len(data), "redelivered": m.receive_count > 1,
-                        "exchange": getattr(msg, "exchange", ""), "routing_key": getattr(msg, "routing_key", ""),
-                        "message_count": q.message_count + len(receipts) - i - 1,
-                        "properties": jsonable(props.as_dict()) if props is not None else {},
-                        "payload": text if text is not None else base64.b64encode(shown).decode(),
-                        "payload_encoding": "string" if text is not None else "base64"})
-        user = request[USER].name
-        for receipt in receipts:
-            m = receipt.message
-            if mode == "ack_requeue_false":
-                broker.settle_deleted(q, receipt)
-                broker.audit.emit("ack", vh.name, queue=q.name, msg_id=m.msg_id, user=user)
-            elif mode.endswith("requeue_true"):
-                q.cmq.release(receipt, now)
-                broker.audit.emit("requeue", vh.name, queue=q.name, msg_id=m.msg_id, user=user)
-            else:
-                broker.drop_received(q, receipt, user)
-        broker.after_queue_change(vh, q)
+        broker = mgmt.broker
+        demand = demand_for(broker, q, count, False)
+        # On JetStream what was pulled for this request and requeued goes back to the stream
+        # when the demand ends, for every gateway (not kept here under this gateway's lease).
+        with demand if demand is not None else contextlib.nullcontext():
+            receipts = await _receive_for_get(broker, q, count, demand)
+            now = broker.now()
+            out = []
+            for i, receipt in enumerate(receipts):
+                m = receipt.message
+                msg = m.payload
+                data = bytes(getattr(msg, "body", b""))
+                shown = data[:truncate] if isinstance(truncate, int) and not isinstance(truncate, bool) else data
+                text = None
+                if encoding == "auto":
+                    try:
+                        text = shown.decode()
+                    except UnicodeDecodeError:
+                        text = None
+                props = getattr(msg, "properties", None)
+                out.append({"payload_bytes": len(data), "redelivered": m.receive_count > 1,
+                            "exchange": getattr(msg, "exchange", ""), "routing_key": getattr(msg, "routing_key", ""),
+                            "message_count": q.message_count + len(receipts) - i - 1,
+                            "properties": jsonable(props.as_dict()) if props is not None else {},
+                            "payload": text if text is not None else base64.b64encode(shown).decode(),
+                            "payload_encoding": "string" if text is not None else "base64"})
+            user = request[USER].name
+            for receipt in receipts:
+                m = receipt.message
+                if mode == "ack_requeue_false":
+                    broker.settle_deleted(q, receipt)
+                    broker.audit.emit("ack", vh.name, queue=q.name, msg_id=m.msg_id, user=user)
+                elif mode.endswith("requeue_true"):
+                    q.cmq.release(receipt, now)
+                    broker.audit.emit("requeue", vh.name, queue=q.name, msg_id=m.msg_id, user=user)
+                else:
+                    broker.drop_received(q, receipt, user)
+            broker.after_queue_change(vh, q)
         return web.json_response(out)
 
     async def queue_bindings(request: web.Request) -> web.Response:
