@@ -29,7 +29,8 @@ class Alarms:
         self.memory = False
         self.disk = False
         self.disk_why = ""  # why the disk alarm is set, for the log and the overview
-        self.held = 0  # bytes held at the last check (messages, partial bodies, output, store)
+        self.held = 0  # bytes held at the last check (messages, partial bodies and pre-login input,
+        # retained MQTT messages, output, store)
         self.outgoing = 0  # bytes in the sockets' write buffers at the last tick
         self.disk_free: int | None = None  # free bytes of the data dir's file system
 
@@ -46,7 +47,7 @@ class Alarms:
     def held_bytes(self, broker: Any) -> int:
         """What the broker holds now; cheap (counters, no scan): the transport asks often."""
         store = getattr(broker, "store", None)
-        return HELD.messages + HELD.partial + self.outgoing + (store.live_bytes if store is not None else 0)
+        return HELD.total + self.outgoing + (store.live_bytes if store is not None else 0)
 
     def check(self, limits: Any, broker: Any, data_dir: str | None) -> bool:
         """Re-decide both alarms; True when either changed."""

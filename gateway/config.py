@@ -22,7 +22,9 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
              memory_high_watermark: 1073741824,   # bytes the broker holds (gateway/memory.py)
              disk_free_limit: 50000000,           # free bytes of the data dir's file system
              max_message_size: 134217728,         # a larger content header is refused (406)
-             store_high_watermark: 0}             # optional quota on the store's files; 0: none
+             store_high_watermark: 0,             # optional quota on the store's files; 0: none
+             max_connections: 0, fd_reserve: 256, # SE5, per listener (gateway/admission.py)
+             http_idle_timeout: 10, http_body_timeout: 10, preauth_bytes: 65536}
     audit: {dir: /var/log/cmq-gateway, rotate_bytes: 67108864, rotate_seconds: 3600,
             retention_hours: 168, events: null}
     management: {port: 15672, host: "0.0.0.0"}   # or off; RabbitMQ's management HTTP API
@@ -112,10 +114,22 @@ class Limits:
     # A content header declaring a larger body is refused with 406 (RabbitMQ's
     # max_message_size and its 3.10 default, 128 MiB).
     max_message_size: int = 128 << 20
-    max_connections: int = 0  # 0: unlimited
-    # SE4: seconds from accept until connection.open must have been answered (RabbitMQ's
-    # handshake_timeout, 10 s); 0 turns the limit off.
+    # SE5 (gateway/admission.py): connections each listener may hold (AMQP, AMQPS, MQTT,
+    # MQTTS, management, metrics, CMQ API, each on its own); 0: no limit but the descriptors.
+    max_connections: int = 0
+    # SE4/SE5: seconds from accept until connection.open (AMQP) or CONNACK (MQTT) must have
+    # been answered (RabbitMQ's handshake_timeout, 10 s); 0 turns the limit off.
     handshake_timeout: float = 10.0
+    # SE5: descriptors kept free for the other listeners: with fewer free than this, a
+    # listener holding fd_reserve/4 sockets or more closes new ones at once.
+    fd_reserve: int = 256
+    # SE5, HTTP listeners: seconds from accept (or from the previous response: keep-alive)
+    # until a request's headers are complete, and from them until its body is read.
+    http_idle_timeout: float = 10.0
+    http_body_timeout: float = 10.0
+    # SE5: bytes a connection may send before it is logged in (an MQTT CONNECT, and what
+    # follows it, before CONNACK; HTTP request headers).
+    preauth_bytes: int = 65536
 
 
 @dataclass(frozen=True, slots=True)

@@ -266,7 +266,11 @@ LIMITS = Map({
     "memory_high_watermark": BYTES,
     "store_high_watermark": Int(0),  # an optional quota on the store's files; 0: none
     "low_watermark_ratio": Num(gt=0, hi=1),
-    "max_connections": Int(0),
+    "max_connections": Int(0),  # per listener (SE5)
+    "fd_reserve": Int(0),
+    "http_idle_timeout": Num(ge=0),  # seconds; 0 turns the limit off
+    "http_body_timeout": Num(ge=0),
+    "preauth_bytes": Int(256, 268435455),
     # Branch alarms.
     "handshake_timeout": Num(ge=0),  # seconds; 0 turns the limit off (SE4)
     "disk_free_limit": Int(0),

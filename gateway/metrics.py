@@ -553,20 +553,24 @@ async def start_metrics(obj: Any, host: str = "127.0.0.1", port: int = 15692, *,
     ``ssl_context`` (SE2); port 0 picks a free one (``runner.addresses[0][1]``). ``sockets``
     (bound and listening) are served instead of (host, port). Stop with
     ``await runner.cleanup()``."""
-    return await serve_app(metrics_app(obj), host, port, ssl_context, sockets)
+    return await serve_app(metrics_app(obj), host, port, ssl_context, sockets, obj=obj, name="metrics")
 
 
 async def serve_app(app: web.Application, host: str, port: int, ssl_context: ssl.SSLContext | None,
-                    sockets: list[socket.socket] | None) -> web.AppRunner:
-    """An operator HTTP application served on ``sockets``, or else on (host, port)."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+                    sockets: list[socket.socket] | None, *, obj: Any = None, name: str = "metrics") -> web.AppRunner:
+    """An operator HTTP application served on ``sockets``, or else on (host, port), under the
+    admission policy (SE5, gateway/admission.py) of ``obj``'s gateway: its listener ``name``
+    counted and limited, silent and trickling sockets closed."""
+    from gateway import admission
+
+    gates, policy, handshake_timeout = admission.of(obj)
+    own = sockets is None
+    socks = admission.bind_http(host, port) if sockets is None else sockets
     try:
-        if sockets is None:
-            await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
-        for sock in sockets or ():
-            await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+        return await admission.serve_http(app, gate=gates.gate(name), policy=policy, sockets=socks,
+                                          ssl_context=ssl_context, handshake_timeout=handshake_timeout)
     except BaseException:
-        await runner.cleanup()
+        if own:
+            for sock in socks:
+                sock.close()
         raise
-    return runner

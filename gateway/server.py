@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from gateway import version
+from gateway.admission import Admission
 from gateway.alarms import Alarms
 from gateway.audit import AuditLog, NullAudit
 from gateway.config import GatewayConfig, Listener
@@ -79,7 +80,8 @@ _IN_USE = {
 # The option of a port whose name does not say it (the others: --<first word>-port).
 _OPTION = {"amqp": "--port", "amqps": "--tls-port"}
 # What a taken port's address is followed by, where the address alone does not say it.
-_LABEL = {"amqps": " (AMQPS)", "mqtts": " (MQTTS)", "management API": " (management API)", "metrics": " (metrics)"}
+_LABEL = {"amqps": " (AMQPS)", "mqtts": " (MQTTS)", "management API": " (management API)", "metrics": " (metrics)",
+          "cmq-api": " (CMQ API)"}
 
 
 def _listen_reason(e: OSError, port: int, serves: str) -> str:
@@ -179,15 +181,6 @@ def _claim(directory: str, what: str, option: str, take: Callable[[str], Any]) -
                            + f": choose another with {option}") from None
 
 
-async def _operator_listen(where: str, port: int, serves: str, starting: Any) -> Any:
-    """A taken port of an HTTP endpoint that binds its own socket is the same one-line error
-    as a taken AMQP port (the management API and /metrics bind theirs with _operator_sockets)."""
-    try:
-        return await starting
-    except OSError as e:
-        raise ListenError(e.errno, f"cannot listen on {where}: {_listen_reason(e, port, serves)}") from None
-
-
 def _operator_sockets(host: str | None, port: int, serves: str) -> list[socket.socket]:
     """The management API's or /metrics' sockets: on ``host``, or with none configured on
     every IPv4 and IPv6 address (0.0.0.0 and ::, one port), as the AMQP listeners by default.
@@ -263,6 +256,7 @@ class Gateway:
         self.light_peers = LightPeers()  # whose input ends a busy connection's read turn
         self.server_properties: dict[str, Any] = {}
         self.alarms = Alarms()
+        self.admission = Admission(config.limits)  # SE5: every listener's gate (gateway/admission.py)
         self.blocked = False  # a resource alarm is in effect (W5): publishers are blocked
         self.block_reason = ""
         self._servers: list[asyncio.AbstractServer] = []
@@ -422,11 +416,10 @@ class Gateway:
                 self._https.add("metrics")
         if config.cmq_api_port is not None:
             from gateway.cmqapi import start_cmq_api
-            where = f"{config.cmq_api_host}:{config.cmq_api_port} (CMQ API)"
             ctx = self.ssl_context if tls is not None and tls.cmq_api else None
-            self._operator.append(("CMQ API", await _operator_listen(
-                where, config.cmq_api_port, "cmq-api",
-                start_cmq_api(self, config.cmq_api_host, config.cmq_api_port, ssl_context=ctx))))
+            socks = _bind_all([Listener(config.cmq_api_host, config.cmq_api_port)], "cmq-api")
+            self._operator.append(("CMQ API", await _closing(socks, start_cmq_api(
+                self, ssl_context=ctx, sockets=socks))))
             if ctx is not None:
                 self._https.add("CMQ API")
 
@@ -454,6 +447,8 @@ class Gateway:
             await server.wait_closed()
         if self.broker is not None:
             await self.broker.close()
+        if self.mqtt is not None:
+            self.mqtt.retained.close()  # its bytes counted as held (SE6) are let go
         self.audit.close()
         self.light_peers.close()
         for lock in self._locks:

@@ -243,12 +243,23 @@ class AMQPConnection(ClientProtocol):
         self._window_events = 0
         self._window_bytes = 0
         self._window_start = time.monotonic()
+        self._gate: Any = None  # the listener's admission gate (SE5), once admitted
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._take(transport)
         ssl_object = transport.get_extra_info("ssl_object")
+        admission = getattr(self.gw, "admission", None)
+        if admission is not None:  # SE5: the listener's limit and the descriptors' reserve
+            gate = admission.gate("amqps" if ssl_object is not None else "amqp")
+            if not gate.enter():
+                from gateway.admission import refuse
+
+                self._lost = True
+                refuse(transport)
+                return
+            self._gate = gate
+        self._take(transport)
         if ssl_object is not None:  # the TLS handshake is over: the peer's certificate is known
             from gateway.tls import connection_info, peer_username
 
@@ -401,6 +412,9 @@ class AMQPConnection(ClientProtocol):
             return
         self._lost = True
         self.gw.connections.discard(self)
+        if self._gate is not None:
+            self._gate.leave()
+            self._gate = None
         self._sync_light()
         HELD.partial -= self._partial  # a body that never finished is let go
         self._partial = 0

@@ -4,6 +4,7 @@ the SDKs send it), the JSON answer always with HTTP status 200, as CMQ answers."
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -62,13 +63,14 @@ def make_app(api: CmqApi) -> web.Application:
 
 
 async def start_cmq_api(gateway: Any, host: str = "127.0.0.1", port: int = 0, *,
-                        ssl_context: Any = None) -> web.AppRunner:
+                        ssl_context: Any = None, sockets: list[socket.socket] | None = None) -> web.AppRunner:
     """Serve CMQ's API for a Gateway in the running loop (the broker's); over HTTPS with an
-    ``ssl_context`` (SE2). Port 0 picks a free port (``runner.addresses[0][1]``). Persisted
-    HTTP subscriptions are restored (as the management API does; it is idempotent)."""
-    api = CmqApi(gateway.broker, gateway.config)
+    ``ssl_context`` (SE2). Port 0 picks a free port (``runner.addresses[0][1]``); ``sockets``
+    (bound and listening) are served instead of (host, port). Persisted HTTP subscriptions are
+    restored (as the management API does; it is idempotent). Connections are admitted as on
+    every listener (SE5, gateway/admission.py): counted, silent or trickling ones closed."""
+    from gateway.metrics import serve_app
+
+    api = CmqApi(gateway.broker, gateway.config, gateway=gateway)
     api.pusher.recover()
-    runner = web.AppRunner(make_app(api), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
-    return runner
+    return await serve_app(make_app(api), host, port, ssl_context, sockets, obj=gateway, name="CMQ API")

@@ -2,6 +2,10 @@
 
 Key ``mr/<vhost>/<topic>``; value: a JSON line ``{"topic", "qos"}`` then the payload. An empty
 payload clears the topic. Read from the store once per vhost, on first use.
+
+What the in-memory copy holds is counted as held memory (SE6: ``HELD.retained``, topic +
+payload + ``RETAINED_OVERHEAD`` each) so that retained messages raise the memory alarm; the
+store counts its own copy (``live_bytes``: a large value left on disk counts as its location).
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from gateway.memory import HELD, RETAINED_OVERHEAD
 from gateway.mqtt.topics import matches
 from semantics.store.keys import key_prefix, make_key
 
@@ -22,6 +27,22 @@ class RetainedStore:
     def __init__(self, broker: Any) -> None:
         self.broker = broker
         self._vhosts: dict[str, dict[str, tuple[int, bytes]]] = {}
+        self.held = 0  # bytes counted in HELD.retained
+
+    def _count(self, topic: str, old: tuple[int, bytes] | None, new: tuple[int, bytes] | None) -> None:
+        delta = 0
+        if old is not None:
+            delta -= len(topic) + len(old[1]) + RETAINED_OVERHEAD
+        if new is not None:
+            delta += len(topic) + len(new[1]) + RETAINED_OVERHEAD
+        self.held += delta
+        HELD.retained += delta
+
+    def close(self) -> None:
+        """The gateway stops: what it held is let go (the counters are process-wide)."""
+        HELD.retained -= self.held
+        self.held = 0
+        self._vhosts.clear()
 
     def _of(self, vhost: str) -> dict[str, tuple[int, bytes]]:
         known = self._vhosts.get(vhost)
@@ -30,7 +51,9 @@ class RetainedStore:
             for _, raw in self.broker.store.items(key_prefix("mr", vhost)):
                 head, _, payload = raw.partition(b"\n")
                 r = json.loads(head)
-                known[r["topic"]] = (int(r["qos"]), payload)
+                topic, entry = r["topic"], (int(r["qos"]), payload)
+                self._count(topic, known.get(topic), entry)
+                known[topic] = entry
         return known
 
     def changed(self, vhost: str, topic: str, raw: bytes | None) -> None:
@@ -39,21 +62,27 @@ class RetainedStore:
         if known is None:
             return  # read from the store on first use
         if raw is None:
-            known.pop(topic, None)
+            self._count(topic, known.pop(topic, None), None)
             return
         head, _, payload = raw.partition(b"\n")
-        known[topic] = (int(json.loads(head)["qos"]), payload)
+        entry = (int(json.loads(head)["qos"]), payload)
+        self._count(topic, known.get(topic), entry)
+        known[topic] = entry
 
     def put(self, vhost: str, topic: str, qos: int, payload: bytes) -> int:
         """Retain (or, with an empty payload, clear) ``topic``; the store's lsn to wait for."""
         known = self._of(vhost)
         key = make_key("mr", vhost, topic)
         if not payload:
-            if known.pop(topic, None) is None:
+            old = known.pop(topic, None)
+            if old is None:
                 return 0
+            self._count(topic, old, None)
             self.broker.unpersist(key)
             return int(self.broker.durable_lsn) + 1  # a delete has no lsn here: wait for the next sync
-        known[topic] = (qos, payload)
+        entry = (qos, payload)
+        self._count(topic, known.get(topic), entry)
+        known[topic] = entry
         return int(self.broker.persist(key, json.dumps({"topic": topic, "qos": qos}).encode() + b"\n" + payload))
 
     def deliver(self, session: MQTTSession, topic_filter: str, sub_qos: int) -> None:

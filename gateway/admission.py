@@ -1,0 +1,387 @@
+"""SE5: one admission policy for every listener (AMQP, AMQPS, MQTT, MQTTS, the management
+API, /metrics, the CMQ API).
+
+* A login deadline counted from accept: ``limits.handshake_timeout`` (10 s, RabbitMQ's) for
+  AMQP (the core's handshake deadline) and MQTT (CONNECT answered), whatever the client
+  trickles meanwhile.
+* HTTP: from accept, or from the end of the previous response (an idle keep-alive socket),
+  a request's headers must be complete within ``limits.http_idle_timeout``, and its body
+  read within ``limits.http_body_timeout`` of them; a silent or trickling socket is closed
+  then (the handlers themselves, a CMQ long poll, are not timed). The headers may be at most
+  ``limits.preauth_bytes``.
+* A connection limit per listener (``limits.max_connections``, 0: none) and descriptors held
+  in reserve: when fewer than ``limits.fd_reserve`` descriptors of the process's
+  RLIMIT_NOFILE are free, a listener that holds ``fd_reserve // 4`` sockets or more takes no
+  more (new ones are closed at once), so that a flood of one listener leaves descriptors
+  for the others (AMQP logins keep working while 1,100 silent sockets knock on the CMQ API);
+  below ``fd_reserve // 8`` free, no listener takes one (the store's files need them).
+* Bytes received before login are capped per connection (``limits.preauth_bytes``: an MQTT
+  CONNECT, HTTP headers) and, with HTTP request bodies until their handler is done, counted
+  as held memory (``HELD.partial``), which the memory alarm watches.
+
+``Admission`` is one per gateway (``gw.admission``); ``Gate`` one per listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from gateway.memory import HELD
+
+__all__ = ["Admission", "Gate", "HttpPolicy", "serve_http"]
+
+log = logging.getLogger("cmq_gateway.admission")
+
+# How often the process's open descriptors are counted (/proc/self/fd), when far from the
+# reserve and when near it: counting 10^4 descriptors takes a few milliseconds.
+_RECOUNT_FAR, _RECOUNT_NEAR = 30.0, 0.5
+_REFUSED_HTTP = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+def _open_descriptors() -> int | None:
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # the listing's own descriptor
+    except OSError:
+        return None
+
+
+class Admission:
+    """The gates of one gateway and the descriptor reserve they share."""
+
+    def __init__(self, limits: Any) -> None:
+        self.max_connections = int(getattr(limits, "max_connections", 0) or 0)
+        self.fd_reserve = int(getattr(limits, "fd_reserve", 256))
+        self.gates: dict[str, Gate] = {}
+        self._untracked: int | None = None  # open descriptors that are no gate's connection
+        self._counted_at = 0.0
+        self.refused = 0  # sockets closed at accept (metrics, notes)
+
+    def gate(self, name: str) -> Gate:
+        gate = self.gates.get(name)
+        if gate is None:
+            gate = self.gates[name] = Gate(self, name, self.max_connections)
+        return gate
+
+    def _tracked(self) -> int:
+        return sum(g.count for g in self.gates.values())
+
+    def free_descriptors(self) -> int | None:
+        """RLIMIT_NOFILE's soft limit less the descriptors open (estimated between counts:
+        the sockets of the gates change, the rest seldom); None when unknown or unlimited."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY:
+            return None
+        now = time.monotonic()
+        tracked = self._tracked()
+        if self._untracked is None or now - self._counted_at > (
+                _RECOUNT_NEAR if soft - (self._untracked + tracked) < 4 * self.fd_reserve else _RECOUNT_FAR):
+            found = _open_descriptors()
+            if found is None:
+                return None
+            self._untracked, self._counted_at = max(0, found - tracked), now
+        return soft - (self._untracked + tracked)
+
+    def admit(self, gate: Gate) -> str:
+        """"" when ``gate`` may take the socket just accepted (already open, not yet counted),
+        else why not."""
+        if gate.limit and gate.count >= gate.limit:
+            return f"{gate.name}: max_connections {gate.limit} reached"
+        reserve = self.fd_reserve
+        if reserve <= 0:
+            return ""
+        free = self.free_descriptors()
+        if free is None:
+            return ""
+        if free < max(1, reserve // 8):
+            return f"{gate.name}: {free} descriptors free"
+        if free < reserve and gate.count >= max(1, reserve // 4):
+            return f"{gate.name}: {free} descriptors free, below fd_reserve {reserve}, and {gate.count} held here"
+        return ""
+
+
+class Gate:
+    """One listener's count of open connections."""
+
+    def __init__(self, admission: Admission, name: str, limit: int) -> None:
+        self.admission = admission
+        self.name = name
+        self.limit = limit
+        self.count = 0
+        self.refused = 0
+        self._said = 0.0
+
+    def enter(self) -> bool:
+        """Count a socket just accepted; False (not counted) when it must be closed now."""
+        why = self.admission.admit(self)
+        if why:
+            self.refused += 1
+            self.admission.refused += 1
+            now = time.monotonic()
+            if now - self._said > 10:  # a flood is one line every 10 s, not one a socket
+                self._said = now
+                log.warning("new connections refused on %s (%d so far)", why, self.refused)
+            return False
+        self.count += 1
+        return True
+
+    def leave(self) -> None:
+        self.count -= 1
+
+
+def refuse(transport: asyncio.BaseTransport) -> None:
+    """Close a refused socket at once, with an RST: nothing of it is kept."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        except OSError:
+            pass
+    transport.abort()  # type: ignore[attr-defined]
+
+
+# -- HTTP -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HttpPolicy:
+    idle_timeout: float = 10.0  # accept / last response -> headers complete
+    body_timeout: float = 10.0  # headers -> body read
+    header_bytes: int = 65536  # the request line and headers, at most
+
+    @classmethod
+    def of(cls, limits: Any) -> HttpPolicy:
+        return cls(float(getattr(limits, "http_idle_timeout", 10.0)),
+                   float(getattr(limits, "http_body_timeout", 10.0)),
+                   int(getattr(limits, "preauth_bytes", 65536)))
+
+
+class _HttpGuard(asyncio.Protocol):
+    """In front of aiohttp's RequestHandler: the gate, the headers' deadline and size, and the
+    bytes of a request counted as held memory until its handler is done. aiohttp itself only
+    times an idle connection whose request has not begun; a trickled request it waits for."""
+
+    def __init__(self, inner: Any, gate: Gate, policy: HttpPolicy, guards: dict[Any, _HttpGuard]) -> None:
+        self.inner = inner
+        self.gate = gate
+        self.policy = policy
+        self.guards = guards
+        self.transport: asyncio.Transport | None = None
+        self.admitted = False
+        self.busy = 0  # requests whose handler runs (the admission middleware entered)
+        self.header_seen = False  # the end of this request's headers was received
+        self.header_bytes = 0
+        self.held = 0  # bytes counted in HELD.partial
+        self._tail = b""
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self.gate.enter():
+            if transport.get_extra_info("ssl_object") is None:
+                try:
+                    transport.write(_REFUSED_HTTP)  # type: ignore[attr-defined]  # into the kernel's buffer: abort after it
+                except Exception:  # noqa: BLE001 - refused either way
+                    pass
+            refuse(transport)
+            return
+        self.admitted = True
+        self.transport = transport  # type: ignore[assignment]
+        self.guards[self.inner] = self
+        self._arm(self.policy.idle_timeout)
+        self.inner.connection_made(transport)
+
+    def _arm(self, seconds: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(seconds, self._expire) if seconds > 0 else None
+
+    def _expire(self) -> None:
+        self._timer = None
+        transport = self.transport
+        if transport is None or self.busy:
+            return
+        if transport.get_write_buffer_size():  # a response still going out: not idle yet
+            self._arm(self.policy.idle_timeout)
+            return
+        transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.admitted:
+            return
+        n = len(data)
+        self.held += n
+        HELD.partial += n
+        if not self.header_seen and not self.busy:
+            scan = self._tail + data
+            end = scan.find(b"\r\n\r\n")
+            if end < 0:
+                self.header_bytes += n
+                self._tail = scan[-3:]
+            else:
+                self.header_bytes += max(0, end + 4 - len(self._tail))
+                self.header_seen = True
+                self._tail = b""
+            if self.header_bytes > self.policy.header_bytes:
+                log.info("HTTP request headers over %d bytes on %s: closed", self.policy.header_bytes,
+                         self.gate.name)
+                self._let_go()
+                assert self.transport is not None
+                try:
+                    self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                                         b"Connection: close\r\nContent-Length: 0\r\n\r\n")
+                finally:
+                    self.transport.close()
+                return
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.admitted else None
+
+    def pause_writing(self) -> None:
+        if self.admitted:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.admitted:
+            self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.admitted:
+            return
+        self.admitted = False
+        self.gate.leave()
+        self._let_go()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.guards.pop(self.inner, None)
+        self.transport = None
+        self.inner.connection_lost(exc)
+
+    def _let_go(self) -> None:
+        HELD.partial -= self.held
+        self.held = 0
+
+    # -- the middleware's side --------------------------------------------------------------
+
+    def request_began(self) -> None:
+        self.busy += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def request_ended(self) -> None:
+        self.busy -= 1
+        if self.busy:
+            return
+        self._let_go()  # what was read for it (headers, body) is the handler's no more
+        self.header_seen = False
+        self.header_bytes = 0
+        self._tail = b""
+        if self.transport is not None:
+            self._arm(self.policy.idle_timeout)  # the keep-alive idle time starts now
+
+
+def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
+    @web.middleware
+    async def admission(request: web.Request,
+                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        guard = guards.get(request.protocol)
+        if guard is None:
+            return await handler(request)
+        guard.request_began()
+        try:
+            if request.body_exists and policy.body_timeout > 0:
+                # The body is read here, within its deadline, and kept by aiohttp for the
+                # handler's own read()/json(): a trickled body cannot hold the socket.
+                try:
+                    async with asyncio.timeout(policy.body_timeout):
+                        await request.read()
+                except TimeoutError:
+                    log.info("HTTP request body not read within %g s: closed", policy.body_timeout)
+                    return web.Response(status=408, text="request body not received in time\n",
+                                        headers={"Connection": "close"})
+            return await handler(request)
+        finally:
+            guard.request_ended()
+    return admission
+
+
+class _GuardedSite(web.SockSite):
+    """aiohttp's SockSite, each connection's protocol behind an _HttpGuard, and the TLS
+    handshake timed as on the AMQPS port (aiohttp's default: 60 s)."""
+
+    def __init__(self, runner: web.AppRunner, sock: socket.socket, *, ssl_context: Any,
+                 factory: Callable[[], asyncio.Protocol], handshake_timeout: float | None) -> None:
+        super().__init__(runner, sock, ssl_context=ssl_context, backlog=1024)
+        self._factory = factory
+        self._handshake_timeout = handshake_timeout
+
+    async def start(self) -> None:
+        self._runner._reg_site(self)
+        loop = asyncio.get_running_loop()
+        extra: dict[str, Any] = {}
+        if self._ssl_context is not None and self._handshake_timeout:
+            extra["ssl_handshake_timeout"] = self._handshake_timeout
+        self._server = await loop.create_server(self._factory, sock=self._sock, ssl=self._ssl_context,
+                                                backlog=self._backlog, **extra)
+
+
+async def serve_http(app: web.Application, *, gate: Gate, policy: HttpPolicy, sockets: list[socket.socket],
+                     ssl_context: Any = None, handshake_timeout: float | None = None) -> web.AppRunner:
+    """Serve ``app`` on ``sockets`` (bound and listening) under the admission policy."""
+    guards: dict[Any, _HttpGuard] = {}
+    app.middlewares.insert(0, _middleware(guards, policy))  # outermost: before any login
+    # aiohttp's own keep-alive close as well (its default is an hour).
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=policy.idle_timeout or 3630)
+    await runner.setup()
+    server = runner.server
+    assert server is not None
+
+    def factory() -> asyncio.Protocol:
+        return _HttpGuard(server(), gate, policy, guards)
+
+    try:
+        for sock in sockets:
+            await _GuardedSite(runner, sock, ssl_context=ssl_context, factory=factory,
+                               handshake_timeout=handshake_timeout).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+def bind_http(host: str, port: int) -> list[socket.socket]:
+    """A listening socket on (host, port), for the HTTP endpoints started without sockets."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return [sock]
+
+
+def of(obj: Any) -> tuple[Admission, HttpPolicy, float | None]:
+    """The admission of a Gateway (or a bare Broker's default), its HTTP policy and TLS
+    handshake limit."""
+    config = getattr(obj, "config", None)
+    limits = getattr(config, "limits", None)
+    admission = getattr(obj, "admission", None)
+    if not isinstance(admission, Admission):
+        admission = Admission(limits)
+    tls = getattr(config, "tls", None)
+    return admission, HttpPolicy.of(limits), getattr(tls, "handshake_timeout", None) or 5.0
