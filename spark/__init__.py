@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from typing import Any
 
-__all__ = ["register"]
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["read_audit", "register"]
 
 
 def register(spark: SparkSession) -> None:
@@ -15,3 +17,11 @@ def register(spark: SparkSession) -> None:
     from spark.source import register as _register
 
     _register(spark)
+
+
+def read_audit(session: SparkSession, path_or_paths: str | list[str] | tuple[str, ...], **options: Any) -> DataFrame:
+    """The audit log as one DataFrame: compacted segments through Spark's Parquet reader, the
+    rest through the ``cmq-audit`` source, each record once (see ``spark.read``)."""
+    from spark.read import read_audit as _read_audit
+
+    return _read_audit(session, path_or_paths, **options)

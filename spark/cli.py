@@ -1,6 +1,7 @@
 """``cmq-audit``: reports over the gateway's audit log.
 
-    cmq-audit report --audit-dir DIR[,DIR...] --out DIR [--from T --to T] [--master URL]
+    cmq-audit report --audit-dir DIR[,DIR...] --out DIR [--from T --to T] [--master URL] [--verbose]
+    cmq-audit compact DIR [--remove]                 # closed segments to Parquet, by hand (A7)
     cmq-audit demo --audit-dir DIR [--messages N]     # a plausible log to try the report on
 """
 
@@ -28,25 +29,52 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--to", dest="end", metavar="T", help="ISO-8601 UTC time or Unix seconds (exclusive)")
     rep.add_argument("--master", default=None, metavar="URL",
                      help="Spark master (default: spark-submit's, else local[*])")
+    rep.add_argument("--verbose", action="store_true",
+                     help="Spark's own messages on stderr (else they go to OUT/spark.log)")
+    comp = sub.add_parser("compact", help="compact the closed segments of an audit directory to Parquet (A7)")
+    comp.add_argument("directory", metavar="DIR", help="an audit directory (older gateways' logs too)")
+    comp.add_argument("--remove", action="store_true",
+                      help="delete each JSON-lines segment once its Parquet file is durable (default: keep it)")
     demo = sub.add_parser("demo", help="write a synthetic audit log to try the report on")
     demo.add_argument("--audit-dir", required=True, metavar="DIR")
     demo.add_argument("--messages", type=int, default=20_000)
     return parser
 
 
-def _session(master: str | None):  # type: ignore[no-untyped-def]
+def _session(master: str | None, log_path: str | None):  # type: ignore[no-untyped-def]
+    """The report's SparkSession.  ``log_path``: where the JVM's (and its Python workers')
+    stderr goes instead of the terminal (None: the terminal, ``--verbose``)."""
     # Executors must run this interpreter (it has pyarrow and this package) unless told otherwise.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    # Spark's console progress bars would mix into the report's one-line-per-step progress.
+    # Spark's console progress bars would mix into the report's one-line-per-step progress; the
+    # web UI is not looked at during a report and costs start-up time.
     builder = (SparkSession.builder.appName("cmq-audit report").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.ui.showConsoleProgress", "false"))
+               .config("spark.ui.showConsoleProgress", "false").config("spark.ui.enabled", "false"))
+    local = not master and not os.environ.get("PYSPARK_GATEWAY_PORT")  # spark-submit sets the master
     if master:
         builder = builder.master(master)
-    elif not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not under spark-submit, which sets the master
+    elif local:
         builder = builder.master("local[*]")
-    return builder.getOrCreate()
+    if local or (master or "").startswith("local"):
+        # Every result of the report is small: 200 shuffle partitions (the default) made each
+        # of its aggregations 200 tasks, most of the run on a small log.
+        builder = builder.config("spark.sql.shuffle.partitions", str(max(2, 2 * (os.cpu_count() or 1))))
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a warning when the host name is loopback
+    if log_path is None:
+        return builder.getOrCreate()
+    # The JVM inherits this process's stderr when it starts and writes its warnings there for
+    # its whole life (and so do its Python workers): point it at the log file meanwhile.
+    saved = os.dup(2)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.dup2(log_fd, 2)
+        return builder.getOrCreate()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log_fd)
 
 
 def _bad_input(args: argparse.Namespace) -> str | None:
@@ -55,6 +83,8 @@ def _bad_input(args: argparse.Namespace) -> str | None:
     from spark.dirs import audit_dirs
     from spark.times import parse_time
 
+    if args.command == "compact":
+        return None if os.path.isdir(args.directory) else f"cmq-audit compact: {args.directory}: no such directory"
     if args.command == "demo":
         if next(iter(list_files(args.audit_dir, include_open=True)), None) is not None:
             return (f"cmq-audit demo: {args.audit_dir} already holds an audit log; a second demo would "
@@ -96,6 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    if args.command == "compact":
+        from gateway.audit import compact
+
+        return compact.main([args.directory, "--remove" if args.remove else "--keep"])
     if args.command == "demo":
         from spark.demo import write_demo_log
 
@@ -104,9 +138,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     from spark.report import write_report
 
-    spark = _session(args.master)
+    os.makedirs(args.out, exist_ok=True)
+    log_path = None if args.verbose else os.path.join(args.out, "spark.log")
+    spark = _session(args.master, log_path)
     try:
         write_report(spark, args.audit_dir, args.out, start=args.start, end=args.end)
+    except Exception:
+        if log_path:
+            print(f"cmq-audit report: Spark's messages are in {log_path}", file=sys.stderr)
+        raise
     finally:
         spark.stop()
     return 0

@@ -3,6 +3,7 @@ large one, cut at line starts so that every range holds whole lines (A4)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
     from spark.pushdown import Pushdown
 
-__all__ = ["FileRange", "Layout", "constant", "plan_batch", "read_range", "skipped_batch", "split", "to_batches"]
+__all__ = ["FileRange", "Layout", "constant", "plan_batch", "read_compacted", "read_range", "skipped_batch", "split", "to_batches"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class FileRange(InputPartition):
     end: int
     closed_end: bool  # the range runs to the end of a closed file: a partial last line is torn
     from_open: bool = False  # read from the file the gateway is still writing (column open_file)
+    compacted: bool = False  # read whole from its Parquet file (gateway.audit.compact)
 
 
 def split(root: str, af: layout.AuditFile, start: int, end: int, closed_end: bool,
@@ -45,20 +47,61 @@ def split(root: str, af: layout.AuditFile, start: int, end: int, closed_end: boo
         at = cut
 
 
-def plan_batch(roots: list[str], pushdown: Pushdown, max_bytes: int) -> list[FileRange]:
+def plan_batch(roots: list[str], pushdown: Pushdown, max_bytes: int,
+               exclude: dict[str, frozenset[str]] | None = None) -> list[FileRange]:
     """Closed files, and the file a running gateway is writing up to its last complete line, so
     that operators see the log while it grows.  Files are append-only and known by one key
     whatever their name, so a file listed open and renamed before it is read still yields the
     same bytes, each line once.  Folders and files ruled out by the pushed filters are never
-    listed or opened.  Several directories (one per gateway) are listed one after the other."""
+    listed or opened.  Several directories (one per gateway) are listed one after the other.
+
+    A segment compacted to Parquet is read from its Parquet file (the one copy a reader takes
+    when both exist), whole; ``exclude``: per directory, the keys not to read at all (those
+    ``spark.read_audit`` reads through Spark's Parquet reader).  The JSON-lines files are
+    listed before the Parquet ones: a segment's Parquet file appears before its JSON-lines
+    file may go, so one of the two listings has it."""
+    from gateway.audit.compact import list_parquet
+
     out: list[FileRange] = []
     for root in roots:
-        for af in layout.list_files(root, include_open=True, keep_folder=pushdown.keep_folder):
-            if not af.size or not pushdown.keep_file(af.key):
+        skip = exclude.get(root, frozenset()) if exclude else frozenset()
+        jsonl = list(layout.list_files(root, include_open=True, keep_folder=pushdown.keep_folder))
+        compacted = list_parquet(root, keep_folder=pushdown.keep_folder)
+        for af in jsonl:
+            if not af.size or af.key in skip or af.key in compacted or not pushdown.keep_file(af.key):
                 continue
             end = last_line_end(root, af.key, af.size) if af.is_open else af.size
             out.extend(split(root, af, 0, end, not af.is_open, max_bytes))
+        for key in compacted:
+            if key in skip or not pushdown.keep_file(key):
+                continue
+            dt, hour = key.split("/")[0][3:], int(key.split("/")[1][5:])
+            out.append(FileRange(root, key, dt, hour, 0, 0, True, compacted=True))
     return out
+
+
+def read_compacted(part: FileRange, names: frozenset[str] | None = None) -> Iterator[Parsed] | None:
+    """The records of ``part`` from its segment's Parquet file: all of them for a compacted
+    range, else those whose line lies in [start, end) (the JSON-lines file was removed after
+    it was planned).  None when there is no Parquet file either (retention deleted both)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from gateway.audit.compact import info, parquet_path
+    from spark.schema import json_arrow_schema
+
+    path = parquet_path(os.path.join(part.root, *part.key.split("/")))
+    columns = [f.name for f in json_arrow_schema(names)]
+    try:
+        table = pq.read_table(path, columns=[*columns, "_offset"], use_threads=False)
+        skipped = [Skipped(o, n, t.encode("latin-1")) for o, n, t in info(path)["skipped"]]
+    except FileNotFoundError:
+        return None
+    if not part.compacted:
+        at = table.column("_offset")
+        table = table.filter(pc.and_(pc.greater_equal(at, part.start), pc.less(at, part.end)))
+        skipped = [s for s in skipped if part.start <= s.offset < part.end]
+    return iter([Parsed(table.drop_columns(["_offset"]), skipped)])
 
 
 def read_range(part: FileRange, names: frozenset[str] | None = None) -> Iterator[Parsed] | None:

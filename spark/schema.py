@@ -66,6 +66,10 @@ JSON_COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("object", _S),
     # CA4 / MQ7: the API that carried the message when not AMQP ("cmq-api", "mqtt").
     ("protocol", _S),
+    # v2: "recovery" on what the gateway's start-up restored (A6); absent (null) on client actions.
+    ("origin", _S),
+    # deliver of a no-ack consumer / get / MQTT QoS 0: settled as sent, no ack record follows.
+    ("auto_ack", BooleanType()),
 )
 
 # open_file: the row came from the file a running gateway is still writing (more may follow).

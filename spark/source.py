@@ -40,7 +40,10 @@ keeps it per scan).  With ``pushFilters=true`` use one DataFrame per filtered qu
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -57,7 +60,7 @@ from pyspark.sql.types import StructType
 
 from spark.cache import cache_base, cached_chunks, check_codec, sweep
 from spark.dirs import audit_dirs
-from spark.plan import FileRange, Layout, plan_batch, read_range, skipped_batch, to_batches
+from spark.plan import FileRange, Layout, plan_batch, read_compacted, read_range, skipped_batch, to_batches
 from spark.pushdown import Pushdown
 from spark.schema import AUDIT_SCHEMA, JSON_COLUMNS, SKIPPED_SCHEMA, arrow_schema, select_columns
 from spark.times import parse_time
@@ -66,7 +69,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
-__all__ = ["AuditDataSource", "AuditPushdownReader", "AuditReader", "option_filters", "register"]
+__all__ = ["AuditDataSource", "AuditPushdownReader", "AuditReader", "default_python", "option_filters", "register"]
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +115,14 @@ def read_partition(part: object, schema: StructType, output: str,
     if not isinstance(part, FileRange):  # Spark plans InputPartition(None) when there is no file
         return
     names = parse_names(schema, pushdown) if output == "records" else None
-    # The file the gateway is still writing is never cached: it is not final.
-    base = cache_base(part.root, cache) if cache is not None and not part.from_open else None
-    chunks = cached_chunks(base, part, names, codec) if base is not None else read_range(part, names)
+    if part.compacted:
+        chunks = read_compacted(part, names)
+    else:
+        # The file the gateway is still writing is never cached: it is not final.
+        base = cache_base(part.root, cache) if cache is not None and not part.from_open else None
+        chunks = cached_chunks(base, part, names, codec) if base is not None else read_range(part, names)
+        if chunks is None:  # compacted and removed since it was planned: the same rows from Parquet
+            chunks = read_compacted(part, names)
     if chunks is None:
         log.warning("cmq-audit: %s was deleted before it was read", part.key)
         return
@@ -151,6 +159,8 @@ class AuditReader(DataSourceReader):
         self.schema = schema
         self.cache = options.get("cache", "on")
         self.codec = check_codec(options.get("cachecodec", "zstd"))
+        # read_audit: per directory, the keys it reads through Spark's Parquet reader.
+        self.exclude = {root: frozenset(keys) for root, keys in json.loads(options.get("exclude", "{}")).items()}
         self.pushdown = Pushdown()
         for f in option_filters(options):
             if not self.pushdown.offer(f):
@@ -161,7 +171,7 @@ class AuditReader(DataSourceReader):
             base = cache_base(root, self.cache)
             if base is not None:
                 sweep(base, root)
-        return plan_batch(self.roots, self.pushdown, self.max_bytes)
+        return plan_batch(self.roots, self.pushdown, self.max_bytes, self.exclude)
 
     def read(self, partition: object) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return read_partition(partition, self.schema, self.output,
@@ -206,9 +216,28 @@ class AuditDataSource(DataSource):
         return AuditStreamReader(self._plain_options(), schema)
 
 
+def default_python(spark: SparkSession) -> None:
+    """Python workers run this interpreter unless told otherwise (issue 27 item 5): with
+    ``PYSPARK_PYTHON`` unset, PySpark starts ``python3`` from the PATH, which in a virtual
+    environment that is not activated lacks this package (``No module named 'spark'``).  Only
+    when neither ``PYSPARK_PYTHON`` nor ``spark.pyspark.python`` says which."""
+    if os.environ.get("PYSPARK_PYTHON"):
+        return
+    try:
+        sc = spark.sparkContext
+        if sc.getConf().get("spark.pyspark.python") or sc.pythonExec != "python3":
+            return
+        sc.pythonExec = sys.executable  # the interpreter the data source's functions are pickled for
+    except Exception:  # noqa: BLE001 - Spark Connect has no SparkContext: its server decides
+        return
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+
+
 def register(spark: SparkSession) -> None:
     """Register ``cmq-audit`` on this session and turn on Python filter pushdown, which the
     ``pushFilters=true`` reader needs (Spark refuses a reader with ``pushFilters`` while it is
-    off; the default reader does not have one)."""
+    off; the default reader does not have one).  Python workers default to this interpreter
+    (``default_python``)."""
+    default_python(spark)
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(AuditDataSource)

@@ -45,6 +45,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,8 @@ log = logging.getLogger(__name__)
 
 MODES = ("keep", "remove", "off")
 MODE_ENV = "CMQ_AUDIT_COMPACT"
+KILL_ENV = "CMQ_AUDIT_COMPACT_KILL_AT"  # tests only: see _kill_at
+STEPS = ("before_write", "written", "fsynced", "renamed", "dir_fsynced", "removed")  # compact_segment's
 PARQUET_SUFFIX = ".parquet"
 LOCK_NAME = ".compact.lock"
 META_KEY = b"cmq-audit"
@@ -388,6 +391,22 @@ def closed(directory: str, retention_hours: float | None = None) -> None:
         log.exception("audit: could not start the compactor on %s", directory)
 
 
+def _kill_at(spec: str | None) -> Callable[[str], None] | None:
+    """``KILL_ENV=step:n`` (tests): SIGKILL this process the n-th time it reaches ``step`` of
+    ``compact_segment``, as a crash or an operator's kill -9 would stop it there."""
+    if not spec:
+        return None
+    step, _, n = spec.partition(":")
+    left = [int(n or 1)]
+
+    def hook(at: str) -> None:
+        if at == step:
+            left[0] -= 1
+            if left[0] == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+    return hook
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway.audit.compact")
     parser.add_argument("directory")
@@ -408,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         done = compact_dir(args.directory, remove=remove, retention_hours=args.retention_hours,
-                           wait=not args.background)
+                           wait=not args.background, crash=_kill_at(os.environ.get(KILL_ENV)))
     except OSError as e:  # the directory went away (a test's), or a full disk: the JSON lines stay
         print(f"audit compactor: {args.directory}: {e}", file=sys.stderr)
         return 1
