@@ -54,8 +54,29 @@ def _read(af: layout.AuditFile, directory: str) -> bytes:
     return b""
 
 
-def _files(directory: str) -> list[layout.AuditFile]:
-    return sorted(layout.list_files(directory, include_open=True), key=lambda af: af.key.rsplit("/", 1)[-1])
+# A segment: (its key, its JSON-lines file or None, its Parquet file when that is all there is).
+_Segment = tuple[str, "layout.AuditFile | None", "str | None"]
+
+
+def _segments(directory: str) -> list[_Segment]:
+    """Every segment, oldest first: its JSON lines, or its Parquet file once compaction
+    removed them (gateway.audit.compact, mode ``remove``)."""
+    from gateway.audit import compact
+
+    files = {af.key: af for af in layout.list_files(directory, include_open=True)}
+    parquet = compact.list_parquet(directory)  # after the JSON lines: one of the two sees each
+    keys = sorted(set(files) | set(parquet), key=lambda k: k.rsplit("/", 1)[-1])
+    return [(k, files.get(k), None if k in files else parquet[k]) for k in keys]
+
+
+def _parquet_rows(path: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path, columns=["ts", "event", "vhost", "queue", "msg_id"])
+    except FileNotFoundError:
+        return []
+    return [{**r, "ts": r["ts"].timestamp() if r["ts"] is not None else None} for r in table.to_pylist()]
 
 
 def _line_ts(line: bytes) -> str | None:
@@ -66,7 +87,13 @@ def _line_ts(line: bytes) -> str | None:
 
 def last_ts(directory: str) -> float | None:
     """The time of the last whole record in the log (None: no record at all)."""
-    for af in reversed(_files(directory)):
+    for _key, af, parquet in reversed(_segments(directory)):
+        if af is None:
+            assert parquet is not None
+            times = [r["ts"] for r in _parquet_rows(parquet) if r["ts"] is not None]
+            if times:
+                return float(max(times))
+            continue
         data = _read(af, directory)
         end = data.rfind(b"\n")  # a torn last line is not a record
         while end > 0:
@@ -82,16 +109,19 @@ def last_ts(directory: str) -> float | None:
 
 
 def records_since(directory: str, since: float) -> Iterable[dict[str, Any]]:
-    """The publish and enqueue records with a ``ts`` from ``since`` on (and a few before)."""
-    files = _files(directory)
-    start_of = [af.key.rsplit("/", 1)[-1][len("audit-"):len("audit-") + 22] for af in files]
+    """The publish and enqueue records of the segments that may hold records from ``since``
+    on (the ones opened since, and the one open at ``since``)."""
+    segments = _segments(directory)
     since_name = time.strftime("%Y%m%dT%H%M%S", time.gmtime(since))
-    # The files opened from ``since`` on, and the one before them (open at ``since``).
     first = 0
-    for i, start in enumerate(start_of):
-        if start[:15] <= since_name:
+    for i, (key, _af, _parquet) in enumerate(segments):
+        if key.rsplit("/", 1)[-1][len("audit-"):len("audit-") + 15] <= since_name:
             first = i
-    for af in files[first:]:
+    for _key, af, parquet in segments[first:]:
+        if af is None:
+            assert parquet is not None
+            yield from (r for r in _parquet_rows(parquet) if r["event"] in ("publish", "enqueue"))
+            continue
         for line in _read(af, directory).split(b"\n"):
             if b'"event":"publish"' not in line and b'"event":"enqueue"' not in line:
                 continue
