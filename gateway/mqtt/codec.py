@@ -31,6 +31,7 @@ MALFORMED = 0x81
 PROTOCOL_ERROR = 0x82
 PACKET_TOO_LARGE = 0x95
 TOPIC_ALIAS_INVALID = 0x94
+SUBSCRIPTION_IDS_NOT_SUPPORTED = 0xA1
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -50,6 +51,31 @@ PROPERTIES: dict[int, tuple[str, int]] = {
     0x2A: ("shared_available", _BYTE),
 }
 _BY_NAME = {name: (ident, kind) for ident, (name, kind) in PROPERTIES.items()}
+# The packets each property may appear in (MQTT 5 section 2.2.2.2; WILL: a CONNECT's will
+# properties). "A Control Packet which contains an Identifier which is not valid for its
+# packet type ... is a Malformed Packet". The user property goes anywhere.
+WILL = 16
+_ACKS = (PUBACK, PUBREC, PUBREL, PUBCOMP)
+_WHERE: dict[str, tuple[int, ...]] = {
+    "payload_format": (PUBLISH, WILL), "message_expiry": (PUBLISH, WILL), "content_type": (PUBLISH, WILL),
+    "response_topic": (PUBLISH, WILL), "correlation_data": (PUBLISH, WILL),
+    "subscription_id": (PUBLISH, SUBSCRIBE), "session_expiry": (CONNECT, CONNACK, DISCONNECT),
+    "assigned_client_id": (CONNACK,), "server_keep_alive": (CONNACK,), "auth_method": (CONNECT, CONNACK, AUTH),
+    "auth_data": (CONNECT, CONNACK, AUTH), "request_problem_info": (CONNECT,), "will_delay": (WILL,),
+    "request_response_info": (CONNECT,), "response_info": (CONNACK,), "server_reference": (CONNACK, DISCONNECT),
+    "reason_string": (CONNACK, *_ACKS, SUBACK, UNSUBACK, DISCONNECT, AUTH),
+    "receive_maximum": (CONNECT, CONNACK), "topic_alias_maximum": (CONNECT, CONNACK), "topic_alias": (PUBLISH,),
+    "maximum_qos": (CONNACK,), "retain_available": (CONNACK,), "maximum_packet_size": (CONNECT, CONNACK),
+    "wildcard_available": (CONNACK,), "subscription_id_available": (CONNACK,), "shared_available": (CONNACK,),
+}
+_ALLOWED = {where: frozenset(name for name, places in _WHERE.items() if where in places) | {"user_property"}
+            for where in (*range(1, 16), WILL)}
+# Values that are a Protocol Error (0x82) where the specification says so: a byte that must be
+# 0 or 1 (3.1.2.11.7, 3.1.2.11.6, 3.3.2.3.2, CONNACK's flags), a receive maximum or maximum
+# packet size of 0 (3.1.2.11.3/4), a subscription identifier of 0 (3.8.2.1.2).
+_BOOLEAN = frozenset({"payload_format", "request_problem_info", "request_response_info", "retain_available",
+                      "wildcard_available", "subscription_id_available", "shared_available", "maximum_qos"})
+_NOT_ZERO = frozenset({"receive_maximum", "maximum_packet_size"})
 
 
 class MalformedPacket(Exception):
@@ -237,7 +263,8 @@ class _Reader:
             raise MalformedPacket("string contains U+0000")
         return text
 
-    def properties(self, level: int) -> dict[str, Any]:
+    def properties(self, level: int, where: int) -> dict[str, Any]:
+        """The property table of a packet of type ``where`` (or WILL)."""
         if level < 5:
             return {}
         n = self.varint()
@@ -253,6 +280,8 @@ class _Reader:
                 if spec is None:
                     raise MalformedPacket(f"unknown property 0x{ident:02X}")
                 name, kind = spec
+                if name not in _ALLOWED[where]:
+                    raise MalformedPacket(f"property {name} is not valid in packet type {where}")
                 value: Any
                 if kind == _BYTE:
                     value = self.byte()
@@ -268,6 +297,9 @@ class _Reader:
                     value = self.binary()
                 else:
                     value = (self.string(), self.string())
+                if (name in _BOOLEAN and value > 1) or (name in _NOT_ZERO and not value) or \
+                        (name == "subscription_id" and not value):
+                    raise MalformedPacket(f"property {name} has the value {value}", PROTOCOL_ERROR)
                 if kind == _PAIR or name == "subscription_id":
                     out.setdefault(name, []).append(value)
                 elif name in out:
@@ -283,8 +315,9 @@ class Decoder:
     """Bytes in, packets out. ``level`` is the protocol level once CONNECT was read (4 or 5);
     the packets after it are decoded by that version's rules."""
 
-    def __init__(self, max_packet_size: int = 1 << 28) -> None:
+    def __init__(self, max_packet_size: int = 1 << 28, *, server: bool = False) -> None:
         self.max_packet_size = max_packet_size
+        self.server = server  # decodes what a client sends: the rules for clients' packets apply
         self.level = 0
         self._buf = b""
         self._pos = 0  # packets before it are decoded: the buffer is cut once per feed, not per packet
@@ -347,9 +380,9 @@ class Decoder:
             packet = connect
         elif self.level == 0 and kind not in (CONNACK,):
             # Before a CONNECT the level is unknown; the connection rejects the packet itself.
-            packet = _decode_body(kind, flags, r, 4)
+            packet = _decode_body(kind, flags, r, 4, self.server)
         else:
-            packet = _decode_body(kind, flags, r, self.level or 4)
+            packet = _decode_body(kind, flags, r, self.level or 4, self.server)
         if r.pos != r.end:
             raise MalformedPacket("bytes left over after the packet's contents")
         return packet
@@ -397,11 +430,11 @@ def _connect(r: _Reader) -> Connect:
     if level == 4 and flags & 0x40 and not flags & 0x80:
         raise MalformedPacket("password without user name in MQTT 3.1.1")
     keep_alive = r.u16()
-    props = r.properties(level)
+    props = r.properties(level, CONNECT)
     client_id = r.string()
     will = None
     if will_flag:
-        wprops = r.properties(level)
+        wprops = r.properties(level, WILL)
         will = Will(r.string(), r.binary(), will_qos, will_retain, wprops)
     username = r.string() if flags & 0x80 else None
     password = r.binary() if flags & 0x40 else None
@@ -409,7 +442,7 @@ def _connect(r: _Reader) -> Connect:
                    username=username, password=password, will=will, properties=props)
 
 
-def _decode_body(kind: int, flags: int, r: _Reader, level: int) -> Packet:
+def _decode_body(kind: int, flags: int, r: _Reader, level: int, server: bool = False) -> Packet:
     if kind == PUBLISH:
         qos = (flags >> 1) & 3
         if qos == 3:
@@ -421,7 +454,10 @@ def _decode_body(kind: int, flags: int, r: _Reader, level: int) -> Packet:
         pid = r.u16() if qos else 0
         if qos and pid == 0:
             raise MalformedPacket("PUBLISH with packet identifier 0")
-        props = r.properties(level)
+        props = r.properties(level, PUBLISH)
+        if server and "subscription_id" in props:
+            raise MalformedPacket("a client's PUBLISH carries a subscription identifier (MQTT-3.3.4-6)",
+                                  PROTOCOL_ERROR)
         return Publish(topic, r.take(r.left()), qos, bool(flags & 1), dup, pid, props)
     if kind in (PUBACK, PUBREC, PUBREL, PUBCOMP):
         pid = r.u16()
@@ -429,11 +465,14 @@ def _decode_body(kind: int, flags: int, r: _Reader, level: int) -> Packet:
         if level >= 5 and r.left():
             code = r.byte()
             if r.left():
-                props = r.properties(level)
+                props = r.properties(level, kind)
         return Ack(kind, pid, code, props)
     if kind == SUBSCRIBE:
         pid = r.u16()
-        props = r.properties(level)
+        props = r.properties(level, SUBSCRIBE)
+        if "subscription_id" in props:
+            # CONNACK said subscription_id_available 0 (MQTT 5 3.2.2.3.12).
+            raise MalformedPacket("subscription identifiers are not supported", SUBSCRIPTION_IDS_NOT_SUPPORTED)
         subs = []
         while r.left():
             topic = r.string()
@@ -446,7 +485,7 @@ def _decode_body(kind: int, flags: int, r: _Reader, level: int) -> Packet:
         return Subscribe(pid, subs, props)
     if kind == UNSUBSCRIBE:
         pid = r.u16()
-        props = r.properties(level)
+        props = r.properties(level, UNSUBSCRIBE)
         filters = []
         while r.left():
             filters.append(r.string())
@@ -462,26 +501,26 @@ def _decode_body(kind: int, flags: int, r: _Reader, level: int) -> Packet:
         if level >= 5 and r.left():
             code = r.byte()
             if r.left():
-                props = r.properties(level)
+                props = r.properties(level, DISCONNECT)
         return Disconnect(code, props)
     if kind == AUTH:
         code, props = 0, {}
         if level >= 5 and r.left():
             code = r.byte()
             if r.left():
-                props = r.properties(level)
+                props = r.properties(level, AUTH)
         return Auth(code, props)
     if kind == CONNACK:
         ack_flags = r.byte()
         code = r.byte()
-        return ConnAck(code, bool(ack_flags & 1), r.properties(level))
+        return ConnAck(code, bool(ack_flags & 1), r.properties(level, CONNACK))
     if kind == SUBACK:
         pid = r.u16()
-        props = r.properties(level)
+        props = r.properties(level, SUBACK)
         return SubAck(pid, list(r.take(r.left())), props)
     if kind == UNSUBACK:
         pid = r.u16()
-        props = r.properties(level)
+        props = r.properties(level, UNSUBACK)
         return UnsubAck(pid, list(r.take(r.left())), props)
     raise MalformedPacket(f"packet type {kind} unknown")
 
