@@ -67,6 +67,7 @@ class Accounts:
 
     def set_permission(self, user: str, vhost: str, perm: Permission) -> None:
         self.users.permissions[user, vhost] = perm
+        self._rebind(user, vhost)
         self._put(P.permission_key(vhost, user), {"kind": "permission", "user": user, "vhost": vhost,
                                                   "configure": perm.configure,
                                                   "write": perm.write, "read": perm.read})
@@ -74,9 +75,16 @@ class Accounts:
     def clear_permission(self, user: str, vhost: str) -> bool:
         if self.users.permissions.pop((user, vhost), None) is None:
             return False
+        self._rebind(user, vhost)
         self._put(P.permission_key(vhost, user), {"kind": "permission", "user": user, "vhost": vhost,
                                                   "deleted": True})
         return True
+
+    def _rebind(self, user: str, vhost: str) -> None:
+        """SE1: the user's open connections on ``vhost`` are held to the new permissions."""
+        for session in list(getattr(self.broker, "sessions", ())):
+            if session.user == user and session.vhost_name == vhost:
+                session.permissions_changed()
 
     def _put(self, key: str, record: dict[str, Any]) -> None:
         self.broker.persist(key, P.encode_json(record))

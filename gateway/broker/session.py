@@ -51,6 +51,10 @@ class Session:
         self.check_access = users is not None
         self._users = users
         self._writable: dict[str, bool] = {}  # basic.publish: write permission per exchange
+        # W2 checks these resources under another name: an MQTT session's internal queues
+        # (amq.mqtt-..., which no client may declare) under the names RabbitMQ's MQTT plugin
+        # gives them, mqtt-subscription-<client id>, that users' permission patterns name.
+        self.permission_names: dict[str, str] = {}
         self._in_method = False  # a method's handler runs: the cancels it causes wait for it
         self._cancels: list[tuple[Channel, str]] = []
         # MQ7: set to "mqtt" by an MQTT client's session; its publish, deliver and ack
@@ -68,12 +72,23 @@ class Session:
         ``amq.default``)."""
         if self._users is None:
             return
+        name = self.permission_names.get(name, name)
         # Looked up at each check (a dict lookup), so permissions an administrator changes
-        # over the management API bind open connections too (SE1); publish keeps its cache.
+        # over the management API bind open connections too (SE1); publish keeps a cache,
+        # which permissions_changed empties.
         perm = self._users.vhost_permission(self.user, self.vhost_name)
         if perm is None or not perm.allows(access, name):
             raise access_refused(f"access to {kind} '{name or 'amq.default'}' in vhost '{self.vhost_name}' "
                                  f"refused for user '{self.user}'", "W2")
+
+    def permissions_changed(self) -> None:
+        """SE1: the user's permissions on this vhost were changed (management API, definitions
+        import): publishes are authorized again from the next one on, on AMQP and MQTT alike
+        (the MQTT Bridge keeps a cache of its own)."""
+        self._writable.clear()
+        forget = getattr(self.conn, "permissions_changed", None)
+        if forget is not None:
+            forget()
 
     def supports(self, capability: str) -> bool:
         props = getattr(self.conn, "client_properties", None) or {}
@@ -290,11 +305,16 @@ class Session:
                                                                     consumer_count=1))
             return
         server_name = None
+        name = m.queue
         if not m.passive:
             # W2: configure on the queue; a server-named queue is checked under its new name.
-            server_name = new_name("amq.gen-") if not m.queue else None
-            self.authorize("configure", "queue", m.queue or server_name or "")
-        q = self.vhost.declare_queue(self, m.queue, passive=m.passive, durable=m.durable,
+            # An MQTT session's own queue (amq.mqtt-..., MQ8) is named by the server too.
+            if name in self.permission_names:
+                server_name, name = name, ""
+            elif not name:
+                server_name = new_name("amq.gen-")
+            self.authorize("configure", "queue", server_name or name)
+        q = self.vhost.declare_queue(self, name, passive=m.passive, durable=m.durable,
                                      exclusive=m.exclusive, auto_delete=m.auto_delete,
                                      arguments=m.arguments, user=self.user, server_name=server_name,
                                      peer=self.peer)

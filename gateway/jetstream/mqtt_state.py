@@ -88,7 +88,7 @@ class MQTTCluster:
         # being taken over, so its queue goes now even if its gateway is dead and not yet known
         # to be (it would be reaped DEAD_AFTER seconds later; the client would find it locked).
         vh = broker.vhosts.get(vhost)
-        name = queue_name(client_id)
+        name = queue_name(vhost, client_id)
         if vh is not None and name in getattr(vh, "remote_exclusive", {}):
             del vh.remote_exclusive[name]  # type: ignore[attr-defined]
             broker.begin_batch()
@@ -155,7 +155,7 @@ class MQTTCluster:
             with contextlib.suppress(Exception):
                 # Its last writes (session record, queue deletion) are in the bucket.
                 await broker.store.durable(broker.store.last_lsn, CATCH_UP_WAIT)
-                gone = broker.deleting.get((key[0], queue_name(key[1])))
+                gone = broker.deleting.get((key[0], queue_name(*key)))
                 if gone is not None:  # a clean session's queue: its stream, before the new one's is made
                     await asyncio.wait_for(asyncio.shield(gone), CATCH_UP_WAIT)
         if msg.reply:

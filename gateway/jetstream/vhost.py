@@ -66,8 +66,9 @@ class ClusterVHost(VHost):
 
     def declare_remote(self, r: dict[str, Any]) -> None:
         """A queue another gateway declared (its record from the bucket)."""
-        super().declare_queue(None, r["name"], passive=False, durable=r.get("durable", True), exclusive=False,
-                              auto_delete=r["auto_delete"], arguments=r["arguments"])
+        # As a server-named queue (checked where it was declared; amq.* names are MQTT's, MQ8).
+        super().declare_queue(None, "", server_name=r["name"], passive=False, durable=r.get("durable", True),
+                              exclusive=False, auto_delete=r["auto_delete"], arguments=r["arguments"])
         owner = r.get("exclusive_owner")
         if owner is not None and owner != self.broker.gateway_id:  # type: ignore[attr-defined]
             self.remote_exclusive[r["name"]] = owner

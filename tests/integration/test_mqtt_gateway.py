@@ -19,6 +19,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from gateway.mqtt import codec as P
+from gateway.mqtt.session import queue_name
 from gateway.server import gateway_in_thread
 from tests.integration.mqtt_client import RawClient
 from tests.integration.mqtt_fixtures import VERSIONS, gw_fixture, topic_fixture  # noqa: F401
@@ -115,7 +116,7 @@ def test_MQ1_vhost_colon_user_chooses_the_vhost(gw: Any, topic: str) -> None:
     right.send(P.Publish(topic, b"iot"))
     got = _next_publish(sub)
     assert got is not None and got.payload == b"iot"
-    assert "iot" in gw.broker.vhosts and gw.broker.vhost("iot").queues.get(f"mqtt-subscription-{topic}-v")
+    assert "iot" in gw.broker.vhosts and gw.broker.vhost("iot").queues.get(queue_name("iot", f"{topic}-v"))
     for c in (sub, other, right):
         c.close()
 
@@ -147,7 +148,7 @@ def test_MQ7_audit_records_say_mqtt(gw: Any, topic: str) -> None:
     c.send(P.Ack(P.PUBACK, got.packet_id))
     c.close()
     RawClient(gw.mqtt.port).connect(f"{topic}-x", password=b"wrong")
-    queue = f"mqtt-subscription-{topic}-audit"
+    queue = queue_name("/", f"{topic}-audit")
     want = {"connection_open", "connection_close", "auth_failure", "publish", "deliver", "ack"}
     deadline = time.monotonic() + 10
     seen: dict[str, dict[str, Any]] = {}

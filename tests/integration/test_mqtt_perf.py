@@ -46,12 +46,12 @@ def test_perf_mqtt_refuses_a_non_mqtt_uri(capsys: pytest.CaptureFixture[str]) ->
 
 def test_perf_mqtt_persistent_session_leaves_no_queue_behind(gw: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """--persistent-session: the subscriber's queue is durable (PUBACK after the fsync, MQ4)
-    while it runs, and the run ends the session, so no mqtt-subscription-perf-* queue stays."""
+    while it runs, and the run ends the session, so no amq.mqtt-subscription-perf-* queue stays."""
     code = main(["mqtt", "--uri-a", f"mqtt://guest:guest@127.0.0.1:{gw.mqtt.port}", "--name-a", "gateway",
                  "--qos", "1", "--count", "200", "--window", "20", "--persistent-session", "--json", "--quiet"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert out["config"]["persistent"] is True
     assert out["medians"]["1"]["gateway"]["received"] == 200
-    left = [q for q in gw.broker.vhost("/").queues if q.startswith("mqtt-subscription-perf-sub-")]
+    left = [q for q in gw.broker.vhost("/").queues if q.startswith("amq.mqtt-subscription-perf-sub-")]
     assert left == []

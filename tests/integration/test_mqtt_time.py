@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.mqtt import codec as P
+from gateway.mqtt.session import queue_name
 from gateway.server import running_gateway
 from semantics.clock import ManualClock
 from tests.integration.mqtt_client import AsyncRawClient
@@ -46,11 +47,11 @@ async def test_MQ3_session_expiry_ends_a_persistent_session() -> None:
         assert ack.session_present  # within the expiry
         c.close()
         for _ in range(50):  # the server's side of the close
-            if not gw.broker.vhost("/").queues["mqtt-subscription-exp"].consumers:
+            if not gw.broker.vhost("/").queues[queue_name("/", "exp")].consumers:
                 break
             await asyncio.sleep(0.02)
         gw.broker.advance_time(6)
-        assert "mqtt-subscription-exp" not in gw.broker.vhost("/").queues
+        assert queue_name("/", "exp") not in gw.broker.vhost("/").queues
         c, ack = await AsyncRawClient.connect(gw.mqtt.port, "exp", 5, clean=False, session_expiry=5)
         assert not ack.session_present
         c.close()
