@@ -239,7 +239,7 @@ class Broker:
 
     def _keep_limit_entry(self, vhost: str, rule: str, object: str, user: str | None) -> None:
         entry = self.limit_report.entry(vhost, rule, object, user)
-        if entry is not None and self.data_dir is not None:
+        if entry is not None:
             self.persist(P.limit_key(vhost, rule, object, user), P.encode_json(entry.as_json()))
 
     def _unkeep_limit_entries(self, entries: list[LimitEntry]) -> None:
@@ -763,10 +763,7 @@ class Broker:
 
     def _answer_get(self, ch: Channel, q: BrokerQueue, receipt: Q.Receipt, no_ack: bool) -> None:
         """basic.get-ok (M11); no_ack: the message is deleted at once."""
-        ch.deliver(None, q, receipt, get_count=q.message_count)
-        if no_ack:
-            ch.unacked.pop(ch.next_tag - 1)
-            self.settle_deleted(q, receipt)
+        ch.deliver(None, q, receipt, get_count=q.message_count, no_ack=no_ack)  # no_ack: settled there
 
     # -- long polling (Q5) -------------------------------------------------------------------
 
