@@ -124,6 +124,7 @@ class Broker:
                                compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)),
                                lock=lock)
         self.store = store
+        self.opened_lsn = int(getattr(store, "last_lsn", 0))  # the last durable write before this start (MQ8)
         self._log_recovery()
         self._upgrade_store()
         self.vhosts: dict[str, VHost] = {}

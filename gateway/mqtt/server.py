@@ -67,7 +67,18 @@ class MQTTService:
         state = SessionState.from_json(raw)
         if self.cluster is None:
             self._drop_settled(state)
+            self._drop_unrouted(state)
         return state
+
+    def _drop_unrouted(self, state: SessionState) -> None:
+        """MQ4/MQ8: an incoming QoS 2 identifier whose record was the store's last durable
+        write when the gateway stopped: the message put just after it never reached the disk,
+        so the client's resend must be routed, not taken for a duplicate. (The embedded
+        store's journal is durable in LSN order, batch by batch.)"""
+        opened = getattr(self.gw.broker, "opened_lsn", None)
+        for pid, lsn in state.inbound_at.items():
+            if lsn and lsn == opened:
+                state.inbound_qos2.discard(pid)
 
     def _drop_settled(self, state: SessionState) -> None:
         """Packet identifiers whose message is in none of the session's queues any more: a

@@ -214,6 +214,9 @@ class SessionState:
         self.subs: dict[str, tuple[int, int]] = {}  # filter -> (QoS, options)
         self.shared: dict[str, tuple[int, int]] = {}  # "$share/<group>/<filter>" -> (QoS, options)
         self.inbound_qos2: set[int] = set()  # PUBLISH QoS 2 routed, PUBREL not yet received
+        # Of those, the LSN of the record written just before the message (route): a restart
+        # whose store ends at that very record lost the message, and forgets the identifier.
+        self.inbound_at: dict[int, int] = {}
         # outbound QoS 2: PUBREL sent (or about to be), PUBCOMP awaited: packet id -> the
         # message it carried ("" for a retained one), and the reverse: such a message, given
         # again by its queue (its ack was lost in a crash), is acknowledged, not sent.
@@ -233,6 +236,7 @@ class SessionState:
                            "subs": {f: list(v) for f, v in self.subs.items()},
                            "shared": {f: list(v) for f, v in self.shared.items()},
                            "inbound_qos2": sorted(self.inbound_qos2),
+                           "inbound_at": {str(p): self.inbound_at.get(p, 0) for p in self.inbound_qos2},
                            "released": {str(p): m for p, m in self.released.items()},
                            "pids": self.pid_of_msg,
                            "retained_pids": {str(p): t for p, t in self.retained_pids.items()}}).encode()
@@ -244,6 +248,7 @@ class SessionState:
         s.subs = {f: (int(v[0]), int(v[1])) for f, v in r["subs"].items()}
         s.shared = {f: (int(v[0]), int(v[1])) for f, v in r.get("shared", {}).items()}
         s.inbound_qos2 = set(r.get("inbound_qos2", ()))
+        s.inbound_at = {int(p): int(lsn) for p, lsn in r.get("inbound_at", {}).items()}
         released = r.get("released", ())
         # Records written before MQ8 kept a list of identifiers and only QoS 2's pids.
         s.released = {int(p): m for p, m in released.items()} if isinstance(released, dict) else \
@@ -759,9 +764,15 @@ class MQTTSession:
                 # Before the call: a confirm that needs no fsync comes back inside it.
                 self.confirms.append((ch.publish_seq + 1, P.PUBACK if qos == 1 else P.PUBREC, pid, retained_lsn))
                 if qos == 2:
-                    self.state.inbound_qos2.add(pid)
+                    state = self.state
+                    state.inbound_qos2.add(pid)
                     self.awaiting_rec.add(pid)
-                    self._save()  # before the message: its confirm then covers both
+                    # Before the message: its confirm then covers both. But a group commit may
+                    # take the record without the message (the sync thread swaps the batch out
+                    # between two puts): the record names its own LSN (the event loop is the
+                    # store's one writer) so that a restart can tell (MQTTService.stored_session).
+                    state.inbound_at[pid] = self.broker.store.last_lsn + 1
+                    self._save()
             self.bs.publish_now(ch, method, props, payload)
         except CMQError as e:
             if qos and not will and self.confirms and self.confirms[-1][2] == pid:

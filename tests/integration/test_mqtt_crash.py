@@ -144,3 +144,63 @@ def test_MQ8_qos2_the_same_on_mqtt_5(tmp_path: Path) -> None:
 
 def test_MQ8_qos1_resends_carry_dup_and_their_id_and_ids_are_not_reused(tmp_path: Path) -> None:
     _MQ8_after_restart(tmp_path, 4, 1)
+
+
+def _crash_left_record_last(data: Path, client_id: str, pid: int, *, message_lost: bool) -> None:
+    """What a kill -9 leaves when a group commit took a QoS 2 PUBLISH's session record (the
+    identifier marked routed) but not the message put just after it: the record is the last
+    durable write. With ``message_lost`` False, the record was written earlier (the message
+    then reached the disk after it)."""
+    from gateway.mqtt.session import SessionState, session_key
+    from semantics.store import Store
+
+    store = Store.open(str(data))
+    try:
+        raw = store.get(session_key("/", client_id))
+        assert raw is not None
+        state = SessionState.from_json(raw)
+        state.inbound_qos2.add(pid)
+        state.inbound_at[pid] = store.last_lsn + (1 if message_lost else -1)
+        store.put(session_key("/", client_id), state.to_json())
+        store.sync()
+    finally:
+        store.close()
+
+
+def test_MQ4_a_qos2_publish_whose_message_missed_the_disk_is_routed_when_resent(tmp_path: Path) -> None:
+    """The incoming half: a resent QoS 2 PUBLISH is taken for a duplicate only if the message
+    it duplicates was stored; the record written just before the message names its LSN, and
+    a restart whose store ends at that record routes the resend (else the message is lost)."""
+    for lost in (True, False):
+        data = tmp_path / f"data-{lost}"
+        with serve(data) as (proc, _):
+            port = proc.mqtt_port  # type: ignore[attr-defined]
+            sub = _subscriber(port, "mq4-sub", 4, 2, first=True)
+            sub.close()
+            pub = RawClient(port, 4)
+            pub.connect("mq4-pub", clean=False)
+            pub.close()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        _crash_left_record_last(data, "mq4-pub", 9, message_lost=lost)
+        with serve(data) as (proc, _):
+            port = proc.mqtt_port  # type: ignore[attr-defined]
+            pub = RawClient(port, 4)
+            assert pub.connect("mq4-pub", clean=False).session_present
+            pub.send(P.Publish("mq8/x", b"resent", 2, dup=True, packet_id=9))
+            assert (lambda r: (r.kind, r.packet_id))(pub.recv()) == (P.PUBREC, 9)
+            pub.send(P.Ack(P.PUBREL, 9))
+            assert (lambda r: (r.kind, r.packet_id))(pub.recv()) == (P.PUBCOMP, 9)
+            pub.send(P.Publish("mq8/x", b"marker", 2, packet_id=10))
+            assert pub.recv().kind == P.PUBREC
+            pub.close()
+            sub = _subscriber(port, "mq4-sub", 4, 2, first=False)
+            got = []
+            while not got or got[-1] != b"marker":
+                p = sub.recv()
+                assert isinstance(p, P.Publish), p
+                got.append(p.payload)
+                sub.send(P.Ack(P.PUBREC, p.packet_id))
+            sub.close()
+            # Routed once when the message missed the disk; not again when it was stored.
+            assert got == ([b"resent", b"marker"] if lost else [b"marker"]), (lost, got)
