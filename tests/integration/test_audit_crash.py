@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import yaml
 
+from tests.integration.cmq_client import CmqClient
 from tests.integration.test_process import serve
 
 QUEUE = "a5-orders"
+KEY_ID, SECRET = "AKIDauditcrash000000000000000000000000", "audit-crash-secret-0123456789abcd"
 # PF5: deliveries carry their CMQ ID (x-cmq-msg-id), the msg_id of their audit records.
 METADATA = {"x-cmq-receive-metadata": True}
 
@@ -112,3 +115,37 @@ def test_A5_stored_messages_whose_records_a_crash_lost_get_them_back(tmp_path: P
         (QUEUE, QUEUE, len(b"m000"))}
     first_deliver = next(i for i, r in enumerate(recs) if r["event"] == "deliver")
     assert max(i for i, r in enumerate(recs) if r.get("origin") == "rebuilt") < first_deliver
+
+
+def test_A5_a_cmq_api_send_answered_has_its_records_on_disk_already(tmp_path: Path) -> None:
+    """CA2 + A5: each SendMessage answered code 0 finds its publish and enqueue records in
+    the audit files at once (before anything else happens), and still after a kill -9."""
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({
+        "users": [{"name": "guest", "password": "guest", "tags": ["administrator"],
+                   "cmq_keys": [{"secret_id": KEY_ID, "secret_key": SECRET}]}],
+        "permissions": [{"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]}))
+    data = tmp_path / "data"
+    sent = []
+    with serve(data, "--config", str(config)) as (proc, _port):
+        cmq = CmqClient(f"http://127.0.0.1:{proc.operator['CMQ API']}", KEY_ID, SECRET)  # type: ignore[attr-defined]
+        cmq.ok("CreateQueue", queueName="a5-api")
+        for i in range(20):
+            mid = cmq.ok("SendMessage", queueName="a5-api", msgBody=f"body-{i}")["msgId"]
+            sent.append(mid)
+            recs = records(data / "audit") + open_records(data / "audit")
+            assert mid in {r["msg_id"] for r in recs if r["event"] == "publish"}
+            assert ("a5-api", mid) in {(r["queue"], r["msg_id"]) for r in recs if r["event"] == "enqueue"}
+        proc.kill()
+        proc.wait(timeout=30)
+    recs = records(data / "audit") + open_records(data / "audit")
+    assert set(sent) <= {r["msg_id"] for r in recs if r["event"] == "publish" and r.get("protocol") == "cmq-api"}
+
+
+def open_records(audit: Path) -> list[dict[str, Any]]:
+    """The whole lines of the file being written (or left open by a kill)."""
+    out = []
+    for path in audit.glob("dt=*/hour=*/.*.open"):
+        for line in path.read_bytes().split(b"\n")[:-1]:
+            out.append(json.loads(line))
+    return out
