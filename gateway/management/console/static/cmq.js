@@ -35,11 +35,25 @@ async function topics(ctx) {
   return get(ctx.vhost ? `/api/cmq/topics/${enc(ctx.vhost)}` : '/api/cmq/topics');
 }
 
+const TOPICS_PER_PAGE = 50;
+
 function topicsTab(ctx) {
   const body = h('div', { id: 'cmq-topics' });
+  const pager = h('div', { class: 'pager' });
+  let page = 1;
   async function refresh() {
-    const list = await topics(ctx);
-    fill(body, list.length ? list.map((t) => h('section', { class: 'panel topic' },
+    const all = await topics(ctx);
+    const pages = Math.max(1, Math.ceil(all.length / TOPICS_PER_PAGE));
+    page = Math.min(page, pages);
+    const list = all.slice((page - 1) * TOPICS_PER_PAGE, page * TOPICS_PER_PAGE);
+    // The list has counts only: each shown topic's subscriptions (with their retry state).
+    const subs = await Promise.all(list.map((t) => get(`/api/cmq/topics/${enc(t.vhost)}/${enc(t.exchange)}/subscriptions`).catch(() => [])));
+    list.forEach((t, i) => { t.subscriptions = subs[i]; });
+    fill(pager, pages > 1 ? [
+      h('button', { type: 'button', disabled: page <= 1, onclick: () => { page -= 1; refresh(); } }, '« Previous'),
+      h('span', null, ` Topics page ${page} of ${pages} (${num(all.length)} topics) `),
+      h('button', { type: 'button', disabled: page >= pages, onclick: () => { page += 1; refresh(); } }, 'Next »')] : null);
+    fill(body, pager, list.length ? list.map((t) => h('section', { class: 'panel topic' },
       h('h3', null, h('a', { href: exchangeHref(t.vhost, t.exchange) }, t.topicName), ` (exchange ${t.exchange}, ${t.exchangeType}, vhost ${t.vhost})`),
       h('p', null, `Filter type ${t.filterType}; ${num(t.msgCount)} retained messages; max message size ${num(t.maxMsgSize)} bytes; `
         + `${num(t.subscriptionCount)} subscription(s)`),
@@ -52,6 +66,8 @@ function httpTab(ctx) {
   const body = h('div', { id: 'cmq-http' });
   async function refresh() {
     const list = await topics(ctx);
+    const subs = await Promise.all(list.map((t) => get(`/api/cmq/topics/${enc(t.vhost)}/${enc(t.exchange)}/subscriptions`).catch(() => [])));
+    list.forEach((t, i) => { t.subscriptions = subs[i]; });
     const rows = [];
     for (const t of list) for (const s of t.subscriptions || []) if (s.protocol === 'http') rows.push({ ...s, topic: t.topicName, vhost: t.vhost });
     fill(body, h('p', { class: 'muted' }, 'The last error of an endpoint shows as its blocking message and retry state.'),
