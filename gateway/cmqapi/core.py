@@ -177,9 +177,11 @@ class CmqApi:
         return "low on memory" if gw.memory_over() else ""
 
     async def publish(self, caller: Caller, vh: Any, exchange: str, key: str, properties: Any,
-                      bodies: list[str]) -> list[Any]:
+                      bodies: list[str], *, queue: bool = False) -> list[Any]:
         """(Batch)SendMessage / (Batch)PublishMessage: each body published as AMQP would
-        (M9, M10), answered once stored durably (M14). The PublishOutcomes.
+        (M9, M10), answered once stored durably (M14). The PublishOutcomes. A ``queue``
+        send (SendMessage) whose write the store refused is 4410 (a topic's refusal is the
+        subscription's to retry, D2).
 
         SE6: while a resource alarm holds AMQP and MQTT publishers, a publish here is refused
         with 4410, CMQ's answer for a queue that takes no more for now (the SDKs' "queue
@@ -199,8 +201,13 @@ class CmqApi:
                 raise CmqApiError(QUEUE_FULL, f"{e.text}") from None
             raise
         lsn = max(out.lsn for out in outs)
+        watch = getattr(self.broker, "watch_refusals", None)  # JetStream: a write refused there
+        watched = watch([out.lsn for out in outs if out.lsn]) if watch is not None and queue else None
         if lsn:
             await self.durable(lsn)
+        if watched is not None and self.broker.refusals_seen(watched):
+            raise CmqApiError(QUEUE_FULL, "the queue already retains maxMsgHeapNum messages (CMQ rule L8): "
+                              "refused by the store; messages of this request before it may have been kept")
         return outs
 
     async def durable(self, lsn: int = -1) -> None:

@@ -209,7 +209,7 @@ async def _send(api: CmqApi, caller: Caller, p: Params, batch: bool) -> dict[str
     vh, q = api.queue(caller, p.text("queueName"))
     caller.require("write", "")  # SendMessage is a publish to the default exchange (M10)
     delay = p.opt_number("delaySeconds", limits.DELAY_SECONDS_MIN, limits.DELAY_SECONDS_MAX)
-    outs = await api.publish(caller, vh, "", q.name, _properties(delay or None), p.bodies(batch))
+    outs = await api.publish(caller, vh, "", q.name, _properties(delay or None), p.bodies(batch), queue=True)
     if any(out.rejected for out in outs):
         raise CmqApiError.param(f"queue {q.name} is full: x-overflow reject-publish refused a message", 10350)
     return sent(outs, batch)

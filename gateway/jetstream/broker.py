@@ -128,6 +128,7 @@ class ClusterBroker(Broker):
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
         self._durable_scheduled = False
+        self._watched: list[dict[int, bool]] = []  # CMQ API sends awaiting their writes (watch_refusals)
 
     # -- the store: JetStream acknowledges as it goes (no group commit thread) ---------------
 
@@ -264,7 +265,7 @@ class ClusterBroker(Broker):
                 q.cmq.delete(Q.Receipt(m, m.handle), now)
         q.leases.clear()
         q.requested = 0
-        q.no_wait_batches.clear()
+        q.pulls.clear()
         self._want(q)
 
     def _spawn(self, coro: Any) -> None:
@@ -468,9 +469,27 @@ class ClusterBroker(Broker):
         self._durable_scheduled = False
         self._on_durable(self.store.durable_lsn)
 
+    def watch_refusals(self, lsns: list[int]) -> dict[int, bool]:
+        """The writes of a CMQ API send: marked True if JetStream refuses them (L8 max_msgs
+        seen by JetStream only, when other gateways' leases fill the queue), so that the send
+        is answered 4410, not 0. Call before awaiting them; :meth:`refusals_seen` ends it."""
+        watched = dict.fromkeys(lsns, False)
+        self._watched.append(watched)
+        return watched
+
+    def refusals_seen(self, watched: dict[int, bool]) -> bool:
+        with contextlib.suppress(ValueError):
+            self._watched.remove(watched)
+        return any(watched.values())
+
     def _on_durable(self, durable: int) -> None:
         refused = self.store.refused
         links = self.store.fanout_next
+        if refused and self._watched:
+            for lsn in refused:
+                for watched in self._watched:
+                    if lsn in watched:
+                        watched[lsn] = True
         if refused:
             # M14: a write JetStream refused (L8 max_msgs) is a basic.nack, in its place; a
             # message routed to several queues is nacked when any of its writes was refused.
@@ -540,16 +559,23 @@ class ClusterBroker(Broker):
             request["expires"] = int(PULL_WAIT * 1e9)
         else:
             request["no_wait"] = True
-            q.no_wait_batches.append(extra)
+        q.pull_seq += 1
+        reply = f"{q.inbox}.{q.pull_seq}"
+        q.pulls[reply] = [extra, not waiting]
         q.requested += extra
         q.asked_at = self.clock.now()
-        self._spawn(self.link.nc.publish(q.next_subject, json.dumps(request).encode(), q.inbox))
+        self._spawn(self.link.nc.publish(q.next_subject, json.dumps(request).encode(), reply))
 
     def pulled(self, q: ClusterQueue, m: Any) -> None:
         """One message on the queue's inbox: a delivery, or a status ending a pull request."""
         status = m.headers.get("Status") if m.headers else None
         if status is None:
             q.requested = max(0, q.requested - 1)
+            pull = q.pulls.get(m.subject)
+            if pull is not None:
+                pull[0] -= 1
+                if pull[0] <= 0:
+                    del q.pulls[m.subject]  # its whole batch came: JetStream says no more of it
             q.arrived.append(m)
             if len(q.arrived) == 1:
                 self._loop.call_soon(self._take_arrived, q)  # type: ignore[union-attr]
@@ -557,15 +583,17 @@ class ClusterBroker(Broker):
         if status == "100":
             return  # a heartbeat
         self._take_arrived(q)  # what came before the status first: a get waits for it
-        if status == "404" and q.no_wait_batches:  # no_wait: nothing there now
-            q.requested = max(0, q.requested - q.no_wait_batches.pop(0))
-            self._nothing_to_get(q)
-        elif status == "408":  # a waiting request expired: what it did not get
-            pending = int(m.headers.get("Nats-Pending-Messages", "0") or 0)
-            q.requested = max(0, q.requested - pending) if pending else 0
+        if status in ("404", "408"):
+            # 404: a no_wait request found nothing; 408: a waiting request expired, or a
+            # no_wait one ran dry after some messages. What it did not bring is not coming.
+            pull = q.pulls.pop(m.subject, None)
+            if pull is not None:
+                q.requested = max(0, q.requested - pull[0])
+                if pull[1] or status == "404":
+                    self._nothing_to_get(q)
         else:  # 409 and others (leader change, too many waiting): start over
             q.requested = 0
-            q.no_wait_batches.clear()
+            q.pulls.clear()
             self._nothing_to_get(q)
         if not q.held_back:
             answer_receives(q, status=True)  # a pull ended: CMQ API receives look again (or answer 7000)
@@ -580,7 +608,7 @@ class ClusterBroker(Broker):
         """A pull request whose end never came (NATS restarted meanwhile): asked anew."""
         if q.requested and now - q.asked_at > 3 * PULL_WAIT:
             q.requested = 0
-            q.no_wait_batches.clear()
+            q.pulls.clear()
             self._nothing_to_get(q)
             self._want(q)
 
@@ -779,7 +807,7 @@ class ClusterBroker(Broker):
         old = q.sub
         q.sub = q.inbox = None
         q.requested = 0
-        q.no_wait_batches.clear()
+        q.pulls.clear()
         try:
             await subscribe(self.link, q, self.pulled)
         finally:

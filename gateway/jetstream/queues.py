@@ -84,7 +84,12 @@ class ClusterQueue(BrokerQueue):
         self.next_subject = ""
         self.sub: Any = None
         self.requested = 0  # messages asked for and not yet come (nor refused)
-        self.no_wait_batches: list[int] = []  # no_wait requests not yet answered, in order
+        # The pull requests under way, by their reply subject (``<inbox>.<n>``): [messages not
+        # yet come, no_wait]. One subject each, because JetStream ends a request in several
+        # ways (its whole batch came: no word; 404 nothing there; 408 expired, or a no_wait
+        # one ran dry after some) and only the subject says which request a status ends.
+        self.pulls: dict[str, list[int]] = {}
+        self.pull_seq = 0
         self.asked_at = 0.0
         self.published_at = 0.0  # the last publish from here (x-expires' last_used ignores those)
         self.slow_writes = 0  # publishes on the one-request-each path (large, before ready, behind those)
@@ -237,6 +242,6 @@ async def subscribe(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQueue,
             pulled(q, m)
 
         inbox = link.nc.new_inbox()
-        q.sub = await link.nc.subscribe(inbox, cb=on_message, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        q.sub = await link.nc.subscribe(inbox + ".*", cb=on_message, pending_msgs_limit=-1, pending_bytes_limit=-1)
         q.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{q.stream}.{CONSUMER}"
         q.inbox = inbox

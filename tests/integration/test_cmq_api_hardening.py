@@ -205,3 +205,22 @@ def test_SE6_send_refused_while_the_memory_alarm_is_raised(request: pytest.Fixtu
         attrs = client.ok("GetQueueAttributes", queueName="alarmq")
         assert (attrs["activeMsgNum"], attrs["inactiveMsgNum"], attrs["delayMsgNum"]) == (0, 0, 0)
         assert client.call("ReceiveMessage", queueName="alarmq", pollingWaitSeconds=0)["code"] == 7000
+
+
+def test_CA2_L8_a_send_jetstream_refuses_is_4410_on_every_gateway(nats_single: Any, tmp_path: Any) -> None:
+    """L8 across two gateways of one JetStream: gateway B has not seen the two messages A
+    sent (its own count of the queue is older), JetStream's max_msgs refuses B's send: B
+    answers 4410, not 0 (a 0 would be a message confirmed and never stored)."""
+    store = nats_single.store_url
+    with cmq_gateway(str(tmp_path / "a"), store=store) as (_a, url_a), \
+            cmq_gateway(str(tmp_path / "b"), store=store) as (_b, url_b):
+        a, b = admin(url_a), admin(url_b)
+        a.ok("CreateQueue", queueName="heap2", maxMsgHeapNum=2)
+        assert b.ok("GetQueueAttributes", queueName="heap2")["activeMsgNum"] == 0
+        a.ok("BatchSendMessage", queueName="heap2", msgBody=["1", "2"])
+        refused = b.call("SendMessage", queueName="heap2", msgBody="3")
+        assert refused["code"] == 4410 and "L8" in refused["message"], refused
+        assert a.ok("GetQueueAttributes", queueName="heap2")["activeMsgNum"] == 2
+        bodies = sorted(m["msgBody"] for m in b.ok("BatchReceiveMessage", queueName="heap2", numOfMsg=16,
+                                                   pollingWaitSeconds=5)["msgInfoList"])
+        assert bodies in (["1", "2"], ["1"], ["2"])  # what B's pull found by then; never "3"
