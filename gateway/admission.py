@@ -48,6 +48,40 @@ _RECOUNT_FAR, _RECOUNT_NEAR = 30.0, 0.5
 _REFUSED_HTTP = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
+_said: dict[str, tuple[float, int]] = {}  # what was said last, when, and how often since
+
+
+def _note(what: str, text: str, *args: Any) -> None:
+    """One INFO line per ``what`` every 10 s at most, with how many it stands for: a flood of
+    bad requests must not become a flood of log lines."""
+    now = time.monotonic()
+    last, since = _said.get(what, (0.0, 0))
+    if now - last < 10:
+        _said[what] = (last, since + 1)
+        return
+    _said[what] = (now, 0)
+    log.info(text + (f" (and {since} more like it in the last 10 s)" if since else ""), *args)
+
+
+class _BadRequests(logging.Filter):
+    """aiohttp logs every request it cannot parse (400, 431...) with a traceback at ERROR:
+    a client's fault, said in one rate-limited INFO line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 400) < 500:
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            _note("bad request", "bad HTTP request from %s: %s", peer, str(exc).splitlines()[0][:200])
+            return False
+        return True
+
+
+_server_log = logging.getLogger("cmq_gateway.http")
+_server_log.addFilter(_BadRequests())
+
+
 def _open_descriptors() -> int | None:
     try:
         return len(os.listdir("/proc/self/fd")) - 1  # the listing's own descriptor
@@ -231,8 +265,8 @@ class _HttpGuard(asyncio.Protocol):
                 self.header_seen = True
                 self._tail = b""
             if self.header_bytes > self.policy.header_bytes:
-                log.info("HTTP request headers over %d bytes on %s: closed", self.policy.header_bytes,
-                         self.gate.name)
+                _note("431", "HTTP request headers over %d bytes on %s: closed", self.policy.header_bytes,
+                      self.gate.name)
                 self._let_go()
                 assert self.transport is not None
                 try:
@@ -307,9 +341,16 @@ def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
                     async with asyncio.timeout(policy.body_timeout):
                         await request.read()
                 except TimeoutError:
-                    log.info("HTTP request body not read within %g s: closed", policy.body_timeout)
-                    return web.Response(status=408, text="request body not received in time\n",
-                                        headers={"Connection": "close"})
+                    _note("408", "HTTP request body not read within %g s: closed", policy.body_timeout)
+                    late = web.Response(status=408, text="request body not received in time\n")
+                    late.force_close()
+                    await late.prepare(request)
+                    await late.write_eof()
+                    # aiohttp would wait for the rest of the body (its lingering read) before it
+                    # closes: the socket is closed here, the 408 being in its buffer already.
+                    if guard.transport is not None:
+                        guard.transport.close()
+                    return late
             return await handler(request)
         finally:
             guard.request_ended()
@@ -342,7 +383,7 @@ async def serve_http(app: web.Application, *, gate: Gate, policy: HttpPolicy, so
     guards: dict[Any, _HttpGuard] = {}
     app.middlewares.insert(0, _middleware(guards, policy))  # outermost: before any login
     # aiohttp's own keep-alive close as well (its default is an hour).
-    runner = web.AppRunner(app, access_log=None, keepalive_timeout=policy.idle_timeout or 3630)
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=policy.idle_timeout or 3630, logger=_server_log)
     await runner.setup()
     server = runner.server
     assert server is not None
