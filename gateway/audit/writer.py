@@ -17,6 +17,12 @@ pruning by folder is exact), and at ``close()``.  A closed file is never opened 
 leaves one ``.open`` file whose last line may be torn; the next ``AuditLog`` on the directory
 renames it closed as it is (readers skip a torn last line).
 
+Durability (A5): the lines are flushed to the OS every cycle but fsynced only when a file is
+closed, or when the broker's group commit asks: ``sync_mark()`` (on the event loop, next to
+the store's last LSN) makes the next cycle fsync the open file after writing everything
+emitted before the mark, and ``wait_synced(mark)`` (on the store's sync thread) returns once
+it has; the broker's confirms wait for both (gateway.broker.broker, ``durable_lsn``).
+
 Counting: the writer counts every record it is handed (``counts``, keyed by
 ``gateway.audit.counting.count_key``), the ones the ``events`` filter leaves out of the files
 included, so /metrics counts exactly what the broker recorded without any work on the event
