@@ -361,7 +361,7 @@ async def trial_load(trial: int, args: argparse.Namespace, rng: random.Random, w
         while time.monotonic() < deadline:
             missing = ledger.taken - set(ledger.received)
             quiet = time.monotonic() - ledger.last_rx > QUIET
-            if quiet and (not missing and not sub.held or time.monotonic() - ledger.last_rx > 4 * QUIET):
+            if quiet and (not missing and not sub.held or time.monotonic() - ledger.last_rx > args.settle_seconds):
                 break
             await asyncio.sleep(0.2)
         sub.stop.set()
@@ -393,12 +393,17 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=2, help="kill -9 per trial")
     ap.add_argument("--window", type=int, default=50, help="the publisher's PUBLISHes in flight")
     ap.add_argument("--finish-seconds", type=float, default=120.0, help="how long the end may take")
+    ap.add_argument("--settle-seconds", type=float, default=None,
+                    help="how long the subscriber waits for a missing message (default 12; on JetStream 60: what the "
+                         "killed gateway had pulled comes back after the consumer's ack_wait, the visibility timeout + 1 s)")
     ap.add_argument("--store", default=None, help="nats://HOST:PORT, or 'jetstream' for a local nats-server")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep", default="crash-trials-mqtt-failed", help="where a failing trial's files go")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     args.run = f"r{seed % 100000}"
+    if args.settle_seconds is None:
+        args.settle_seconds = 60.0 if args.store else 4 * QUIET
     nats: Any = None
     store = args.store
     if store == "jetstream":
