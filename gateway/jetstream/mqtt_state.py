@@ -24,6 +24,25 @@ one gateway's memory is shared here:
 Every cluster broker makes one (``ClusterBroker.mqtt``) and answers claims, MQTT served or
 not; the MQTT service attaches to it. The embedded store never builds this:
 ``MQTTService.cluster`` stays None and CONNECT is answered at once, as before.
+
+Exactly once across a crash (MQ8) holds here as on the embedded store, by the same path: the
+session record is a ``CMQ_META`` write under the store's LSN, and ``durable_lsn`` passes it
+once JetStream acknowledged it and every write before it; that is what a persistent session's
+PUBLISH, PUBREL and PUBCOMP wait for (``MQTTSession._after_save``, through the broker's
+``confirm_waiters`` as confirms). What differs:
+
+* a message leaves its queue by a ``+ACK`` to JetStream, not by a store write. It is sent
+  before the record that frees its identifier (QoS 1) or completes it (QoS 2), on the same
+  NATS connection, so the server has the ack before it has that record; a gateway killed
+  before its client flushed loses the ack and every later write with it, and the message comes
+  back after the consumer's ack_wait under its stored identifier (DUP), or acknowledged unsent
+  when its PUBREL was owed;
+* the gateway cannot tell at resume which stored QoS 1 identifiers lost their message to an
+  ack that JetStream took just before the kill (the embedded store looks in the queue,
+  ``MQTTService._drop_settled``): those stay reserved in the record, at most one receive
+  window of identifiers a crash;
+* the LSN check of an incoming QoS 2 identifier (``MQTTService._drop_unrouted``) needs the
+  embedded journal's order; here the record and the message are two JetStream writes.
 """
 
 from __future__ import annotations
