@@ -12,7 +12,9 @@ from typing import Any
 import pika
 import yaml
 
+from gateway.mqtt import codec as P
 from tests.integration.cmq_client import CmqClient
+from tests.integration.mqtt_client import RawClient
 from tests.integration.test_process import serve
 
 QUEUE = "a5-orders"
@@ -149,3 +151,28 @@ def open_records(audit: Path) -> list[dict[str, Any]]:
         for line in path.read_bytes().split(b"\n")[:-1]:
             out.append(json.loads(line))
     return out
+
+
+def test_A5_an_mqtt_puback_comes_after_the_records_of_its_message(tmp_path: Path) -> None:
+    """MQ + A5: a QoS 1 PUBLISH to a persistent session's subscription is stored, and its
+    PUBACK finds the publish and enqueue records in the audit files already."""
+    data = tmp_path / "data"
+    with serve(data) as (proc, _port):
+        port = proc.mqtt_port  # type: ignore[attr-defined]
+        sub = RawClient(port, 4)
+        sub.connect("a5-sub", clean=False)
+        sub.send(P.Subscribe(1, [("a5/#", 1)]))
+        assert sub.recv().reason_codes == [1]
+        sub.close()  # its session and queue stay: every message is stored for it
+        pub = RawClient(port, 4)
+        pub.connect("a5-pub")
+        for i in range(1, 11):
+            pub.send(P.Publish("a5/x", f"m{i}".encode(), 1, packet_id=i))
+            ack = pub.recv()
+            assert isinstance(ack, P.Ack) and ack.kind == P.PUBACK and ack.reason_code == 0, ack
+            recs = records(data / "audit") + open_records(data / "audit")
+            mqtt = {r["msg_id"] for r in recs if r["event"] == "publish" and r.get("protocol") == "mqtt"}
+            assert len(mqtt) == i
+            assert mqtt <= {r["msg_id"] for r in recs if r["event"] == "enqueue"}
+        proc.kill()
+        proc.wait(timeout=30)
