@@ -29,6 +29,14 @@ class ProtocolError:
 
 
 @dataclass(frozen=True, slots=True)
+class Pinged:
+    """A PINGREQ, answered already (its PINGRESP is queued): nothing left to do."""
+
+
+PINGED = Pinged()
+
+
+@dataclass(frozen=True, slots=True)
 class KeepAliveTimeout:
     """Nothing from the client for 1.5 times its keep-alive (MQTT-3.1.2-24); closed."""
 
@@ -36,10 +44,16 @@ class KeepAliveTimeout:
 
 
 class MQTTServerConnection:
-    def __init__(self, *, max_packet_size: int = 1 << 20, connect_timeout: float = 10.0) -> None:
-        self.decoder = P.Decoder(max_packet_size)
+    def __init__(self, *, max_packet_size: int = 1 << 20, connect_timeout: float = 10.0,
+                 preauth_bytes: int = 1 << 16) -> None:
+        # SE5: before CONNACK a client may send at most ``preauth_bytes`` (its CONNECT and
+        # what follows it): a bigger packet is refused as soon as its length is read.
+        self.decoder = P.Decoder(min(max_packet_size, preauth_bytes), server=True)
         self.max_packet_size = max_packet_size
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = connect_timeout  # from accept, whatever is trickled meanwhile
+        self.preauth_bytes = preauth_bytes
+        self.preauth_received = 0  # bytes received before CONNACK
+        self._accepted: float | None = None
         self.level = 0  # 4 or 5 once CONNECT was read
         self.connected = False  # CONNACK 0 sent
         self.closed = False
@@ -53,6 +67,11 @@ class MQTTServerConnection:
     def receive_data(self, data: bytes, now: float | None = None) -> None:
         if self.closed:
             return
+        if not self.connected:
+            self.preauth_received += len(data)
+            if self.preauth_received > self.preauth_bytes:
+                self._fail(P.PACKET_TOO_LARGE, f"more than {self.preauth_bytes} bytes before CONNACK")
+                return
         self.decoder.feed(data)
         if now is not None:
             self._last_rx = now
@@ -88,7 +107,7 @@ class MQTTServerConnection:
             return self._fail(P.PROTOCOL_ERROR, "AUTH without an authentication method")
         if kind == P.PINGREQ:
             self.send(P.PingResp())
-            return self.next_event()
+            return PINGED  # not self.next_event(): 10,000 PINGREQs in one read overflowed the stack
         return packet
 
     def _fail(self, reason_code: int, text: str) -> ProtocolError:
@@ -114,6 +133,7 @@ class MQTTServerConnection:
             self.closed = True
         else:
             self.connected = True
+            self.decoder.max_packet_size = self.max_packet_size
 
     def close(self, reason_code: int = 0, text: str = "") -> None:
         """Server-initiated close: DISCONNECT with a reason for MQTT 5 (3.1.1 has none)."""
@@ -129,13 +149,25 @@ class MQTTServerConnection:
 
     # -- time ------------------------------------------------------------------------------
 
+    def reading_paused(self, now: float) -> None:
+        """Not read from (a resource alarm holds it): its silence is ours, not a dead peer."""
+        self._last_rx = now
+
     def tick(self, now: float) -> list[object]:
         if self.closed:
+            return []
+        if self._accepted is None:
+            self._accepted = now
+        if not self.connected:
+            # SE5: CONNACK within connect_timeout of accept; trickled bytes do not extend it.
+            if self.connect_timeout and now - self._accepted > self.connect_timeout:
+                self.close(KEEP_ALIVE_TIMEOUT, "CONNECT not received in time")
+                return [KeepAliveTimeout(self.connect_timeout)]
             return []
         if self._last_rx is None:
             self._last_rx = now
             return []
-        limit = self.keep_alive * 1.5 if self._got_connect else self.connect_timeout
+        limit = self.keep_alive * 1.5
         if limit and now - self._last_rx > limit:
             self.close(KEEP_ALIVE_TIMEOUT, "keep-alive timeout")
             return [KeepAliveTimeout(limit)]

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands as C
 
 from gateway.auth import AuthError
+from gateway.memory import HELD
 from gateway.mqtt import codec as P
 from gateway.mqtt.codec import PUBACK, Ack, Publish
-from gateway.mqtt.connection import KeepAliveTimeout, MQTTServerConnection, ProtocolError
+from gateway.mqtt.connection import PINGED, KeepAliveTimeout, MQTTServerConnection, ProtocolError
 from gateway.mqtt.session import (
     DEFAULT_INFLIGHT,
     OPS,
@@ -48,7 +49,10 @@ class MQTTConnection(ClientProtocol):
     def __init__(self, service: MQTTService) -> None:
         self.service = service
         self.gw = service.gw
-        self.core = MQTTServerConnection(max_packet_size=service.max_packet_size)
+        limits = self.gw.config.limits
+        self.core = MQTTServerConnection(max_packet_size=service.max_packet_size,
+                                         connect_timeout=limits.handshake_timeout,
+                                         preauth_bytes=limits.preauth_bytes)
         self.conn = self.core
         self.transport: asyncio.Transport | None = None
         self.mqtt: MQTTSession | None = None
@@ -72,12 +76,23 @@ class MQTTConnection(ClientProtocol):
         self._backlog = False  # packets left in the core's buffer: handled in a later turn
         self._lost = False
         self._held: asyncio.Task[None] | None = None  # a CONNECT waiting (_connect_after)
+        self._gate: Any = None  # the listener's admission gate (SE5), once admitted
+        self._preauth = 0  # bytes before CONNACK, counted in HELD.partial (SE5)
+        self._parked: Publish | None = None  # a PUBLISH read while an alarm holds publishers (SE6)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._take(transport)
         ssl_object = transport.get_extra_info("ssl_object")
+        gate = self.gw.admission.gate("mqtts" if ssl_object is not None else "mqtt")
+        if not gate.enter():  # SE5: the listener's limit and the descriptors' reserve
+            from gateway.admission import refuse
+
+            self._lost = True
+            refuse(transport)
+            return
+        self._gate = gate
+        self._take(transport)
         if ssl_object is not None:  # MQTTS: the handshake is over, the certificate known
             from gateway.tls import connection_info, peer_username
 
@@ -88,6 +103,9 @@ class MQTTConnection(ClientProtocol):
 
     def data_received(self, data: bytes) -> None:
         self.gw.bytes_in += len(data)
+        if not self.core.connected and not self._lost:  # SE5: not logged in: held memory
+            self._preauth += len(data)
+            HELD.partial += len(data)
         self.core.receive_data(data, time.monotonic())
         if not self._backlog:  # else a turn is scheduled and reading paused
             self._process()
@@ -96,11 +114,15 @@ class MQTTConnection(ClientProtocol):
         """At most EVENTS_PER_TURN packets, then the other connections get their turn (as
         the AMQP transport: a flooding publisher must not starve a subscriber's PUBACKs)."""
         more = False
-        broker = self.gw.broker
+        gw = self.gw
+        broker = gw.broker
         broker.begin_batch()
         try:
             budget = EVENTS_PER_TURN
             next_event = self.core.next_event
+            parked, self._parked = self._parked, None
+            if parked is not None and self.mqtt is not None:
+                self.mqtt.publish(parked)  # the alarm that held it has cleared
             while not self._lost:
                 event = next_event()
                 if event is None:
@@ -109,9 +131,16 @@ class MQTTConnection(ClientProtocol):
                 # The packets of every message straight to the session; the rest by _dispatch.
                 if type(event) is Publish and s is not None:
                     self.publisher = True
+                    if gw.blocked:
+                        # SE6: an alarm holds every publisher, one that connected during it
+                        # too: this PUBLISH waits (unacknowledged) with the rest unread.
+                        self._parked = event
+                        break
                     s.publish(event)
                 elif type(event) is Ack and s is not None and event.kind == PUBACK:
                     s.puback(event)
+                elif event is PINGED:
+                    pass  # answered by the core; counted in the turn's budget (a flood yields)
                 else:
                     self._dispatch(event)
                     if self._held:
@@ -127,7 +156,17 @@ class MQTTConnection(ClientProtocol):
         finally:
             broker.end_batch()
         self._flush()
+        if self._preauth and (self.core.connected or self.core.closed):
+            HELD.partial -= self._preauth
+            self._preauth = 0
         if self._lost or self.transport is None or self._held:
+            return
+        if gw.memory_over():
+            gw.check_alarms()  # as on AMQP: at once, not at the next tick
+        if self._parked is not None or (self.publisher and gw.blocked and not self.blocked):
+            self.blocked = True
+            self._backlog = True  # what is buffered waits in the core until set_blocked(False)
+            self.transport.pause_reading()
             return
         if more:
             if not self._backlog:
@@ -363,6 +402,12 @@ class MQTTConnection(ClientProtocol):
             return
         self._lost = True
         self.gw.connections.discard(self)
+        if self._gate is not None:
+            self._gate.leave()
+            self._gate = None
+        HELD.partial -= self._preauth
+        self._preauth = 0
+        self._parked = None
         s = self.mqtt
         if s is not None:
             try:
@@ -408,17 +453,24 @@ class MQTTConnection(ClientProtocol):
             if self.transport is not None:
                 self.transport.abort()
             return
+        if self.blocked:
+            self.core.reading_paused(now_monotonic)
         for event in self.core.tick(now_monotonic):
             if isinstance(event, KeepAliveTimeout):
                 log.info("MQTT keep-alive timeout from %s", self.peer)
         self._flush()
 
     def set_blocked(self, blocked: bool) -> None:
-        """W5: a publishing client is no longer read from while the gateway is over its mark."""
+        """W5: a publishing client is no longer read from while the gateway is over its mark
+        (and one that publishes later is held at its first PUBLISH, SE6: _process)."""
         if self.transport is None or self._lost or blocked == self.blocked or (blocked and not self.publisher):
             return
         self.blocked = blocked
         if blocked:
             self.transport.pause_reading()
-        elif not self._backlog:
+        elif self._backlog:
+            # A parked PUBLISH, or packets left buffered: handled in a turn of their own,
+            # which resumes reading when they are done.
+            asyncio.get_running_loop().call_soon(self._process)
+        else:
             self.transport.resume_reading()
