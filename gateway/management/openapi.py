@@ -150,6 +150,15 @@ def openapi_document() -> dict[str, Any]:
             "get": _op("The vhost's profile (PF1)", {"200": _json(_ref("Profile"))}, [_VHOST]),
             "put": _op("Change the vhost's profile from now on (administrator; PF1)",
                        {"200": _json(_ref("Profile"))}, [_VHOST], _ref("NewProfile"))},
+        # UI3: gateway/management/trace.py (the web console's message trace)
+        "/api/cmq/trace/{vhost}/{msg_id}": {"get": _op(
+            "A message's records in the audit log, oldest first, from the folders of the last ?hours= (default "
+            "24, at most 168); monitoring tag; 404 when the audit log is off",
+            {"200": _json({"type": "object", "properties": {
+                "vhost": string, "msg_id": string, "hours": num, "files": integer, "truncated": {"type": "boolean"},
+                "events": {"type": "array", "items": {"type": "object", "description": "audit records (A2)"}}}})},
+            [_VHOST, {"name": "msg_id", "in": "path", "required": True, "description": "The CMQ message ID (M11)",
+                      "schema": string}])},
     }
     return {
         "openapi": "3.0.3",

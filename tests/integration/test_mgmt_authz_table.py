@@ -127,7 +127,7 @@ def concrete(path: str, vhost: str) -> str:
     """The route's path with every parameter naming an object reset() made."""
     name = "hook" if "/subscriptions/" in path else "x" if path.startswith("/api/exchanges") else "q"
     values = {"vhost": vhost, "name": name, "exchange": "x", "queue": "q", "source": "x", "kind": "q",
-              "dest": "q", "user": "victim", "props": "k"}
+              "dest": "q", "user": "victim", "props": "k", "msg_id": "m", "file": "main.js"}
     for key, value in values.items():
         path = path.replace("{" + key + "}", quote(value, safe=""))
     return path

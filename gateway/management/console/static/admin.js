@@ -150,8 +150,12 @@ function definitionsTab(ctx) {
     if (!file.files.length) throw new Error('choose a file first');
     const textValue = await file.files[0].text();
     try { JSON.parse(textValue); } catch { throw new Error('the file is not JSON'); }
-    await api('POST', ctx.vhost ? `/api/definitions/${enc(ctx.vhost)}` : '/api/definitions', textValue);
-    fill(status, 'Definitions imported.');
+    const report = await api('POST', ctx.vhost ? `/api/definitions/${enc(ctx.vhost)}` : '/api/definitions', textValue);
+    // The import's report: what was new, what was already there, what could not be imported.
+    const counts = (o) => Object.entries(o || {}).filter(([, n]) => n).map(([k, n]) => `${n} ${n === 1 ? k.replace(/s$/, '') : k}`).join(', ') || 'nothing';
+    fill(status, `Definitions imported: ${counts(report && report.imported)}; unchanged: ${counts(report && report.unchanged)}.`,
+      report && report.not_imported && report.not_imported.length ? h('pre', null, json(report.not_imported)) : null,
+      report && report.notes && report.notes.length ? h('pre', null, json(report.notes)) : null);
   }, { flash: (m) => fill(status, m) });
   return { el: h('div', { id: 'admin-definitions' }, section('Export', download), section('Import', upload), status), refresh: null };
 }
