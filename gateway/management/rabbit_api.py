@@ -136,6 +136,31 @@ def _paged(request: web.Request, items: list[dict[str, Any]]) -> Any:
             "page_count": max(1, math.ceil(filtered / size)), "page_size": size, "total_count": total}
 
 
+# Queue fields a list may be sorted on that cost nothing to read (issue 29: the console pages
+# 10,000 queues every 5 s): sorted by one of them, a page builds the whole JSON (stats and
+# rates, ~100 us a queue) of its own queues only, not of all of them (1 s for 10,000, with
+# the event loop held).
+_CHEAP_SORTS = frozenset({"", "name", "vhost", "state", "consumers", "messages", "messages_ready",
+                          "messages_unacknowledged"})
+
+
+def _queues_page(mgmt: Management, request: web.Request, vhosts: list[str]) -> dict[str, Any] | None:
+    """``_paged`` over light rows, then ``queue_json`` for the page; None when not paged or
+    sorted on another field (the caller builds every queue's JSON then)."""
+    if "page" not in request.query or request.query.get("sort", "") not in _CHEAP_SORTS:
+        return None
+    rows = []
+    for v in vhosts:
+        for q in list(mgmt.vhost(v).queues.values()):
+            ready, unacked = q.cmq.active, q.cmq.inactive
+            rows.append({"name": q.name, "vhost": v, "state": "running", "consumers": len(q.consumers),
+                         "messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked,
+                         "queue": q})
+    page: dict[str, Any] = _paged(request, rows)
+    page["items"] = [queue_json(mgmt, r["vhost"], r["queue"]) for r in page["items"]]
+    return page
+
+
 def _queues(mgmt: Management, request: web.Request, vhosts: list[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for v in vhosts:
@@ -439,7 +464,9 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         return web.json_response(vhost_json(name))
 
     async def queues(request: web.Request) -> web.Response:
-        return web.json_response(_paged(request, _queues(mgmt, request, mgmt.vhosts_in(request))))
+        names = mgmt.vhosts_in(request)
+        page = _queues_page(mgmt, request, names)
+        return web.json_response(page if page is not None else _paged(request, _queues(mgmt, request, names)))
 
     async def queue(request: web.Request) -> web.Response:
         vh = mgmt.check_vhost(request, request.match_info["vhost"])

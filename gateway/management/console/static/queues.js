@@ -6,7 +6,10 @@ import {
   button, details, enc, features, exchangeHref, field, fill, h, json, num, pre, queueHref, rate, section, select, table,
 } from './dom.js';
 
-export const perf = { firstRender: null, lastRefresh: null, lastApi: null, refreshes: 0 };
+// What the queues list costs in this browser (ms, performance.now): read by the scale test
+// and by anyone curious, from the devtools console as cmqConsolePerf.
+export const perf = { firstRender: null, lastRefresh: null, lastApi: null, refreshes: 0, history: [] };
+globalThis.cmqConsolePerf = perf;
 
 
 export function queuesView(ctx) {
@@ -73,6 +76,8 @@ export function queuesView(ctx) {
     if (perf.firstRender === null) perf.firstRender = took;
     perf.lastRefresh = took;
     perf.refreshes += 1;
+    perf.history.push({ total: took, api: perf.lastApi, rows: data.item_count });
+    if (perf.history.length > 50) perf.history.shift();
     return undefined;
   }
   return { el, refresh, title: 'Queues' };
