@@ -14,7 +14,9 @@ unchanged, and a conflicting one (another type, other arguments) is listed per o
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +30,15 @@ from gateway.broker.policies import NOT_APPLIED, Policy, PolicyError
 from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
 from semantics.errors import CMQError
 
-__all__ = ["KINDS", "add_policy_routes", "export_definitions", "import_definitions"]
+__all__ = ["IMPORT_PER_TURN", "KINDS", "add_policy_routes", "export_definitions", "import_definitions",
+           "import_definitions_in_turns"]
 
 # The RabbitMQ release whose wire and management API the gateway answers as: the one its
 # differential tests run against (COMPATIBILITY.md says 3.10). One constant for every place
 # that reports it (/api/overview, definitions exports).
 COMPAT_VERSION = "3.10.8"
+# SE5: objects of a definitions import (POST /api/definitions) handled per event-loop turn.
+IMPORT_PER_TURN = 256
 KINDS = ("vhosts", "users", "permissions", "topic_permissions", "parameters", "global_parameters",
          "policies", "exchanges", "queues", "bindings", "cmq_http_subscriptions")
 _METADATA = frozenset(("rabbit_version", "rabbitmq_version", "product_name", "product_version"))
@@ -166,26 +171,53 @@ def import_definitions(mgmt: Management, body: dict[str, Any], only_vhost: str |
     """Import ``body`` (see the module docstring); the answer is the report. ``only_vhost``:
     RabbitMQ's per-vhost import (``POST /api/definitions/{vhost}``): every object goes into
     that vhost; vhosts, users and permissions are not imported (noted when present)."""
+    steps = _import(mgmt, body, only_vhost, user)
+    while (report := _step(steps)) is None:
+        pass
+    return report
+
+
+async def import_definitions_in_turns(mgmt: Management, body: dict[str, Any], only_vhost: str | None = None,
+                                      user: str | None = None) -> dict[str, Any]:
+    """:func:`import_definitions` IMPORT_PER_TURN objects an event-loop turn: a file of
+    thousands of objects lets the clients in between (SE5)."""
+    steps = _import(mgmt, body, only_vhost, user)
+    while (report := _step(steps)) is None:
+        await asyncio.sleep(0)
+    return report
+
+
+def _step(steps: Generator[None, None, dict[str, Any]]) -> dict[str, Any] | None:
+    """One slice of an import; its report once it is done, else None."""
+    try:
+        next(steps)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    return None
+
+
+def _import(mgmt: Management, body: dict[str, Any], only_vhost: str | None,
+            user: str | None) -> Generator[None, None, dict[str, Any]]:
     for kind in KINDS:
         if not isinstance(body.get(kind, []), list):
             raise bad_request(f"definitions: {kind} must be a list")
     report = ImportReport()
     run = _Import(mgmt, body, only_vhost, report, user)
     if only_vhost is None:
-        run.vhosts()
-        run.users()
-        run.permissions()
+        yield from run.vhosts()
+        yield from run.users()
+        yield from run.permissions()
     else:
         for kind in ("vhosts", "users", "permissions"):
             if body.get(kind):
                 report.note(kind, {"vhost": only_vhost}, kind, "a per-vhost import does not import "
                             f"{kind} (as RabbitMQ); import the file with POST /api/definitions")
     run.unsupported()
-    run.policies()
-    run.exchanges()
-    run.queues()
-    run.bindings()
-    run.http_subscriptions()
+    yield from run.policies()
+    yield from run.exchanges()
+    yield from run.queues()
+    yield from run.bindings()
+    yield from run.http_subscriptions()
     return report.to_json(run.applied())
 
 
@@ -213,10 +245,13 @@ class _Import:
     def vhost_of(self, item: dict[str, Any]) -> str:
         return self.only_vhost if self.only_vhost is not None else str(item.get("vhost", "/"))
 
-    def each(self, kind: str, describe: Any, action: Any) -> None:
+    def each(self, kind: str, describe: Any, action: Any) -> Iterator[None]:
+        """``action(item)`` per object: True imported, False unchanged; a refusal is listed.
+        Pauses (yields) every IMPORT_PER_TURN objects (SE5, import_definitions_in_turns)."""
         one = _ONE[kind]
-        """``action(item)`` per object: True imported, False unchanged; a refusal is listed."""
-        for raw in self.items(kind):
+        for i, raw in enumerate(self.items(kind)):
+            if i and not i % IMPORT_PER_TURN:
+                yield
             item = describe(raw) if isinstance(raw, dict) else {"value": jsonable(raw)}
             try:
                 if not isinstance(raw, dict):
@@ -235,7 +270,7 @@ class _Import:
 
     # -- vhosts, users, permissions --------------------------------------------------------------
 
-    def vhosts(self) -> None:
+    def vhosts(self) -> Iterator[None]:
         def action(raw: dict[str, Any], item: dict[str, Any]) -> bool:
             name = raw["name"]
             if not isinstance(name, str) or not name:
@@ -246,9 +281,9 @@ class _Import:
             if self.accounts is not None:
                 self.accounts.put_vhost(name)  # SE4: journaled
             return not known
-        self.each("vhosts", lambda raw: {"name": raw.get("name")}, action)
+        yield from self.each("vhosts", lambda raw: {"name": raw.get("name")}, action)
 
-    def users(self) -> None:
+    def users(self) -> Iterator[None]:
         def action(raw: dict[str, Any], item: dict[str, Any]) -> bool:
             db = self.users_db
             if db is None:
@@ -284,9 +319,9 @@ class _Import:
             if old != user:
                 self._accounts().put_user(name, pw, user.tags)  # SE4: journaled
             return old != user
-        self.each("users", lambda raw: {"name": raw.get("name")}, action)
+        yield from self.each("users", lambda raw: {"name": raw.get("name")}, action)
 
-    def permissions(self) -> None:
+    def permissions(self) -> Iterator[None]:
         def action(raw: dict[str, Any], item: dict[str, Any]) -> bool:
             db = self.users_db
             if db is None:
@@ -301,7 +336,7 @@ class _Import:
             if old != perm:
                 self._accounts().set_permission(user, vhost, perm)  # SE4: journaled
             return old != perm
-        self.each("permissions", lambda raw: {"user": raw.get("user"), "vhost": raw.get("vhost")}, action)
+        yield from self.each("permissions", lambda raw: {"user": raw.get("user"), "vhost": raw.get("vhost")}, action)
 
     # -- what the gateway does not support: listed, one by one ------------------------------------
 
@@ -327,7 +362,7 @@ class _Import:
 
     # -- policies, exchanges, queues, bindings ----------------------------------------------------
 
-    def policies(self) -> None:
+    def policies(self) -> Iterator[None]:
         def action(raw: dict[str, Any], item: dict[str, Any]) -> bool:
             policy = Policy.from_json(raw, vhost=item["vhost"])
             vh = self.mgmt.vhost(policy.vhost)
@@ -338,9 +373,9 @@ class _Import:
                 return False
             vh.set_policy(policy)
             return True
-        self.each("policies", self.named, action)
+        yield from self.each("policies", self.named, action)
 
-    def exchanges(self) -> None:
+    def exchanges(self) -> Iterator[None]:
         def action(raw: dict[str, Any], item: dict[str, Any]) -> bool:
             vh = self.mgmt.vhost(item["vhost"])
             name, xtype = raw["name"], raw["type"]
@@ -359,9 +394,9 @@ class _Import:
                                 auto_delete=bool(raw.get("auto_delete", False)),
                                 internal=bool(raw.get("internal", False)), arguments=args, user=self.user)
             return not existed
-        self.each("exchanges", self.named, action)
+        yield from self.each("exchanges", self.named, action)
 
-    def queues(self) -> None:
+    def queues(self) -> Iterator[None]:
         def action(raw: dict[str, Any], item: dict[str, Any]) -> bool:
             vh = self.mgmt.vhost(item["vhost"])
             name = raw["name"]
@@ -381,9 +416,9 @@ class _Import:
                              exclusive=False, auto_delete=bool(raw.get("auto_delete", False)),
                              arguments=args, user=self.user)
             return not existed
-        self.each("queues", self.named, action)
+        yield from self.each("queues", self.named, action)
 
-    def bindings(self) -> None:
+    def bindings(self) -> Iterator[None]:
         def describe(raw: dict[str, Any]) -> dict[str, Any]:
             return {"vhost": self.vhost_of(raw), "source": raw.get("source"), "destination": raw.get("destination"),
                     "destination_type": raw.get("destination_type"), "routing_key": raw.get("routing_key", "")}
@@ -415,9 +450,9 @@ class _Import:
                                  "EVERY message here (a CMQ subscription without tags, M2), not only those "
                                  "published with key '' as on RabbitMQ")
             return True
-        self.each("bindings", describe, action)
+        yield from self.each("bindings", describe, action)
 
-    def http_subscriptions(self) -> None:
+    def http_subscriptions(self) -> Iterator[None]:
         pusher = self.mgmt.pusher
 
         def action(raw: dict[str, Any], item: dict[str, Any]) -> bool:
@@ -429,19 +464,22 @@ class _Import:
                              content_format=str(raw.get("notify_content_format", "JSON")),
                              filters=[str(f) for f in raw.get("filters", [])])
             return True
-        self.each("cmq_http_subscriptions", lambda raw: {**self.named(raw), "exchange": raw.get("exchange")}, action)
+        yield from self.each("cmq_http_subscriptions", lambda raw: {**self.named(raw), "exchange": raw.get("exchange")}, action)
 
     def applied(self) -> list[dict[str, Any]]:
         """Per imported policy, how many queues and exchanges it now applies to."""
+        # Counted in one pass over each vhost's queues and exchanges, not one per policy (SE5).
+        counts: dict[str, tuple[Counter[str], Counter[str]]] = {}
         out = []
         for v, name in self.policy_names:
             vh = self.mgmt.broker.vhosts.get(v)
             if vh is None:
                 continue
-            out.append({"vhost": v, "name": name,
-                        "queues": sum(1 for q in vh.queues.values() if q.policy is not None and q.policy.name == name),
-                        "exchanges": sum(1 for x in vh.exchanges.values()
-                                         if x.policy is not None and x.policy.name == name)})
+            if v not in counts:
+                counts[v] = (Counter(q.policy.name for q in vh.queues.values() if q.policy is not None),
+                             Counter(x.policy.name for x in vh.exchanges.values() if x.policy is not None))
+            queues, exchanges = counts[v]
+            out.append({"vhost": v, "name": name, "queues": queues[name], "exchanges": exchanges[name]})
         return out
 
 
@@ -462,7 +500,7 @@ async def definitions_post(mgmt: Management, request: web.Request) -> web.Respon
     if v is not None:
         mgmt.check_vhost(request, v)
     user = request.get(USER)
-    report = import_definitions(mgmt, body, only_vhost=v, user=None if user is None else user.name)
+    report = await import_definitions_in_turns(mgmt, body, only_vhost=v, user=None if user is None else user.name)
     await mgmt.broker.flush()  # SE4: imported users and permissions are durable when answered
     return web.json_response(report)
 
