@@ -30,7 +30,7 @@ import json
 import logging
 import re
 import struct
-from collections import deque
+from collections import Counter, deque
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,8 @@ from semantics.errors import CMQError
 from semantics.store.keys import make_key
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from gateway.mqtt.server import MQTTService
 
 __all__ = ["Bridge", "MQTTSession", "SessionState"]
@@ -75,6 +77,10 @@ TOPIC_ALIAS_MAXIMUM = 16
 # their delivery tags carry the channel above SHARED_TAG_SHIFT bits, so that one in-flight
 # table and one settle path serve the session's queue and the shared ones alike.
 FIRST_SHARED, SHARED_TAG_SHIFT = 4, 40
+# SE5: a SUBSCRIBE or UNSUBSCRIBE is handled this many filters (or retained-message matches)
+# per event-loop turn; one of thousands of filters then lets the others in between.
+FILTERS_PER_TURN = 64
+RETAINED_MATCHES_PER_TURN = 4096
 SHARED_TAG = 1 << SHARED_TAG_SHIFT
 CLEAN_SHARED_EXPIRES = 86400  # seconds
 _PLAIN_GROUP = re.compile(r"[A-Za-z0-9_-]{1,23}")  # the name within CMQ's 64 bytes (L2)
@@ -460,9 +466,26 @@ class MQTTSession:
             self._consume()  # acknowledged or not, as the filters' QoS now need
 
     def subscribe(self, packet: P.Subscribe) -> None:
+        self._in_turns(self._subscribe(packet))
+
+    def _subscribe(self, packet: P.Subscribe) -> Iterator[None]:
+        """MQ2: each filter bound (or refused), then the SUBACK with every code in order, then
+        the retained messages of the new filters. Pauses (yields) every FILTERS_PER_TURN
+        filters and every RETAINED_MATCHES_PER_TURN retained matches (SE5, _in_turns)."""
         codes: list[int] = []
         fresh: list[tuple[str, int]] = []
-        for topic_filter, opts in packet.subscriptions:
+        # Whether a filter of this slice needs what the consumer or the options do not do
+        # yet (acknowledged deliveries, "no local"...): then _subs_changed before the pause,
+        # else only the QoS cache is dropped (_subs_changed reads every filter).
+        needs = False
+        for i, (topic_filter, opts) in enumerate(packet.subscriptions):
+            if i and not i % FILTERS_PER_TURN:
+                if needs:
+                    self._subs_changed()
+                else:
+                    self._qos_of_topic.clear()
+                needs = False
+                yield
             qos = opts & 3
             if not valid_filter(topic_filter):
                 codes.append(0x8F if self.level >= 5 else 0x80)
@@ -483,6 +506,8 @@ class MQTTSession:
                 continue
             existed = topic_filter in self.state.subs
             self.state.subs[topic_filter] = (qos, opts)
+            needs = needs or (qos > 0 and self.no_ack) or \
+                (bool(opts & (NO_LOCAL | RETAIN_AS_PUBLISHED)) and not self.options_used)
             codes.append(qos)
             handling = (opts >> 4) & 3
             if handling == 0 or (handling == 1 and not existed):
@@ -490,12 +515,30 @@ class MQTTSession:
         self._subs_changed()
         self._save()
         self.core.send(P.SubAck(packet.packet_id, codes))
-        for topic_filter, qos in fresh:
-            self.service.retained.deliver(self, topic_filter, qos)
+        if fresh:
+            # Each filter is matched against every retained message of the vhost.
+            each = max(1, self.service.retained.count(self.state.vhost))
+            budget = RETAINED_MATCHES_PER_TURN
+            for topic_filter, qos in fresh:
+                if budget <= 0:
+                    budget = RETAINED_MATCHES_PER_TURN
+                    yield
+                self.service.retained.deliver(self, topic_filter, qos)
+                budget -= each
 
     def unsubscribe(self, packet: P.Unsubscribe) -> None:
+        self._in_turns(self._unsubscribe(packet))
+
+    def _unsubscribe(self, packet: P.Unsubscribe) -> Iterator[None]:
         codes = []
-        for topic_filter in packet.filters:
+        # binding key -> the session's filters bound by it, made at most once a packet (SE5).
+        # Two filters share a binding key only through a "*" level ("+" and a literal "*"):
+        # filter_to_binding is one-to-one otherwise, so only such a key needs the count.
+        held: Counter[str] | None = None
+        for i, topic_filter in enumerate(packet.filters):
+            if i and not i % FILTERS_PER_TURN:
+                self._qos_of_topic.clear()
+                yield
             if topic_filter in self.state.shared:
                 del self.state.shared[topic_filter]
                 self._stop_shared(topic_filter)
@@ -506,12 +549,52 @@ class MQTTSession:
                 codes.append(NO_SUBSCRIPTION_EXISTED)
                 continue
             binding = filter_to_binding(topic_filter)
-            if not any(filter_to_binding(f) == binding for f in self.state.subs):
+            if held is not None:
+                held[binding] -= 1  # it was counted when the count was made
+            elif "*" in binding.split("."):
+                held = Counter(map(filter_to_binding, self.state.subs))
+            if held is None or held[binding] <= 0:
                 self._call(OPS, C.Queue.Unbind(queue=self.state.queue, exchange=EXCHANGE, routing_key=binding))
             codes.append(0)
         self._subs_changed()
         self._save()
         self.core.send(P.UnsubAck(packet.packet_id, codes))
+
+    def _in_turns(self, steps: Iterator[None]) -> None:
+        """SE5: run ``steps`` (a SUBSCRIBE or an UNSUBSCRIBE) to its first pause now. If it has
+        more, the connection is held as behind a CONNECT (transport._connect_after: its later
+        packets wait unread, so they keep their order) and the rest runs one slice per
+        event-loop turn, the other clients' packets (and a SIGTERM) handled in between."""
+        done = object()
+        if next(steps, done) is done:
+            return
+        conn = self.conn
+        conn._backlog = True  # data_received leaves the buffer alone
+        if conn.transport is not None:
+            conn.transport.pause_reading()
+        conn._held = asyncio.get_running_loop().create_task(self._turns(steps))
+
+    async def _turns(self, steps: Iterator[None]) -> None:
+        conn, broker, done = self.conn, self.broker, object()
+        try:
+            while True:
+                conn.request_flush()  # what the slice sent (deliveries, the SUBACK)
+                await asyncio.sleep(0)
+                if conn._lost or self.closed:
+                    return
+                broker.begin_batch()
+                try:
+                    if next(steps, done) is done:
+                        break
+                finally:
+                    broker.end_batch()
+        except Exception:  # as transport._process: a bug below must not leave the client held
+            log.exception("internal error on MQTT connection %s", self.peer)
+            self.core.close(0x80, "internal error")
+        finally:
+            conn._held = None
+        if not conn._lost:
+            conn._process()  # the packets after it; reading resumes there
 
     # -- shared subscriptions (MQTT 5 4.8.2) -----------------------------------------------------
 
