@@ -25,6 +25,7 @@ import math
 import re
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -124,6 +125,11 @@ def _paged(request: web.Request, items: list[dict[str, Any]]) -> Any:
             items.reverse()
     if "page" not in q:
         return items
+    return _page(q, items, total)
+
+
+def _page(q: Any, items: list[Any], total: int) -> dict[str, Any]:
+    """RabbitMQ's page of the filtered and sorted ``items`` (``total``: before the filter)."""
     try:
         page, size = int(q["page"]), int(q.get("page_size", "100"))
     except ValueError:
@@ -139,25 +145,44 @@ def _paged(request: web.Request, items: list[dict[str, Any]]) -> Any:
 # Queue fields a list may be sorted on that cost nothing to read (issue 29: the console pages
 # 10,000 queues every 5 s): sorted by one of them, a page builds the whole JSON (stats and
 # rates, ~100 us a queue) of its own queues only, not of all of them (1 s for 10,000, with
-# the event loop held).
-_CHEAP_SORTS = frozenset({"", "name", "vhost", "state", "consumers", "messages", "messages_ready",
-                          "messages_unacknowledged"})
+# the event loop held). The keys are plain str and int, as queue_json has them (never None),
+# so the order is _paged's; no container is made per queue (10,000 dicts a request set off
+# the collector's full passes, 0.5 s each with that many queues).
+_CHEAP_SORTS: dict[str, Callable[[Any], Any]] = {
+    "name": lambda q: q.name,
+    "vhost": lambda q: q.vhost,
+    "consumers": lambda q: len(q.consumers),
+    "messages": lambda q: q.cmq.active + q.cmq.inactive,
+    "messages_ready": lambda q: q.cmq.active,
+    "messages_unacknowledged": lambda q: q.cmq.inactive,
+}
 
 
 def _queues_page(mgmt: Management, request: web.Request, vhosts: list[str]) -> dict[str, Any] | None:
-    """``_paged`` over light rows, then ``queue_json`` for the page; None when not paged or
+    """A page of ``_paged`` with ``queue_json`` built for the page only; None when not paged or
     sorted on another field (the caller builds every queue's JSON then)."""
-    if "page" not in request.query or request.query.get("sort", "") not in _CHEAP_SORTS:
+    q = request.query
+    sort = q.get("sort", "")
+    if "page" not in q or (sort and sort != "state" and sort not in _CHEAP_SORTS):
         return None
-    rows = []
-    for v in vhosts:
-        for q in list(mgmt.vhost(v).queues.values()):
-            ready, unacked = q.cmq.active, q.cmq.inactive
-            rows.append({"name": q.name, "vhost": v, "state": "running", "consumers": len(q.consumers),
-                         "messages": ready + unacked, "messages_ready": ready, "messages_unacknowledged": unacked,
-                         "queue": q})
-    page: dict[str, Any] = _paged(request, rows)
-    page["items"] = [queue_json(mgmt, r["vhost"], r["queue"]) for r in page["items"]]
+    queues = [x for v in vhosts for x in list(mgmt.vhost(v).queues.values())]
+    total = len(queues)
+    name = q.get("name", "")
+    if name:
+        if q.get("use_regex", "false") == "true":
+            try:
+                rx = re.compile(name)
+            except re.error:
+                raise bad_request(f"invalid regex {name!r}")
+            queues = [x for x in queues if rx.search(x.name)]
+        else:
+            queues = [x for x in queues if name in x.name]
+    if sort in _CHEAP_SORTS:  # "state" is "running" for all: the order stays
+        queues.sort(key=_CHEAP_SORTS[sort])
+    if sort and q.get("sort_reverse", "false") == "true":
+        queues.reverse()
+    page: dict[str, Any] = _page(q, queues, total)
+    page["items"] = [queue_json(mgmt, x.vhost, x) for x in page["items"]]
     return page
 
 

@@ -435,7 +435,7 @@ def test_UI2_a_page_of_queues_is_the_whole_list_sorted_and_cut(console: Console)
         for _ in range(n):
             ch.basic_publish("", f"sorted-{i}", b"x")
     conn.close()
-    for sort in ("messages", "name", "consumers", "durable"):
+    for sort in ("messages", "name", "consumers", "state", "vhost", "messages_ready", "durable"):
         for reverse in ("false", "true"):
             query = f"sort={sort}&sort_reverse={reverse}&name=%5Esorted-&use_regex=true"
             whole = console.api("GET", f"/api/queues/%2F?{query}").json()

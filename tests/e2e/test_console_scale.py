@@ -108,7 +108,8 @@ def test_UI2_queues_page_with_10000_queues(mgmt_url: str, browser: Browser) -> N
     live = perf["history"][-3:]
     numbers = {
         "queues": QUEUES,
-        "browser_first_render_ms": round(first_render, 1),
+        "browser_first_render_ms": round(first_render, 1),  # hash change to the first row drawn
+        "browser_first_render_api_ms": round(perf["history"][0]["api"], 1),
         "browser_refresh_ms": [round(h["total"], 1) for h in live],
         "browser_refresh_api_ms": [round(h["api"], 1) for h in live],
         "browser_js_heap_bytes": heap,

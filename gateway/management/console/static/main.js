@@ -24,7 +24,7 @@ const ctx = {
 };
 let current = null; // {name, view}
 let timer = null;
-let busy = false;
+let busy = null; // the view whose refresh is under way
 
 function flash(message, kind = 'info') {
   const el = $('flash');
@@ -117,15 +117,17 @@ function route() {
 }
 
 async function refreshNow() {
-  if (busy || !current || !current.view.refresh) return;
-  busy = true;
+  // One refresh at a time per view: a slow answer is not asked again on top of itself, and a
+  // view just opened does not wait for the previous view's refresh.
+  if (!current || !current.view.refresh || busy === current.view) return;
   const view = current.view;
+  busy = view;
   try {
     await view.refresh();
   } catch (e) {
     if (current && current.view === view) flash(e.message, 'error');
   } finally {
-    busy = false;
+    if (busy === view) busy = null;
   }
 }
 
