@@ -19,7 +19,7 @@ from typing import Any
 from gateway.audit.counting import FIELDS_READ, count_key
 from gateway.audit.record import formatter, line_writer
 
-__all__ = ["ACK", "ACK_MQTT", "DELIVER", "DELIVER_MQTT", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_QUEUE_VIA",
+__all__ = ["ACK", "ACK_MQTT", "DELIVER", "DELIVER_AUTO", "DELIVER_MQTT", "DELIVER_MQTT_AUTO", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_QUEUE_VIA",
            "PUBLISH_TOPIC", "PUBLISH_TOPIC_VIA", "ROUTE", "ROWS", "Row",
            "fields_emitter", "row_emitter"]
 
@@ -77,6 +77,10 @@ PUBLISH_TOPIC_VIA = Row("publish", *PUBLISH_TOPIC.keys, "protocol")
 # MQ7: an MQTT client's deliveries and acks, with protocol "mqtt" last.
 DELIVER_MQTT = Row("deliver", "user", "peer", "queue", "msg_id", "attempt", "size", "protocol")
 ACK_MQTT = Row("ack", "user", "peer", "queue", "msg_id", "latency_ms", "protocol")
+# A delivery that needs no ack (basic.consume/get with no_ack, MQTT QoS 0): the message is
+# settled as it is sent, and no ack record follows; "auto_ack": true says so (spark/SCHEMA.md).
+DELIVER_AUTO = Row("deliver", *DELIVER.keys, "auto_ack")
+DELIVER_MQTT_AUTO = Row("deliver", *DELIVER_MQTT.keys, "auto_ack")
 
 
 def fields_emitter(sink: Any) -> Callable[[str, str, dict[str, Any]], None]:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
-from gateway.audit.rows import DELIVER, DELIVER_MQTT
+from gateway.audit.rows import DELIVER, DELIVER_AUTO, DELIVER_MQTT, DELIVER_MQTT_AUTO
 from gateway.broker import persistence as P
 from gateway.broker.consumers import Consumer, Unacked
 from gateway.broker.errors import precondition
@@ -68,8 +68,10 @@ class Channel:
     # -- delivery (M11) ----------------------------------------------------------------------
 
     def deliver(self, consumer: Consumer | None, q: BrokerQueue, receipt: Receipt,
-                get_count: int | None = None) -> None:
-        """Send one received message as basic.deliver (consumer) or basic.get-ok (get)."""
+                get_count: int | None = None, no_ack: bool = False) -> None:
+        """Send one received message as basic.deliver (consumer) or basic.get-ok (get);
+        ``no_ack``: a basic.get with no_ack (a consumer's own flag says it for a delivery).
+        A delivery that needs no ack settles its message here and is audited so (auto_ack)."""
         qmsg = receipt.message
         msg: Message = qmsg.payload  # type: ignore[assignment]
         tag = self.next_tag
@@ -94,9 +96,15 @@ class Channel:
         else:
             conn.send_get_ok(self.number, tag, redelivered, msg.exchange, msg.routing_key, get_count or 0,
                              props, body)
-        no_ack = consumer.no_ack if consumer is not None else get_count is None
+        no_ack = consumer.no_ack if consumer is not None else no_ack or get_count is None
         s = self.session
-        if s.protocol is None:
+        if no_ack:  # no ack record will follow: the delivery says it settled the message
+            if s.protocol is None:
+                s.broker.emit_row(DELIVER_AUTO, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body), True))
+            else:
+                s.broker.emit_row(DELIVER_MQTT_AUTO, s.vhost_name,
+                                  (s.user, s.peer, q.name, msg_id, rc, len(body), s.protocol, True))
+        elif s.protocol is None:
             s.broker.emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body)))
         else:  # MQ7
             s.broker.emit_row(DELIVER_MQTT, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body),
