@@ -445,3 +445,30 @@ def test_UI2_a_page_of_queues_is_the_whole_list_sorted_and_cut(console: Console)
             strip = {"message_stats"}  # rates move between the two calls
             assert [{k: v for k, v in q.items() if k not in strip} for q in page["items"]] == \
                 [{k: v for k, v in q.items() if k not in strip} for q in whole[:3]]
+
+
+def test_UI1_console_over_https(browser: Browser, tmp_path: Path) -> None:
+    """Where the management API has TLS (SE2) the console is served by the same listener:
+    the same files and headers over HTTPS, and a login works there."""
+    from gateway.config import TLSSettings
+    from tests.integration.tls_certs import make_certs
+
+    certs = make_certs(tmp_path)
+    tls = TLSSettings(certfile=str(certs.server_cert), keyfile=str(certs.server_key), cafile=str(certs.ca), port=0)
+    with gateway_in_thread(port=0, hosts=("127.0.0.1",), tls=tls, management_port=0,
+                           management_host="127.0.0.1") as gw:
+        assert gw.operator_scheme("management API") == "https"
+        port = int(dict(gw.operator_addresses())["management API"].rsplit(":", 1)[1])
+        url = f"https://localhost:{port}"
+        r = requests.get(url + "/", verify=str(certs.ca), timeout=10)
+        assert r.status_code == 200 and r.headers["X-Frame-Options"] == "DENY"
+        assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"]
+        # The test CA is not the browser's: its certificate was checked by requests above.
+        context = browser.new_context(ignore_https_errors=True)
+        t = Tab(context.new_page(), url, "test_UI1_console_over_https")
+        t.logged_in()
+        expect(t.page.locator("#overview dl").first).to_be_visible()
+        assert t.page.evaluate("() => window.isSecureContext")
+        t.shot("https-overview")
+        context.close()
+        assert t.unexpected_errors() == []
