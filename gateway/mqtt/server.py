@@ -93,11 +93,11 @@ class MQTTService:
             if not any(q.cmq.get(msg_id) is not None for q in held):
                 state.forget_msg(msg_id)
 
-    @staticmethod
-    def _shared_queues(state: SessionState) -> list[str]:
-        from gateway.mqtt.session import shared_queue_name, split_shared
+    def _shared_queues(self, state: SessionState) -> list[str]:
+        from gateway.mqtt.session import shared_queue_in, split_shared
 
-        return [shared_queue_name(*parts) for parts in map(split_shared, state.shared) if parts is not None]
+        queues = self.gw.broker.vhost(state.vhost).queues
+        return [shared_queue_in(queues, *parts)[0] for parts in map(split_shared, state.shared) if parts is not None]
 
     def shared_held(self, vhost: str, shared: str, but: str) -> bool:
         """Whether a session other than client ``but``'s holds the shared subscription

@@ -8,9 +8,11 @@ place of the AMQP wire core, and drives it with the methods an AMQP client would
 
 * channel 1 consumes the session's queue, channel 2 publishes in confirm mode, channel 3
   declares, binds and unbinds (a refused bind closes that channel only: it is opened again).
-* one queue per session, ``mqtt-subscription-<client id>`` (RabbitMQ's plugin keeps one per
-  QoS level; one is enough here because the delivered QoS is computed per message from the
-  session's filters). A clean session's queue is exclusive and transient, removed with the
+* one queue per session, ``amq.mqtt-subscription-<readable part of the id>-<digest>`` (MQ8:
+  no AMQP client can declare it first; permissions are checked under RabbitMQ's name for it,
+  ``mqtt-subscription-<client id>``, and a session stored before keeps the queue of that name).
+  RabbitMQ's plugin keeps one per QoS level; one is enough here because the delivered QoS is
+  computed per message from the session's filters. A clean session's queue is exclusive and transient, removed with the
   connection; a persistent session's is durable, with ``x-expires`` for an MQTT 5 session
   expiry (MQ3).
 * a subscription ``sensors/+/temp`` is the binding ``sensors.*.temp`` from ``amq.topic``
@@ -31,6 +33,7 @@ import logging
 import re
 import struct
 from collections import Counter, deque
+from collections.abc import Container
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -86,22 +89,77 @@ CLEAN_SHARED_EXPIRES = 86400  # seconds
 _PLAIN_GROUP = re.compile(r"[A-Za-z0-9_-]{1,23}")  # the name within CMQ's 64 bytes (L2)
 
 
+# MQ8: the names of MQTT's own queues. Any client id MQTT allows (up to 65,535 bytes of any
+# UTF-8 but U+0000) and any group and filter must give a name that (a) passes every AMQP and
+# CMQ name check (255 bytes, L1/L2 in both profiles) and (b) no AMQP client can take first:
+# ``mqtt-subscription-<client id>`` failed (a) for `é`, `|` or 300 bytes, and (b) let the
+# client id `payroll` consume an AMQP application's queue `mqtt-subscription-payroll`.
+# So: the reserved prefix ``amq.`` (queue.declare of ``amq.*`` is 403 for every client, as in
+# RabbitMQ; the session declares through the vhost as a server-named queue, as amq.gen-...),
+# a readable part of the id made of what any name check takes, and a digest of (vhost, id).
+# Permissions (W2) are still checked under the RabbitMQ plugin's names, mqtt-subscription-...,
+# which users' patterns name (the broker Session's permission_names); the queue's
+# x-mqtt-client-id argument says whose it is (management API).
+QUEUE_PREFIX, SHARED_PREFIX = "amq.mqtt-subscription-", "amq.mqtt-share-"
+LEGACY_PREFIX = "mqtt-subscription-"  # the names before MQ8, and the names permissions are checked by
+CLIENT_ID_ARG = "x-mqtt-client-id"
+# A topic longer than a routing key holds (AMQP's short string, 255 bytes), routed by the MQTT
+# front end (MQTTSession._long_topic_publishes), carries itself in this header. A topic of at
+# most 63 characters is at most 252 bytes: only longer ones are measured.
+TOPIC_HEADER, AMQP_KEY_BYTES, SHORT_TOPIC_CHARS = "x-mqtt-topic", 255, 63
+# MQTT 5 properties longer than their AMQP property holds, and user properties whose name is
+# longer than a table key, in headers of their own (message_properties).
+_LONG_HEADERS = {"content_type": "x-mqtt-content-type", "response_topic": "x-mqtt-response-topic"}
+LONG_USER_HEADER, CORRELATION_HEADER = "x-mqtt-user-properties", "x-correlation-data"
+_READABLE = re.compile(r"[^A-Za-z0-9_-]+")
+_LONG_ID = 256  # bytes: a longer client id is a digest in its session's store key
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 def session_key(vhost: str, client_id: str) -> str:
+    """The store key of a persistent session. A client id of up to 65,535 bytes would make a
+    key past the store's 64 KiB (escaped, up to three times its size) and past what a NATS
+    subject holds (the JetStream store's bucket): a long one is named by its digest, in a
+    key of three components that no client id's two-component key can equal."""
+    if len(client_id) > _LONG_ID // 4 and len(client_id.encode("utf-8", "surrogatepass")) > _LONG_ID:
+        return make_key("ms", vhost, "#", _digest(vhost, client_id))
     return make_key("ms", vhost, client_id)
 
 
-def queue_name(client_id: str) -> str:
-    return f"mqtt-subscription-{client_id}"
+def queue_name(vhost: str, client_id: str) -> str:
+    """The session queue of ``client_id`` in ``vhost``: at most 22 + 24 + 1 + 32 bytes."""
+    readable = _READABLE.sub("", client_id)[:24]
+    return f"{QUEUE_PREFIX}{readable}-{_digest(vhost, client_id)}"
+
+
+def legacy_queue_name(client_id: str) -> str:
+    """Its name before MQ8, which a session stored then keeps (SessionState.from_json), and
+    the name W2 checks the user's rights on."""
+    return f"{LEGACY_PREFIX}{client_id}"
 
 
 def shared_queue_name(group: str, topic_filter: str) -> str:
     """The one queue of a shared subscription group (every member consumes it, so each
-    message goes to one of them). Under the mqtt-subscription- prefix that MQTT users'
-    permissions already name; the filter as a digest, as it may hold characters a CMQ
-    queue name cannot (L2)."""
+    message goes to one of them); the filter as a digest, as it may hold anything."""
+    digest = _digest(group, topic_filter)
+    return f"{SHARED_PREFIX}{group}-{digest}" if _PLAIN_GROUP.fullmatch(group) else f"{SHARED_PREFIX}{digest}"
+
+
+def legacy_shared_queue_name(group: str, topic_filter: str) -> str:
+    """A group's queue before MQ8 (kept while it exists), and the name W2 checks."""
     digest = hashlib.sha256(f"{group}/{topic_filter}".encode()).hexdigest()[:16]
-    return f"mqtt-subscription-share-{group}-{digest}" if _PLAIN_GROUP.fullmatch(group) else \
-        f"mqtt-subscription-share-{digest}"
+    return f"{LEGACY_PREFIX}share-{group}-{digest}" if _PLAIN_GROUP.fullmatch(group) else \
+        f"{LEGACY_PREFIX}share-{digest}"
+
+
+def shared_queue_in(queues: Container[str], group: str, topic_filter: str) -> tuple[str, str]:
+    """(the queue of a shared subscription group, the name W2 checks on it): the group's
+    queue from before MQ8 while it exists, else its amq.mqtt-share-... queue."""
+    legacy = legacy_shared_queue_name(group, topic_filter)
+    return (legacy if legacy in queues else shared_queue_name(group, topic_filter)), legacy
 
 
 def split_shared(topic_filter: str) -> tuple[str, str] | None:
@@ -184,22 +242,42 @@ def message_properties(qos: int, retain: bool, client_id: str, mprops: dict[str,
     headers: dict[str, Any] = {QOS_HEADER: qos, PUBLISHER_HEADER: client_id}
     if retain:
         headers[RETAIN_HEADER] = 1
+    long_users = []
     for k, v in mprops.get("user_property", ()):
-        headers[k] = v
+        if _short(k):
+            headers[k] = v
+        else:
+            long_users.append([k, v])  # a table key holds 255 bytes, an MQTT string 65,535
+    if long_users:
+        headers[LONG_USER_HEADER] = long_users
     values: dict[str, Any] = {"delivery_mode": 2 if qos else 1, "headers": headers}
-    if "content_type" in mprops:
-        values["content_type"] = mprops["content_type"][:255]
+    # MQTT strings of up to 65,535 bytes: in their AMQP property when it holds them (a short
+    # string, 255 bytes), else whole in a header that the delivery reads back.
+    for name, amqp in (("content_type", "content_type"), ("response_topic", "reply_to")):
+        value = mprops.get(name)
+        if value is not None:
+            if _short(value):
+                values[amqp] = value
+            else:
+                headers[_LONG_HEADERS[name]] = value
     if "message_expiry" in mprops:
         values["expiration"] = str(mprops["message_expiry"] * 1000)
-    if "response_topic" in mprops:
-        values["reply_to"] = mprops["response_topic"][:255]
     cd = mprops.get("correlation_data")
     if cd is not None:
         try:
-            values["correlation_id"] = cd.decode()[:255]
+            text = cd.decode()
         except UnicodeDecodeError:
-            headers["x-correlation-data"] = cd
+            text = None
+        if text is not None and _short(text):
+            values["correlation_id"] = text
+        else:
+            headers[CORRELATION_HEADER] = cd
     return Properties.build(**values)
+
+
+def _short(text: str) -> bool:
+    """Whether ``text`` fits an AMQP short string (255 bytes)."""
+    return len(text) <= SHORT_TOPIC_CHARS or len(text.encode()) <= AMQP_KEY_BYTES
 
 
 class SessionState:
@@ -214,7 +292,7 @@ class SessionState:
     def __init__(self, vhost: str, client_id: str, persistent: bool, expiry: int | None) -> None:
         self.vhost = vhost
         self.client_id = client_id
-        self.queue = queue_name(client_id)
+        self.queue = queue_name(vhost, client_id)  # from_json: one stored before MQ8 keeps its own
         self.persistent = persistent
         self.expiry = expiry  # MQTT 5 session expiry (seconds); None: never
         self.subs: dict[str, tuple[int, int]] = {}  # filter -> (QoS, options)
@@ -238,7 +316,8 @@ class SessionState:
     def to_json(self) -> bytes:
         """The persistent part: filters, and the packet identifier state that makes QoS 2
         exactly once (and QoS 1 resends DUP) across a restart too (MQ4, MQ8)."""
-        return json.dumps({"vhost": self.vhost, "client_id": self.client_id, "expiry": self.expiry,
+        return json.dumps({"vhost": self.vhost, "client_id": self.client_id, "queue": self.queue,
+                           "expiry": self.expiry,
                            "subs": {f: list(v) for f, v in self.subs.items()},
                            "shared": {f: list(v) for f, v in self.shared.items()},
                            "inbound_qos2": sorted(self.inbound_qos2),
@@ -251,6 +330,7 @@ class SessionState:
     def from_json(cls, raw: bytes) -> SessionState:
         r = json.loads(raw)
         s = cls(r["vhost"], r["client_id"], True, r.get("expiry"))
+        s.queue = r.get("queue") or legacy_queue_name(s.client_id)  # written before MQ8: the old name
         s.subs = {f: (int(v[0]), int(v[1])) for f, v in r["subs"].items()}
         s.shared = {f: (int(v[0]), int(v[1])) for f, v in r.get("shared", {}).items()}
         s.inbound_qos2 = set(r.get("inbound_qos2", ()))
@@ -325,10 +405,16 @@ class Bridge:
 
     def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
                      exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
+        if not exchange:  # by the default exchange: a long topic's (MQ8)
+            routing_key = self.s.long_topic_key(properties, routing_key)
         if channel == CONSUME:
             self.s.deliver(delivery_tag, redelivered, routing_key, properties, body)
         else:
             self.s.deliver_shared(channel, delivery_tag, redelivered, routing_key, properties, body)
+
+    def permissions_changed(self) -> None:
+        """SE1: the session's publish permission is checked again at the next PUBLISH."""
+        self.s._writable = False
 
     def close_channel(self, channel: int, reply_code: int, reply_text: str, class_id: int = 0,
                       method_id: int = 0) -> None:
@@ -353,6 +439,7 @@ class MQTTSession:
         self.bridge = Bridge(self)
         self.bs = Session(self.broker, self.bridge, state.vhost, user, peer, conn.request_flush)
         self.bs.protocol = "mqtt"  # MQ7: on its publish, deliver and ack records
+        self._internal_name(state.queue, legacy_queue_name(state.client_id))
         self.user, self.peer = user, peer
         self.level = self.core.level
         self.inflight_max = receive_maximum
@@ -423,6 +510,18 @@ class MQTTSession:
                 if self._consume_shared(shared, qos) is not None:
                     del self.state.shared[shared]  # refused now (its rights were taken away)
 
+    def _internal_name(self, queue: str, checked_as: str) -> None:
+        """``queue`` is one of MQTT's own (amq.mqtt-..., MQ8): declared by this session as a
+        server-named queue is, and its permissions (W2) checked as ``checked_as``, the name
+        RabbitMQ's MQTT plugin gives it, which users' patterns name."""
+        if queue.startswith("amq."):
+            self.bs.permission_names[queue] = checked_as
+
+    def _shared_queue(self, group: str, topic_filter: str) -> str:
+        queue, legacy = shared_queue_in(self.broker.vhost(self.state.vhost).queues, group, topic_filter)
+        self._internal_name(queue, legacy)
+        return queue
+
     def _ensure_queue(self) -> tuple[int, str] | None:
         if self.consuming:
             return None
@@ -432,7 +531,16 @@ class MQTTSession:
             args["x-expires"] = max(1, st.expiry) * 1000
         # A resumed session's queue is taken as it is: declared again with another x-expires
         # (the client changed its session expiry) it would be refused as inequivalent.
-        exists = st.queue in self.broker.vhost(st.vhost).queues
+        queues = self.broker.vhost(st.vhost).queues
+        exists = st.queue in queues
+        if not exists and not st.queue.startswith(QUEUE_PREFIX):
+            # A session stored before MQ8 whose queue is gone: from now on under the name no
+            # AMQP client can declare (MQ8).
+            st.queue = queue_name(st.vhost, st.client_id)
+            self._internal_name(st.queue, legacy_queue_name(st.client_id))
+            exists = st.queue in queues
+            self._save()
+        args[CLIENT_ID_ARG] = st.client_id
         err = self._call(OPS, C.Queue.Declare(queue=st.queue, passive=exists, durable=st.persistent,
                                               exclusive=not st.persistent, arguments=args or None, nowait=True))
         if err is not None:
@@ -497,7 +605,7 @@ class MQTTSession:
                 codes.append(self._subscribe_shared(topic_filter, qos, opts))
                 continue
             err = self._ensure_queue()
-            if err is None:
+            if err is None and not self._long_filter(topic_filter):
                 err = self._call(OPS, C.Queue.Bind(queue=self.state.queue, exchange=EXCHANGE,
                                                    routing_key=filter_to_binding(topic_filter)))
             if err is not None:
@@ -553,7 +661,7 @@ class MQTTSession:
                 held[binding] -= 1  # it was counted when the count was made
             elif "*" in binding.split("."):
                 held = Counter(map(filter_to_binding, self.state.subs))
-            if held is None or held[binding] <= 0:
+            if (held is None or held[binding] <= 0) and not self._long_filter(topic_filter):
                 self._call(OPS, C.Queue.Unbind(queue=self.state.queue, exchange=EXCHANGE, routing_key=binding))
             codes.append(0)
         self._subs_changed()
@@ -622,7 +730,7 @@ class MQTTSession:
             self.shared_of_channel[channel] = (topic_filter, qos)  # subscribed again: its new QoS
             return None
         st = self.state
-        queue = shared_queue_name(group, topic_filter)
+        queue = self._shared_queue(group, topic_filter)
         # The group outlives a member: durable. release_shared deletes it when its last holder
         # goes; x-expires covers what that cannot see: the declaring persistent session's expiry,
         # and for a clean one (gone without a trace in a crash) RabbitMQ's former MQTT
@@ -631,7 +739,7 @@ class MQTTSession:
         exists = queue in self.broker.vhost(st.vhost).queues
         err = self._call(OPS, C.Queue.Declare(queue=queue, passive=exists, durable=True, nowait=True,
                                               arguments={"x-expires": expires * 1000} if expires else None))
-        if err is None:
+        if err is None and not self._long_filter(topic_filter):
             err = self._call(OPS, C.Queue.Bind(queue=queue, exchange=EXCHANGE,
                                                routing_key=filter_to_binding(topic_filter)))
         if err is not None:
@@ -668,7 +776,7 @@ class MQTTSession:
         parts = split_shared(shared)
         if parts is None or self.service.shared_held(st.vhost, shared, but=st.client_id):
             return
-        queue = shared_queue_name(*parts)
+        queue = self._shared_queue(*parts)
         q = self.broker.vhost(st.vhost).queues.get(queue)
         if q is not None and not q.consumers and not self.service.consumed_elsewhere(q):
             err = self._call(OPS, C.Queue.Delete(queue=queue, nowait=True))
@@ -837,15 +945,21 @@ class MQTTSession:
             props = self._props[qos, retain] if not mprops else \
                 message_properties(qos, retain, self.state.client_id, mprops)
             ch = self.bs.channels[PUBLISH]
-            method = self._methods.get(topic)
-            if method is None:
-                if len(self._methods) > 1024:
-                    self._methods.clear()
-                method = self._methods[topic] = C.Basic.Publish(exchange=EXCHANGE,
-                                                                routing_key=topic_to_routing_key(topic))
+            long: list[Any] | None = None
+            if len(topic) > SHORT_TOPIC_CHARS and self._long_key(topic):
+                long, props = self._long_topic_publishes(topic, qos, retain, mprops)
+            else:
+                method = self._methods.get(topic)
+                if method is None:
+                    if len(self._methods) > 1024:
+                        self._methods.clear()
+                    method = self._methods[topic] = C.Basic.Publish(exchange=EXCHANGE,
+                                                                    routing_key=topic_to_routing_key(topic))
             if qos and not will:
-                # Before the call: a confirm that needs no fsync comes back inside it.
-                self.confirms.append((ch.publish_seq + 1, P.PUBACK if qos == 1 else P.PUBREC, pid, retained_lsn))
+                # Before the call: a confirm that needs no fsync comes back inside it (the
+                # last one's, for a long topic's publishes: confirms come in order).
+                self.confirms.append((ch.publish_seq + (1 if long is None else len(long)),
+                                      P.PUBACK if qos == 1 else P.PUBREC, pid, retained_lsn))
                 if qos == 2:
                     state = self.state
                     state.inbound_qos2.add(pid)
@@ -856,13 +970,65 @@ class MQTTSession:
                     # store's one writer) so that a restart can tell (MQTTService.stored_session).
                     state.inbound_at[pid] = self.broker.store.last_lsn + 1
                     self._save()
-            self.bs.publish_now(ch, method, props, payload)
+            if long is None:
+                self.bs.publish_now(ch, method, props, payload)
+            else:
+                for method in long:
+                    self.bs.publish_now(ch, method, props, payload)
         except CMQError as e:
             if qos and not will and self.confirms and self.confirms[-1][2] == pid:
                 self.confirms.pop()
                 self.state.inbound_qos2.discard(pid)
                 self.awaiting_rec.discard(pid)
             self.refused(pid, qos, e, will)
+
+    # -- topics longer than a routing key (MQ8) ----------------------------------------------
+
+    def _long_key(self, key: str) -> bool:
+        """Whether ``key`` (a topic, routing or binding key: the same length) is longer than
+        AMQP's 255 bytes in a profile that enforces no shorter limit: MQTT allows 65,535, so
+        the MQTT front end routes it (a profile whose limit is shorter refuses it, MQ6)."""
+        return len(key.encode()) > AMQP_KEY_BYTES and \
+            self.broker.vhost(self.state.vhost).profile.enforced.max_key_bytes >= AMQP_KEY_BYTES
+
+    def _long_filter(self, topic_filter: str) -> bool:
+        """A filter whose binding key AMQP cannot hold: no binding; the front end matches it
+        against the topics that are as long (_long_topic_publishes). (One that short topics
+        could match needs some hundred ``+`` levels: those it does not get.)"""
+        return len(topic_filter) > SHORT_TOPIC_CHARS and self._long_key(topic_filter)
+
+    def _long_topic_publishes(self, topic: str, qos: int, retain: bool,
+                              mprops: dict[str, Any]) -> tuple[list[Any], Properties]:
+        """A topic whose routing key AMQP cannot carry: no binding on amq.topic can hold it or
+        a filter that matches it, so the message goes by the default exchange to the queue of
+        every session (and shared group) whose filters match it, the topic in a header that
+        the delivery reads back (Bridge.send_deliver). None matches: one publish that routes
+        nowhere, confirmed all the same. AMQP consumers, whose routing keys hold 255 bytes,
+        never see such a message; the sessions are those this gateway knows (live, or resumed
+        since it started)."""
+        vhost = self.state.vhost
+        queues = self.broker.vhost(vhost).queues
+        targets: dict[str, None] = {}
+        for (v, _client), st in self.service.sessions.items():
+            if v != vhost:
+                continue
+            if st.queue in queues and any(matches(f, topic) for f in st.subs):
+                targets[st.queue] = None
+            for shared in st.shared:
+                parts = split_shared(shared)
+                if parts is not None and matches(parts[1], topic):
+                    queue = shared_queue_in(queues, *parts)[0]
+                    if queue in queues:
+                        targets[queue] = None
+        user = [*mprops.get("user_property", ()), (TOPIC_HEADER, topic)]
+        props = message_properties(qos, retain, self.state.client_id, {**mprops, "user_property": user})
+        return [C.Basic.Publish(exchange="", routing_key=q) for q in targets or ("",)], props
+
+    def long_topic_key(self, raw_props: bytes, routing_key: str) -> str:
+        """The routing key of a delivery by the default exchange: a long topic's, from its
+        header; else the queue name it came by."""
+        topic = (Properties(raw_props).headers or {}).get(TOPIC_HEADER)
+        return topic_to_routing_key(topic) if isinstance(topic, str) else routing_key
 
     def refused(self, pid: int, qos: int, e: CMQError, will: bool) -> None:
         """MQ6: a refused publish is a reason code (MQTT 5) or a disconnect (3.1.1)."""
@@ -1060,8 +1226,17 @@ class MQTTSession:
             out["correlation_data"] = str(props.correlation_id).encode()
         if props.reply_to:
             out["response_topic"] = str(props.reply_to)
+        for name, header in _LONG_HEADERS.items():
+            if isinstance(headers.get(header), str):
+                out[name] = headers[header]
+        cd = headers.get(CORRELATION_HEADER)
+        if isinstance(cd, bytes | bytearray):
+            out["correlation_data"] = bytes(cd)
         users = [(str(k), str(v)) for k, v in headers.items()
-                 if not k.startswith(("x-cmq-", "x-mqtt-")) and isinstance(v, str | int | float | bytes)]
+                 if not k.startswith(("x-cmq-", "x-mqtt-")) and k != CORRELATION_HEADER
+                 and isinstance(v, str | int | float | bytes)]
+        users += [(str(pair[0]), str(pair[1])) for pair in headers.get(LONG_USER_HEADER, ())
+                  if isinstance(pair, list) and len(pair) == 2]
         if users:
             out["user_property"] = [(k, v.decode(errors="replace") if isinstance(v, bytes) else v)
                                     for k, v in users]
