@@ -53,7 +53,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gateway.mqtt.session import queue_name
+from gateway.mqtt.session import queue_name, session_key
 from semantics.store.keys import parse_key
 
 if TYPE_CHECKING:
@@ -191,14 +191,17 @@ class MQTTCluster:
         """MQ5: a retained message set or cleared through another gateway."""
         _kind, names = parse_key(key)
         if self.service is not None:
-            self.service.retained.changed(names[0], names[1], value)
+            # A long topic's key is mr/<vhost>/#/<digest> (gateway.mqtt.retained, MQ8).
+            self.service.retained.changed(names[0], names[1], value, names[2] if len(names) > 2 else "")
 
     def _session_changed(self, key: str, value: bytes | None) -> None:
         """A session record written elsewhere: a copy kept here since its client left is
         stale (a claim normally removed it already; this covers one that was missed)."""
         _kind, names = parse_key(key)
-        k = (names[0], names[1])
         sessions = self.service.sessions if self.service is not None else {}
+        k = (names[0], names[1])
+        if len(names) > 2:  # a long client id's key names it by a digest (session_key, MQ8)
+            k = next((c for c in sessions if c[0] == names[0] and session_key(*c) == key), k)
         state = sessions.get(k)
         if state is not None and state.live is None and state.will_timer is None:
             del sessions[k]

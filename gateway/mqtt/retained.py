@@ -1,7 +1,9 @@
 """Retained messages (SPEC MQ5): one per topic and vhost, durable in the broker's store.
 
-Key ``mr/<vhost>/<topic>``; value: a JSON line ``{"topic", "qos"}`` then the payload. An empty
-payload clears the topic. Read from the store once per vhost, on first use.
+Key ``mr/<vhost>/<topic>`` (a topic over 256 bytes: ``mr/<vhost>/#/<digest>``, as MQTT's
+65,535 bytes, escaped, would pass the store's 64 KiB keys; ``#`` is no topic name, MQ8); value:
+a JSON line ``{"topic", "qos"}`` then the payload. An empty payload clears the topic. Read from
+the store once per vhost, on first use.
 
 What the in-memory copy holds is counted as held memory (SE6: ``HELD.retained``, topic +
 payload + ``RETAINED_OVERHEAD`` each) so that retained messages raise the memory alarm; the
@@ -10,6 +12,7 @@ store counts its own copy (``live_bytes``: a large value left on disk counts as 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +23,19 @@ from semantics.store.keys import key_prefix, make_key
 if TYPE_CHECKING:
     from gateway.mqtt.session import MQTTSession
 
-__all__ = ["RetainedStore"]
+__all__ = ["RetainedStore", "retained_key"]
+
+_LONG_TOPIC = 256  # bytes: a longer topic is a digest in its key
+
+
+def _digest(topic: str) -> str:
+    return hashlib.sha256(topic.encode()).hexdigest()[:32]
+
+
+def retained_key(vhost: str, topic: str) -> str:
+    if len(topic) > _LONG_TOPIC // 4 and len(topic.encode()) > _LONG_TOPIC:
+        return make_key("mr", vhost, "#", _digest(topic))
+    return make_key("mr", vhost, topic)
 
 
 class RetainedStore:
@@ -56,11 +71,16 @@ class RetainedStore:
                 known[topic] = entry
         return known
 
-    def changed(self, vhost: str, topic: str, raw: bytes | None) -> None:
-        """The record of ``topic`` was written by another gateway (a shared store)."""
+    def changed(self, vhost: str, topic: str, raw: bytes | None, digest: str = "") -> None:
+        """The record of ``topic`` was written by another gateway (a shared store); a long
+        topic's key names it by ``digest``."""
         known = self._vhosts.get(vhost)
         if known is None:
             return  # read from the store on first use
+        if raw is not None:
+            topic = json.loads(raw.partition(b"\n")[0])["topic"]
+        elif digest:
+            topic = next((t for t in known if len(t) > _LONG_TOPIC // 4 and _digest(t) == digest), "")
         if raw is None:
             self._count(topic, known.pop(topic, None), None)
             return
@@ -72,7 +92,7 @@ class RetainedStore:
     def put(self, vhost: str, topic: str, qos: int, payload: bytes) -> int:
         """Retain (or, with an empty payload, clear) ``topic``; the store's lsn to wait for."""
         known = self._of(vhost)
-        key = make_key("mr", vhost, topic)
+        key = retained_key(vhost, topic)
         if not payload:
             old = known.pop(topic, None)
             if old is None:

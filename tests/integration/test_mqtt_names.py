@@ -208,6 +208,62 @@ def test_MQ8_a_topic_of_up_to_65535_bytes_is_acknowledged_and_delivered(port: in
     sub.close()
 
 
+@pytest.mark.parametrize("size", [300, 65535])
+def test_MQ8_a_retained_message_on_a_long_topic_is_kept_and_cleared(port: int, size: int) -> None:
+    """Found while testing long topics: the retained message's store key (the topic, escaped)
+    passed the store's 64 KiB and the PUBLISH got "internal error"."""
+    prefix = f"rt{uuid.uuid4().hex[:8]}"
+    topic = f"{prefix}/" + "é" * ((size - len(prefix) - 1) // 2)
+    topic += "x" * (size - len(topic.encode()))
+    pub = Paho(port, f"{prefix}-pub")
+    assert pub.next("connack")[1] == 0
+    pub.c.publish(topic, b"kept", qos=1, retain=True)
+    assert pub.next("puback") == 0
+    sub = Paho(port, f"{prefix}-sub")
+    assert sub.next("connack")[1] == 0
+    sub.c.subscribe(f"{prefix}/#", qos=1)
+    m = sub.next("message")
+    assert (m.topic, m.payload, m.retain) == (topic, b"kept", True)
+    pub.c.publish(topic, b"", qos=1, retain=True)  # cleared
+    assert pub.next("puback") == 0
+    assert sub.next("message").payload == b""  # the clearing PUBLISH itself, to the subscriber
+    sub.close()
+    again = Paho(port, f"{prefix}-again")
+    assert again.next("connack")[1] == 0
+    again.c.subscribe(f"{prefix}/#", qos=1)
+    again.next("suback")
+    again.c.publish(f"{prefix}/after", b"marker", qos=1)
+    assert again.next("message").payload == b"marker"  # and no retained message before it
+    again.close()
+    pub.close()
+
+
+def test_MQ8_mqtt5_properties_longer_than_amqp_holds_arrive_whole(port: int) -> None:
+    """Found by scripts/fuzz_mqtt.py: a content type or response topic over 255 bytes, or a
+    user property whose name is, was "internal error" (AMQP short strings and table keys hold
+    255 bytes); MQTT strings hold 65,535 and Mosquitto passes them on unchanged."""
+    topic = f"props/{uuid.uuid4().hex[:8]}"
+    sub = Paho(port, f"{topic}-sub", v5=True)
+    assert sub.next("connack")[1] == 0
+    sub.c.subscribe(topic, qos=1)
+    assert [code.value for code in sub.next("suback")] == [1]
+    props = PahoProperties(PacketTypes.PUBLISH)
+    props.ContentType = "type/" + "é" * 200
+    props.ResponseTopic = "reply/" + "r" * 400
+    props.CorrelationData = b"c" * 300
+    props.UserProperty = [("k" * 300, "long name"), ("short", "v" * 1000)]
+    pub = Paho(port, f"{topic}-pub", v5=True)
+    assert pub.next("connack")[1] == 0
+    pub.c.publish(topic, b"p", qos=1, properties=props)
+    assert pub.next("puback") in (0, 0x10)
+    got = sub.next("message").properties
+    assert (got.ContentType, got.ResponseTopic, got.CorrelationData) == \
+        (props.ContentType, props.ResponseTopic, props.CorrelationData)
+    assert sorted(got.UserProperty) == sorted(props.UserProperty)
+    pub.close()
+    sub.close()
+
+
 # -- packets (MQ7) ---------------------------------------------------------------------------------
 
 
