@@ -4,6 +4,11 @@ returns a DataFrame (small, aggregated: fit for ``toPandas()`` and a plot).
 Records name their message by ``msg_id`` and their queue by ``queue``; events emitted on the
 queue side (deliver, ack, nack, ...) may lack ``topic``/``subscription``, which are then taken
 from the message's ``enqueue`` record for that queue.
+
+Every analysis counts client actions only (A6): records with ``origin = "recovery"`` (what a
+gateway's start-up restored: its queues, bindings, standing limit breaches) are left out.  A
+delivery with ``auto_ack: true`` (a no-ack consumer, basic.get with no_ack, MQTT QoS 0) settled
+its message as it was sent, and no ack record follows: the funnel counts it as acked.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ __all__ = [
     "DISCARD_REASONS",
     "auth_failures",
     "busiest_publishers",
+    "client_actions",
     "events_over_time",
     "funnel",
     "latency_percentiles",
@@ -30,6 +36,14 @@ __all__ = [
 # The "topic" of a message published to AMQP's default exchange "" (its records have none).
 DEFAULT_EXCHANGE = "(default exchange)"
 DISCARD_REASONS = ("no_match", "retries_exhausted", "expired", "rejected", "too_large", "max_length")
+
+
+def client_actions(df: DataFrame) -> DataFrame:
+    """``df`` without the records a gateway's start-up wrote for what it restored (A6).  A
+    DataFrame without the ``origin`` column (``columns`` option) is returned as it is."""
+    if "origin" not in df.columns:
+        return df
+    return df.where(F.col("origin").isNull() | (F.col("origin") != "recovery"))
 
 
 def _with_subscription(df: DataFrame) -> DataFrame:
@@ -67,19 +81,17 @@ def _by_source(df: DataFrame) -> DataFrame:
     })
 
 
-def _count_msgs(cond: Column) -> Column:
-    return F.count_distinct(F.when(cond, F.col("msg_id")))
-
-
 def funnel(df: DataFrame) -> DataFrame:
     """Per topic and subscription: published → routed → delivered → acked, or discarded (by
-    reason).  Counts are distinct messages.  ``published`` is the topic's total, repeated on
+    reason).  Counts are distinct messages; ``acked`` includes auto-ack deliveries.  ``published`` is the topic's total, repeated on
     each of its subscriptions; for the default exchange (topic ``DEFAULT_EXCHANGE``, the queue
     as subscription) it is the messages published to that queue.  ``routed`` counts a message
     that a subscription took (``route``) or that reached the queue (``enqueue``).  Discards
     before routing (no_match, too_large) are on the row whose subscription is NULL."""
+    df = client_actions(df)
     d = _by_source(df.where(F.col("topic").isNotNull() | F.col("queue").isNotNull()))
     ev = F.col("event")
+    auto = F.coalesce(F.col("auto_ack"), F.lit(False)) if "auto_ack" in df.columns else F.lit(False)
     pub = d.where(ev == "publish")
     topic_published = (
         pub.where(F.col("topic") != DEFAULT_EXCHANGE).groupBy("topic")
@@ -89,17 +101,25 @@ def funnel(df: DataFrame) -> DataFrame:
         pub.where(F.col("topic") == DEFAULT_EXCHANGE).groupBy("topic", "subscription")
         .agg(F.count_distinct("msg_id").alias("_queue_published"))
     )
-    per_sub = d.where(ev.isin("route", "enqueue", "deliver", "ack", "discard", "dead_letter")).groupBy(
-        "topic", "subscription"
-    ).agg(
-        _count_msgs(ev.isin("route", "enqueue")).alias("routed"),
-        _count_msgs(ev == "deliver").alias("delivered"),
-        _count_msgs(ev == "ack").alias("acked"),
-        _count_msgs(ev == "dead_letter").alias("dead_lettered"),
-        _count_msgs(ev == "discard").alias("discarded"),
-        *[_count_msgs((ev == "discard") & (F.col("reason") == r)).alias(f"discarded_{r}") for r in DISCARD_REASONS],
+    stages = {
+        "routed": ev.isin("route", "enqueue"),
+        "delivered": ev == "deliver",
+        "acked": (ev == "ack") | ((ev == "deliver") & auto),
+        "dead_lettered": ev == "dead_letter",
+        "discarded": ev == "discard",
+        **{f"discarded_{r}": (ev == "discard") & F.coalesce(F.col("reason") == r, F.lit(False))
+           for r in DISCARD_REASONS},
+    }
+    counts = list(stages)
+    # Distinct messages per stage, as two plain aggregations (per message, then per
+    # subscription) rather than one count_distinct per stage, which Spark runs as an Expand
+    # of every row once per stage.
+    per_msg = (
+        d.where(ev.isin("route", "enqueue", "deliver", "ack", "discard", "dead_letter") & F.col("msg_id").isNotNull())
+        .groupBy("topic", "subscription", "msg_id")
+        .agg(*[F.max(cond.cast("int")).alias(name) for name, cond in stages.items()])
     )
-    counts = ["routed", "delivered", "acked", "dead_lettered", "discarded", *[f"discarded_{r}" for r in DISCARD_REASONS]]
+    per_sub = per_msg.groupBy("topic", "subscription").agg(*[F.sum(c).cast("long").alias(c) for c in counts])
     # A queue that was published to and never reached (nothing else recorded) still has its row.
     rows = per_sub.join(queue_published, ["topic", "subscription"], "full").join(topic_published, "topic", "left")
     return (
@@ -113,6 +133,7 @@ def funnel(df: DataFrame) -> DataFrame:
 
 def retries_by_policy(df: DataFrame) -> DataFrame:
     """Retry records per policy and attempt number, with the distinct messages retried."""
+    df = client_actions(df)
     return (
         df.where(F.col("event") == "retry")
         .groupBy(F.coalesce("policy", F.lit("unknown")).alias("policy"), "attempt")
@@ -126,6 +147,7 @@ def latency_percentiles(df: DataFrame, by: str = "topic") -> DataFrame:
     NULL, the first row; messages of the default exchange are under ``DEFAULT_EXCHANGE``).
     ``latency_ms`` of the ack record is used when the broker wrote it, else the difference of
     the ack and publish timestamps."""
+    df = client_actions(df)
     pub = df.where(F.col("event") == "publish").groupBy("msg_id").agg(F.min("ts").alias("pub_ts"))
     filled = _by_source(df.where(F.col("event").isin("enqueue", "ack")))
     acks = filled.where(F.col("event") == "ack").join(pub, "msg_id", "left")
@@ -147,6 +169,7 @@ def latency_percentiles(df: DataFrame, by: str = "topic") -> DataFrame:
 def stale_and_redeliveries(df: DataFrame) -> DataFrame:
     """Per queue: deliveries, redeliveries (attempt > 1), requeues, visibility expiries and
     stale acks (an ack whose receipt was no longer the latest, M12)."""
+    df = client_actions(df)
     ev = F.col("event")
     return (
         df.where(F.col("queue").isNotNull() & ev.isin("deliver", "requeue", "visibility_expire", "stale_ack"))
@@ -169,6 +192,7 @@ def _host(peer: Column) -> Column:
 
 def auth_failures(df: DataFrame) -> DataFrame:
     """Failed logins by user and client host, with first and last time seen."""
+    df = client_actions(df)
     return (
         df.where(F.col("event") == "auth_failure")
         .groupBy(F.coalesce("user", F.lit("?")).alias("user"), _host(F.col("peer")).alias("host"))
@@ -179,6 +203,7 @@ def auth_failures(df: DataFrame) -> DataFrame:
 
 def busiest_publishers(df: DataFrame, top: int = 20) -> DataFrame:
     """Publishers (user and host) by messages published, with bytes and peak messages/s."""
+    df = client_actions(df)
     pub = df.where(F.col("event") == "publish").withColumn("host", _host(F.col("peer")))
     per_sec = pub.groupBy("user", "host", F.date_trunc("second", "ts").alias("s")).count()
     peak = per_sec.groupBy("user", "host").agg(F.max("count").alias("peak_per_s"))
@@ -195,6 +220,7 @@ def busiest_publishers(df: DataFrame, top: int = 20) -> DataFrame:
 def events_over_time(df: DataFrame, seconds: int = 60) -> DataFrame:
     """Record counts per time bucket of ``seconds`` (``t``, its start) and event (the
     report's timeline)."""
+    df = client_actions(df)
     bucket = F.window("ts", f"{seconds} seconds").start.alias("t")
     return df.groupBy(bucket, "event").count().orderBy("t", "event")
 
@@ -213,6 +239,7 @@ def limits_exceeded(df: DataFrame) -> DataFrame:
     """The migration report from the audit log (PF4): per vhost, CMQ rule, object and user,
     how often the compatible profile let a breach of a CMQ limit through, the worst value
     and CMQ's limit, first and last seen. Empty under the cmq profile, which refuses them."""
+    df = client_actions(df)
     return (
         df.where(F.col("event") == "limit_exceeded")
         .groupBy("vhost", "rule", "object", "user")

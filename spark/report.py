@@ -147,6 +147,8 @@ def _timeline(p: pd.DataFrame, seconds: int, span: tuple[datetime | None, dateti
 _FUNNEL_STAGES = (("published", "#9aa5b1"), ("routed", "#5b8def"), ("delivered", "#f2a541"),
                   ("acked", "#3bb273"), ("dead_lettered", "#8e6ccf"), ("discarded", "#e15554"))
 _MAX_FUNNEL_ROWS = 30
+_LOG_RANGE = 30  # largest / smallest non-zero count from which the funnel is drawn on a log axis
+_MAX_TABLE_ROWS = 25  # rows of a section's HTML table; the rest summed in one row (report.json has all)
 
 
 def _funnel_rows(p: pd.DataFrame) -> list[tuple[str, dict[str, int]]]:
@@ -184,11 +186,23 @@ def _funnel(p: pd.DataFrame) -> Rendering:
     reasons = ", ".join(f"{n:,} {r}" for r in analyses.DISCARD_REASONS if (n := int(pre[f"discarded_{r}"].sum())))
     if reasons:
         words += f" Discarded before routing: {reasons}."
-    rows = _funnel_rows(p)[:_MAX_FUNNEL_ROWS]
+    every = _funnel_rows(p)
+    rows = every[:_MAX_FUNNEL_ROWS]
+    if len(every) > len(rows):
+        words += f" The plot shows the first {len(rows)} of {len(every)} rows (the busiest topics); the table has all."
     stages = [(s, c) for s, c in _FUNNEL_STAGES if s != "dead_lettered" or int(p["dead_lettered"].sum())]
+    series = [(s, [counts.get(s, 0) for _, counts in rows], c) for s, c in stages]
+    values = [v for _, vs, _ in series for v in vs if v > 0]
+    # Counts that span orders of magnitude (21,680 published beside 3 discarded) on a linear
+    # axis leave the small bars invisible and their numbers piled up at zero: log scale then.
+    log = bool(values) and max(values) / min(values) >= _LOG_RANGE
     fig, ax = _figure(len(rows), 0.13 * len(stages), 1.4)
-    _grouped_barh(ax, [label for label, _ in rows],
-                  [(s, [counts.get(s, 0) for _, counts in rows], c) for s, c in stages], "messages (distinct)")
+    _grouped_barh(ax, [label for label, _ in rows], series,
+                  "messages (distinct)" + (", log scale" if log else ""))
+    if log:
+        ax.set_xscale("log")
+        ax.set_xlim(left=0.8, right=max(values) * 4)  # room for the largest bar's number
+        words += f" Drawn on a log scale: the counts range from {min(values):,} to {max(values):,}."
     return fig, words
 
 
@@ -347,15 +361,12 @@ class _Section:
 
 
 def _load(spark: SparkSession, audit_dir: str, start: str | None, end: str | None) -> DataFrame:
-    from spark.source import register
+    """The records through ``read_audit``: Parquet segments by Spark's own reader, the rest by
+    the ``cmq-audit`` source."""
+    from spark.read import read_audit
 
-    register(spark)
-    reader = spark.read.format("cmq-audit")
-    if start:
-        reader = reader.option("from", start)
-    if end:
-        reader = reader.option("to", end)
-    return reader.load(audit_dir)
+    options = {k: v for k, v in (("from", start), ("to", end)) if v}
+    return read_audit(spark, audit_dir, **options)
 
 
 def write_report(spark: SparkSession, audit_dir: str, out_dir: str, *, start: str | None = None,
@@ -365,12 +376,12 @@ def write_report(spark: SparkSession, audit_dir: str, out_dir: str, *, start: st
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from pyspark.sql import functions as F
 
     os.makedirs(out_dir, exist_ok=True)
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     df = _load(spark, audit_dir, start, end).cache()  # every step reads the same records
-    skipped = spark.read.format("cmq-audit").option("output", "skipped").load(audit_dir)
-    span = analyses.time_span(df)
+    span = analyses.time_span(analyses.client_actions(df))
     seconds = timeline_seconds(*span)
 
     steps: list[tuple[str, str, str, Callable[[], DataFrame], Callable[[pd.DataFrame], Rendering]]] = [
@@ -416,13 +427,17 @@ def write_report(spark: SparkSession, audit_dir: str, out_dir: str, *, start: st
         sections.append(_Section(key, title, note, words, png, pdf))
         say(f"[{i}/{total}] {title}: {len(pdf)} rows in {time.monotonic() - t0:.1f}s")
     say(f"[{total}/{total}] counting records and skipped lines …")
-    by_file = {bool(r["open_file"]): int(r["count"]) for r in df.groupBy("open_file").count().collect()}
-    records, from_open = sum(by_file.values()), by_file.get(True, 0)
-    n_skipped = skipped.count()
+    from spark.read import skipped_lines
+
+    recovery = F.coalesce(F.col("origin") == "recovery", F.lit(False))
+    row = df.agg(F.count("*").alias("n"), F.count(F.when(F.col("open_file"), 1)).alias("open"),
+                 F.count(F.when(recovery, 1)).alias("recovery")).first()
+    records, from_open, from_recovery = (int(row["n"]), int(row["open"]), int(row["recovery"])) if row else (0, 0, 0)
+    n_skipped = skipped_lines(spark, audit_dir)
     df.unpersist()
     summary = {"audit_dir": audit_dir, "from": start, "to": end, "records": records,
-               "records_from_open_files": from_open, "skipped_lines": n_skipped,
-               "timeline_seconds": seconds}
+               "records_from_open_files": from_open, "records_from_recovery": from_recovery,
+               "skipped_lines": n_skipped, "timeline_seconds": seconds}
     with open(os.path.join(out_dir, "report.json"), "w", encoding="utf-8") as f:
         json.dump(_json(summary, sections), f, indent=1)
     path = os.path.join(out_dir, "index.html")
@@ -444,10 +459,38 @@ def _json(summary: dict[str, Any], sections: list[_Section]) -> dict[str, Any]:
     return out
 
 
+def _cell(x: Any) -> str:
+    import pandas
+
+    if x is None or (pandas.api.types.is_scalar(x) and pandas.isna(x)):
+        return ""
+    return f"{x:,.1f}" if isinstance(x, float) else str(x)
+
+
+def _bounded(table: pd.DataFrame) -> pd.DataFrame:
+    """The table as text, its first ``_MAX_TABLE_ROWS`` rows; past them, one more row that
+    says how many rows were left out and sums their counts (integer columns; other cells
+    empty).  report.json has every row."""
+    import pandas
+
+    head = table.head(_MAX_TABLE_ROWS)
+    out = pandas.DataFrame({c: [_cell(x) for x in head[c].tolist()] for c in table.columns}, columns=table.columns)
+    if len(table) > _MAX_TABLE_ROWS:
+        rest = table.iloc[_MAX_TABLE_ROWS:]
+        summary = {c: (f"{int(rest[c].sum()):,}" if pandas.api.types.is_integer_dtype(table[c])
+                       and c not in ("attempt", "hour") else "") for c in table.columns}
+        summary[table.columns[0]] = f"… {len(rest):,} more rows (their sums; every row is in report.json)"
+        out = pandas.concat([out, pandas.DataFrame([summary], columns=table.columns)], ignore_index=True)
+    return out
+
+
 def _html(summary: dict[str, Any], sections: list[_Section]) -> str:
     span = f"{summary['from'] or 'the beginning'} → {summary['to'] or 'now'}"
     skipped, from_open = summary["skipped_lines"], summary["records_from_open_files"]
     live = f" ({from_open:,} from a file the gateway is still writing)" if from_open else ""
+    if summary.get("records_from_recovery"):
+        live += (f"; {summary['records_from_recovery']:,} of them written by a gateway's start-up for what it "
+                 "restored (origin recovery), not counted below")
     parts = [
         "<!doctype html><meta charset='utf-8'><title>CMQ gateway audit report</title>",
         "<style>body{font:14px system-ui,sans-serif;max-width:1200px;margin:2em auto;color:#222}"
@@ -466,11 +509,7 @@ def _html(summary: dict[str, Any], sections: list[_Section]) -> str:
             parts.append(f"<img src='{s.png}' alt='{html.escape(s.title)}'>")
         if not s.table.empty:
             parts.append("<details><summary>table</summary>")
-            table = s.table.head(200).copy()
-            # An absent value is an empty cell: na_rep covers NaN, and pandas 2 writes a None
-            # in a text column as "None" (pandas 3 as na_rep).
-            text = table.select_dtypes(include="object").columns
-            table[text] = table[text].where(table[text].notna(), "")
-            parts.append(table.to_html(index=False, na_rep="", float_format=lambda x: f"{x:,.1f}"))
+            # Every cell as text: an absent value (None, NaN, NaT) empty, a float to 0.1.
+            parts.append(_bounded(s.table).to_html(index=False))
             parts.append("</details>")
     return "\n".join(parts)

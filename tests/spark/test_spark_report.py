@@ -189,3 +189,129 @@ def test_A4_demo_report_auth_failures_and_publishers(spark, tmp_path: Path) -> N
     assert {k for k, v in s.items() if v["png"] is None} == set()  # the demo has something everywhere
     for v in s.values():
         assert os.path.getsize(out / v["png"]) > 10_000
+
+
+# -- issue 27: auto-ack, recovery records, wide funnels, long tables ----------------------------
+
+
+def test_A6_auto_ack_deliveries_count_as_acked_and_recovery_records_are_left_out(spark, tmp_path: Path) -> None:
+    """A no-ack consumer and basic.get with no_ack: their deliveries say ``auto_ack: true`` and
+    the funnel counts them acked.  Records a start-up wrote for what it restored (origin
+    recovery) count in no analysis and are named apart in the report."""
+    import pika
+
+    from gateway.audit import AuditLog
+    from spark import read_audit
+
+    audit_dir = str(tmp_path / "audit")
+    with gateway_in_thread(port=0, hosts=("127.0.0.1",), audit=AuditSettings(dir=audit_dir)) as gw:
+        conn = pika.BlockingConnection(pika.URLParameters(f"amqp://guest:guest@127.0.0.1:{gw.port}/%2F"))
+        ch = conn.channel()
+        ch.queue_declare("auto")
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", "auto", f"m{i}".encode())
+        got = [ch.basic_get("auto", auto_ack=True)[2] for _ in range(2)]
+        for _method, _props, body in ch.consume("auto", auto_ack=True, inactivity_timeout=30):
+            assert body is not None, "no delivery for 30 s"
+            got.append(body)
+            if len(got) == 5:
+                break
+        ch.cancel()
+        conn.close()
+    assert sorted(got) == [f"m{i}".encode() for i in range(5)]
+    # As a restarted gateway writes them (A6): marked, not client actions.
+    extra = AuditLog(audit_dir, process=False)
+    extra.emit("queue_declare", "/", queue="auto", origin="recovery")
+    extra.emit("limit_exceeded", "/", rule="L2", value=9, limit=8, object="queue:auto", origin="recovery")
+    extra.close()
+    df = read_audit(spark, audit_dir)
+    delivers = df.where("event = 'deliver'").select("auto_ack").collect()
+    assert [r.auto_ack for r in delivers] == [True] * 5
+    assert df.where("event = 'ack'").count() == 0
+    funnel = {(r.topic, r.subscription): (r.published, r.routed, r.delivered, r.acked)
+              for r in analyses.funnel(df).collect()}
+    assert funnel == {(analyses.DEFAULT_EXCHANGE, "auto"): (5, 5, 5, 5)}
+    assert analyses.limits_exceeded(df).count() == 0
+    timeline = Counter()
+    for r in analyses.events_over_time(df, 1).collect():
+        timeline[r.event] += r["count"]
+    assert timeline["queue_declare"] == 1 and "limit_exceeded" not in timeline  # the client's declare only
+    out = tmp_path / "report"
+    write_report(spark, audit_dir, str(out), progress=lambda _msg: None)
+    got_json = _numbers(out)
+    assert got_json["records_from_recovery"] == 2
+    assert got_json["records"] == df.count()
+    assert "2 of them written by a gateway's start-up" in (out / "index.html").read_text()
+
+
+def _wide_log(directory: str) -> int:
+    """One busy topic (1,500 messages through 2 subscriptions) beside one of 3 messages, over
+    six hours: a funnel whose counts span three orders of magnitude, a timeline of many rows."""
+    from gateway.audit import AuditLog
+
+    now = [1_714_550_400.0]
+    audit = AuditLog(directory, clock=lambda: now[0], process=False)
+    n = 0
+    for i in range(1500):
+        now[0] += 14.4
+        audit.emit("publish", "/", topic="orders", msg_id=f"o{i}", size=10, user="u", peer="10.0.0.1:1")
+        for sub in ("eu", "all"):
+            audit.emit("route", "/", topic="orders", subscription=sub, queue=f"q-{sub}", msg_id=f"o{i}")
+            audit.emit("enqueue", "/", topic="orders", subscription=sub, queue=f"q-{sub}", msg_id=f"o{i}", size=10)
+            audit.emit("deliver", "/", queue=f"q-{sub}", msg_id=f"o{i}", attempt=1, size=10)
+            if i % 500 or sub == "eu":
+                audit.emit("ack", "/", queue=f"q-{sub}", msg_id=f"o{i}", latency_ms=3.0)
+        n += 9 - (0 if i % 500 else 1)
+    for i in range(3):
+        audit.emit("publish", "/", topic="audit", msg_id=f"a{i}", size=1, user="u", peer="10.0.0.2:1")
+        audit.emit("discard", "/", topic="audit", msg_id=f"a{i}", reason="no_match")
+        n += 2
+    audit.close()
+    return n
+
+
+def test_A4_wide_funnel_on_a_log_scale_with_every_label_apart_and_tables_bounded(spark, tmp_path: Path) -> None:
+    """Issue 27 item 7: a funnel of 1,500 beside 3 is drawn on a log scale with no two numbers
+    over each other; the timeline's long table shows its first rows and sums the rest; the
+    page as headless Chromium (Playwright) shows it."""
+    from playwright.sync_api import sync_playwright
+
+    from spark import read_audit
+    from spark.report import _MAX_TABLE_ROWS, _funnel
+
+    audit_dir, out = tmp_path / "audit", tmp_path / "report"
+    records = _wide_log(str(audit_dir))
+    pdf = analyses.funnel(read_audit(spark, str(audit_dir))).toPandas()
+    fig, words = _funnel(pdf)
+    assert fig is not None and "log scale: the counts range from 3 to 1,500" in words
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.texts if t.get_text()]
+    assert len(boxes) == sum(1 for b in ax.patches if b.get_width() > 0)  # every bar numbered
+    overlapping = [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+    assert overlapping == []
+
+    write_report(spark, str(audit_dir), str(out), progress=lambda _msg: None)
+    got = _numbers(out)
+    assert got["records"] == records
+    timeline_rows = got["sections"]["timeline"]["rows"]
+    assert len(timeline_rows) > _MAX_TABLE_ROWS + 10  # report.json has them all
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto((out / "index.html").as_uri())
+        for details in page.query_selector_all("details"):
+            details.evaluate("d => d.open = true")
+        rows = page.eval_on_selector_all(
+            "#timeline ~ details >> nth=0 >> tbody tr", "trs => trs.map(tr => tr.innerText)")
+        images = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.getAttribute('src'), i.naturalWidth])")
+        words = page.inner_text("body")
+        browser.close()
+    assert len(rows) == _MAX_TABLE_ROWS + 1
+    assert f"{len(timeline_rows) - _MAX_TABLE_ROWS:,} more rows" in rows[-1]
+    shown = sum(r["count"] for r in timeline_rows[_MAX_TABLE_ROWS:])
+    assert f"{shown:,}" in rows[-1]
+    assert all(width > 500 for _src, width in images) and any(src.endswith("funnel.png") for src, _ in images)
+    assert "Drawn on a log scale" in words
