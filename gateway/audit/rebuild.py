@@ -42,12 +42,14 @@ def parse_ts(ts: str) -> float:
     return sec + (float("0." + frac) if frac else 0.0)
 
 
-def _read(af: layout.AuditFile, directory: str) -> bytes:
-    """A file's bytes, wherever it is now: the writer process may be closing (renaming) a
-    crashed ``.open`` file while this reads it."""
+def _read(af: layout.AuditFile, directory: str, tail: int | None = None) -> bytes:
+    """A file's bytes (its last ``tail`` ones), wherever it is now: the writer process may be
+    closing (renaming) a crashed ``.open`` file while this reads it."""
     for path in (af.path, os.path.join(directory, af.key)):
         try:
             with open(path, "rb") as f:
+                if tail is not None:
+                    f.seek(max(0, os.fstat(f.fileno()).st_size - tail))
                 return f.read()
         except FileNotFoundError:
             continue
@@ -94,7 +96,7 @@ def last_ts(directory: str) -> float | None:
             if times:
                 return float(max(times))
             continue
-        data = _read(af, directory)
+        data = _read(af, directory, _TAIL)  # a start reads the last lines, not a 64 MiB file
         end = data.rfind(b"\n")  # a torn last line is not a record
         while end > 0:
             start = data.rfind(b"\n", 0, end) + 1
