@@ -3,8 +3,8 @@ ports of one real gateway (CMQ API, management API, /metrics), with a canary cli
 latency must hold.
 
 One ``python -m gateway serve`` subprocess. A canary thread makes round trips the whole time:
-an AMQP publish then get of the same message (pika) and a management GET /api/overview
-(urllib); its latencies are kept per phase. Phase 1 (``--seconds``): the canary alone. Phase 2
+an AMQP publish then get of the same message (pika; a fresh login every 20) and a management
+GET /api/overview (urllib); its latencies are kept per phase. Phase 1 (``--seconds``): the canary alone. Phase 2
 (as long): ``--concurrency`` fuzz sessions at once, each a new socket to one of the three ports,
 of a random kind:
 
@@ -23,6 +23,8 @@ answers (must be 0), the canary's p50/p99 in both phases, tracebacks in the gate
 whether the gateway and every port still answer at the end.
 
     .venv/bin/python scripts/fuzz_http.py --seconds 60 --concurrency 200 [--seed N] [--nofile 1024]
+    # issue 26 item 2: 1,100 silent sockets on the CMQ API of a gateway limited to 1,024 descriptors
+    .venv/bin/python scripts/fuzz_http.py --nofile 1024 --concurrency 1100 --kinds idle --ports "CMQ API"
 """
 
 from __future__ import annotations
@@ -115,11 +117,16 @@ class Canary(threading.Thread):
         n = 0
         while not self.stopping.is_set():
             try:
+                if conn is not None and n % 20 == 0:  # a fresh login now and then: descriptors
+                    conn.close()
+                    conn = None
                 if conn is None:
+                    t0 = time.perf_counter()
                     conn = pika.BlockingConnection(pika.ConnectionParameters(
                         "127.0.0.1", self.gw.port, socket_timeout=10, blocked_connection_timeout=10))
                     ch = conn.channel()
                     queue = ch.queue_declare("", exclusive=True).method.queue
+                    self._keep("amqp login", time.perf_counter() - t0)
                 n += 1
                 body = b"canary %d" % n
                 t0 = time.perf_counter()
@@ -261,7 +268,8 @@ async def session(kind: str, name: str, port: int, rng: random.Random, cap: floa
                 st.status["HTTP 500 (a defect)"] += 1
 
 
-async def fuzz(gw: Gateway, seconds: float, concurrency: int, cap: float, seed: int) -> Stats:
+async def fuzz(gw: Gateway, seconds: float, concurrency: int, cap: float, seed: int,
+               kinds: tuple[str, ...] = KINDS, ports: tuple[str, ...] = PORTS) -> Stats:
     st = Stats()
     rng = random.Random(seed)
     end = time.monotonic() + seconds
@@ -269,8 +277,8 @@ async def fuzz(gw: Gateway, seconds: float, concurrency: int, cap: float, seed: 
     i = 0
     while time.monotonic() < end:
         while len(running) < concurrency and time.monotonic() < end:
-            name = rng.choice(PORTS)
-            task = asyncio.ensure_future(session(rng.choice(KINDS), name, gw.ports[name],
+            name = rng.choice(ports)
+            task = asyncio.ensure_future(session(rng.choice(kinds), name, gw.ports[name],
                                                  random.Random(seed * 1_000_003 + i), cap, st))
             i += 1
             running.add(task)
@@ -309,6 +317,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=200, help="fuzz sessions open at once")
     ap.add_argument("--cap", type=float, default=40, help="a session the gateway has not closed by then is 'held'")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="the kinds of session, comma-separated")
+    ap.add_argument("--ports", default=",".join(PORTS), help="the ports fuzzed, comma-separated")
     ap.add_argument("--nofile", type=int, default=None, help="the gateway's RLIMIT_NOFILE (soft)")
     ap.add_argument("--limits", default="{}", help='JSON merged into the config\'s limits, e.g. \'{"max_connections": 100}\'')
     args = ap.parse_args()
@@ -322,7 +332,8 @@ def main() -> int:
             time.sleep(args.seconds)
             canary.phase = "fuzzed"
             t0 = time.monotonic()
-            st = asyncio.run(fuzz(gw, args.seconds, args.concurrency, args.cap, args.seed))
+            st = asyncio.run(fuzz(gw, args.seconds, args.concurrency, args.cap, args.seed,
+                                  tuple(args.kinds.split(",")), tuple(args.ports.split(","))))
             fuzz_seconds = time.monotonic() - t0
             canary.stopping.set()
             canary.join(30)
