@@ -146,6 +146,10 @@ class Ledger:
     received: Counter[str] = field(default_factory=Counter)  # delivered to the subscriber
     sends: Counter[str] = field(default_factory=Counter)  # PUBLISHes of it by the publisher
     plain: Counter[str] = field(default_factory=Counter)  # QoS 1 copies delivered without DUP
+    # Every copy the subscriber got: payload -> [(its connection, packet id, DUP)]; and each
+    # connection's start, seconds into the trial (the ledger of a failing trial shows them).
+    copies: dict[str, list[tuple[int, int, bool]]] = field(default_factory=dict)
+    sub_connects: list[float] = field(default_factory=list)
     reused: int = 0
     no_dup: int = 0  # QoS 2 (QoS 1: see no_dup_qos1)
     foreign: int = 0  # payloads of no publisher of this trial
@@ -250,6 +254,7 @@ class Subscriber:
                 return
             link, ack = got
             self.ledger.connects += 1
+            self.ledger.sub_connects.append(time.monotonic())
             try:
                 if first:
                     link.send(P.Subscribe(1, [("crash/#", self.qos)]))
@@ -280,6 +285,7 @@ class Subscriber:
             return
         ledger.last_rx = time.monotonic()
         payload = p.payload.decode()
+        ledger.copies.setdefault(payload, []).append((len(ledger.sub_connects), p.packet_id, p.dup))
         if not payload.startswith(self.prefix):
             ledger.foreign += 1
         if p.qos == 2:
@@ -429,7 +435,8 @@ def main() -> int:
                 continue
             (work / "ledger.json").write_text(json.dumps({
                 "result": r.__dict__, "lost": sorted(ledger.taken - set(ledger.received))[:10_000],
-                "duplicated": {m: n for m, n in ledger.received.items() if n > 1},
+                "duplicated": {m: [ledger.sends[m], ledger.copies.get(m)] for m, n in ledger.received.items() if n > 1},
+                "sub_connects": [round(t - ledger.sub_connects[0], 2) for t in ledger.sub_connects],
                 "unfinished": sorted(ledger.published - ledger.taken)[:10_000]}))
             keep = Path(args.keep) / f"trial-{trial}"
             keep.parent.mkdir(parents=True, exist_ok=True)
