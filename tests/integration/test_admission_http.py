@@ -9,6 +9,7 @@ config; every wait is bounded only by HANG (hang protection, not a threshold und
 from __future__ import annotations
 
 import contextlib
+import json
 import resource
 import socket
 import time
@@ -24,6 +25,7 @@ from tests.integration.test_process import serve
 HANG = 30.0
 PORTS = ("CMQ API", "management API", "metrics")
 # What each port answers a plain GET with (the CMQ API wants a signed POST: any answer will do).
+AUTH = "Basic Z3Vlc3Q6Z3Vlc3Q="
 PATHS = {"CMQ API": "/", "management API": "/api/overview", "metrics": "/metrics"}
 
 
@@ -219,3 +221,45 @@ def test_SE5_fd_reserve_keeps_amqp_logins_working_while_the_cmq_api_is_flooded(t
             s.close()
     finally:
         started.__exit__(None, None, None)
+
+
+def test_SE5_https_management_closes_silent_sockets_before_and_after_the_tls_handshake(tmp_path: Path) -> None:
+    """Issue 26 item 2 on HTTPS (management over TLS stayed open 20 s and more): a socket that
+    never starts the TLS handshake is closed at tls.handshake_timeout; one that completes it
+    and then says nothing, at http_idle_timeout. A real request is still answered."""
+    import ssl
+
+    from tests.integration.tls_certs import make_certs
+
+    (tmp_path / "tls").mkdir()
+    certs = make_certs(tmp_path / "tls")
+    config = tmp_path / "gateway.yaml"
+    config.write_text(json.dumps({"limits": {"http_idle_timeout": 1},
+                                  "tls": {"certfile": str(certs.server_cert), "keyfile": str(certs.server_key),
+                                          "cacertfile": str(certs.ca), "management": True,
+                                          "handshake_timeout": 1}}))
+    with serve(tmp_path / "data", "--config", str(config), "--tls-port", "0") as (proc, _port):
+        port = proc.operator["management API"]
+        raw = _connect(port)  # no ClientHello
+        ctx = ssl.create_default_context(cafile=str(certs.ca))
+        ctx.check_hostname = False
+        quiet = ctx.wrap_socket(_connect(port))  # handshake done, then nothing
+        deadline = time.monotonic() + HANG
+        assert _closed(raw, deadline) == b""
+        closed = False
+        quiet.settimeout(0.2)
+        while not closed:
+            assert time.monotonic() < deadline, "the TLS socket is still open"
+            try:
+                closed = quiet.recv(1024) == b""
+            except TimeoutError:
+                continue
+            except (OSError, ssl.SSLError):
+                closed = True
+        raw.close()
+        quiet.close()
+        with ctx.wrap_socket(_connect(port)) as ok:
+            ok.sendall(f"GET /api/overview HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\n"
+                       "Connection: close\r\n\r\n".encode())
+            ok.settimeout(10)
+            assert ok.recv(64).startswith(b"HTTP/1.1 200")
