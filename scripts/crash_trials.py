@@ -294,7 +294,15 @@ async def drain(url: str, stored: set[tuple[str, str]] | None = None) -> dict[st
                 stored.add((queue, cmq_id(message)))
             last = loop.time()
 
-        ok = await ch.basic_consume(queue, on_message, no_ack=True, arguments=METADATA)
+        try:
+            ok = await ch.basic_consume(queue, on_message, no_ack=True, arguments=METADATA)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            # The kill came before the queue's declaration was written (declare-ok does not
+            # wait for the disk): no copy in it was confirmed, since a confirm waits for an
+            # LSN after the declaration's. Nothing comes back from it.
+            found[queue] = got
+            ch = await conn.channel()
+            continue
         while True:
             await asyncio.sleep(0.2)
             declared = await ch.queue_declare(queue, passive=True)
