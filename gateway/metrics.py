@@ -500,7 +500,8 @@ def render(obj: Any, counters: Counters) -> str:
     if res:
         for key, metric, text in (
                 ("mem_used", "cmq_gateway_memory_held_bytes", "Bytes the broker holds: messages, partial "
-                 "bodies, unsent output, the store's map (W5: compared with memory_high_watermark)."),
+                 "bodies and bytes received before login, retained MQTT messages, unsent output, the "
+                 "store's map (W5, SE6: compared with memory_high_watermark)."),
                 ("mem_rss", "cmq_gateway_memory_rss_bytes", "Resident memory of the process."),
                 ("mem_limit", "cmq_gateway_memory_high_watermark_bytes", "The memory alarm's mark (W5)."),
                 ("disk_free", "cmq_gateway_disk_free_bytes", "Free bytes of the data directory's file system."),
@@ -523,6 +524,15 @@ def render(obj: Any, counters: Counters) -> str:
     w.lines.append(f"{name}_count {c.commit_count}")
 
     gw = target.gateway
+    admission = getattr(gw, "admission", None) if gw is not None else None
+    if admission is not None:  # SE5: every listener's gate (gateway/admission.py)
+        gates = sorted((n.lower().replace(" ", "_"), g) for n, g in admission.gates.items())  # cmq_api
+        w.family("cmq_gateway_listener_connections", "gauge", "Sockets each listener holds (AMQP, AMQPS, "
+                 "MQTT, MQTTS, management API, metrics, CMQ API), against limits.max_connections (SE5).",
+                 [({"listener": n}, g.count) for n, g in gates])
+        w.family("cmq_gateway_listener_refused", "counter", "Sockets closed at accept: the listener's "
+                 "max_connections reached, or too few descriptors left (limits.fd_reserve, SE5).",
+                 [({"listener": n}, g.refused) for n, g in gates])
     for attr, metric, text in (("bytes_in", "cmq_gateway_received_bytes", "Bytes read from AMQP clients."),
                                ("bytes_out", "cmq_gateway_sent_bytes", "Bytes written to AMQP clients.")):
         value = getattr(gw, attr, None) if gw is not None else None

@@ -130,11 +130,11 @@ def test_SE5_request_headers_over_preauth_bytes_refused_with_431(tmp_path: Path)
 
 def test_SE5_max_connections_per_listener_and_amqp_logins_during_a_flood(tmp_path: Path) -> None:
     """limits.max_connections holds for each listener on its own: 60 silent sockets on the
-    metrics port, 20 are held and the rest are closed at once; AMQP logins still work then
-    (their listener has its own 20)."""
+    CMQ API port, 20 are held and the rest are closed at once; AMQP logins still work then
+    (their listener has its own 20), and /metrics counts both per listener."""
     config = _config(tmp_path, max_connections=20, http_idle_timeout=60)
     with serve(tmp_path / "data", "--config", config) as (proc, port):
-        flood = [_connect(proc.operator["metrics"]) for _ in range(60)]
+        flood = [_connect(proc.operator["CMQ API"]) for _ in range(60)]
         deadline = time.monotonic() + HANG
         open_ = []
         for s in flood:
@@ -151,6 +151,11 @@ def test_SE5_max_connections_per_listener_and_amqp_logins_during_a_flood(tmp_pat
         for _ in range(5):
             _amqp_login(port)
         assert _get(proc.operator["management API"], "/api/overview") == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{proc.operator['metrics']}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert 'cmq_gateway_listener_connections{listener="cmq_api"} 20' in metrics
+        assert 'cmq_gateway_listener_refused_total{listener="cmq_api"} 40' in metrics
+        assert 'cmq_gateway_listener_refused_total{listener="amqp"} 0' in metrics
         for s in flood:
             s.close()
 
