@@ -30,14 +30,14 @@ from gateway.broker.policies import NOT_APPLIED, Policy, PolicyError
 from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
 from semantics.errors import CMQError
 
-__all__ = ["IMPORT_PER_TURN", "KINDS", "add_policy_routes", "export_definitions", "import_definitions",
-           "import_definitions_in_turns"]
+__all__ = ["IMPORT_PER_TURN", "KINDS", "add_policy_routes", "export_definitions", "export_definitions_in_turns",
+           "import_definitions", "import_definitions_in_turns"]
 
 # The RabbitMQ release whose wire and management API the gateway answers as: the one its
 # differential tests run against (COMPATIBILITY.md says 3.10). One constant for every place
 # that reports it (/api/overview, definitions exports).
 COMPAT_VERSION = "3.10.8"
-# SE5: objects of a definitions import (POST /api/definitions) handled per event-loop turn.
+# SE5: objects of a definitions import or export (/api/definitions) handled per event-loop turn.
 IMPORT_PER_TURN = 256
 KINDS = ("vhosts", "users", "permissions", "topic_permissions", "parameters", "global_parameters",
          "policies", "exchanges", "queues", "bindings", "cmq_http_subscriptions")
@@ -118,6 +118,24 @@ def _reason(e: Exception) -> tuple[str, str | None]:
 def export_definitions(mgmt: Management, vhosts: list[str], *, with_users: bool = True) -> dict[str, Any]:
     """RabbitMQ's export. Only an administrator gets here (authz: the definitions routes),
     the one place password hashes leave the gateway besides /api/users (SE1)."""
+    steps = _export(mgmt, vhosts, with_users)
+    while (out := _step(steps)) is None:
+        pass
+    return out
+
+
+async def export_definitions_in_turns(mgmt: Management, vhosts: list[str], *,
+                                      with_users: bool = True) -> dict[str, Any]:
+    """:func:`export_definitions` IMPORT_PER_TURN objects an event-loop turn (SE5). What a
+    vhost holds is listed when its turn comes: an export taken while clients change things
+    is as RabbitMQ's, a moment's view per object, not one instant's."""
+    steps = _export(mgmt, vhosts, with_users)
+    while (out := _step(steps)) is None:
+        await asyncio.sleep(0)
+    return out
+
+
+def _export(mgmt: Management, vhosts: list[str], with_users: bool) -> Generator[None, None, dict[str, Any]]:
     users = mgmt.target.users if with_users else None
     out: dict[str, Any] = {
         "rabbit_version": COMPAT_VERSION, "rabbitmq_version": COMPAT_VERSION,
@@ -134,26 +152,37 @@ def export_definitions(mgmt: Management, vhosts: list[str], *, with_users: bool 
                          "tags": list(u.tags), "limits": {}} for u in users.users.values()]
         out["permissions"] = [{"user": u, "vhost": v, "configure": p.configure, "write": p.write,
                                "read": p.read} for (u, v), p in users.permissions.items() if v in vhosts]
+    done = 0  # objects listed since the last pause
     for v in vhosts:
         vh = mgmt.vhost(v)
         out["policies"].extend(p.to_json() for _, p in sorted(vh.policies.items()))
-        for q in vh.queues.values():
+        # Copies: clients may add and delete between two turns (a deleted one is listed as it was).
+        for q in list(vh.queues.values()):
             if q.exclusive_owner is None:
                 out["queues"].append({"name": q.name, "vhost": v, "durable": q.durable,
                                       "auto_delete": q.auto_delete, "arguments": jsonable(q.arguments)})
-        for ex in vh.exchanges.values():
+            done += 1
+            if done >= IMPORT_PER_TURN:
+                done = 0
+                yield
+        exchanges = list(vh.exchanges.values())
+        for ex in exchanges:
             if not ex.name.startswith("amq."):
                 out["exchanges"].append({"name": ex.name, "vhost": v, "type": ex.type, "durable": ex.durable,
                                          "auto_delete": ex.auto_delete, "internal": ex.internal,
                                          "arguments": jsonable(ex.arguments)})
-        for ex in vh.exchanges.values():
-            for binding in ex.bindings.values():
+        for ex in exchanges:
+            for binding in list(ex.bindings.values()):
                 kind, dest = binding.dest
                 for key in binding.keys:
                     out["bindings"].append({"source": ex.name, "vhost": v, "destination": dest,
                                             "destination_type": "queue" if kind == "q" else "exchange",
                                             "routing_key": key,
                                             "arguments": jsonable(binding.arguments.get(key) or {})})
+                done += binding.key_count
+                if done >= IMPORT_PER_TURN:
+                    done = 0
+                    yield
     for (v, x, name), s in sorted(mgmt.pusher.subscriptions.items()):
         if v in vhosts:
             out["cmq_http_subscriptions"].append({
@@ -188,7 +217,7 @@ async def import_definitions_in_turns(mgmt: Management, body: dict[str, Any], on
 
 
 def _step(steps: Generator[None, None, dict[str, Any]]) -> dict[str, Any] | None:
-    """One slice of an import; its report once it is done, else None."""
+    """One slice of an import or an export; what it makes once it is done, else None."""
     try:
         next(steps)
     except StopIteration as done:
@@ -488,7 +517,7 @@ class _Import:
 
 async def definitions_get(mgmt: Management, request: web.Request) -> web.Response:
     # A vhost's export holds no users or permissions, as RabbitMQ's.
-    return web.json_response(export_definitions(mgmt, mgmt.vhosts_in(request),
+    return web.json_response(await export_definitions_in_turns(mgmt, mgmt.vhosts_in(request),
                                                 with_users="vhost" not in request.match_info))
 
 

@@ -53,3 +53,39 @@ def test_SE5_a_definitions_import_of_4000_bindings_lets_a_publisher_in_between(t
                        for k in range(j + 1, len(sent)) if sent[k] != "k.0" and k not in got]
         assert interleaved, (len(sent), sorted(got)[:10])
         conn.close()
+
+
+def test_SE5_a_definitions_export_of_4000_queues_lets_a_client_in_between(tmp_path: Path) -> None:
+    """GET /api/definitions of 4,000 bound queues while an AMQP client declares a queue
+    late-j and then binds the last queue with key late.j, j = 0, 1, ...: the export lists a
+    key late.j without its queue late-j, so the client was served between the export's
+    listing of the queues and of the bindings (in one go, both or neither)."""
+    queues = 4000
+    with serve(tmp_path / "data") as (proc, amqp_port):
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", amqp_port))
+        ch = conn.channel()
+        for x in range(10):  # 400 queues an exchange: a topic has at most 500 subscriptions (L5)
+            ch.exchange_declare(f"exp-{x}", "topic", durable=True)
+        for i in range(queues):
+            ch.queue_declare(f"q-{i}", durable=True)
+            ch.queue_bind(f"q-{i}", f"exp-{i * 10 // queues}", f"q.{i}")
+        request = urllib.request.Request(f"http://127.0.0.1:{proc.operator['management API']}/api/definitions",
+                                         headers={"Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})  # guest:guest
+        export: dict[str, Any] = {}
+        exporter = threading.Thread(target=lambda: export.update(json.load(urllib.request.urlopen(request,
+                                                                                                   timeout=WAIT))),
+                                    daemon=True)
+        exporter.start()
+        j = 0
+        while exporter.is_alive():
+            ch.queue_declare(f"late-{j}", durable=True)
+            ch.queue_bind(f"q-{queues - 1}", "exp-9", f"late.{j}")
+            j += 1
+        exporter.join(WAIT)
+        listed = {q["name"] for q in export["queues"]}
+        assert {f"q-{i}" for i in range(queues)} <= listed
+        keys = {b["routing_key"] for b in export["bindings"] if b["destination"] == f"q-{queues - 1}"}
+        assert f"q.{queues - 1}" in keys
+        between = [k for k in range(j) if f"late.{k}" in keys and f"late-{k}" not in listed]
+        assert between, (j, sorted(keys)[:5])
+        conn.close()
