@@ -380,6 +380,24 @@ def _consumer_json(mgmt: Management, k: Any) -> dict[str, Any]:
     }
 
 
+# The HTTP endpoints under RabbitMQ's listener names ("http" its management API,
+# "http/prometheus" its /metrics; "https..." over TLS), and CMQ's HTTP API.
+_OPERATOR_PROTOCOLS = {"management API": "http", "metrics": "http/prometheus", "CMQ API": "cmq-api"}
+
+
+def _other_listeners(gw: Any) -> list[dict[str, Any]]:
+    """AMQPS and the HTTP endpoints, as /api/overview lists them beside AMQP and MQTT."""
+    out = [{"node": NODE, "protocol": "amqp/ssl", "ip_address": h, "port": p}
+           for h, p in getattr(gw, "tls_addresses", [])]
+    for name, where in gw.operator_addresses() if hasattr(gw, "operator_addresses") else []:
+        host, _, port = where.rpartition(":")
+        protocol = _OPERATOR_PROTOCOLS.get(name, name)
+        if gw.operator_scheme(name) == "https":
+            protocol = "https" + protocol[4:] if protocol.startswith("http") else protocol + "/ssl"
+        out.append({"node": NODE, "protocol": protocol, "ip_address": host.strip("[]"), "port": int(port)})
+    return out
+
+
 def _channels(mgmt: Management, vhosts: set[str]) -> list[Any]:
     return [ch for s in mgmt.target.sessions if s.vhost_name in vhosts for ch in list(s.channels.values())]
 
@@ -433,6 +451,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             listeners += [{"node": NODE, "protocol": protocol, "ip_address": h, "port": p}
                           for protocol, addresses in (("mqtt", mqtt.addresses), ("mqtt/ssl", mqtt.tls_addresses))
                           for h, p in addresses]
+        listeners += _other_listeners(gw)
         ready = sum(q.cmq.active for q in queues)
         unacked = sum(q.cmq.inactive for q in queues)
         exchanges = sum(len(mgmt.vhost(v).exchanges) + 1 for v in names)
@@ -447,6 +466,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             # PF1: the gateway's profile, and the vhosts that override it.
             "cmq_profile": mgmt.broker.profile.name,
             "cmq_vhost_profiles": {v: mgmt.broker.profile_of(v).name for v in names},
+            # CL1: where messages are kept (the console's overview shows it).
+            "cmq_store": "jetstream" if getattr(config, "store", None) else "embedded",
             "node": NODE,
             "rates_mode": "basic",
             "exchange_types": EXCHANGE_TYPES,

@@ -214,6 +214,11 @@ def test_UI2_views_by_rabbitmq_names(console: Console, tab: Tab) -> None:
             tab.page.click(f"#nav a:text-is('{link}')")
             tab.page.wait_for_selector(ready)
             tab.shot(link.lower())
+        tab.go("#/overview", "#overview table")
+        overview = tab.page.locator("#overview")
+        expect(overview).to_contain_text("embedded (data dir)")  # the store
+        for listener in (f"AMQP (amqp)127.0.0.1{console.amqp_port}", "Management API (http)127.0.0.1"):
+            expect(overview.locator("table")).to_contain_text(listener)
         tab.go("#/connections", "#connections-list")
         expect(tab.page.locator("#connections-list")).to_contain_text("views-conn")
         tab.page.click("#connections-list a")

@@ -3,6 +3,10 @@ import { get } from './api.js';
 import { Series, chart } from './chart.js';
 import { bytes, details, fill, h, section, table } from './dom.js';
 
+const LISTENER_NAMES = {
+  amqp: 'AMQP', 'amqp/ssl': 'AMQPS', mqtt: 'MQTT', 'mqtt/ssl': 'MQTTS', http: 'Management API', https: 'Management API',
+  'http/prometheus': 'Metrics', 'https/prometheus': 'Metrics', 'cmq-api': 'CMQ API', 'cmq-api/ssl': 'CMQ API',
+};
 const rates = new Series(['publish', 'deliver / get', 'ack', 'confirm']);
 
 export function overviewView(ctx) {
@@ -41,11 +45,12 @@ export function overviewView(ctx) {
       ['Cluster', o.cluster_name], ['Node', o.node],
       ['Profile', o.cmq_profile],
       profiles.length ? ['Vhosts with another profile', profiles.map(([v, p]) => `${v}: ${p}`).join(', ')] : null,
-      ['Store', o.store || (o.cmq_store ? o.cmq_store : 'see the configuration (embedded unless a JetStream URL is set)')],
+      ['Store', o.cmq_store === 'jetstream' ? 'NATS JetStream (shared)' : o.cmq_store === 'embedded' ? 'embedded (data dir)' : o.cmq_store],
       ['Memory held', bytes(o.mem_used)], ['Resident set', bytes(o.mem_rss)],
     ]));
     fill(listeners, table([
-      { key: 'protocol', label: 'Protocol' }, { key: 'ip_address', label: 'Bound to' },
+      { key: 'protocol', label: 'Protocol', value: (l) => `${LISTENER_NAMES[l.protocol] || l.protocol} (${l.protocol})` },
+      { key: 'ip_address', label: 'Bound to' },
       { key: 'port', label: 'Port', value: (l) => String(l.port) },
     ], o.listeners || [], { empty: 'No listeners reported.' }));
   }
