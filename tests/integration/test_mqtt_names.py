@@ -264,6 +264,45 @@ def test_MQ8_mqtt5_properties_longer_than_amqp_holds_arrive_whole(port: int) -> 
     sub.close()
 
 
+def test_MQ8_odd_client_ids_and_long_topics_on_the_jetstream_store(nats_single: Any, tmp_path: Path) -> None:
+    """The same on a gateway whose store is NATS JetStream (queue names become stream names,
+    session and retained keys bucket keys): odd and long client ids resume their session, a
+    300-byte topic is delivered, a retained one kept."""
+    with _serve(tmp_path, store=nats_single.store_url) as g:
+        port = g.mqtt.port
+        for client_id in ("|$!=&%~*?'\"()[];", "设备", "é", "e" * 300):
+            c = Paho(port, client_id, clean=False)
+            assert c.next("connack")[1] == 0
+            c.c.subscribe("js/names", qos=1)
+            assert [code.value for code in c.next("suback")] == [1]
+            c.c.publish("js/names", client_id.encode(), qos=1)
+            assert c.next("message").payload == client_id.encode()
+            c.close()
+            again = Paho(port, client_id, clean=False)
+            flags, rc, _ = again.next("connack")
+            assert rc == 0 and flags.session_present
+            again.close()
+            Paho(port, client_id, clean=True).close()
+        topic = "js/" + "t" * 297
+        sub = Paho(port, "js-sub")
+        assert sub.next("connack")[1] == 0
+        sub.c.subscribe("js/#", qos=1)
+        assert [code.value for code in sub.next("suback")] == [1]
+        sub.c.publish(topic, b"long", qos=1, retain=True)
+        assert sub.next("puback") == 0
+        m = sub.next("message")
+        assert (m.topic, m.payload) == (topic, b"long")
+        sub.close()
+        late = Paho(port, "js-late")
+        assert late.next("connack")[1] == 0
+        late.c.subscribe("js/#", qos=1)
+        m = late.next("message")
+        assert (m.topic, m.payload, m.retain) == (topic, b"long", True)
+        late.c.publish(topic, b"", qos=1, retain=True)
+        late.next("puback")
+        late.close()
+
+
 # -- packets (MQ7) ---------------------------------------------------------------------------------
 
 
