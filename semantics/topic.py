@@ -213,18 +213,6 @@ class Subscription:
             self._filters = tuple(self._filter_set)
         return self._filters
 
-    @filters.setter
-    def filters(self, filters: tuple[str, ...]) -> None:
-        self._filter_set = dict.fromkeys(filters)
-        self._filters = None
-
-    @property
-    def filter_count(self) -> int:
-        return len(self._filter_set)
-
-    def has_filter(self, value: str) -> bool:
-        return value in self._filter_set
-
     def __repr__(self) -> str:
         return f"Subscription({self.name!r}, filters={self.filters!r}, strategy={self.strategy.value})"
 
