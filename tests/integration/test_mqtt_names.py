@@ -208,6 +208,19 @@ def test_MQ8_a_topic_of_up_to_65535_bytes_is_acknowledged_and_delivered(port: in
     sub.close()
 
 
+def test_MQ6_in_the_cmq_profile_a_topic_past_L4_is_still_a_quota_reason(tmp_path: Path) -> None:
+    """The cmq profile enforces CMQ's 64-byte keys (L4, PF2): there a long topic stays a limit
+    breach, PUBACK 0x97 in MQTT 5 (MQ6), and the session goes on."""
+    with _serve(tmp_path, profile="cmq") as g:
+        c = Paho(g.mqtt.port, "cmq-long", v5=True)
+        assert c.next("connack")[1] == 0
+        c.c.publish("cmq/" + "k" * 300, b"x", qos=1)
+        assert c.next("puback") == 0x97
+        c.c.publish("cmq/short", b"x", qos=1)
+        assert c.next("puback") == 0
+        c.close()
+
+
 @pytest.mark.parametrize("size", [300, 65535])
 def test_MQ8_a_retained_message_on_a_long_topic_is_kept_and_cleared(port: int, size: int) -> None:
     """Found while testing long topics: the retained message's store key (the topic, escaped)
