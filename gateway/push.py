@@ -136,9 +136,13 @@ class HttpPusher:
         self.sent = 0
         self.succeeded = 0
         self.failed = 0
+        # (vhost, exchange, subscription) -> the last failed push: unix time, message ID and
+        # why (the HTTP status or the error); the management API shows it (UI3).
+        self.last_errors: dict[tuple[str, str, str], dict[str, Any]] = {}
         previous = getattr(broker, "http_pusher", None)
         if previous is not None:
             self.subscriptions = previous.subscriptions  # the same topics' subscriptions
+            self.last_errors = previous.last_errors
         broker.http_pusher = self
         broker.endpoint_hooks["http"] = self.push  # D7: the broker asks here for ("http", url)
 
@@ -217,6 +221,7 @@ class HttpPusher:
 
     def unsubscribe(self, vhost: str, exchange: str, name: str) -> bool:
         record = self.subscriptions.pop((vhost, exchange, name), None)
+        self.last_errors.pop((vhost, exchange, name), None)
         if record is None:
             return False
         vh = self.broker.vhosts.get(vhost)
@@ -277,6 +282,7 @@ class HttpPusher:
                     body: bytes, headers: dict[str, str]) -> None:
         started = time.perf_counter()
         status: int | None = None
+        error = ""
         self.sent += 1
         try:
             if self.policy is not None:
@@ -287,11 +293,14 @@ class HttpPusher:
                 await resp.read()
         except (TimeoutError, aiohttp.ClientError, OSError, PushRefused) as e:
             log.info("push of %s to %s failed: %s", tmsg.msg_id, record.url, e)
+            error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         ok = status == 200  # D7: success only on HTTP status 200
         if ok:
             self.succeeded += 1
         else:
             self.failed += 1
+            self.last_errors[(record.vhost, record.exchange, record.name)] = {
+                "time": time.time(), "msgId": tmsg.msg_id, "error": error or f"HTTP status {status}"}
         self._report(vh, ex, topic, record, tmsg, ok, status, started)
 
     def _report(self, vh: Any, ex: Any, topic: Topic, record: HttpSubscription, tmsg: TopicMessage,

@@ -56,6 +56,8 @@ def subscription_view(mgmt: Management, vhost: str, ex: Any, sub: Any) -> dict[s
         "blockedBy": topic.blocker(sub.name),  # D6: the failing head, if any
         "head": _head(topic, sub),
     }
+    if http is not None:  # UI3: the endpoint's last failed push (time, msgId, error), or None
+        out["lastError"] = mgmt.pusher.last_errors.get((vhost, ex.name, sub.name))
     if topic.filter_type is FilterType.TAG:
         out["filterTag"] = list(sub.filters)
     else:

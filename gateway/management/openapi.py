@@ -61,6 +61,8 @@ def openapi_document() -> dict[str, Any]:
             "notifyContentFormat": {"type": "string", "enum": ["JSON", "SIMPLIFIED"]},
             "msgCount": {"type": "integer", "description": "D9: messages waiting for or in retry"},
             "blockedBy": {"type": "string", "nullable": True}, "head": _ref("Head"),
+            "lastError": {"type": "object", "nullable": True, "description": "HTTP subscriptions only: the last "
+                          "failed push", "properties": {"time": num, "msgId": string, "error": string}},
             "filterTag": strings, "bindingKey": strings}},
         "NewSubscription": {"type": "object", "required": ["subscriptionName", "endpoint"], "properties": {
             "subscriptionName": string, "protocol": {"type": "string", "enum": ["http", "https"]},

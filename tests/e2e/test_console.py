@@ -27,6 +27,7 @@ playwright_sync = pytest.importorskip("playwright.sync_api", reason="pip install
 from playwright.sync_api import Browser, Page, expect  # noqa: E402
 
 from gateway.config import AuditSettings  # noqa: E402
+from gateway.management.testing import LOOPBACK_PUSH  # noqa: E402
 from gateway.server import gateway_in_thread  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -63,7 +64,7 @@ class Console:
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     audit = tmp_path_factory.mktemp("console-audit")
     with gateway_in_thread(port=0, hosts=("127.0.0.1",), management_port=0, management_host="127.0.0.1",
-                           audit=AuditSettings(dir=str(audit))) as gw:
+                           audit=AuditSettings(dir=str(audit)), push=LOOPBACK_PUSH) as gw:
         c = Console(gw)
         for user, tags in (("monitor", "monitoring"), ("notag", ""), ("manager", "management")):
             assert c.api("PUT", f"/api/users/{user}", json={"password": f"{user}-pw", "tags": tags}).status_code in (201, 204)
@@ -357,6 +358,49 @@ def test_UI3_topics_with_subscriptions(console: Console, tab: Tab) -> None:
     expect(topic).to_contain_text("console-sub-queue")
     expect(topic).to_contain_text("orders.*")
     tab.shot("topics")
+
+
+@pytest.fixture
+def failing_endpoint() -> Iterator[str]:
+    """An HTTP endpoint that answers every push 500."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    server.shutdown()
+    server.server_close()
+
+
+def test_UI3_http_subscription_shows_its_endpoint_retry_state_and_last_error(
+        console: Console, tab: Tab, failing_endpoint: str) -> None:
+    conn = console.pika()
+    conn.channel().exchange_declare("console-http-topic", "fanout")
+    r = console.api("POST", "/api/cmq/topics/%2F/console-http-topic/subscriptions",
+                    json={"subscriptionName": "failing-hook", "endpoint": failing_endpoint})
+    assert r.status_code in (200, 201), r.text
+    conn.channel().basic_publish("console-http-topic", "", b"pushed")
+    conn.close()
+    tab.logged_in()
+    tab.go("#/cmq/http", "#http-subscriptions")
+    row = tab.page.locator("#http-subscriptions tr", has_text="failing-hook")
+    expect(row).to_contain_text(failing_endpoint)
+    expect(row).to_contain_text("HTTP status 500", timeout=15_000)  # the last error, live
+    expect(row).to_contain_text("attempt(s)")  # the retry state of the failing head
+    tab.shot("http-subscriptions")
+    assert console.api("DELETE", "/api/cmq/topics/%2F/console-http-topic/subscriptions/failing-hook").status_code == 204
 
 
 def test_UI3_message_trace_shows_the_events_of_a_message(console: Console, tab: Tab) -> None:

@@ -98,10 +98,11 @@ def _get_paths(og: OperatorGateway) -> list[str]:
     app = make_app(og.gateway)
     out = []
     for r in app.router.routes():
-        if r.method == "GET" and r.resource is not None:
+        # The API's routes (the web console's files at / and /console hold no data).
+        if r.method == "GET" and r.resource is not None and r.resource.canonical.startswith("/api"):
             path = r.resource.canonical
             for key, value in (("vhost", "/"), ("name", "q"), ("exchange", "x"), ("queue", "q"), ("user", "admin"),
-                               ("source", "x"), ("kind", "q"), ("dest", "q"), ("props", "k")):
+                               ("source", "x"), ("kind", "q"), ("dest", "q"), ("props", "k"), ("msg_id", "m")):
                 path = path.replace("{" + key + "}", quote(value, safe=""))
             out.append(path)
     return out

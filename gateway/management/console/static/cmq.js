@@ -70,8 +70,9 @@ function httpTab(ctx) {
     list.forEach((t, i) => { t.subscriptions = subs[i]; });
     const rows = [];
     for (const t of list) for (const s of t.subscriptions || []) if (s.protocol === 'http') rows.push({ ...s, topic: t.topicName, vhost: t.vhost });
-    fill(body, h('p', { class: 'muted' }, 'The last error of an endpoint shows as its blocking message and retry state.'),
-      table([{ key: 'vhost', label: 'Virtual host' }, { key: 'topic', label: 'Topic' }, ...SUB_COLUMNS], rows,
+    const lastError = (s) => (s.lastError ? `${when(s.lastError.time)}: ${s.lastError.error} (message ${s.lastError.msgId})` : 'none');
+    fill(body, table([{ key: 'vhost', label: 'Virtual host' }, { key: 'topic', label: 'Topic' }, ...SUB_COLUMNS,
+      { key: 'lastError', label: 'Last error', value: lastError }], rows,
         { empty: 'No HTTP subscriptions.', id: 'http-subscriptions' }));
   }
   return { el: body, refresh };
