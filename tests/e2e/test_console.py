@@ -208,6 +208,8 @@ def test_UI2_views_by_rabbitmq_names(console: Console, tab: Tab) -> None:
     conn = console.pika(client_properties={"connection_name": "views-conn"})
     ch = conn.channel()
     ch.confirm_delivery()
+    ch.queue_declare("views-queue")
+    ch.basic_consume("views-queue", lambda *a: None, consumer_tag="views-consumer")
     try:
         for link, ready in (("Overview", "#overview dl"), ("Connections", "#connections-list"),
                             ("Channels", "#channels-list"), ("Exchanges", "#exchanges-list"),
@@ -226,6 +228,11 @@ def test_UI2_views_by_rabbitmq_names(console: Console, tab: Tab) -> None:
         expect(tab.page.locator("#connection-details")).to_contain_text("views-conn")
         expect(tab.page.locator("#channels-list")).to_contain_text("C")  # confirm mode
         tab.shot("connection")
+        tab.page.click("#channels-list a")
+        expect(tab.page.locator("#channel-details")).to_contain_text("Confirm modetrue")
+        expect(tab.page.locator("#channel-consumers-list")).to_contain_text("views-consumerviews-queue")
+        tab.shot("channel")
+        tab.page.click("#channel-details a")
         tab.page.click("text=Force close")
         tab.page.wait_for_selector("#connections-list")
         with pytest.raises(pika.exceptions.ConnectionClosedByBroker, match="Closed via the management console"):
@@ -303,6 +310,38 @@ def test_UI2_queue_page_bindings_get_unbind_purge_delete_and_monitor_refused(con
     tab.page.wait_for_selector("#queues-list")
     assert console.api("GET", "/api/queues/%2F/page-queue").status_code == 404
     assert [d[0] for d in tab.dialogs] == ["confirm"] * 4  # purge and delete asked, twice each
+
+
+def test_UI2_admin_users_and_permissions_as_the_api_allows(console: Console, tab: Tab) -> None:
+    tab.allowed.append(REFUSED)
+    page = tab.page
+    tab.logged_in()
+    tab.go("#/admin/users", "#users-list")
+    page.fill("#add-user input[name=username]", "console-made")
+    page.fill("#add-user input[name=password]", "made-pw")
+    page.fill("#add-user input[name=tags]", "monitoring")
+    page.click("#add-user button")
+    expect(page.locator("#users-list tr", has_text="console-made")).to_contain_text("monitoring")
+    tab.go("#/admin/permissions", "#permissions-list")
+    page.fill("#set-permission input[name=user]", "console-made")
+    page.fill("#set-permission input[name=vhost]", "/")
+    page.fill("#set-permission input[name=write]", "^$")
+    page.click("#set-permission button")
+    expect(page.locator("#permissions-list tr", has_text="console-made")).to_contain_text("^$")
+    tab.go("#/admin/vhosts", "#vhosts-list")
+    expect(page.locator("#vhosts-list")).to_contain_text("/")
+    tab.shot("admin")
+    page.click("#logout")
+    # The new monitoring user logs in; the users list is the administrator's (the API says so).
+    tab.logged_in("console-made", "made-pw")
+    tab.go("#/admin/users", "#admin-users p.error")
+    expect(page.locator("#admin-users")).to_contain_text("Not available: Not administrator user")
+    page.click("#logout")
+    tab.logged_in()
+    tab.go("#/admin/users", "#users-list")
+    page.locator("#users-list tr", has_text="console-made").locator("button:text('Delete')").click()
+    expect(page.locator("#users-list")).not_to_contain_text("console-made")
+    assert console.api("GET", "/api/users/console-made").status_code == 404
 
 
 def test_UI2_definitions_download_and_upload_round_trip(console: Console, tab: Tab, tmp_path: Path) -> None:

@@ -56,9 +56,11 @@ export function connectionView(ctx, name) {
   return { el, refresh, title: `Connection ${name}` };
 }
 
+const channelHref = (name) => `#/channels/${enc(name)}`;
+
 function channelTable(items) {
   return table([
-    { key: 'name', label: 'Channel' },
+    { key: 'name', label: 'Channel', value: (c) => h('a', { href: channelHref(c.name) }, c.name) },
     { key: 'user', label: 'User name' },
     { key: 'vhost', label: 'Virtual host' },
     { key: 'mode', label: 'Mode', value: (c) => [c.confirm ? 'C' : '', c.transactional ? 'T' : ''].join(' ').trim() },
@@ -78,4 +80,31 @@ export function channelsView(ctx) {
     fill(list, channelTable(ctx.vhost ? items.filter((c) => c.vhost === ctx.vhost) : items));
   }
   return { el, refresh, title: 'Channels' };
+}
+
+export function channelView(ctx, name) {
+  const info = h('div', { id: 'channel-details' });
+  const consumers = h('div', { id: 'channel-consumers' });
+  const el = h('div', { id: 'channel' }, h('h1', null, 'Channel ', h('span', { class: 'name' }, name)),
+    section('Details', info), section('Consumers', consumers));
+  async function refresh() {
+    const [chans, cons] = await Promise.all([get('/api/channels'), get('/api/consumers')]);
+    const c = chans.find((x) => x.name === name);
+    if (!c) { fill(info, h('p', { class: 'error' }, 'This channel is closed.')); fill(consumers); return; }
+    const conn = (c.connection_details || {}).name;
+    fill(info, details([
+      ['Connection', h('a', { href: connectionHref(conn) }, conn)], ['Number', c.number], ['User', c.user],
+      ['Virtual host', c.vhost], ['State', c.state], ['Confirm mode', String(c.confirm)], ['Transactional', String(c.transactional)],
+      ['Prefetch (consumer / channel)', `${c.prefetch_count} / ${c.global_prefetch_count}`],
+      ['Unacked', c.messages_unacknowledged], ['Unconfirmed', c.messages_unconfirmed],
+      ['Uncommitted messages', c.messages_uncommitted], ['Uncommitted acks', c.acks_uncommitted],
+    ]));
+    fill(consumers, table([
+      { key: 'consumer_tag', label: 'Consumer tag' },
+      { key: 'queue', label: 'Queue', value: (k) => h('a', { href: `#/queues/${enc(k.queue.vhost)}/${enc(k.queue.name)}` }, k.queue.name) },
+      { key: 'ack', label: 'Ack required', value: (k) => String(k.ack_required) },
+      { key: 'prefetch_count', label: 'Prefetch', num: true },
+    ], cons.filter((k) => (k.channel_details || {}).name === name), { empty: 'No consumers.', id: 'channel-consumers-list' }));
+  }
+  return { el, refresh, title: `Channel ${name}` };
 }

@@ -5,7 +5,7 @@ import { fill, h, text } from './dom.js';
 import { overviewView } from './overview.js';
 import { queuesView, queueView } from './queues.js';
 import { exchangesView, exchangeView } from './exchanges.js';
-import { channelsView, connectionsView, connectionView } from './connections.js';
+import { channelsView, channelView, connectionsView, connectionView } from './connections.js';
 import { adminView } from './admin.js';
 import { cmqView } from './cmq.js';
 
@@ -95,7 +95,7 @@ function route() {
   let view;
   switch (name) {
     case 'connections': view = args.length ? connectionView(ctx, args[0]) : connectionsView(ctx); break;
-    case 'channels': view = channelsView(ctx); break;
+    case 'channels': view = args.length ? channelView(ctx, args[0]) : channelsView(ctx); break;
     case 'exchanges': view = args.length >= 2 ? exchangeView(ctx, args[0], args[1]) : exchangesView(ctx); break;
     case 'queues': view = args.length >= 2 ? queueView(ctx, args[0], args[1]) : queuesView(ctx); break;
     case 'admin': view = adminView(ctx, args[0]); break;
