@@ -37,6 +37,15 @@ async function topics(ctx) {
 
 const TOPICS_PER_PAGE = 50;
 
+// The topic list has counts only: the subscriptions (with their retry state) of each topic
+// that has any, one request a topic.
+async function withSubscriptions(list) {
+  await Promise.all(list.map(async (t) => {
+    t.subscriptions = t.subscriptionCount
+      ? await get(`/api/cmq/topics/${enc(t.vhost)}/${enc(t.exchange)}/subscriptions`).catch(() => []) : [];
+  }));
+}
+
 function topicsTab(ctx) {
   const body = h('div', { id: 'cmq-topics' });
   const pager = h('div', { class: 'pager' });
@@ -46,9 +55,7 @@ function topicsTab(ctx) {
     const pages = Math.max(1, Math.ceil(all.length / TOPICS_PER_PAGE));
     page = Math.min(page, pages);
     const list = all.slice((page - 1) * TOPICS_PER_PAGE, page * TOPICS_PER_PAGE);
-    // The list has counts only: each shown topic's subscriptions (with their retry state).
-    const subs = await Promise.all(list.map((t) => get(`/api/cmq/topics/${enc(t.vhost)}/${enc(t.exchange)}/subscriptions`).catch(() => [])));
-    list.forEach((t, i) => { t.subscriptions = subs[i]; });
+    await withSubscriptions(list);
     fill(pager, pages > 1 ? [
       h('button', { type: 'button', disabled: page <= 1, onclick: () => { page -= 1; refresh(); } }, '« Previous'),
       h('span', null, ` Topics page ${page} of ${pages} (${num(all.length)} topics) `),
@@ -66,8 +73,7 @@ function httpTab(ctx) {
   const body = h('div', { id: 'cmq-http' });
   async function refresh() {
     const list = await topics(ctx);
-    const subs = await Promise.all(list.map((t) => get(`/api/cmq/topics/${enc(t.vhost)}/${enc(t.exchange)}/subscriptions`).catch(() => [])));
-    list.forEach((t, i) => { t.subscriptions = subs[i]; });
+    await withSubscriptions(list);
     const rows = [];
     for (const t of list) for (const s of t.subscriptions || []) if (s.protocol === 'http') rows.push({ ...s, topic: t.topicName, vhost: t.vhost });
     const lastError = (s) => (s.lastError ? `${when(s.lastError.time)}: ${s.lastError.error} (message ${s.lastError.msgId})` : 'none');
