@@ -350,7 +350,11 @@ def compact_dir(root: str, *, remove: bool = False, retention_hours: float | Non
             return segments, rows
 
 
-_children: list[subprocess.Popen[bytes]] = []
+# The compactor this process started last, per directory: while it runs, no other is started
+# (it looks for new segments again before it exits).  Without this, a writer rotating faster
+# than a compactor starts (a test's tiny rotate_bytes) started one per rotation, each taking
+# the CPU to import pyarrow before finding the lock held: dozens at once.
+_running: dict[str, subprocess.Popen[bytes]] = {}
 _pyarrow: list[bool] = []
 
 
@@ -368,12 +372,16 @@ def _have_pyarrow() -> bool:
 
 def closed(directory: str, retention_hours: float | None = None) -> None:
     """Called by the audit writer after it closed a segment: starts a compactor unless one is
-    running on ``directory`` (which will find the new segment when it looks again).  Never
-    raises: compaction is an optimisation of reads, not part of writing the log."""
+    running on ``directory`` (which will find the new segment when it looks again; a segment
+    closed in the instant between its last look and its exit waits for the next rotation, and
+    is read from its JSON lines meanwhile).  Never raises: compaction is an optimisation of
+    reads, not part of writing the log."""
     try:
         if mode() == "off" or not _have_pyarrow():
             return
-        _children[:] = [c for c in _children if c.poll() is None]  # reap the finished ones
+        child = _running.get(directory)
+        if child is not None and child.poll() is None:  # started by us and not done yet
+            return
         fd = _try_lock(directory)
         if fd is None:  # one is running: it looks again after letting the lock go
             return
@@ -385,8 +393,8 @@ def closed(directory: str, retention_hours: float | None = None) -> None:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        _children.append(subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
-                                          close_fds=True, start_new_session=True))
+        _running[directory] = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
+                                               close_fds=True, start_new_session=True)
     except Exception:  # noqa: BLE001 - see the docstring
         log.exception("audit: could not start the compactor on %s", directory)
 
