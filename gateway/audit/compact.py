@@ -428,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.background:
         with contextlib.suppress(OSError):
             os.nice(10)
+    if args.background and all(done for _, done in _pending(args.directory)):
+        return 0  # nothing to do (a writer's last segment was empty): not even pyarrow imported
     try:
         import pyarrow  # noqa: F401
     except ImportError:
