@@ -6,7 +6,7 @@ becomes ``/`` (so the mapping is its own inverse), ``+`` becomes ``*`` and ``#``
 
 from __future__ import annotations
 
-__all__ = ["filter_to_binding", "matches", "routing_key_to_topic", "topic_to_routing_key",
+__all__ = ["filter_to_binding", "matches", "matches_levels", "routing_key_to_topic", "topic_to_routing_key",
            "valid_filter", "valid_topic"]
 
 _SWAP = str.maketrans({"/": ".", ".": "/"})
@@ -43,12 +43,33 @@ def valid_filter(topic_filter: str) -> bool:
     return True
 
 
+_last: tuple[str, list[str]] = ("", [""])  # the topic matched last, split (one tuple: swapped whole)
+
+
 def matches(topic_filter: str, topic: str) -> bool:
     """MQTT matching (4.7), with MQTT-4.7.2-1: a filter that starts with a wildcard does
-    not match a topic name that starts with ``$``."""
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+    not match a topic name that starts with ``$``. Many filters are matched against one topic
+    in a row (a long topic against every session's, a delivery against a session's): the
+    topic is split once for them."""
+    global _last
+    last = _last
+    if last[0] is not topic:
+        last = _last = (topic, topic.split("/"))
+    return matches_levels(topic_filter, last[1])
+
+
+def matches_levels(topic_filter: str, t: list[str]) -> bool:
+    """``matches`` for a topic already split into its levels ``t``: many filters against
+    one topic split once. A filter whose first level is neither a wildcard nor the topic's
+    is refused before it is split."""
+    end = topic_filter.find("/")
+    first = topic_filter if end < 0 else topic_filter[:end]
+    if first != "+" and first != "#":
+        if first != t[0]:
+            return False
+    elif t[0].startswith("$"):
         return False
-    f, t = topic_filter.split("/"), topic.split("/")
+    f = topic_filter.split("/")
     for i, level in enumerate(f):
         if level == "#":
             return True

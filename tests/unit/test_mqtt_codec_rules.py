@@ -1,16 +1,20 @@
 """The MQTT 5 rules the codec enforces on what a client sends (SPEC MQ7, issue 26 item 7):
 a property in a packet type it does not belong to is malformed (0x81), a value the
 specification forbids is a protocol error (0x82), a subscription identifier the CONNACK said
-is not supported is 0xA1, and a PINGREQ flood is answered without recursion."""
+is not supported is 0xA1, and a PINGREQ flood is answered without recursion. And topic
+matching's shortcut for many filters against one topic (MQ2, MQ8)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.mqtt import codec as P
 from gateway.mqtt.connection import MQTTServerConnection, ProtocolError
+from gateway.mqtt.topics import matches
 
 
 def _connected() -> MQTTServerConnection:
@@ -109,3 +113,35 @@ def test_MQ7_ten_thousand_pingreqs_in_one_read_are_answered_without_recursion() 
     events = _events(conn)
     assert len(events) == 10_000 and not conn.closed
     assert conn.data_to_send() == bytes((P.PINGRESP << 4, 0)) * 10_000
+
+
+def _reference_matches(topic_filter: str, topic: str) -> bool:
+    """MQTT 4.7 matching as written before the first-level shortcut (one split per call)."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    f, t = topic_filter.split("/"), topic.split("/")
+    for i, level in enumerate(f):
+        if level == "#":
+            return True
+        if i >= len(t):
+            return False
+        if level != "+" and level != t[i]:
+            return False
+    return len(f) == len(t)
+
+
+_LEVELS = st.sampled_from(["a", "b", "", "$SYS", "$x", "é", "a.b"])
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "", "+", "$SYS", "é"]), min_size=1, max_size=5), st.booleans(),
+       st.lists(_LEVELS, min_size=1, max_size=6))
+def test_MQ2_matching_with_the_first_level_shortcut_agrees_with_mqtt_4_7(
+        levels: list[str], hash_end: bool, topic_levels: list[str]) -> None:
+    """matches() splits a topic once for many filters and refuses a filter whose first level
+    is neither a wildcard nor the topic's before splitting it (long topics are matched
+    against every session's filters, MQ8); the results are MQTT's."""
+    topic_filter = "/".join([*levels, "#"] if hash_end else levels)
+    topic = "/".join(topic_levels)
+    assert matches(topic_filter, topic) == _reference_matches(topic_filter, topic)
+    assert matches(topic_filter, topic) == _reference_matches(topic_filter, topic)  # the split kept
