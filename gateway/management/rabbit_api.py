@@ -106,17 +106,10 @@ def _paged(request: web.Request, items: list[dict[str, Any]]) -> Any:
     """RabbitMQ's list filters: ``name`` (with ``use_regex``), ``page``/``page_size``,
     ``sort``/``sort_reverse``; without ``page`` the list itself."""
     q = request.query
-    name = q.get("name", "")
     total = len(items)
-    if name:
-        if q.get("use_regex", "false") == "true":
-            try:
-                rx = re.compile(name)
-            except re.error:
-                raise bad_request(f"invalid regex {name!r}")
-            items = [i for i in items if rx.search(str(i.get("name", "")))]
-        else:
-            items = [i for i in items if name in str(i.get("name", ""))]
+    keep = _name_filter(q)
+    if keep is not None:
+        items = [i for i in items if keep(str(i.get("name", "")))]
     sort = q.get("sort")
     if sort:
         items = sorted(items, key=lambda i: (i.get(sort) is None, str(i.get(sort)) if not isinstance(
@@ -126,6 +119,21 @@ def _paged(request: web.Request, items: list[dict[str, Any]]) -> Any:
     if "page" not in q:
         return items
     return _page(q, items, total)
+
+
+def _name_filter(q: Any) -> Callable[[str], bool] | None:
+    """RabbitMQ's ``name`` filter: a substring, or with ``use_regex=true`` a regex searched;
+    None without one."""
+    name = q.get("name", "")
+    if not name:
+        return None
+    if q.get("use_regex", "false") != "true":
+        return lambda s: name in s
+    try:
+        rx = re.compile(name)
+    except re.error:
+        raise bad_request(f"invalid regex {name!r}")
+    return lambda s: rx.search(s) is not None
 
 
 def _page(q: Any, items: list[Any], total: int) -> dict[str, Any]:
@@ -167,16 +175,9 @@ def _queues_page(mgmt: Management, request: web.Request, vhosts: list[str]) -> d
         return None
     queues = [x for v in vhosts for x in list(mgmt.vhost(v).queues.values())]
     total = len(queues)
-    name = q.get("name", "")
-    if name:
-        if q.get("use_regex", "false") == "true":
-            try:
-                rx = re.compile(name)
-            except re.error:
-                raise bad_request(f"invalid regex {name!r}")
-            queues = [x for x in queues if rx.search(x.name)]
-        else:
-            queues = [x for x in queues if name in x.name]
+    keep = _name_filter(q)
+    if keep is not None:
+        queues = [x for x in queues if keep(x.name)]
     if sort in _CHEAP_SORTS:  # "state" is "running" for all: the order stays
         queues.sort(key=_CHEAP_SORTS[sort])
     if sort and q.get("sort_reverse", "false") == "true":

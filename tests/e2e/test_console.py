@@ -545,6 +545,11 @@ def test_UI2_a_page_of_queues_is_the_whole_list_sorted_and_cut(console: Console)
             strip = {"message_stats"}  # rates move between the two calls
             assert [{k: v for k, v in q.items() if k not in strip} for q in page["items"]] == \
                 [{k: v for k, v in q.items() if k not in strip} for q in whole[:3]]
+    for query in ("name=(&use_regex=true", "name=(&use_regex=true&page=1", "name=(&use_regex=true&page=1&sort=durable"):
+        r = console.api("GET", f"/api/queues/%2F?{query}")
+        assert (r.status_code, r.json()["error"]) == (400, "bad_request"), query
+    substring = console.api("GET", "/api/queues/%2F?name=orted-&page=1").json()  # no regex: a substring
+    assert substring["filtered_count"] == 4
 
 
 def test_UI1_console_over_https(browser: Browser, tmp_path: Path) -> None:
