@@ -43,7 +43,7 @@ from spark.schema import AUDIT_SCHEMA, JSON_COLUMNS, select_columns
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["read_audit", "skipped_lines"]
+__all__ = ["read_audit", "skipped_lines", "uncompacted"]
 
 _RECORD_SCHEMA = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS])
 _FILTER_KEYS = ("event", "vhost", "topic", "queue")
@@ -166,3 +166,11 @@ def skipped_lines(session: SparkSession, path_or_paths: str | list[str] | tuple[
     if tail:
         n += _python_part(session, roots, {"output": "skipped"}, exclude).count()
     return n
+
+
+def uncompacted(path_or_paths: str | list[str] | tuple[str, ...]) -> bool:
+    """Whether a read of ``path_or_paths`` goes through the Python source at all (a segment
+    open or not compacted yet): the report caches the records only then."""
+    from gateway.audit.compact import list_parquet
+
+    return any(_has_tail(root, set(list_parquet(root)), Pushdown()) for root in audit_dirs(_paths(path_or_paths)))

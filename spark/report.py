@@ -380,7 +380,11 @@ def write_report(spark: SparkSession, audit_dir: str, out_dir: str, *, start: st
 
     os.makedirs(out_dir, exist_ok=True)
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    df = _load(spark, audit_dir, start, end).cache()  # every step reads the same records
+    from spark.read import uncompacted
+
+    df = _load(spark, audit_dir, start, end)
+    if uncompacted(audit_dir):  # Spark's Parquet reader is cheaper than a cache; the Python source is not
+        df = df.cache()  # every step reads the same records
     span = analyses.time_span(analyses.client_actions(df))
     seconds = timeline_seconds(*span)
 

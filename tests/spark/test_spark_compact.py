@@ -187,3 +187,45 @@ def test_A7_cmq_audit_compact_by_hand_and_skipped_lines_kept(spark, tmp_path: Pa
     assert after == before
     assert skipped_lines(spark, root) == 2
     assert main(["compact", str(tmp_path / "nothing")]) == 2
+
+
+def _without_pyspark_python() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+@pytest.mark.timeout(1500)  # a hang guard: a new JVM on a loaded machine
+def test_A7_readme_snippet_runs_in_a_venv_without_pyspark_python(tmp_path: Path, no_auto_compaction: None) -> None:
+    """Issue 27 item 5: with PYSPARK_PYTHON unset, the Python workers of the cmq-audit source
+    (the open segment is read through it) run this interpreter, not ``python3`` from PATH."""
+    root = str(tmp_path / "audit")
+    audit = _write(root, 0, 100, close=False)
+    try:
+        snippet = ("from pyspark.sql import SparkSession\n"
+                   "from spark import read_audit\n"
+                   "spark = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false').getOrCreate()\n"
+                   f"print('records', read_audit(spark, {root!r}).count())\n"
+                   "spark.stop()\n")
+        got = subprocess.run([sys.executable, "-c", snippet], env=_without_pyspark_python(), cwd=tmp_path,
+                             capture_output=True, text=True, timeout=1400)
+    finally:
+        audit.close()
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert "records 100" in got.stdout
+
+
+@pytest.mark.timeout(1500)  # a hang guard: a new JVM on a loaded machine
+def test_A7_cmq_audit_report_is_quiet_without_verbose(tmp_path: Path) -> None:
+    """Issue 27 item 4: the report's stderr is its own progress lines; Spark's go to
+    OUT/spark.log.  PYSPARK_PYTHON unset (the report defaults it to this interpreter)."""
+    root, out = str(tmp_path / "audit"), tmp_path / "report"
+    _write(root, 0, 175)
+    assert _run_compactor(root).returncode == 0  # as the writer's own compactor leaves it
+    got = subprocess.run([sys.executable, "-m", "spark.cli", "report", "--audit-dir", root, "--out", str(out)],
+                         env=_without_pyspark_python(), cwd=tmp_path, capture_output=True, text=True, timeout=1400)
+    assert got.returncode == 0, got.stderr[-3000:]
+    lines = got.stderr.splitlines()
+    assert lines and all(line.startswith(("[", "report written to ")) for line in lines), lines
+    assert (out / "index.html").exists() and (out / "spark.log").exists()
+    assert '"records": 175' in (out / "report.json").read_text()
