@@ -24,6 +24,7 @@ import datetime as dt
 import json
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -70,19 +71,20 @@ def trace(directory: str, vhost: str, msg_id: str, hours: float, now: float) -> 
             "truncated": truncated}
 
 
-def _lines(directory: str, af: layout.AuditFile) -> list[str]:
-    """The file's lines; an open file renamed since the listing is read under its closed
-    name, a file removed since (retention) is skipped."""
+def _lines(directory: str, af: layout.AuditFile) -> Iterator[str]:
+    """The file's lines, read as they come (a segment is up to 64 MiB); an open file renamed
+    since the listing is read under its closed name, a file removed since (retention) is
+    skipped."""
     paths = [af.path]
     if af.is_open:
         paths.append(os.path.join(directory, af.key))
     for path in paths:
         try:
             with open(path, encoding="utf-8", errors="replace") as f:
-                return f.read().splitlines()
-        except FileNotFoundError:
+                yield from f
+            return
+        except FileNotFoundError:  # only open() raises it
             continue
-    return []
 
 
 def add_routes(app: web.Application, mgmt: Management) -> None:
