@@ -41,7 +41,13 @@ Access = Literal["configure", "write", "read"]
 
 
 class AuthError(Exception):
-    """A login refused. ``str()`` is the reply text after ``ACCESS_REFUSED - ``."""
+    """A login refused. ``str()`` is the reply text after ``ACCESS_REFUSED - ``, as RabbitMQ
+    words it (the same for an unknown user and a wrong password, so a client cannot probe
+    user names); ``cause`` says which it was, for the gateway's log and the audit record."""
+
+    def __init__(self, text: str, cause: str = "") -> None:
+        super().__init__(text)
+        self.cause = cause or text
 
 
 def hash_password(password: str, *, salt: bytes | None = None) -> str:
@@ -147,10 +153,11 @@ class UserDB:
         user = self.users.get(username)
         if user is None or not check_password(password, user.password_hash):
             raise AuthError(f"Login was refused using authentication mechanism {mechanism}. "
-                            "For details see the broker logfile.")
+                            "For details see the broker logfile.",
+                            "unknown user" if user is None else "wrong password")
         if username in self.loopback_users and not from_loopback:
             # W2: the default user only from loopback, as RabbitMQ's loopback_users.
-            raise AuthError(f"user '{username}' can only connect via localhost")
+            raise AuthError(f"user '{username}' can only connect via localhost", "loopback-only user from a remote address")
         return user
 
     def authenticate_external(self, username: str, *, from_loopback: bool) -> User:
@@ -159,9 +166,9 @@ class UserDB:
         user = self.users.get(username)
         if user is None:
             raise AuthError("Login was refused using authentication mechanism EXTERNAL. "
-                            "For details see the broker logfile.")
+                            "For details see the broker logfile.", "unknown user (client certificate)")
         if username in self.loopback_users and not from_loopback:
-            raise AuthError(f"user '{username}' can only connect via localhost")
+            raise AuthError(f"user '{username}' can only connect via localhost", "loopback-only user from a remote address")
         return user
 
     def vhost_permission(self, username: str, vhost: str) -> Permission | None:

@@ -497,8 +497,11 @@ class AMQPConnection(ClientProtocol):
             else:
                 user = users.authenticate(event.mechanism, event.response, from_loopback=self.from_loopback)
         except AuthError as e:
-            self.gw.audit.emit("auth_failure", "/", peer=self.peer, reason=str(e),
-                               user=self.cert_user if external else _attempted_user(event))
+            attempted = self.cert_user if external else _attempted_user(event)
+            # The client is told "see the broker logfile", as RabbitMQ words it: say it here.
+            log.warning("login refused: user %r, mechanism %s, from %s: %s", attempted, event.mechanism,
+                        self.peer, e.cause)
+            self.gw.audit.emit("auth_failure", "/", peer=self.peer, reason=f"{e.cause}: {e}", user=attempted)
             # W2: authentication_failure_close — a 403 connection.close, not a silent hang-up.
             self._force_close(403, f"ACCESS_REFUSED - {e}")
             return

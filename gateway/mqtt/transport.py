@@ -266,7 +266,9 @@ class MQTTConnection(ClientProtocol):
                 user = users.authenticate("PLAIN", b"\0" + username.encode() + b"\0" + p.password,
                                           from_loopback=self.from_loopback)
         except AuthError as e:
-            self._refuse(BAD_LOGIN, str(e), username)
+            log.warning("MQTT login refused: user %r, mechanism %s, from %s: %s", username,
+                        "EXTERNAL" if cert_login else "PLAIN", self.peer, e.cause)
+            self._refuse(BAD_LOGIN, f"{e.cause}: {e}", username)
             return
         self.auth_mechanism = "EXTERNAL" if cert_login else "PLAIN"
         if users.vhost_permission(user.name, vhost) is None:
