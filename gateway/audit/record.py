@@ -56,6 +56,7 @@ FIELD_TYPES: Mapping[str, str] = {
     # object (``exchange:<name>``, ``queue:<name>``, ``binding:<exchange>-><sub>``).
     "rule": "string", "value": "long", "limit": "long", "object": "string",
     "origin": "string",  # A6: "recovery" | "rebuilt" (see SCHEMA_VERSION)
+    "auto_ack": "boolean",  # a deliver that needs no ack (gateway.audit.rows DELIVER_AUTO)
 }
 
 _STR_FIELDS = frozenset(k for k, t in FIELD_TYPES.items() if t == "string")
@@ -113,8 +114,9 @@ _esc = json.encoder.encode_basestring
 # has its '","key":' prefix ready and its value written by type. The output is byte for byte
 # what ``_dumps`` of the normalised dict gives (tests/unit/audit checks it against it).
 _S, _I, _F, _L, _T = range(5)
+# A boolean is written by json (true/false), as a key outside the schema is.
 _KIND = {k: {"string": _S, "long": _I, "int": _I, "double": _F, "array<string>": _L,
-             "timestamp": _T}[t] for k, t in FIELD_TYPES.items()}
+             "timestamp": _T, "boolean": None}[t] for k, t in FIELD_TYPES.items()}
 _KEY = {k: f",{_esc(k)}:" for k in FIELD_TYPES}
 _RESERVED = frozenset(("v", "ts", "event", "vhost"))
 _HEAD = f'{{"v":{SCHEMA_VERSION},"ts":'

@@ -28,12 +28,13 @@ _VALUE = {
     "double": st.one_of(st.none(), _float, st.integers(-5, 5)),
     "array<string>": st.one_of(st.none(), st.lists(st.one_of(_text, st.integers()), max_size=3)),
     "timestamp": st.one_of(st.none(), st.floats(0, 4e9)),
+    "boolean": st.one_of(st.none(), st.booleans(), st.integers(0, 1)),
 }
 # Mostly the same few values per column (as the broker's are), sometimes anything.
 _COMMON = {"string": st.sampled_from(["guest", "perf-q", "msg-1", "msg-2"]),
            "long": st.sampled_from([16, 1024]), "int": st.sampled_from([1, 2]),
            "double": st.sampled_from([0.5, 12.25]), "array<string>": st.sampled_from([["a", "b"], []]),
-           "timestamp": st.just(None)}
+           "timestamp": st.just(None), "boolean": st.sampled_from([True, None])}
 _BASE = 1_790_000_000.0
 
 

@@ -27,6 +27,7 @@ _VALUE = {
     "double": st.one_of(st.none(), _float, st.integers(-(2**53), 2**53)),
     "array<string>": st.one_of(st.none(), st.lists(st.one_of(_text, st.integers()), max_size=3)),
     "timestamp": st.one_of(st.none(), st.floats(0, 4e9), _text),
+    "boolean": st.one_of(st.none(), st.booleans()),
 }
 _ts = st.floats(0, 4e9).map(format_ts)
 

@@ -27,6 +27,7 @@ _VALUE = {
     "int": st.one_of(st.none(), st.integers(0, 200)),
     "double": st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False)),
     "array<string>": st.one_of(st.none(), st.lists(_text, max_size=3)),
+    "boolean": st.one_of(st.none(), st.booleans()),
 }
 
 
