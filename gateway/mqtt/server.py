@@ -92,6 +92,11 @@ class MQTTService:
         for msg_id in list(state.pid_of_msg):
             if not any(q.cmq.get(msg_id) is not None for q in held):
                 state.forget_msg(msg_id)
+        # And completed QoS 2 messages kept until their ack, whose ack was durable first.
+        released = set(state.released.values())
+        for msg_id in list(state.released_of_msg):
+            if msg_id not in released and not any(q.cmq.get(msg_id) is not None for q in held):
+                del state.released_of_msg[msg_id]
 
     def _shared_queues(self, state: SessionState) -> list[str]:
         from gateway.mqtt.session import shared_queue_in, split_shared

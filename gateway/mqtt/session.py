@@ -302,8 +302,11 @@ class SessionState:
         # whose store ends at that very record lost the message, and forgets the identifier.
         self.inbound_at: dict[int, int] = {}
         # outbound QoS 2: PUBREL sent (or about to be), PUBCOMP awaited: packet id -> the
-        # message it carried ("" for a retained one), and the reverse: such a message, given
-        # again by its queue (its ack was lost in a crash), is acknowledged, not sent.
+        # message it carried ("" for a retained one). And the messages the client received
+        # (PUBREC) whose queue ack was not made yet: one given again by its queue (the ack was
+        # lost to a crash or to the connection's end) is acknowledged, not sent. Such a
+        # message is kept here past its PUBCOMP until it is acked: on JetStream it comes back
+        # only after the consumer's ack_wait, long after the client completed it.
         self.released: dict[int, str] = {}
         self.released_of_msg: dict[str, int] = {}
         self.pid_of_msg: dict[str, int] = {}  # outbound QoS 1/2 in flight: CMQ msg id -> packet id
@@ -323,6 +326,7 @@ class SessionState:
                            "inbound_qos2": sorted(self.inbound_qos2),
                            "inbound_at": {str(p): self.inbound_at.get(p, 0) for p in self.inbound_qos2},
                            "released": {str(p): m for p, m in self.released.items()},
+                           "received": sorted(m for m in self.released_of_msg if m),
                            "pids": self.pid_of_msg,
                            "retained_pids": {str(p): t for p, t in self.retained_pids.items()}}).encode()
 
@@ -340,6 +344,8 @@ class SessionState:
         s.released = {int(p): m for p, m in released.items()} if isinstance(released, dict) else \
             {int(p): "" for p in released}
         s.released_of_msg = {m: p for p, m in s.released.items() if m}
+        for m in r.get("received", ()):
+            s.released_of_msg.setdefault(m, 0)
         s.pid_of_msg = {m: int(p) for m, p in r.get("pids", r.get("qos2_pids", {})).items()}
         s.msg_of_pid = {p: m for m, p in s.pid_of_msg.items()}
         s.retained_pids = {int(p): t for p, t in r.get("retained_pids", {}).items()}
@@ -365,13 +371,9 @@ class SessionState:
             self.released_of_msg[msg_id] = pid
 
     def completed(self, pid: int) -> bool:
-        """PUBCOMP for ``pid``: the identifier is free again. False: it was not released."""
-        msg_id = self.released.pop(pid, None)
-        if msg_id is None:
-            return False
-        if msg_id and self.released_of_msg.get(msg_id) == pid:
-            del self.released_of_msg[msg_id]
-        return True
+        """PUBCOMP for ``pid``: the identifier is free again (its message stays in
+        released_of_msg until its queue ack is made). False: it was not released."""
+        return self.released.pop(pid, None) is not None
 
 
 class Bridge:
@@ -582,8 +584,6 @@ class MQTTSession:
         filters and every RETAINED_MATCHES_PER_TURN retained matches (SE5, _in_turns)."""
         codes: list[int] = []
         fresh: list[tuple[str, int]] = []
-        # Refusals logged once a packet (how many, and the first), not a line per filter (SE5).
-        refused, first_refusal = 0, ("", "")
         # Whether a filter of this slice needs what the consumer or the options do not do
         # yet (acknowledged deliveries, "no local"...): then _subs_changed before the pause,
         # else only the QoS cache is dropped (_subs_changed reads every filter).
@@ -611,9 +611,7 @@ class MQTTSession:
                 err = self._call(OPS, C.Queue.Bind(queue=self.state.queue, exchange=EXCHANGE,
                                                    routing_key=filter_to_binding(topic_filter)))
             if err is not None:
-                if not refused:
-                    first_refusal = (topic_filter, err[1])
-                refused += 1
+                log.info("mqtt subscribe %s refused for %s: %s", topic_filter, self.user, err[1])
                 codes.append(reason_of_reply(*err) if self.level >= 5 else 0x80)
                 continue
             existed = topic_filter in self.state.subs
@@ -624,12 +622,11 @@ class MQTTSession:
             handling = (opts >> 4) & 3
             if handling == 0 or (handling == 1 and not existed):
                 fresh.append((topic_filter, qos))
-        if refused:
-            log.info("mqtt subscribe refused for %s: %d of %d filters, the first %s: %s", self.user, refused,
-                     len(packet.subscriptions), *first_refusal)
         self._subs_changed()
         self._save()
-        self.core.send(P.SubAck(packet.packet_id, codes))
+        # MQ3/MQ8: a persistent session's SUBACK once its record (and the bindings before it)
+        # is durable: a kill -9 just after an earlier SUBACK lost the subscription.
+        self._after_save(P.encode(P.SubAck(packet.packet_id, codes), self.level))
         if fresh:
             # Each filter is matched against every retained message of the vhost.
             each = max(1, self.service.retained.count(self.state.vhost))
@@ -673,7 +670,7 @@ class MQTTSession:
             codes.append(0)
         self._subs_changed()
         self._save()
-        self.core.send(P.UnsubAck(packet.packet_id, codes))
+        self._after_save(P.encode(P.UnsubAck(packet.packet_id, codes), self.level))
 
     def _in_turns(self, steps: Iterator[None]) -> None:
         """SE5: run ``steps`` (a SUBSCRIBE or an UNSUBSCRIBE) to its first pause now. If it has
@@ -880,6 +877,10 @@ class MQTTSession:
         tag = self._releasing.pop(msg_id, 0)
         if tag:
             self._settle(tag)
+            # Acked (on JetStream a +ACK sent ahead of the record that now drops it): it will
+            # not come again.
+            self.state.released_of_msg.pop(msg_id, None)
+            self._save_soon()
 
     def _resend_retained(self) -> None:
         """Retained messages in flight when the session's last connection ended: each sent
@@ -1260,7 +1261,7 @@ class MQTTSession:
                 self._save_soon()
             self._after_save(P.encode(P.Publish(topic, payload, qos, retain=True, packet_id=pid), self.level))
         else:
-            self.core.send(P.Publish(topic, payload, 0, retain=True))
+            self._after_save(P.encode(P.Publish(topic, payload, 0, retain=True), self.level))  # after SUBACK
 
     def _ack_soon(self, tag: int) -> None:
         # Inside basic.deliver the delivery is not yet recorded as unacked: ack after it.
@@ -1327,6 +1328,7 @@ class MQTTSession:
                     self._after_save(lambda m=msg_id: self._ack_released(m))
                 self._after_save(bytes((P.PUBREL << 4 | 2, 2, pid >> 8, pid & 0xFF)))
                 return
+            state.released_of_msg.pop(msg_id or "", None)  # a clean session's: acked above
             self.core.send_raw(bytes((P.PUBREL << 4 | 2, 2, pid >> 8, pid & 0xFF)))
 
     def _forget(self, msg_id: str | None, pid: int) -> None:
