@@ -584,6 +584,8 @@ class MQTTSession:
         filters and every RETAINED_MATCHES_PER_TURN retained matches (SE5, _in_turns)."""
         codes: list[int] = []
         fresh: list[tuple[str, int]] = []
+        # Refusals logged once a packet (how many, and the first), not a line per filter (SE5).
+        refused, first_refusal = 0, ("", "")
         # Whether a filter of this slice needs what the consumer or the options do not do
         # yet (acknowledged deliveries, "no local"...): then _subs_changed before the pause,
         # else only the QoS cache is dropped (_subs_changed reads every filter).
@@ -611,7 +613,9 @@ class MQTTSession:
                 err = self._call(OPS, C.Queue.Bind(queue=self.state.queue, exchange=EXCHANGE,
                                                    routing_key=filter_to_binding(topic_filter)))
             if err is not None:
-                log.info("mqtt subscribe %s refused for %s: %s", topic_filter, self.user, err[1])
+                if not refused:
+                    first_refusal = (topic_filter, err[1])
+                refused += 1
                 codes.append(reason_of_reply(*err) if self.level >= 5 else 0x80)
                 continue
             existed = topic_filter in self.state.subs
@@ -622,6 +626,9 @@ class MQTTSession:
             handling = (opts >> 4) & 3
             if handling == 0 or (handling == 1 and not existed):
                 fresh.append((topic_filter, qos))
+        if refused:
+            log.info("mqtt subscribe refused for %s: %d of %d filters, the first %s: %s", self.user, refused,
+                     len(packet.subscriptions), *first_refusal)
         self._subs_changed()
         self._save()
         # MQ3/MQ8: a persistent session's SUBACK once its record (and the bindings before it)
