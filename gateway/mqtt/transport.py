@@ -113,6 +113,10 @@ class MQTTConnection(ClientProtocol):
     def _process(self) -> None:
         """At most EVENTS_PER_TURN packets, then the other connections get their turn (as
         the AMQP transport: a flooding publisher must not starve a subscriber's PUBACKs)."""
+        if self._held:
+            # A CONNECT or a big SUBSCRIBE holds the packets after it (an alarm clearing meanwhile
+            # calls this too): they wait, in order, for its end, which calls this again.
+            return
         more = False
         gw = self.gw
         broker = gw.broker
