@@ -279,6 +279,10 @@ def test_UI2_queue_appears_with_its_depth_and_updates_live(console: Console, tab
     # Sorting and the regex filter are the API's: the filter keeps one row whatever the sort.
     tab.page.click("#queues-list th button:text('Ready')")
     expect(tab.page.locator("#queues-list th[aria-sort]")).to_contain_text("Ready")
+    # One vhost chosen: its list (GET /api/queues/%2F), without the vhost column.
+    tab.page.select_option("#vhost-select", "/")
+    expect(tab.page.locator("#queues-list thead")).not_to_contain_text("Virtual host")
+    expect(tab.page.locator("#queues-list tbody tr", has_text="live-depth-queue").locator("td").nth(5)).to_have_text("7")
 
 
 def test_UI2_queue_page_bindings_get_unbind_purge_delete_and_monitor_refused(console: Console, tab: Tab) -> None:
