@@ -398,7 +398,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="the longest run before each kill and after the last")
     ap.add_argument("--kills", type=int, default=2, help="kill -9 per trial")
     ap.add_argument("--window", type=int, default=50, help="the publisher's PUBLISHes in flight")
-    ap.add_argument("--finish-seconds", type=float, default=120.0, help="how long the end may take")
+    ap.add_argument("--finish-seconds", type=float, default=None,
+                    help="how long the end may take (default 120; on JetStream 300: a restart there took 17-33 s "
+                         "on a loaded machine, and what the killed gateway had pulled comes back after ack_wait)")
     ap.add_argument("--settle-seconds", type=float, default=None,
                     help="how long the subscriber waits for a missing message (default 12; on JetStream 60: what the "
                          "killed gateway had pulled comes back after the consumer's ack_wait, the visibility timeout + 1 s)")
@@ -410,6 +412,8 @@ def main() -> int:
     args.run = f"r{seed % 100000}"
     if args.settle_seconds is None:
         args.settle_seconds = 60.0 if args.store else 4 * QUIET
+    if args.finish_seconds is None:
+        args.finish_seconds = 300.0 if args.store else 120.0
     nats: Any = None
     store = args.store
     if store == "jetstream":
@@ -434,7 +438,8 @@ def main() -> int:
                 shutil.rmtree(work, ignore_errors=True)
                 continue
             (work / "ledger.json").write_text(json.dumps({
-                "result": r.__dict__, "lost": sorted(ledger.taken - set(ledger.received))[:10_000],
+                "result": r.__dict__,
+                "lost": {m: ledger.sends[m] for m in sorted(ledger.taken - set(ledger.received))[:10_000]},
                 "duplicated": {m: [ledger.sends[m], ledger.copies.get(m)] for m, n in ledger.received.items() if n > 1},
                 "sub_connects": [round(t - ledger.sub_connects[0], 2) for t in ledger.sub_connects],
                 "unfinished": sorted(ledger.published - ledger.taken)[:10_000]}))
