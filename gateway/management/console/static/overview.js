@@ -35,7 +35,7 @@ export function overviewView(ctx) {
     const inEffect = o.alarms || [];
     fill(alarms, details([
       ['Memory', `${o.mem_alarm ? 'ALARM' : 'ok'} (${bytes(o.mem_used)} of ${bytes(o.mem_limit)})`],
-      ['Disk', `${o.disk_free_alarm ? 'ALARM' : 'ok'} (${bytes(o.disk_free)} free, limit ${bytes(o.disk_free_limit)})`],
+      ['Disk', `${o.disk_free_alarm ? 'ALARM' : 'ok'} (${typeof o.disk_free === 'number' ? `${bytes(o.disk_free)} free` : 'free space not measured: no data dir'}, limit ${bytes(o.disk_free_limit)})`],
       ['In effect', inEffect.length ? inEffect.map(String).join(', ') : 'none'],
       o.store_failed ? ['Store', 'FAILED: read-only'] : null,
     ]));
