@@ -21,6 +21,7 @@ from gateway.config import (
     DEFAULT_TLS_PORT,
     OFF,
     ConfigError,
+    Listener,
     default_data_dir,
     load_config,
 )
@@ -98,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"AMQPS (AMQP over TLS) port, on the AMQP hosts (default: {DEFAULT_TLS_PORT}, "
                             "as RabbitMQ, when the config has a tls section with certfile, keyfile and "
                             "cafile; 0 picks a free port; off turns it off)")
+    serve.add_argument("--port-offset", type=int, default=0, metavar="N",
+                       help="add N to every default port (AMQP 5672, AMQPS 5671, management 15672, "
+                            "metrics 15692, MQTT 1883, MQTTS 8883, CMQ API 15680), to run beside RabbitMQ, "
+                            "Mosquitto or another gateway: --port-offset 100 --data-dir ./gw1; "
+                            "ports given explicitly still win")
     serve.add_argument("--profile", choices=("compatible", "cmq"), default=None,
                        help="compatible (default): RabbitMQ's size and count limits, every breach of a "
                             "CMQ limit reported (audit limit_exceeded, /metrics, GET /api/cmq/limits); "
@@ -139,6 +145,45 @@ def _operator_port(cli: int | None, configured: int | None, default: int) -> int
     """The command line wins, then the config file, then RabbitMQ's default port; OFF is None."""
     port = cli if cli is not None else configured if configured is not None else default
     return None if port == OFF else port
+
+
+# Each listener's default port, by the name the --port-offset errors use.
+_DEFAULT_PORTS = {"AMQP": DEFAULT_PORT, "AMQPS": DEFAULT_TLS_PORT, "the management API": DEFAULT_MANAGEMENT_PORT,
+                  "/metrics": DEFAULT_METRICS_PORT, "MQTT": DEFAULT_MQTT_PORT, "MQTTS": DEFAULT_MQTTS_PORT,
+                  "the CMQ API": DEFAULT_CMQ_API_PORT}
+
+
+def _apply_port_offset(config: Any, args: argparse.Namespace) -> str:
+    """Issue 30: ``--port-offset N`` moves every listener still on its default port by N
+    (those given a port on the command line or in the config keep it). "" when done, else why
+    the offset cannot be used (it would land a listener on another's default port, or past
+    65535): the gateway then does not start."""
+    n = args.port_offset
+    moved: dict[str, int] = {}
+    for name, default in _DEFAULT_PORTS.items():
+        port = default + n
+        if not 1 <= port <= 65535:
+            return f"puts {name} on port {port}, outside 1-65535"
+        other = next((o for o, d in _DEFAULT_PORTS.items() if d == port and o != name), None)
+        if other is not None:
+            return (f"puts {name} on port {port}, the default port of {other}: choose an offset that moves "
+                    "no listener onto another's default")
+        moved[name] = port
+    if args.port is None:
+        config.listeners = [Listener(lst.host, moved["AMQP"]) if lst.port == DEFAULT_PORT else lst
+                            for lst in config.listeners]
+    if config.tls is not None and args.tls_port is None and config.tls.port == DEFAULT_TLS_PORT:
+        config.tls = dataclasses.replace(config.tls, port=moved["AMQPS"])
+    for attr, name, default in (("management_port", "the management API", DEFAULT_MANAGEMENT_PORT),
+                                ("metrics_port", "/metrics", DEFAULT_METRICS_PORT),
+                                ("cmq_api_port", "the CMQ API", DEFAULT_CMQ_API_PORT),
+                                ("mqtt_port", "MQTT", DEFAULT_MQTT_PORT),
+                                ("mqtt_tls_port", "MQTTS", DEFAULT_MQTTS_PORT)):
+        if getattr(config, attr) == default and getattr(args, attr.replace("_tls", "s"), None) is None:
+            setattr(config, attr, moved[name])
+    # A port asked for by offset is a port asked for: taken, it stops the start (MQTT too).
+    config.mqtt_port_defaulted = config.mqtt_tls_port_defaulted = False
+    return ""
 
 
 def _register_perf(sub: Any) -> None:
@@ -211,6 +256,11 @@ def _serve(args: argparse.Namespace) -> int:
     config.cmq_api_port = _operator_port(args.cmq_api_port, config.cmq_api_port, DEFAULT_CMQ_API_PORT)
     config.mqtt_port_defaulted = args.mqtt_port is None and config.mqtt_port is None
     config.mqtt_port = _operator_port(args.mqtt_port, config.mqtt_port, DEFAULT_MQTT_PORT)
+    if args.port_offset:
+        problem = _apply_port_offset(config, args)
+        if problem:
+            print(f"cmq-gateway: --port-offset {args.port_offset}: {problem}", file=sys.stderr)
+            return 2
     if args.host is not None:
         # One --host for everything the gateway serves, as an operator reading --help expects.
         config.management_host = config.metrics_host = config.cmq_api_host = config.mqtt_host = args.host

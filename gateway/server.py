@@ -244,6 +244,64 @@ def _bind_all(listeners: list[Listener], serves: str = "amqp") -> list[socket.so
     return socks
 
 
+# The option that moves each listener, for the start-up errors.
+_MOVED_BY = {"amqp": "--port", "amqps": "--tls-port", "mqtt": "--mqtt-port", "mqtts": "--mqtts-port",
+             "management API": "--management-port", "metrics": "--metrics-port", "cmq-api": "--cmq-api-port"}
+_NAMED = {"amqp": "AMQP", "amqps": "AMQPS", "mqtt": "MQTT", "mqtts": "MQTTS", "management API": "the management API",
+          "metrics": "/metrics", "cmq-api": "the CMQ API"}
+
+
+def _planned_listeners(config: GatewayConfig) -> list[tuple[str, Listener, bool]]:
+    """(what it serves, where, skipped with a warning when taken) of every listener a start
+    will bind, as Gateway.start and _start_operator_window bind them."""
+    out = [("amqp", lst, False) for lst in config.listeners]
+    out += [("amqps", lst, False) for lst in config.tls_listeners()]
+    if config.mqtt_port is not None and config.mqtt_port >= 0:
+        out += [("mqtt", lst, config.mqtt_port_defaulted) for lst in config.mqtt_listeners(config.mqtt_port)]
+    if config.tls is not None and config.mqtt_tls_port is not None and config.mqtt_tls_port >= 0:
+        out += [("mqtts", lst, config.mqtt_tls_port_defaulted) for lst in config.mqtt_listeners(config.mqtt_tls_port)]
+    for serves, host, port in (("management API", config.management_host, config.management_port),
+                               ("metrics", config.metrics_host, config.metrics_port)):
+        if port is not None:
+            out += [(serves, Listener(h, port), False) for h in ([host] if host else ["0.0.0.0", "::"])]
+    if config.cmq_api_port is not None:
+        out.append(("cmq-api", Listener(config.cmq_api_host, config.cmq_api_port), False))
+    return out
+
+
+def _probe_listeners(config: GatewayConfig) -> None:
+    """Bind every fixed port once and let it go, so that a start which would fail on a taken
+    port names all of them in one line (issue 30: they came one failed start at a time), and a
+    port given to two of the gateway's own listeners says so instead of guessing at a neighbour.
+    A single taken port is left to the real bind, whose line is the same."""
+    held: list[tuple[socket.socket, str]] = []
+    problems: list[str] = []
+    others = 0
+    try:
+        for serves, lst, optional in _planned_listeners(config):
+            if lst.port == 0:
+                continue
+            try:
+                held.append((_bind(lst, serves), serves))
+            except ListenError as e:
+                if optional or (e.errno == errno.EADDRNOTAVAIL and ":" in lst.host):
+                    continue
+                mine = next((s for sock, s in held if sock.getsockname()[1] == lst.port and s != serves), None)
+                if e.errno == errno.EADDRINUSE and mine is not None:
+                    problems.append(f"port {lst.port} is given to both {_NAMED[mine]} ({_MOVED_BY[mine]}) and "
+                                    f"{_NAMED[serves]} ({_MOVED_BY[serves]}): choose another for one of them")
+                else:
+                    others += e.errno == errno.EADDRINUSE
+                    problems.append(str(e))
+    finally:
+        for sock, _serves in held:
+            sock.close()
+    problems = list(dict.fromkeys(problems))
+    if len(problems) > 1 or (problems and "given to both" in problems[0]):
+        hint = "; or move every listener at once with --port-offset N" if others > 1 else ""
+        raise ListenError(errno.EADDRINUSE, "; ".join(problems) + hint)
+
+
 class Gateway:
     """One gateway: ``await start()``, ``await stop()``; ``port`` is the first listener's port."""
 
@@ -289,6 +347,7 @@ class Gateway:
             from gateway.tls import server_context
 
             self.ssl_context = server_context(self.config.tls)  # a bad certificate fails fast too
+        _probe_listeners(self.config)  # every taken port named in one line, before anything starts
         socks = _bind_all(self.config.listeners)  # before anything else: a taken port fails fast
         try:
             tls_socks = _bind_all(self.config.tls_listeners(), "amqps")
@@ -636,7 +695,13 @@ async def _serve(config: GatewayConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     where = _addresses(gw.addresses)
     # One parseable line: scripts (and the restart tests) read the port from it.
-    print(f"cmq-gateway: listening on {where} (data dir {config.data_dir})", file=sys.stderr, flush=True)
+    dirs = f"data dir {config.data_dir}" + (f", audit dir {config.audit.dir}" if config.audit.dir else ", no audit log")
+    print(f"cmq-gateway: listening on {where} ({dirs})", file=sys.stderr, flush=True)
+    if "guest" not in config.users.users:
+        # Issue 30: a config that lists users replaces RabbitMQ's default guest/guest; say so,
+        # so that a refused guest login is not a mystery.
+        print("cmq-gateway: no guest user: the config's users replace the default guest/guest",
+              file=sys.stderr, flush=True)
     if gw.tls_addresses:
         where = _addresses(gw.tls_addresses)
         print(f"cmq-gateway: AMQPS (TLS) on {where}", file=sys.stderr, flush=True)
