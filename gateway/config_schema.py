@@ -16,8 +16,9 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from gateway.audit import EVENTS
@@ -140,8 +141,7 @@ class ListOf(Spec):
 
     def check(self, value: Any, path: str) -> None:
         super().check(value, path)
-        for i, v in enumerate(value):
-            self.item.check(v, f"{path}[{i}]")
+        _all_of(partial(self.item.check, v, f"{path}[{i}]") for i, v in enumerate(value))
 
 
 @dataclass
@@ -162,16 +162,36 @@ class Map(Spec):
 
     def check(self, value: Any, path: str) -> None:
         super().check(value, path)
+        _all_of(self._checks(value, path))
+
+    def _checks(self, value: Mapping[Any, Any], path: str) -> Iterator[Callable[[], None]]:
         for key, v in value.items():
             spec = self.keys.get(key) if isinstance(key, str) else None
             if spec is None:
-                raise SchemaError(_at(path) + _unknown(key, self.offered))
-            if v is not None:
-                spec.check(v, f"{path}.{key}" if path else key)
+                yield partial(_raise, _at(path) + _unknown(key, self.offered))
+            elif v is not None:
+                yield partial(spec.check, v, f"{path}.{key}" if path else key)
         missing = [k for k in self.required if value.get(k) is None]
         if missing:
-            raise SchemaError(f"{_at(path)}missing {', '.join(missing)} (each entry needs "
-                              f"{', '.join(self.required)})")
+            yield partial(_raise, f"{_at(path)}missing {', '.join(missing)} (each entry needs "
+                                  f"{', '.join(self.required)})")
+
+
+def _raise(line: str) -> None:
+    raise SchemaError(line)
+
+
+def _all_of(checks: Iterable[Callable[[], None]]) -> None:
+    """Run every check; the mistakes of all of them in one SchemaError, "; " between them, so
+    that a file with several is fixed in one go (issue 30: they came one start at a time)."""
+    found = []
+    for check in checks:
+        try:
+            check()
+        except SchemaError as e:
+            found.append(str(e))
+    if found:
+        raise SchemaError("; ".join(found))
 
 
 def _closest(word: str, choices: list[str]) -> str | None:
@@ -335,7 +355,7 @@ SCHEMA = Map({
 
 
 def validate(raw: Any) -> None:
-    """Raise SchemaError (one line) at the first key that is unknown or of the wrong type."""
+    """Raise SchemaError (one line) naming every key that is unknown or of the wrong type."""
     if not isinstance(raw, Mapping):
         raise SchemaError(f"the top level must be a mapping of keys, got {_show(raw)}")
     SCHEMA.check(raw, "")
