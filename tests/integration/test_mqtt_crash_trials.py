@@ -43,6 +43,17 @@ def test_MQ8_qos1_at_least_once_with_dup_through_two_kill_9(tmp_path: Path) -> N
     assert (total["lost"], total["no dup"], total["unfinished"]) == (0, 0, 0), out
 
 
+def test_MQ8_qos2_exactly_once_through_two_kill_9_on_jetstream(tmp_path: Path) -> None:
+    """The same on the JetStream store (a nats-server of the script's own): a message the killed
+    gateway had pulled comes back after the consumer's ack_wait, and one the client completed
+    whose ack the kill lost is acknowledged then, not delivered again."""
+    rc, out, total = _run(tmp_path, "--qos", "2", "--trials", "1", "--store", "jetstream")
+    assert rc == 0, out
+    assert total["taken"] > 0 and total["delivered"] == total["taken"] == total["completed"], out
+    assert (total["lost"], total["duplicated"], total["reused"], total["no dup"], total["unreleased"]) == \
+        (0, 0, 0, 0, 0), out
+
+
 def _script() -> Any:
     spec = importlib.util.spec_from_file_location("crash_trials_mqtt", SCRIPT)
     assert spec is not None and spec.loader is not None
