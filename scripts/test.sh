@@ -60,13 +60,14 @@ for project in kombu amqp; do
     tar -xzf ".venv/third-party/$project-$version.tar.gz" -C .venv/third-party
   fi
 done
-# The report test renders the HTML page in headless Chromium; install it the same way.
+# The report test and the web console's end-to-end tests (Playwright) render pages in headless
+# Chromium, Debian's (never `playwright install`, which downloads a browser); install it the same way.
 if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then
-    echo "test.sh: installing Chromium for the Spark report's page test (apt-get install chromium)" >&2
+    echo "test.sh: installing Chromium for the report page and web console tests (apt-get install chromium)" >&2
     apt-get update -qq && apt-get install -y -qq chromium >/dev/null
   else
-    echo "Chromium is required for the Spark report's page test" >&2; exit 1
+    echo "Chromium is required for the report page and web console tests" >&2; exit 1
   fi
 fi
 # The cluster tests (tests/cluster, CL1-CL4) start their own JetStream servers from Debian's
