@@ -128,15 +128,23 @@ class Gateway:
                "--mqtt-port", "off", "--data-dir", str(data_dir)]
         if config is not None:
             cmd += ["--config", str(config)]
-        self.log = log
         self.data_dir = data_dir
-        with open(log, "w") as err:
+        self.port = int(self.launch(cmd, log).group(1))
+
+    def launch(self, cmd: list[str], log: Path, ready: re.Pattern[str] = LISTENING, *, append: bool = False,
+               header: str = "") -> re.Match[str]:
+        """Start ``cmd`` with its stderr in ``log`` (appended to by a restart, after ``header``:
+        only that start's lines are read) and wait until they match ``ready``."""
+        self.log = log
+        with open(log, "a" if append else "w") as err:
+            err.write(header)
+            err.flush()
+            start = err.tell()
             self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if m := LISTENING.search(log.read_text(errors="replace")):
-                self.port = int(m.group(1))
-                return
+            if m := ready.search(log.read_bytes()[start:].decode(errors="replace")):
+                return m
             if self.proc.poll() is not None:
                 break
             time.sleep(0.05)
@@ -243,14 +251,22 @@ async def consumer(url: str, queue: str, ledger: Ledger, rng: random.Random) -> 
 
 
 async def load(gw: Gateway, ledger: Ledger, rng: random.Random, seconds: float, publishers: int,
-               window: int, trial: int) -> float:
-    """Publish and consume until a random moment in (0.2, 1] x seconds, then kill -9."""
+               window: int, trial: int, full_below: int | None = None) -> float:
+    """Publish and consume until a random moment in (0.2, 1] x seconds, then kill -9; with
+    ``full_below``, not before the data dir's file system has fewer bytes free than that (a
+    disk-full trial on a loaded machine may not have filled it by then), for at most 20 x
+    ``seconds``."""
     await declare(gw.url)
     tasks = [asyncio.ensure_future(publisher(gw.url, f"t{trial}p{i}", ledger, random.Random(rng.random()), window))
              for i in range(publishers)]
     tasks += [asyncio.ensure_future(consumer(gw.url, q, ledger, random.Random(rng.random()))) for q in CONSUMED]
     t0 = time.monotonic()
     await asyncio.sleep(rng.uniform(0.2, 1.0) * seconds)
+    while full_below is not None and time.monotonic() - t0 < 20 * seconds:
+        st = os.statvfs(gw.data_dir)
+        if st.f_bavail * st.f_frsize < full_below:
+            break
+        await asyncio.sleep(0.05)
     for t in tasks:  # a task that failed early (say, the connection refused) must not pass unseen
         if t.done() and t.exception() is not None:
             raise RuntimeError(f"a client failed before the kill: {t.exception()!r}")
@@ -391,7 +407,8 @@ def run_trial(trial: int, data_dir: Path, work: Path, args: argparse.Namespace, 
     ledger = Ledger()
     gw = Gateway(data_dir, work / "gateway-1.log", config)
     try:
-        killed_after = asyncio.run(load(gw, ledger, rng, args.seconds, args.publishers, args.window, trial))
+        killed_after = asyncio.run(load(gw, ledger, rng, args.seconds, args.publishers, args.window, trial,
+                                        (1 << 20) if variant == "disk-full" else None))
     finally:
         gw.stop()
     if before_restart is not None:

@@ -28,7 +28,6 @@ import argparse
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -60,21 +59,8 @@ class Gateway(AmqpGateway):
                "--mqtt-port", "off", "--data-dir", str(data_dir), "--config", str(config)]
         if store is not None:
             cmd += ["--store", store]
-        self.log = log
-        start = log.stat().st_size if log.exists() else 0  # a restart appends: its own lines only
-        with open(log, "a") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if m := LISTENING.search(log.read_bytes()[start:].decode(errors="replace")):
-                self.port = int(m.group(1))
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.proc.kill()
-        self.proc.wait()
-        raise RuntimeError(f"the gateway did not start (see {log}):\n{log.read_text(errors='replace')[-2000:]}")
+        self.data_dir = data_dir
+        self.port = int(self.launch(cmd, log, LISTENING, append=True).group(1))
 
     @property
     def endpoint(self) -> str:

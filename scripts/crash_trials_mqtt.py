@@ -45,7 +45,6 @@ import random
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,22 +84,8 @@ class Gateway(crash_trials.Gateway):
                "--mqtt-port", str(mqtt_port), "--data-dir", str(data_dir)]
         if store:
             cmd += ["--store", store]
-        self.log, self.data_dir = log, data_dir
-        with open(log, "a") as err:
-            err.write(f"--- start {time.strftime('%H:%M:%S')} ---\n")
-            err.flush()
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            text = log.read_text(errors="replace")
-            if MQTT_LISTENING.search(text[text.rfind("--- start"):]):
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.proc.kill()
-        self.proc.wait()
-        raise RuntimeError(f"the gateway did not start (see {log}):\n{log.read_text(errors='replace')[-2000:]}")
+        self.data_dir = data_dir
+        self.launch(cmd, log, MQTT_LISTENING, append=True, header=f"--- start {time.strftime('%H:%M:%S')} ---\n")
 
 
 class Link(AsyncRawClient):

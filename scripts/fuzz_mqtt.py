@@ -51,6 +51,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from crash_trials_mqtt import Gateway, free_port  # noqa: E402
+from fuzz_sessions import log_since  # noqa: E402
 
 from gateway.mqtt import codec as P  # noqa: E402
 
@@ -513,13 +514,8 @@ def main() -> int:
                 problem = problem or f"the gateway sent a packet a client cannot read: {outcome.unreadable}"
             if gw.proc.poll() is not None:
                 problem = f"the gateway died (exit {gw.proc.returncode})"
-            with open(gw.log, errors="replace") as f:
-                f.seek(log_at)
-                new = f.read()
-                log_at = f.tell()
+            new, log_at, ends = log_since(gw.log, log_at)
             if "Traceback" in new:
-                ends = [line for line in new.splitlines() if line and not line.startswith((" ", "Traceback"))
-                        and ":" in line and line.split(":")[0].replace(".", "").isidentifier()]
                 for end in ends:
                     tracebacks[end[:160]] += 1
                 problem = problem or f"a traceback in the gateway's log: {ends[-1][:200] if ends else '?'}"

@@ -396,6 +396,18 @@ def well_behaved(port: int, n: int) -> None:
         conn.close()
 
 
+def log_since(log: Path, at: int) -> tuple[str, int, list[str]]:
+    """What the gateway wrote to ``log`` since offset ``at``, the new offset, and the last line of
+    each traceback in it (the exception that ended it), for the fuzzers' checks."""
+    with open(log, errors="replace") as f:
+        f.seek(at)
+        new = f.read()
+        at = f.tell()
+    ends = [line for line in new.splitlines() if line and not line.startswith((" ", "Traceback"))
+            and ":" in line and line.split(":")[0].replace(".", "").isidentifier()] if "Traceback" in new else []
+    return new, at, ends
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sessions", type=int, default=1000)
@@ -436,13 +448,8 @@ def main() -> int:
                     well_behaved(gw.port, i)
                 except Exception as e:
                     problem = problem or f"the well-behaved client failed: {e!r}"
-            with open(gw.log, errors="replace") as f:
-                f.seek(log_at)
-                new = f.read()
-                log_at = f.tell()
+            new, log_at, ends = log_since(gw.log, log_at)
             if "Traceback" in new:
-                ends = [line for line in new.splitlines() if line and not line.startswith((" ", "Traceback"))
-                        and ":" in line and line.split(":")[0].replace(".", "").isidentifier()]
                 for end in ends:
                     tracebacks[end[:160]] += 1
                 problem = problem or f"a traceback in the gateway's log: {ends[-1][:200] if ends else '?'}"
