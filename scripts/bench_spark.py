@@ -31,6 +31,12 @@ connector's default, ``lz4`` or ``none``).
 after: on a shared machine, read the ratios (both sides alternate under the same load), not
 the seconds.
 
+``--read-audit`` measures instead ``spark.read_audit`` (the log compacted to Parquet, read
+by Spark's own Parquet reader) against spark.read.json on the same records: a full-scan
+aggregate, a narrow query (count per event) and a filtered one (one hour's acks), warm (one
+session) and cold (each run the first query of a new session), and the bytes on disk of both
+forms.
+
 ``--cluster`` starts a standalone master and one worker (2 cores) from pyspark's own launcher
 for the run, as tests/spark/test_spark_cluster.py does; ``--master URL`` uses a running one;
 the default is local[2].
@@ -39,6 +45,7 @@ the default is local[2].
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -172,11 +179,11 @@ def run(root: str, master: str, cases: tuple[str, ...] = CASES,
     print(f"master {master}, medians of {ROUNDS}, ratio = spark.read.json time / cmq-audit time "
           f"(cpu: seconds of CPU of the driver, the JVM and the Python workers); "
           f"load average {load_average()}", flush=True)
-    typed = lambda: spark.read.schema(json_schema).json(root)  # noqa: E731
+    typed = lambda: json_reader(spark).schema(json_schema).json(root)  # noqa: E731
     runs: dict[str, Callable[[], None]] = {
         "full": lambda: case("full scan, every column", audit, typed),
         "noop": lambda: case("full scan, noop write (all columns)", audit, typed, noop=True),
-        "infer": lambda: case("full scan, json infers the schema", audit, lambda: spark.read.json(root)),
+        "infer": lambda: case("full scan, json infers the schema", audit, lambda: json_reader(spark).json(root)),
         "columns": lambda: case(f"full scan, columns={USED}", lambda: audit(columns=USED), typed),
         "hour": lambda: case("one hour, from/to options", lambda: audit(**{"from": hour, "to": hour_end, "columns": USED}),
                              lambda: typed().where(where)),
@@ -194,6 +201,190 @@ def run(root: str, master: str, cases: tuple[str, ...] = CASES,
     spark.stop()
 
 
+def json_reader(spark: Any) -> Any:
+    """spark.read for the JSON-lines segments only (the Parquet files beside them are not JSON)."""
+    return spark.read.option("pathGlobFilter", "*.jsonl")
+
+
+def disk_bytes(root: str) -> tuple[int, int]:
+    """Bytes of the JSON-lines segments and of their Parquet files under ``root``."""
+    jsonl = sum(p.stat().st_size for p in Path(root).rglob("audit-*.jsonl"))
+    parquet = sum(p.stat().st_size for p in Path(root).rglob("audit-*.parquet"))
+    return jsonl, parquet
+
+
+READ_AUDIT_CASES = {
+    # name: (what it asks, SQL over the DataFrame "t")
+    "full": ("full scan: count, sum(size), count distinct event, max(ts)",
+             "select count(*) as n, sum(size) as bytes, count(distinct event) as events, max(ts) as last from t"),
+    "narrow": ("narrow: count per event",
+               "select event, count(*) as n from t group by event order by event"),
+    "filtered": ("filtered: acks of one hour, p50 latency",
+                 "select count(*) as n, percentile_approx(latency_ms, 0.5) as p50 from t "
+                 "where event = 'ack' and ts >= timestamp'{hour}' and ts < timestamp'{hour_end}'"),
+}
+
+
+def run_read_audit(root: str, master: str, rounds: int) -> None:
+    """``--read-audit``: spark.read_audit (compacted segments through Spark's Parquet reader)
+    against spark.read.json with the explicit schema, on the same records.  Warm: one session,
+    a warm-up of each, then ``rounds`` interleaved runs.  Cold: each run the first query of a
+    new process (a new JVM: no JIT-compiled code, no listing cached), interleaved; its start
+    is not timed."""
+    from tests.spark.standalone import spark_env
+
+    os.environ.update({k: v for k, v in spark_env(CODE).items() if k.startswith("PYSPARK") or k == "PYTHONPATH"})
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructField, StructType
+
+    from spark import read_audit
+    from spark.schema import JSON_COLUMNS
+
+    json_schema = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS])
+
+    def session() -> SparkSession:
+        builder = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false")
+                   .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g"))
+        if master.startswith("spark://"):
+            builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "1536m")
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        return spark
+
+    spark = session()
+    first = read_audit(spark, root, columns="ts").selectExpr("min(ts) as t").collect()[0].t
+    lo = first.replace(minute=0, second=0, microsecond=0)
+    hour = (lo.replace(hour=lo.hour + 2)).strftime("%Y-%m-%dT%H:00:00Z")
+    hour_end = (lo.replace(hour=lo.hour + 3)).strftime("%Y-%m-%dT%H:00:00Z")
+    os.environ["BENCH_HOUR"] = f"{hour},{hour_end}"  # for the cold runs' processes
+
+    def query(spark: SparkSession, which: str, sql: str) -> tuple[float, list[Any]]:
+        df = read_audit(spark, root) if which == "read_audit" else json_reader(spark).schema(json_schema).json(root)
+        df.createOrReplaceTempView("t")
+        t0 = time.perf_counter()
+        rows = spark.sql(sql.format(hour=hour, hour_end=hour_end)).collect()
+        return time.perf_counter() - t0, rows
+
+    jsonl, parquet = disk_bytes(root)
+    print(f"master {master}; bytes on disk: JSON lines {jsonl:,}, Parquet {parquet:,} "
+          f"({parquet / jsonl:.1%} of the JSON); load average {load_average()}", flush=True)
+    print(f"ratio = spark.read.json time / read_audit time; medians of {rounds}", flush=True)
+    for name, (label, sql) in READ_AUDIT_CASES.items():
+        query(spark, "read_audit", sql)  # warm-up of each
+        query(spark, "json", sql)
+        a, b = [], []
+        for _ in range(rounds):
+            wa, ra = query(spark, "read_audit", sql)
+            wb, rb = query(spark, "json", sql)
+            assert [r[:2] if name == "narrow" else r[0] for r in ra] == [r[:2] if name == "narrow" else r[0] for r in rb], \
+                (name, ra, rb)
+            a.append(wa)
+            b.append(wb)
+        ma, mb = statistics.median(a), statistics.median(b)
+        print(f"warm  {label:48s} read_audit {ma:6.2f}s  spark.read.json {mb:6.2f}s  ratio {mb / ma:5.2f}x", flush=True)
+    spark.stop()
+    for name, (label, _sql) in READ_AUDIT_CASES.items():
+        a, b = [], []
+        for _ in range(rounds):
+            a.append(cold_query(root, master, "read_audit", name))
+            b.append(cold_query(root, master, "json", name))
+        ma, mb = statistics.median(a), statistics.median(b)
+        print(f"cold  {label:48s} read_audit {ma:6.2f}s  spark.read.json {mb:6.2f}s  ratio {mb / ma:5.2f}x", flush=True)
+    print(f"load average {load_average()}", flush=True)
+
+
+def cold_query(root: str, master: str, which: str, case: str) -> float:
+    """One query as the first of a new process (a new JVM: no JIT-compiled code, no file
+    listing or footer cached): the seconds of the query alone, JVM start excluded."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(CODE)}
+    got = subprocess.run([sys.executable, __file__, "--keep", root, "--master", master, "--cold-query", f"{which}:{case}"],
+                         env=env, capture_output=True, text=True, check=True)
+    return float(got.stdout.strip().splitlines()[-1])
+
+
+def one_cold_query(root: str, master: str, spec: str) -> None:
+    from tests.spark.standalone import spark_env
+
+    os.environ.update({k: v for k, v in spark_env(CODE).items() if k.startswith("PYSPARK") or k == "PYTHONPATH"})
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructField, StructType
+
+    from spark import read_audit
+    from spark.schema import JSON_COLUMNS
+
+    which, case = spec.split(":")
+    builder = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    json_schema = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS])
+    hour, hour_end = os.environ["BENCH_HOUR"].split(",") if "BENCH_HOUR" in os.environ else ("", "")
+    df = read_audit(spark, root) if which == "read_audit" else json_reader(spark).schema(json_schema).json(root)
+    df.createOrReplaceTempView("t")
+    t0 = time.perf_counter()
+    spark.sql(READ_AUDIT_CASES[case][1].format(hour=hour, hour_end=hour_end)).collect()
+    print(time.perf_counter() - t0)
+    spark.stop()
+
+
+def time_report(audit_dir: str, runs: int) -> None:
+    """``--report-time``: ``cmq-audit report`` on ``audit_dir`` as a user runs it (a new
+    process, Spark started), ``runs`` times: wall time, and CPU seconds of the whole process
+    tree (the CLI, the JVM, Python workers), sampled every 0.2 s per process, since on a
+    loaded shared machine the wall time measures the others' load as much as the report."""
+    import subprocess
+
+    for _ in range(runs):
+        out = tempfile.mkdtemp(prefix="bench-report-")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+        env["PYTHONPATH"] = str(CODE)
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "spark.cli", "report", "--audit-dir", audit_dir, "--out", out],
+                                env=env, stderr=subprocess.PIPE, text=True)
+        peak: dict[int, float] = {}
+        while proc.poll() is None:
+            for pid, cpu in tree_cpu_by_pid(proc.pid).items():
+                peak[pid] = max(cpu, peak.get(pid, 0.0))
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+        assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+        lines = proc.stderr.read().splitlines() if proc.stderr else []
+        records = json.loads(Path(out, "report.json").read_text())["records"]
+        print(f"cmq-audit report on {records:,} records: wall {wall:6.1f}s, cpu {sum(peak.values()):6.1f}s "
+              f"({len(peak)} processes), stderr {len(lines)} lines; load average {load_average()}", flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def tree_cpu_by_pid(root: int) -> dict[int, float]:
+    """CPU seconds (user + system, own) of ``root`` and each live descendant."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == root:
+                return True
+            pid = parent.get(pid, 0)
+        return False
+
+    return {pid: c for pid, c in cpu.items() if ours(pid)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -204,10 +395,23 @@ def main() -> None:
     ap.add_argument("--cache", default=",".join(CACHE_STATES),
                     help=f"comma-separated states of the connector's cache, of {', '.join(CACHE_STATES)}")
     ap.add_argument("--cache-codec", default="zstd", help="the cacheCodec option: zstd, lz4 or none")
+    ap.add_argument("--read-audit", action="store_true",
+                    help="spark.read_audit over the compacted log against spark.read.json (full, narrow, "
+                         "filtered; warm and cold) instead of the cases above; compacts the log first")
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--cold-query", default=None, help=argparse.SUPPRESS)  # WHICH:CASE, one run in this process
+    ap.add_argument("--report-time", metavar="DIR", default=None,
+                    help="time `cmq-audit report` on this audit directory (--rounds runs) and nothing else")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--master", default="local[2]")
     where.add_argument("--cluster", action="store_true", help="start a standalone cluster for the run")
     args = ap.parse_args()
+    if args.cold_query:
+        one_cold_query(args.keep, args.master, args.cold_query)
+        return
+    if args.report_time:
+        time_report(args.report_time, args.rounds)
+        return
     cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
     if not cases or set(cases) - set(CASES):
         ap.error(f"--cases: choose from {', '.join(CASES)}")
@@ -226,15 +430,28 @@ def main() -> None:
         # spark.demo writes about 8.67 records per message lifecycle.
         n = write_demo_log(root, round(args.records / 8.67), rate=5.0, rotate_bytes=32 * 1024 * 1024)
         print(f"generated {n:,} records in {time.perf_counter() - t0:.1f}s", flush=True)
+    if args.read_audit:
+        from gateway.audit.compact import compact_dir
+
+        t0 = time.perf_counter()
+        done = compact_dir(root, wait=True)  # what the writer's compactor has not done yet
+        print(f"compacted {done} in {time.perf_counter() - t0:.1f}s", flush=True)
+
+    def go(master: str) -> None:
+        if args.read_audit:
+            run_read_audit(root, master, args.rounds)
+        else:
+            run(root, master, cases, cache_states, args.cache_codec)
+
     try:
         if args.cluster:
             from tests.spark.standalone import standalone
 
             with tempfile.TemporaryDirectory(prefix="bench-spark-cluster-") as tmp, \
                     standalone(Path(tmp), memory="2g") as url:
-                run(root, url, cases, cache_states, args.cache_codec)
+                go(url)
         else:
-            run(root, args.master, cases, cache_states, args.cache_codec)
+            go(args.master)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
