@@ -11,6 +11,7 @@ from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan, St
 
 from gateway.audit import AuditLog
 from gateway.audit.layout import list_files
+from gateway.audit.record import SCHEMA_VERSION
 from spark.schema import AUDIT_SCHEMA
 from spark.source import AuditPushdownReader, AuditReader
 
@@ -44,7 +45,7 @@ def test_A4_typed_schema_round_trip(spark, tmp_path: Path) -> None:
     (row,) = df.collect()
     assert row.ts == dt.datetime(2024, 5, 1, 10, 0, 0, 250000)  # session time zone is UTC
     assert (row.v, row.event, row.topic, row.subscription, row.tags, row.attempt, row.size) == (
-        1, "retry", "orders", "billing", ["x"], 3, 10)
+        SCHEMA_VERSION, "retry", "orders", "billing", ["x"], 3, 10)
     assert (row.latency_ms, row.next_at, row.conn, row.policy) == (
         1.5, dt.datetime(2024, 5, 1, 10, 0, 12), "7", "BACKOFF_RETRY")
     assert (row.dt, row.hour, row.file.startswith("dt=2024-05-01/hour=10/audit-")) == ("2024-05-01", 10, True)
