@@ -21,6 +21,15 @@ from spark.stream import AuditStreamReader
 
 pytestmark = pytest.mark.spark
 
+
+@pytest.fixture(autouse=True)
+def _json_lines_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache holds parsed JSON-lines segments: the writer compacts none to Parquet here
+    (a compacted segment is read from its Parquet file, never cached)."""
+    from gateway.audit import compact
+
+    monkeypatch.setenv(compact.MODE_ENV, "off")
+
 H10 = 1_714_557_600.0  # 2024-05-01T10:00:00Z
 ODD = (b'{"v":1,"ts":"2024-05-01T10:30:00.000001Z","event":"publish","vhost":"/","topic":null,'
        b'"tags":null,"size":null,"unknown":{"a":[1,2]},"also_unknown":"x"}\n'
