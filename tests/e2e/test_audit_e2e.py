@@ -146,6 +146,7 @@ class Run:
     auth_error: str = ""
     closed_files: list[str] = field(default_factory=list)
     open_files: list[str] = field(default_factory=list)
+    parquet_files: list[str] = field(default_factory=list)
 
 
 def _local_peer(conn: pika.BlockingConnection) -> str:
@@ -269,9 +270,12 @@ def audit_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     # The gateway is stopped: its audit log is closed (A3).
     for dirpath, _, files in os.walk(audit_dir):
         for f in files:
-            if f == ".lock" and dirpath == audit_dir:
-                continue  # the audit directory's lock (one gateway per directory), not a log file
+            if f.startswith(".") and dirpath == audit_dir:
+                continue  # the directory's locks (.lock: one gateway, .compact.lock: one compactor)
             rel = os.path.relpath(os.path.join(dirpath, f), audit_dir)
+            if f.endswith(".parquet"):
+                run.parquet_files.append(rel)  # a closed segment compacted (A7), beside its JSON lines
+                continue
             (run.open_files if f.endswith(".open") else run.closed_files).append(rel)
     yield run
 
@@ -360,6 +364,8 @@ def test_A1_A2_A3_A4_audit_log_of_a_known_workload(spark: Any, audit_run: Run) -
     # A3: rotation by size left several closed files, and stopping closed the last one.
     assert run.open_files == []
     assert len(run.closed_files) >= 3, run.closed_files
+    # A7, keep mode: a compacted segment keeps its JSON lines beside its Parquet file.
+    assert {p.removesuffix(".parquet") + ".jsonl" for p in run.parquet_files} <= set(run.closed_files)
     assert all(re.fullmatch(r"dt=\d{4}-\d\d-\d\d/hour=\d\d/audit-\d{8}T\d{6}\.\d{6}Z-\d{6,}\.jsonl", f)
                for f in run.closed_files), run.closed_files
 
