@@ -139,6 +139,9 @@ class Broker:
         self.endpoint_hooks: dict[str, Callable[[Any, Any, Any], bool | None]] = {}
         self.http_pusher: Any = None  # gateway.push.HttpPusher, once HTTP subscriptions exist
         self.confirm_waiters: set[Channel] = set()
+        # Publishes acked to publishers, by vhost (the management API's message_stats.confirm;
+        # the audit log has no record of a confirm to count).
+        self.confirmed: dict[str, int] = {}
         # True while the store cannot write (W5, M14). The guarantee, for a persistent message
         # to a durable queue: basic.ack only once it is on disk (fsynced); basic.nack only for
         # a message the gateway never took (published while read-only: not enqueued, so never

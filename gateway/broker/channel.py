@@ -40,6 +40,7 @@ class Channel:
         # transport's turn: the last ready seq and how many (M14, RabbitMQ's multiple=true).
         self.ready_seq = 0
         self.ready_count = 0
+        self.confirmed = 0  # publishes acked to the publisher (the management API's confirm stat)
         self.tx = False
         self.committing = False  # tx.commit running: deliveries it frees go out after commit-ok
         self.reply_key: str | None = None  # direct reply-to: this channel's reply consumer
@@ -230,6 +231,14 @@ class Channel:
             if self.ready_count == 1:
                 broker.confirm_ready(self)
 
+    def _count_confirmed(self, count: int) -> None:
+        """Once per basic.ack frame, not per message: RabbitMQ's confirm stat counts the
+        messages a (multiple) ack covers, on the channel and its vhost."""
+        self.confirmed += count
+        by_vhost = self.session.broker.confirmed
+        vhost = self.session.vhost_name
+        by_vhost[vhost] = by_vhost.get(vhost, 0) + count
+
     def send_ready_confirms(self) -> None:
         """The ready confirms as one basic.ack (multiple=true when they are several)."""
         count = self.ready_count
@@ -237,6 +246,7 @@ class Channel:
             self.ready_count = 0
             if not self.closing:
                 self.session.conn.send_ack(self.number, self.ready_seq, count > 1)
+                self._count_confirmed(count)
 
     def fail_pending_confirms(self) -> None:
         """The broker stops while the store still cannot write (StoreFailedError at close):
@@ -251,6 +261,7 @@ class Channel:
         for seq, lsn in pending:
             if lsn == 0:  # had nothing to wait for (a transient message): its ack stands
                 send(self.number, C.Basic.Ack(delivery_tag=seq, multiple=False))
+                self._count_confirmed(1)
             else:
                 send(self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
         self.session.request_flush()
@@ -275,11 +286,13 @@ class Channel:
                 continue
             if count:
                 send(self.number, C.Basic.Ack(delivery_tag=last, multiple=count > 1))
+                self._count_confirmed(count)
                 count = 0
             send(self.number, C.Basic.Nack(delivery_tag=seq, multiple=False, requeue=False))
             sent = True
         if count and not self.closing:
             send(self.number, C.Basic.Ack(delivery_tag=last, multiple=count > 1))
+            self._count_confirmed(count)
             sent = True
         if sent:
             self.session.request_flush()

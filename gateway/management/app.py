@@ -92,6 +92,10 @@ class Management:
             out["x", *key] = n
         for (event, vhost), n in list(c.events.items()):
             out["e", vhost, event] = n
+        for vhost, n in list(c.redelivered.items()):
+            out["redeliver", vhost] = n
+        for vhost, n in list(self.broker.confirmed.items()):
+            out["confirm", vhost] = n
         return out
 
     def rate(self, *key: Any) -> float:

@@ -8,7 +8,8 @@ inspection scripts) carry the same names, types and meaning as RabbitMQ 3.x:
   as RabbitMQ does not count messages held by the delayed-message exchange, and are shown
   under ``cmq`` and by the CMQ API;
 * ``message_stats`` counts from the audit tee (gateway.metrics), with ``*_details.rate``
-  per second over the last sample window (KEDA reads ``publish_details.rate``);
+  per second over the last sample window (KEDA reads ``publish_details.rate``); the
+  overview's ``confirm`` (publisher confirms acked) is counted by the channels instead;
 * lists are plain JSON arrays, or RabbitMQ's paged object when ``page`` is given.
 
 Vhost names are URL-encoded in paths (``%2F`` is ``/``), as in RabbitMQ (M1).
@@ -442,8 +443,12 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             count = sum(c.count(event, v) for v in names)
             stats[name] = count
             stats[f"{name}_details"] = {"rate": round(sum(mgmt.rate("e", v, event) for v in names), 1)}
-        stats["redeliver"] = sum(c.redelivered.get(v, 0) for v in names)
-        stats["redeliver_details"] = {"rate": 0.0}
+        # Confirms and redeliveries are not audit events of their own: counted apart.
+        confirmed = mgmt.broker.confirmed
+        redelivered = c.redelivered
+        for name, counts in (("confirm", confirmed), ("redeliver", redelivered)):
+            stats[name] = sum(counts.get(v, 0) for v in names)
+            stats[f"{name}_details"] = {"rate": round(sum(mgmt.rate(name, v) for v in names), 1)}
         gw = mgmt.target.gateway
         listeners = [{"node": NODE, "protocol": "amqp", "ip_address": h, "port": p}
                      for h, p in getattr(gw, "addresses", [])]

@@ -256,6 +256,32 @@ def test_UI2_views_by_rabbitmq_names(console: Console, tab: Tab) -> None:
             conn.close()
 
 
+def test_UI2_overview_charts_the_confirm_rate(console: Console, tab: Tab) -> None:
+    """Issue 29's overview rates: publish, confirm, deliver/get, ack and redeliver, the
+    confirm series moving once a publisher's confirms come back (the page's own samples of
+    /api/overview's confirm_details.rate, taken at each refresh)."""
+    tab.logged_in()
+    tab.go("#/overview", "#overview figure.chart")
+    legend = tab.page.locator("#overview .legend span")
+    expect(legend).to_have_count(5)
+    assert [t.split(":")[0] for t in legend.all_inner_texts()] == [
+        "publish", "confirm", "deliver / get", "ack", "redeliver"]
+    conn = console.pika()
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.queue_declare("confirm-rate-queue")
+        for i in range(200):  # each waits for its confirm (pika's BlockingChannel)
+            ch.basic_publish("", "confirm-rate-queue", f"m{i}".encode())
+        # The gateway samples its counters every 5 s and the page refreshes every 5 s.
+        tab.page.wait_for_function("""() => [...document.querySelectorAll('#overview .legend span')].some(
+            (s) => /^confirm: [0-9.,]*[1-9]/.test(s.textContent))""", timeout=30_000)
+        tab.shot("overview-rates")
+        ch.queue_delete("confirm-rate-queue")
+    finally:
+        conn.close()
+
+
 def test_UI2_queue_appears_with_its_depth_and_updates_live(console: Console, tab: Tab) -> None:
     conn = console.pika()
     ch = conn.channel()

@@ -208,3 +208,61 @@ async def test_W5_node_resources_and_local_alarms_match_rabbitmq(sides: tuple[Si
         assert set(await gateway.get(f"/api/nodes/{gn['name']}")) == set(gn)
         assert await rabbit.get("/api/health/checks/local-alarms") == await gateway.get(
             "/api/health/checks/local-alarms") == {"status": "ok"}
+
+
+
+# The rates the console's overview charts (issue 29), RabbitMQ's names for them.
+CHARTED = ("publish", "confirm", "deliver_get", "ack", "redeliver")
+
+
+async def test_M1_overview_confirm_and_redeliver_stats_match_rabbitmq(sides: tuple[Side, Side]) -> None:
+    """/api/overview's message_stats after 20 confirmed publishes and two gets, the first
+    rejected with requeue: ``confirm`` and ``redeliver`` counted as RabbitMQ counts them,
+    under its names, each with ``*_details.rate``. Read by a management user of a vhost of
+    its own, whose overview counts that vhost only (on both), so other clients of the shared
+    RabbitMQ do not change the numbers."""
+    uid = uuid.uuid4().hex[:8]
+    vhost, user = f"confirm-{uid}", f"confirm-{uid}"
+    counts: dict[str, dict[str, Any]] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    for side in sides:
+        own = aiohttp.ClientSession(auth=aiohttp.BasicAuth(user, "pw"))
+        port = int(side.amqp.rsplit(":", 1)[1].split("/")[0])
+        try:
+            for path, body in ((f"/api/vhosts/{vhost}", None),
+                               (f"/api/users/{user}", {"password": "pw", "tags": "management"}),
+                               (f"/api/permissions/{vhost}/{user}", {"configure": ".*", "write": ".*", "read": ".*"})):
+                async with side.http.put(side.base + path, json=body) as r:
+                    assert r.status in (201, 204), (side.base, path, r.status)
+            conn = await aio_pika.connect(f"amqp://{user}:pw@127.0.0.1:{port}/{vhost}")
+            try:
+                ch = await conn.channel(publisher_confirms=True)
+                q = await ch.declare_queue("q")
+                for i in range(20):
+                    await ch.default_exchange.publish(aio_pika.Message(f"m{i}".encode()), routing_key="q")
+                first = await q.get(no_ack=False)
+                await first.reject(requeue=True)
+                again = await q.get(no_ack=False)
+                assert again.redelivered
+                await again.ack()
+                mine = Side(side.amqp, side.base, own)
+                overview = await mine.until("/api/overview", lambda o: all(
+                    o.get("message_stats", {}).get(k) for k in CHARTED))
+                stats[side.base] = ms = overview["message_stats"]
+                counts[side.base] = {k: ms.get(k) for k in CHARTED}
+                if side is sides[1]:  # the gateway's rate (sampled every 5 s) shows the burst
+                    rated = await mine.until("/api/overview", lambda o: o["message_stats"]["confirm_details"]["rate"] > 0)
+                    assert rated["message_stats"]["confirm_details"]["rate"] > 0
+            finally:
+                await conn.close()
+        finally:
+            await own.close()
+            for path in (f"/api/users/{user}", f"/api/vhosts/{vhost}"):
+                async with side.http.delete(side.base + path):
+                    pass
+    rabbit, gateway = counts.values()
+    assert gateway == rabbit == {"publish": 20, "confirm": 20, "deliver_get": 2, "ack": 1, "redeliver": 1}
+    for ms in stats.values():
+        for stat in CHARTED:
+            assert set(ms[f"{stat}_details"]) == {"rate"}, stat
+            assert isinstance(ms[f"{stat}_details"]["rate"], int | float), stat

@@ -7,8 +7,10 @@ const LISTENER_NAMES = {
   amqp: 'AMQP', 'amqp/ssl': 'AMQPS', mqtt: 'MQTT', 'mqtt/ssl': 'MQTTS', http: 'Management API', https: 'Management API',
   'http/prometheus': 'Metrics', 'https/prometheus': 'Metrics', 'cmq-api': 'CMQ API', 'cmq-api/ssl': 'CMQ API',
 };
-// /api/overview has no confirm rate (the gateway counts no confirm event): three series.
-const rates = new Series(['publish', 'deliver / get', 'ack']);
+// RabbitMQ's overview rates, under /api/overview's message_stats names.
+const RATES = [['publish', 'publish'], ['confirm', 'confirm'], ['deliver_get', 'deliver / get'], ['ack', 'ack'],
+  ['redeliver', 'redeliver']];
+const rates = new Series(RATES.map(([, label]) => label));
 
 export function overviewView(ctx) {
   const totals = h('div');
@@ -31,7 +33,7 @@ export function overviewView(ctx) {
       ['Messages unacked', qt.messages_unacknowledged], ['Messages total', qt.messages],
     ]));
     const r = (k) => (ms[`${k}_details`] || {}).rate || 0;
-    rates.add([r('publish'), r('deliver_get'), r('ack')]);
+    rates.add(RATES.map(([k]) => r(k)));
     rateChart.draw();
     const inEffect = o.alarms || [];
     fill(alarms, details([
