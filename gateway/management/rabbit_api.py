@@ -35,7 +35,7 @@ from aiohttp import web
 from gateway.auth import User
 from gateway.jetstream.api_receive import demand_for
 from gateway.management import definitions
-from gateway.management.app import USER, Management, bad_request, jsonable, not_found, read_json
+from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
 from gateway.protocol.properties import Properties
 from semantics.names import cmq_name
 
@@ -142,13 +142,16 @@ def _page(q: Any, items: list[Any], total: int) -> dict[str, Any]:
     try:
         page, size = int(q["page"]), int(q.get("page_size", "100"))
     except ValueError:
-        raise bad_request("page and page_size must be integers")
-    if page < 1 or not 1 <= size <= 500:
-        raise bad_request("page must be >= 1 and page_size 1-500")
+        raise bad_request("Pagination parameters are invalid")
+    if page < 1 or not 1 <= size <= 500:  # RabbitMQ's error and limits
+        raise ApiError(400, "invalid_pagination_parameters",
+                       f"Invalid pagination parameters: page number {page}, page size {size}")
     filtered = len(items)
+    if page > 1 and (page - 1) * size >= filtered:  # RabbitMQ's 400; page 1 of nothing is a page
+        raise ApiError(400, "page_out_of_range", f"Page out of range, page: {page} page size: {size}, len: {filtered}")
     chunk = items[(page - 1) * size: page * size]
     return {"filtered_count": filtered, "item_count": len(chunk), "items": chunk, "page": page,
-            "page_count": max(1, math.ceil(filtered / size)), "page_size": size, "total_count": total}
+            "page_count": math.ceil(filtered / size), "page_size": size, "total_count": total}
 
 
 # Queue fields a list may be sorted on that cost nothing to read (issue 29: the console pages
