@@ -25,6 +25,7 @@ API, /metrics, the CMQ API).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import resource
@@ -38,7 +39,7 @@ from aiohttp import web
 
 from gateway.memory import HELD
 
-__all__ = ["Admission", "Gate", "HttpPolicy", "serve_http"]
+__all__ = ["Admission", "Gate", "HttpPolicy", "TlsListener", "serve_http"]
 
 log = logging.getLogger("cmq_gateway.admission")
 
@@ -183,6 +184,79 @@ def refuse(transport: asyncio.BaseTransport) -> None:
     transport.abort()  # type: ignore[attr-defined]
 
 
+class TlsListener:
+    """A TLS listener whose sockets its gate counts from accept, before their handshake (as
+    RabbitMQ's ranch does): accepted here, admitted or refused at once, and only then given
+    to asyncio for the handshake (``connect_accepted_socket``), whose protocol arrives
+    admitted (``_gate`` set: it leaves the gate at its end). ``create_server(ssl=...)`` tells
+    a protocol of its socket only after the handshake, so sockets still in it escaped
+    ``max_connections`` and the descriptor reserve. Quacks as the ``asyncio.Server`` the
+    listeners keep (close, wait_closed, sockets)."""
+
+    def __init__(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol], gate: Gate,
+                 ssl_context: Any, timeout: float | None) -> None:
+        self.sockets = [sock]
+        self.factory = factory
+        self.gate = gate
+        self.ssl_context = ssl_context
+        self.timeout = timeout or None
+        self.handshakes: set[asyncio.Task[None]] = set()
+        sock.setblocking(False)
+        sock.listen(1024)  # as create_server would (a socket given to aiohttp is not listening yet)
+        self._accepting = asyncio.get_running_loop().create_task(self._accept(sock))
+
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except asyncio.CancelledError:
+                raise
+            except OSError as e:  # EMFILE and the like: as asyncio's own accept loop, wait a little
+                _note("tls accept", "accept on %s failed: %r", self.gate.name, e)
+                await asyncio.sleep(0.1)
+                continue
+            if not self.gate.enter():
+                with contextlib.suppress(OSError):
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                conn.close()
+                continue
+            task = loop.create_task(self._handshake(conn))
+            self.handshakes.add(task)
+            task.add_done_callback(self.handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket) -> None:
+        def admitted() -> asyncio.Protocol:
+            protocol = self.factory()
+            protocol._gate = self.gate  # type: ignore[attr-defined]
+            return protocol
+
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                admitted, conn, ssl=self.ssl_context, ssl_handshake_timeout=self.timeout)
+        except BaseException as e:  # a failed or timed-out handshake (or the listener closed)
+            if not isinstance(e, asyncio.CancelledError):
+                _note("tls handshake", "TLS handshake on %s failed: %r", self.gate.name, e)
+            conn.close()
+            self.gate.leave()
+            if not isinstance(e, Exception):
+                raise
+
+    def close(self) -> None:
+        self._accepting.cancel()
+        for task in list(self.handshakes):
+            task.cancel()
+        for sock in self.sockets:
+            sock.close()
+
+    async def wait_closed(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._accepting
+
+    def is_serving(self) -> bool:
+        return not self._accepting.done()
+
+
 # -- HTTP -------------------------------------------------------------------------------------
 
 
@@ -219,7 +293,7 @@ class _HttpGuard(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self.gate.enter():
+        if getattr(self, "_gate", None) is None and not self.gate.enter():
             if transport.get_extra_info("ssl_object") is None:
                 try:
                     transport.write(_REFUSED_HTTP)  # type: ignore[attr-defined]  # into the kernel's buffer: abort after it
@@ -362,19 +436,20 @@ class _GuardedSite(web.SockSite):
     handshake timed as on the AMQPS port (aiohttp's default: 60 s)."""
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, *, ssl_context: Any,
-                 factory: Callable[[], asyncio.Protocol], handshake_timeout: float | None) -> None:
+                 factory: Callable[[], asyncio.Protocol], handshake_timeout: float | None, gate: Gate) -> None:
         super().__init__(runner, sock, ssl_context=ssl_context, backlog=1024)
+        self._gate = gate
         self._factory = factory
         self._handshake_timeout = handshake_timeout
 
     async def start(self) -> None:
         self._runner._reg_site(self)
         loop = asyncio.get_running_loop()
-        extra: dict[str, Any] = {}
-        if self._ssl_context is not None and self._handshake_timeout:
-            extra["ssl_handshake_timeout"] = self._handshake_timeout
-        self._server = await loop.create_server(self._factory, sock=self._sock, ssl=self._ssl_context,
-                                                backlog=self._backlog, **extra)
+        if self._ssl_context is not None:
+            self._server = TlsListener(self._sock, self._factory, self._gate, self._ssl_context,  # type: ignore[assignment]
+                                       self._handshake_timeout)
+        else:
+            self._server = await loop.create_server(self._factory, sock=self._sock, backlog=self._backlog)
 
 
 async def serve_http(app: web.Application, *, gate: Gate, policy: HttpPolicy, sockets: list[socket.socket],
@@ -394,7 +469,7 @@ async def serve_http(app: web.Application, *, gate: Gate, policy: HttpPolicy, so
     try:
         for sock in sockets:
             await _GuardedSite(runner, sock, ssl_context=ssl_context, factory=factory,
-                               handshake_timeout=handshake_timeout).start()
+                               handshake_timeout=handshake_timeout, gate=gate).start()
     except BaseException:
         await runner.cleanup()
         raise

@@ -434,10 +434,12 @@ class Gateway:
         assert self.config.tls is not None
         # SE4: the TLS handshake has its own limit (RabbitMQ's ssl_handshake_timeout); the AMQP
         # handshake deadline starts when the transport sees the connection, after it.
-        server = await asyncio.get_running_loop().create_server(
-            lambda: AMQPConnection(self), sock=sock, ssl=self.ssl_context,
-            ssl_handshake_timeout=self.config.tls.handshake_timeout or None)
-        self._servers.append(server)
+        # SE5: counted by the listener's gate from accept, before the handshake.
+        from gateway.admission import TlsListener
+
+        server = TlsListener(sock, lambda: AMQPConnection(self), self.admission.gate("amqps"), self.ssl_context,
+                             self.config.tls.handshake_timeout)
+        self._servers.append(server)  # type: ignore[arg-type]  # quacks as one
         self.tls_addresses.append(sock.getsockname()[:2])
 
     def operator_scheme(self, name: str) -> str:

@@ -250,7 +250,7 @@ class AMQPConnection(ClientProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ssl_object = transport.get_extra_info("ssl_object")
         admission = getattr(self.gw, "admission", None)
-        if admission is not None:  # SE5: the listener's limit and the descriptors' reserve
+        if admission is not None and self._gate is None:  # SE5: the listener's limit and the descriptors' reserve
             gate = admission.gate("amqps" if ssl_object is not None else "amqp")
             if not gate.enter():
                 from gateway.admission import refuse

@@ -241,7 +241,9 @@ class Session:
             return
         self.publish_now(ch, method, properties, body)
 
-    def publish_now(self, ch: Channel, method: Any, properties: Any, body: bytes) -> None:
+    def publish_now(self, ch: Channel, method: Any, properties: Any, body: bytes,
+                    msg_id: str | None = None) -> None:
+        """``msg_id``: the CMQ message ID to route it under (an MQTT QoS 2 resend's, MQ8)."""
         if properties.reply_to == REPLY_QUEUE:
             properties = self.broker.replies.rewrite(ch, properties)  # direct reply-to
         seq = 0
@@ -251,7 +253,7 @@ class Session:
         try:
             out = self.vhost.publish(method.exchange, method.routing_key, properties, body,
                                      immediate=method.immediate, user=self.user, peer=self.peer,
-                                     protocol=self.protocol)
+                                     protocol=self.protocol, msg_id=msg_id)
         except CMQError:
             raise
         except Exception:  # the store refused it (M14: basic.nack)

@@ -492,10 +492,11 @@ class VHost:
     def publish(self, exchange: str, routing_key: str, properties: Any, body: bytes,
                 *, immediate: bool = False, user: str | None = None,
                 peer: str | None = None, cycle: frozenset[str] = frozenset(),
-                protocol: str | None = None) -> PublishOutcome:
+                protocol: str | None = None, msg_id: str | None = None) -> PublishOutcome:
         """One basic.publish. Every record it leaves in the audit log (publish, route, enqueue,
-        discard) carries the one CMQ message ID it gets here (A2). ``protocol``: the API that
-        carried it when not AMQP (CA4), written in its publish record."""
+        discard) carries the one CMQ message ID it gets here (A2), or ``msg_id`` (a resend
+        that must be stored once, MQ8). ``protocol``: the API that carried it when not AMQP
+        (CA4), written in its publish record."""
         if immediate:
             # RabbitMQ 3.x dropped immediate: connection error 540.
             raise ConnectionFault("M16", "immediate=true", reply_code=NOT_IMPLEMENTED)
@@ -505,7 +506,7 @@ class VHost:
         ttl = _ttl_of(properties)
         if exchange == "":
             self._send_direct(routing_key, properties, body, headers, now, out, user, peer, ttl, cycle,
-                              protocol)
+                              protocol, msg_id)
             return out
         ex = self.exchange(exchange)
         if ex.internal:
@@ -515,7 +516,7 @@ class VHost:
         if profile.reported is not None:
             self._report_message(ex, tags, routing_key, user, peer)
         size = len(body)
-        msg_id = out.msg_id = new_msg_id()
+        msg_id = out.msg_id = msg_id or new_msg_id()
         values = (exchange, routing_key, msg_id, list(tags) or None, size, user, peer)
         if protocol is None:
             self.broker.emit_row(PUBLISH_TOPIC, self.name, values)
@@ -640,10 +641,11 @@ class VHost:
 
     def _send_direct(self, routing_key: str, properties: Any, body: bytes, headers: Any, now: float,
                      out: PublishOutcome, user: str | None, peer: str | None, ttl: float | None,
-                     cycle: frozenset[str] = frozenset(), protocol: str | None = None) -> None:
+                     cycle: frozenset[str] = frozenset(), protocol: str | None = None,
+                     msg_id: str | None = None) -> None:
         """M10: CMQ SendMessage straight to the queue named by the routing key."""
         size = len(body)
-        msg_id = out.msg_id = new_msg_id()
+        msg_id = out.msg_id = msg_id or new_msg_id()
         values = (routing_key, routing_key, msg_id, size, user, peer)
         if protocol is None:
             self.broker.emit_row(PUBLISH_QUEUE, self.name, values)

@@ -117,6 +117,7 @@ class ClusterBroker(Broker):
         self.mqtt = MQTTCluster(self)
         self.bodies = Bodies(link)
         self.publisher = Publisher(link.publishing, asyncio.get_running_loop())
+        self.store.publisher = self.publisher  # MQTT session records beside messages (ORDERED_KINDS)
         self.pub_js = link.publishing.jetstream(timeout=5.0)
         self.retained_owner: dict[str, str] = {}  # t/ key -> the gateway running its retries
         # Kinds of records the broker does not decode itself (MQTT's ms/, mr/): a change made

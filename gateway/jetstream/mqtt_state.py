@@ -42,7 +42,12 @@ PUBLISH, PUBREL and PUBCOMP wait for (``MQTTSession._after_save``, through the b
   ``MQTTService._drop_settled``): those stay reserved in the record, at most one receive
   window of identifiers a crash;
 * the LSN check of an incoming QoS 2 identifier (``MQTTService._drop_unrouted``) needs the
-  embedded journal's order; here the record and the message are two JetStream writes.
+  embedded journal's order; here the record and the message are writes to two streams. The
+  record goes first, on the messages' own connection (``JetStreamStore.ORDERED_KINDS``), and
+  names the message IDs it routed; a resend of an identifier of a resumed session is routed
+  again under those IDs, which each stream that has the message already drops as a duplicate
+  (its ``duplicate_window``, 2 minutes: a client that resends later than that may get a copy
+  twice, never none).
 """
 
 from __future__ import annotations

@@ -43,6 +43,13 @@ log = logging.getLogger("cmq_gateway.jetstream")
 # gateway dies (D2-D6); MQTT sessions (ms/) and retained messages (mr/) so that a client
 # finds them through any gateway (gateway.jetstream.mqtt_state).
 SHARED_KINDS = frozenset({"x", "q", "b", "p", "s", "u", "t", "meta", "ms", "mr"})
+# MQTT session records (MQ8): written on the queue messages' connection, in LSN order with
+# them. A gateway killed mid-write leaves NATS a prefix of what it sent on that connection,
+# so a message routed after its session record (an incoming QoS 2 identifier and the message
+# IDs it carries) never reaches a stream without the record; the opposite case, the record
+# without its message, is repaired by the client's resend under the same message IDs, which
+# the streams' duplicate window stores once (gateway.mqtt.server.MQTTService.stored_session).
+ORDERED_KINDS = frozenset({"ms"})
 RETRY_SECONDS = 0.5
 KV_DEL = {"KV-Operation": "DEL"}
 
@@ -92,6 +99,9 @@ class JetStreamStore:
         # confirm waits for), kept until durable: see ClusterBroker._on_durable.
         self.fanout_next: dict[int, int] = {}
         self.origin = ""  # this gateway's id, on every write (gateway.jetstream.meta)
+        # Set by the cluster broker: MQTT session records go through the queue messages'
+        # pipelined publisher (see put), not beside it.
+        self.publisher: Any = None
 
     @classmethod
     async def open(cls, link: Link) -> JetStreamStore:
@@ -118,8 +128,12 @@ class JetStreamStore:
         if type(value) is not bytes:
             value = bytes(value)
         self._mem.put(key, value)
-        if not self.applying and key.partition("/")[0] in SHARED_KINDS:
-            return self.track(self._kv_put, key, value)
+        if not self.applying:
+            kind = key.partition("/")[0]
+            if kind in ORDERED_KINDS and self.publisher is not None:
+                return self._ordered_put(key, value)
+            if kind in SHARED_KINDS:
+                return self.track(self._kv_put, key, value)
         self._lsn += 1
         return self._lsn
 
@@ -127,8 +141,12 @@ class JetStreamStore:
         if self._closed:
             raise StoreClosedError("store is closed")
         self._mem.delete(key)
-        if not self.applying and key.partition("/")[0] in SHARED_KINDS:
-            return self.track(self._kv_put, key, None)
+        if not self.applying:
+            kind = key.partition("/")[0]
+            if kind in ORDERED_KINDS and self.publisher is not None:
+                return self._ordered_put(key, None)
+            if kind in SHARED_KINDS:
+                return self.track(self._kv_put, key, None)
         self._lsn += 1
         return self._lsn
 
@@ -301,6 +319,11 @@ class JetStreamStore:
         if not self._open:
             self._idle.set()
 
+    def _ordered_put(self, key: str, value: bytes | None) -> int:
+        headers = {ORIGIN: self.origin} if value is not None else {**KV_DEL, ORIGIN: self.origin}
+        return self.track_message(self.publisher, f"$KV.{META_BUCKET}.{kv_key(key)}", value or b"", headers,
+                                  _nothing)
+
     async def _kv_put(self, key: str, value: bytes | None) -> None:
         subject = f"$KV.{META_BUCKET}.{kv_key(key)}"
         js = self.link.js
@@ -308,6 +331,10 @@ class JetStreamStore:
             await js.publish(subject, b"", headers={**KV_DEL, ORIGIN: self.origin})
         else:
             await js.publish(subject, value, headers={ORIGIN: self.origin})
+
+
+def _nothing() -> None:
+    pass
 
 
 def decode_entry(kv_name: str) -> str | None:

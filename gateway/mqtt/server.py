@@ -43,9 +43,11 @@ class MQTTService:
             return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(self), sock=sock)
         tls = self.gw.config.tls
         # The TLS handshake has its own limit, as on the AMQPS port (SE4); CONNECT's follows it.
-        return await asyncio.get_running_loop().create_server(
-            lambda: MQTTConnection(self), sock=sock, ssl=ssl_context,
-            ssl_handshake_timeout=tls.handshake_timeout or None)
+        # The socket is counted by the listener's gate from accept, before the handshake (SE5).
+        from gateway.admission import TlsListener
+
+        return TlsListener(sock, lambda: MQTTConnection(self), self.gw.admission.gate("mqtts"), ssl_context,
+                           tls.handshake_timeout)  # type: ignore[return-value]
 
     @property
     def address(self) -> tuple[str, int]:
@@ -68,6 +70,13 @@ class MQTTService:
         if self.cluster is None:
             self._drop_settled(state)
             self._drop_unrouted(state)
+        else:
+            # MQ8: the record of an incoming QoS 2 identifier and its message are writes to
+            # two streams; the record may have been stored without the message. A resend of
+            # one of these is routed again under the message IDs the record names, which a
+            # stream that has the message already takes as a duplicate (its
+            # duplicate_window), so it is stored once either way.
+            state.unsure = set(state.inbound_qos2)
         return state
 
     def _drop_unrouted(self, state: SessionState) -> None:

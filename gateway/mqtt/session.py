@@ -51,6 +51,7 @@ from gateway.mqtt.topics import (
 from gateway.protocol import events as ev
 from gateway.protocol.properties import Properties
 from semantics.errors import CMQError
+from semantics.message_ids import new_msg_id
 from semantics.store.keys import make_key
 
 if TYPE_CHECKING:
@@ -301,6 +302,13 @@ class SessionState:
         # Of those, the LSN of the record written just before the message (route): a restart
         # whose store ends at that very record lost the message, and forgets the identifier.
         self.inbound_at: dict[int, int] = {}
+        # And the CMQ message IDs it was routed under (more than one for a long topic's
+        # several publishes): a resend after a restart on JetStream is routed again under the
+        # same IDs, which the streams store once (MQTTService.stored_session).
+        self.inbound_ids: dict[int, list[str]] = {}
+        # Identifiers of inbound_qos2 whose message may not have reached JetStream (resumed
+        # from the store on a cluster): a resend of one is routed again. Not stored.
+        self.unsure: set[int] = set()
         # outbound QoS 2: PUBREL sent (or about to be), PUBCOMP awaited: packet id -> the
         # message it carried ("" for a retained one). And the messages the client received
         # (PUBREC) whose queue ack was not made yet: one given again by its queue (the ack was
@@ -325,6 +333,8 @@ class SessionState:
                            "shared": {f: list(v) for f, v in self.shared.items()},
                            "inbound_qos2": sorted(self.inbound_qos2),
                            "inbound_at": {str(p): self.inbound_at.get(p, 0) for p in self.inbound_qos2},
+                           "inbound_ids": {str(p): self.inbound_ids[p] for p in self.inbound_qos2
+                                           if p in self.inbound_ids},
                            "released": {str(p): m for p, m in self.released.items()},
                            "received": sorted(m for m in self.released_of_msg if m),
                            "pids": self.pid_of_msg,
@@ -339,6 +349,7 @@ class SessionState:
         s.shared = {f: (int(v[0]), int(v[1])) for f, v in r.get("shared", {}).items()}
         s.inbound_qos2 = set(r.get("inbound_qos2", ()))
         s.inbound_at = {int(p): int(lsn) for p, lsn in r.get("inbound_at", {}).items()}
+        s.inbound_ids = {int(p): list(ids) for p, ids in r.get("inbound_ids", {}).items()}
         released = r.get("released", ())
         # Records written before MQ8 kept a list of identifiers and only QoS 2's pids.
         s.released = {int(p): m for p, m in released.items()} if isinstance(released, dict) else \
@@ -350,6 +361,16 @@ class SessionState:
         s.msg_of_pid = {p: m for m, p in s.pid_of_msg.items()}
         s.retained_pids = {int(p): t for p, t in r.get("retained_pids", {}).items()}
         return s
+
+    def inbound_done(self, pid: int) -> bool:
+        """PUBREL (or a refusal) for an incoming QoS 2 ``pid``; False: it was not known."""
+        self.unsure.discard(pid)
+        self.inbound_ids.pop(pid, None)
+        self.inbound_at.pop(pid, None)
+        if pid in self.inbound_qos2:
+            self.inbound_qos2.discard(pid)
+            return True
+        return False
 
     def pid_taken(self, pid: int) -> bool:
         """Whether ``pid`` still belongs to a message the client may hold (MQ8)."""
@@ -921,7 +942,8 @@ class MQTTSession:
         if not valid_topic(packet.topic):
             self.conn.close_with(TOPIC_NAME_INVALID, f"topic name {packet.topic!r} is not valid (MQTT-3.3.2-2)")
             return
-        if packet.qos == 2 and packet.packet_id in self.state.inbound_qos2:
+        if packet.qos == 2 and packet.packet_id in self.state.inbound_qos2 \
+                and packet.packet_id not in self.state.unsure:
             # A resent QoS 2 PUBLISH: routed once already (MQ4); acknowledge it again.
             if packet.packet_id not in self.awaiting_rec:
                 self.core.send(P.Ack(P.PUBREC, packet.packet_id))
@@ -955,6 +977,7 @@ class MQTTSession:
                 self.bs.authorize("write", "exchange", EXCHANGE)  # W2, as basic.publish
                 self._writable = True
             retained_lsn = 0
+            ids: list[str] | None = None
             if retain:
                 retained_lsn = self.service.retained.put(self.state.vhost, topic, qos, payload)
             props = self._props[qos, retain] if not mprops else \
@@ -977,6 +1000,7 @@ class MQTTSession:
                                       P.PUBACK if qos == 1 else P.PUBREC, pid, retained_lsn))
                 if qos == 2:
                     state = self.state
+                    ids = self._inbound_ids(pid, 1 if long is None else len(long))
                     state.inbound_qos2.add(pid)
                     self.awaiting_rec.add(pid)
                     # Before the message: its confirm then covers both. But a group commit may
@@ -986,16 +1010,30 @@ class MQTTSession:
                     state.inbound_at[pid] = self.broker.store.last_lsn + 1
                     self._save()
             if long is None:
-                self.bs.publish_now(ch, method, props, payload)
+                self.bs.publish_now(ch, method, props, payload, ids[0] if ids else None)
             else:
-                for method in long:
-                    self.bs.publish_now(ch, method, props, payload)
+                for i, method in enumerate(long):
+                    self.bs.publish_now(ch, method, props, payload, ids[i] if ids else None)
         except CMQError as e:
             if qos and not will and self.confirms and self.confirms[-1][2] == pid:
                 self.confirms.pop()
-                self.state.inbound_qos2.discard(pid)
+                if qos == 2:
+                    self.state.inbound_done(pid)
                 self.awaiting_rec.discard(pid)
             self.refused(pid, qos, e, will)
+
+    def _inbound_ids(self, pid: int, n: int) -> list[str]:
+        """The CMQ message IDs an incoming QoS 2 message is routed under: new ones, or a
+        resend's stored ones if its first routing may not have reached the store (MQ8)."""
+        state = self.state
+        ids = state.inbound_ids.get(pid) if pid in state.unsure else None
+        state.unsure.discard(pid)
+        if ids is None or len(ids) != n:
+            first = new_msg_id()
+            # A long topic's publishes: IDs longer than any new_msg_id, so never another's.
+            ids = [first, *(f"{first}{i:04x}" for i in range(1, n))]
+        state.inbound_ids[pid] = ids
+        return ids
 
     # -- topics longer than a routing key (MQ8) ----------------------------------------------
 
@@ -1082,7 +1120,7 @@ class MQTTSession:
         if kind == P.PUBREC:
             self.awaiting_rec.discard(pid)
             if code:
-                self.state.inbound_qos2.discard(pid)
+                self.state.inbound_done(pid)
         if code:
             self.core.send(P.Ack(kind, pid, code))
         else:
@@ -1096,8 +1134,7 @@ class MQTTSession:
             self.conn.request_flush()
 
     def pubrel(self, packet: P.Ack) -> None:
-        known = packet.packet_id in self.state.inbound_qos2
-        self.state.inbound_qos2.discard(packet.packet_id)
+        known = self.state.inbound_done(packet.packet_id)
         comp = P.encode(P.Ack(P.PUBCOMP, packet.packet_id, 0 if known else PACKET_ID_NOT_FOUND), self.level)
         if known:
             self._save_soon()

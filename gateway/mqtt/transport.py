@@ -84,14 +84,15 @@ class MQTTConnection(ClientProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         ssl_object = transport.get_extra_info("ssl_object")
-        gate = self.gw.admission.gate("mqtts" if ssl_object is not None else "mqtt")
-        if not gate.enter():  # SE5: the listener's limit and the descriptors' reserve
-            from gateway.admission import refuse
+        if self._gate is None:  # else admitted before its TLS handshake (gateway.admission.TlsListener)
+            gate = self.gw.admission.gate("mqtts" if ssl_object is not None else "mqtt")
+            if not gate.enter():  # SE5: the listener's limit and the descriptors' reserve
+                from gateway.admission import refuse
 
-            self._lost = True
-            refuse(transport)
-            return
-        self._gate = gate
+                self._lost = True
+                refuse(transport)
+                return
+            self._gate = gate
         self._take(transport)
         if ssl_object is not None:  # MQTTS: the handshake is over, the certificate known
             from gateway.tls import connection_info, peer_username

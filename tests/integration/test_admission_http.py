@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pika
 
@@ -228,21 +229,28 @@ def test_SE5_fd_reserve_keeps_amqp_logins_working_while_the_cmq_api_is_flooded(t
         started.__exit__(None, None, None)
 
 
+def _tls_config(tmp_path: Path, limits: dict[str, int], handshake_timeout: int) -> tuple[Any, Path]:
+    """Certificates under tmp_path/tls and a config with TLS on every port that takes it
+    (AMQPS and MQTTS when asked on the command line; management, metrics and the CMQ API)."""
+    from tests.integration.tls_certs import make_certs
+
+    (tmp_path / "tls").mkdir()
+    certs = make_certs(tmp_path / "tls")
+    config = tmp_path / "gateway.yaml"
+    config.write_text(json.dumps({"limits": limits,
+                                  "tls": {"certfile": str(certs.server_cert), "keyfile": str(certs.server_key),
+                                          "cacertfile": str(certs.ca), "management": True,
+                                          "handshake_timeout": handshake_timeout}}))
+    return certs, config
+
+
 def test_SE5_https_management_closes_silent_sockets_before_and_after_the_tls_handshake(tmp_path: Path) -> None:
     """Issue 26 item 2 on HTTPS (management over TLS stayed open 20 s and more): a socket that
     never starts the TLS handshake is closed at tls.handshake_timeout; one that completes it
     and then says nothing, at http_idle_timeout. A real request is still answered."""
     import ssl
 
-    from tests.integration.tls_certs import make_certs
-
-    (tmp_path / "tls").mkdir()
-    certs = make_certs(tmp_path / "tls")
-    config = tmp_path / "gateway.yaml"
-    config.write_text(json.dumps({"limits": {"http_idle_timeout": 1},
-                                  "tls": {"certfile": str(certs.server_cert), "keyfile": str(certs.server_key),
-                                          "cacertfile": str(certs.ca), "management": True,
-                                          "handshake_timeout": 1}}))
+    certs, config = _tls_config(tmp_path, {"http_idle_timeout": 1}, handshake_timeout=1)
     with serve(tmp_path / "data", "--config", str(config), "--tls-port", "0") as (proc, _port):
         port = proc.operator["management API"]
         raw = _connect(port)  # no ClientHello
@@ -268,3 +276,49 @@ def test_SE5_https_management_closes_silent_sockets_before_and_after_the_tls_han
                        "Connection: close\r\n\r\n".encode())
             ok.settimeout(10)
             assert ok.recv(64).startswith(b"HTTP/1.1 200")
+
+
+def test_SE5_sockets_in_their_tls_handshake_count_against_max_connections(tmp_path: Path) -> None:
+    """A TLS listener counts a socket from accept, before its handshake (as RabbitMQ's ranch
+    does): AMQPS, MQTTS and HTTPS management each hold max_connections sockets that never send
+    a ClientHello and close the rest at once; /metrics counts them per listener. Before, asyncio
+    told the listener of a socket only after its handshake, so any number could sit in it."""
+    import ssl
+
+    certs, config = _tls_config(tmp_path, {"max_connections": 4}, handshake_timeout=60)
+    with serve(tmp_path / "data", "--config", str(config), "--tls-port", "0", "--mqtts-port", "0") as (proc, _):
+        lines = "".join(proc.lines)  # type: ignore[attr-defined]
+        mqtts = int(lines.split("MQTTS (TLS) on 127.0.0.1:")[1].split()[0].rstrip(","))
+        ports = {"amqps": proc.tls_port, "mqtts": mqtts,  # type: ignore[attr-defined]
+                 "management": proc.operator["management API"]}  # type: ignore[attr-defined]
+        for listener, port in ports.items():
+            flood = [_connect(port) for _ in range(10)]
+            time.sleep(0.5)  # the gateway accepts them all meanwhile
+            assert _still_open(flood) == 4, listener
+            ctx = ssl.create_default_context(cafile=str(certs.ca))
+            ctx.check_hostname = False
+            with contextlib.suppress(OSError, ssl.SSLError):  # refused: reset at once
+                ctx.wrap_socket(_connect(port)).close()
+                raise AssertionError(f"{listener}: a fifth TLS socket completed its handshake")
+            for s in flood:
+                s.close()
+        ctx = ssl.create_default_context(cafile=str(certs.ca))
+        ctx.check_hostname = False
+        with urllib.request.urlopen(f"https://127.0.0.1:{proc.operator['metrics']}/metrics", timeout=10,
+                                    context=ctx) as r:
+            metrics = r.read().decode()
+        assert 'cmq_gateway_listener_refused_total{listener="amqps"} 7' in metrics, metrics
+        assert 'cmq_gateway_listener_refused_total{listener="mqtts"} 7' in metrics
+        # And once they are gone, a client gets in.
+        deadline = time.monotonic() + HANG
+        while True:
+            try:
+                with ctx.wrap_socket(_connect(ports["management"])) as ok:
+                    ok.sendall(f"GET /api/overview HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\n"
+                               "Connection: close\r\n\r\n".encode())
+                    ok.settimeout(10)
+                    assert ok.recv(64).startswith(b"HTTP/1.1 200")
+                break
+            except (OSError, ssl.SSLError):
+                assert time.monotonic() < deadline, "the closed sockets were never let go"
+                time.sleep(0.2)
