@@ -142,6 +142,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/api/connections/{name}"): OWNER,
     ("DELETE", "/api/connections/{name}"): OWNER,
     ("GET", "/api/channels"): ANY,
+    ("GET", "/api/vhosts/{vhost}/connections"): VHOST,  # filtered as /api/connections
+    ("GET", "/api/vhosts/{vhost}/channels"): VHOST,
     ("GET", "/api/consumers"): ANY,
     ("GET", "/api/consumers/{vhost}"): ANY,
     ("GET", "/api/policies"): ANY,

@@ -759,7 +759,14 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         return web.Response(status=204)
 
     async def connections(request: web.Request) -> web.Response:
+        """Also a vhost's (RabbitMQ's /api/vhosts/{vhost}/connections, paged here too: the
+        console pages one vhost's list as the whole one)."""
+        v = request.match_info.get("vhost")
+        if v is not None:
+            mgmt.vhost(v)
         items = [_connection_json(mgmt, c) for c in mgmt.target.connections]
+        if v is not None:
+            items = [c for c in items if c["vhost"] == v]
         return web.json_response(_paged(request, own(request, items, lambda c: c["user"])))
 
     def named_connection(request: web.Request) -> Any:
@@ -781,7 +788,10 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         return web.Response(status=204)
 
     async def channels(request: web.Request) -> web.Response:
-        items = [_channel_json(mgmt, ch) for ch in _channels(mgmt, set(mgmt.broker.vhosts))]
+        v = request.match_info.get("vhost")
+        if v is not None:
+            mgmt.vhost(v)
+        items = [_channel_json(mgmt, ch) for ch in _channels(mgmt, {v} if v is not None else set(mgmt.broker.vhosts))]
         return web.json_response(_paged(request, own(request, items, lambda c: c["user"])))
 
     async def consumers(request: web.Request) -> web.Response:
@@ -855,6 +865,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     r.add_get("/api/connections/{name}", connection)
     r.add_delete("/api/connections/{name}", connection_delete)
     r.add_get("/api/channels", channels)
+    r.add_get("/api/vhosts/{vhost}/connections", connections)
+    r.add_get("/api/vhosts/{vhost}/channels", channels)
     r.add_get("/api/consumers", consumers)
     r.add_get("/api/consumers/{vhost}", consumers)
     r.add_get("/api/health/checks/alarms", alarms)

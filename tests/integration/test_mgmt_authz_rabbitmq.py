@@ -79,6 +79,8 @@ REQUESTS: list[tuple[str, str, Any]] = [
     ("GET", "/api/permissions", None),
     ("GET", "/api/definitions", None),
     ("GET", "/api/connections", None),
+    ("GET", "/api/vhosts/{own}/connections", None),
+    ("GET", "/api/vhosts/{other}/channels", None),
     ("GET", "/api/queues", None),
     ("GET", "/api/queues/{own}", None),
     ("GET", "/api/queues/{other}", None),

@@ -1,30 +1,49 @@
 // Connections and channels: lists, a connection's page, closing a connection (its own user or
 // an administrator: the API decides).
 import { api, get } from './api.js';
-import { button, connectionHref, details, enc, fill, h, num, pre, section, table, when } from './dom.js';
+import { button, connectionHref, details, enc, fill, h, pre, section, table, when } from './dom.js';
+import { fillPager, getPage, listToolbar, summaryText } from './pages.js';
 
 const clientName = (c) => ((c.client_properties || {}).connection_name || (c.client_properties || {}).client_id || '');
 
-export function connectionsView(ctx) {
-  const list = h('div', { id: 'connections-table' });
-  const el = h('div', { id: 'connections' }, h('h1', null, 'Connections'), list);
-  async function refresh() {
-    const data = await get('/api/connections?page=1&page_size=500');
-    const items = ctx.vhost ? data.items.filter((c) => c.vhost === ctx.vhost) : data.items;
-    fill(list, h('p', { class: 'summary' }, `${num(items.length)} of ${num(data.total_count)} connections`
-      + (data.total_count > 500 ? ' (first 500)' : '')),
-    table([
-      ctx.vhost ? null : { key: 'vhost', label: 'Virtual host' },
-      { key: 'name', label: 'Name', value: (c) => h('a', { href: connectionHref(c.name) }, c.name) },
-      { key: 'client', label: 'Client-provided name', value: clientName },
-      { key: 'user', label: 'User name' },
-      { key: 'protocol', label: 'Protocol' },
-      { key: 'ssl', label: 'TLS', value: (c) => (c.ssl ? c.ssl_protocol || 'yes' : 'no') },
-      { key: 'state', label: 'State' },
-      { key: 'channels', label: 'Channels', num: true },
-      { key: 'connected_at', label: 'Connected at', value: (c) => when(c.connected_at) },
-    ].filter(Boolean), items, { empty: 'No connections.', id: 'connections-list' }));
+// A list paged by the API, of the chosen vhost's (RabbitMQ's /api/vhosts/{vhost}/...) or of all.
+function pagedList(ctx, { what, id, columns }) {
+  const state = { page: 1, size: 100, filter: '', regex: true, sort: 'name', reverse: false };
+  const list = h('div', { id: `${id}-table` });
+  const pager = h('div', { class: 'pager' });
+  const summary = h('p', { class: 'summary', id: `${id}-summary` });
+  const toolbar = listToolbar(state, { id, changed: () => refresh() });
+  function onSort(key) {
+    if (state.sort === key) state.reverse = !state.reverse; else { state.sort = key; state.reverse = false; }
+    refresh();
   }
+  async function refresh() {
+    const data = await getPage(ctx.vhost ? `/api/vhosts/${enc(ctx.vhost)}/${what}` : `/api/${what}`, state);
+    fill(summary, summaryText(data, what));
+    fill(list, table(columns.filter((c) => !(ctx.vhost && c.key === 'vhost')), data.items,
+      { sort: state.sort, reverse: state.reverse, onSort, empty: `No ${what}.`, id: `${id}-list` }));
+    fillPager(pager, state, data, refresh);
+  }
+  return { parts: [toolbar, summary, list, pager], refresh };
+}
+
+export function connectionsView(ctx) {
+  const { parts, refresh } = pagedList(ctx, {
+    what: 'connections',
+    id: 'connections',
+    columns: [
+      { key: 'vhost', label: 'Virtual host', sort: 'vhost' },
+      { key: 'name', label: 'Name', sort: 'name', value: (c) => h('a', { href: connectionHref(c.name) }, c.name) },
+      { key: 'client', label: 'Client-provided name', value: clientName },
+      { key: 'user', label: 'User name', sort: 'user' },
+      { key: 'protocol', label: 'Protocol', sort: 'protocol' },
+      { key: 'ssl', label: 'TLS', value: (c) => (c.ssl ? c.ssl_protocol || 'yes' : 'no') },
+      { key: 'state', label: 'State', sort: 'state' },
+      { key: 'channels', label: 'Channels', sort: 'channels', num: true },
+      { key: 'connected_at', label: 'Connected at', sort: 'connected_at', value: (c) => when(c.connected_at) },
+    ],
+  });
+  const el = h('div', { id: 'connections' }, h('h1', null, 'Connections'), ...parts);
   return { el, refresh, title: 'Connections' };
 }
 
@@ -58,27 +77,25 @@ export function connectionView(ctx, name) {
 
 const channelHref = (name) => `#/channels/${enc(name)}`;
 
+const CHANNEL_COLUMNS = [
+  { key: 'name', label: 'Channel', sort: 'name', value: (c) => h('a', { href: channelHref(c.name) }, c.name) },
+  { key: 'user', label: 'User name', sort: 'user' },
+  { key: 'vhost', label: 'Virtual host', sort: 'vhost' },
+  { key: 'mode', label: 'Mode', value: (c) => [c.confirm ? 'C' : '', c.transactional ? 'T' : ''].join(' ').trim() },
+  { key: 'state', label: 'State', sort: 'state' },
+  { key: 'prefetch_count', label: 'Prefetch', sort: 'prefetch_count', num: true },
+  { key: 'messages_unacknowledged', label: 'Unacked', sort: 'messages_unacknowledged', num: true },
+  { key: 'messages_unconfirmed', label: 'Unconfirmed', sort: 'messages_unconfirmed', num: true },
+  { key: 'consumer_count', label: 'Consumers', sort: 'consumer_count', num: true },
+];
+
 function channelTable(items) {
-  return table([
-    { key: 'name', label: 'Channel', value: (c) => h('a', { href: channelHref(c.name) }, c.name) },
-    { key: 'user', label: 'User name' },
-    { key: 'vhost', label: 'Virtual host' },
-    { key: 'mode', label: 'Mode', value: (c) => [c.confirm ? 'C' : '', c.transactional ? 'T' : ''].join(' ').trim() },
-    { key: 'state', label: 'State' },
-    { key: 'prefetch_count', label: 'Prefetch', num: true },
-    { key: 'messages_unacknowledged', label: 'Unacked', num: true },
-    { key: 'messages_unconfirmed', label: 'Unconfirmed', num: true },
-    { key: 'consumer_count', label: 'Consumers', num: true },
-  ], items, { empty: 'No channels.', id: 'channels-list' });
+  return table(CHANNEL_COLUMNS, items, { empty: 'No channels.', id: 'channels-list' });
 }
 
 export function channelsView(ctx) {
-  const list = h('div', { id: 'channels-table' });
-  const el = h('div', { id: 'channels' }, h('h1', null, 'Channels'), list);
-  async function refresh() {
-    const items = await get('/api/channels');
-    fill(list, channelTable(ctx.vhost ? items.filter((c) => c.vhost === ctx.vhost) : items));
-  }
+  const { parts, refresh } = pagedList(ctx, { what: 'channels', id: 'channels', columns: CHANNEL_COLUMNS });
+  const el = h('div', { id: 'channels' }, h('h1', null, 'Channels'), ...parts);
   return { el, refresh, title: 'Channels' };
 }
 

@@ -1,23 +1,20 @@
 // Exchanges: the list (paged by the API) and an exchange's page.
 import { api, get } from './api.js';
 import {
-  button, details, enc, features, exchangeHref, field, fill, h, json, num, pre, queueHref, rate, section, select, table,
+  button, details, enc, features, exchangeHref, field, fill, h, json, pre, queueHref, rate, section, select, table,
 } from './dom.js';
+import { fillPager, getPage, listToolbar, summaryText } from './pages.js';
 import { publishForm, unbindButton } from './queues.js';
 
 const label = (name) => (name === '' ? '(AMQP default)' : name);
 
 
 export function exchangesView(ctx) {
-  const state = { page: 1, size: 100, filter: '' };
+  const state = { page: 1, size: 100, filter: '', regex: true, sort: 'name', reverse: false };
   const list = h('div', { id: 'exchanges-table' });
   const pager = h('div', { class: 'pager' });
-  const filter = h('input', { type: 'search', id: 'exchange-filter', 'aria-label': 'Filter by name' });
-  let typing;
-  filter.addEventListener('input', () => {
-    clearTimeout(typing);
-    typing = setTimeout(() => { state.filter = filter.value; state.page = 1; refresh(); }, 300);
-  });
+  const summary = h('p', { class: 'summary', id: 'exchanges-summary' });
+  const toolbar = listToolbar(state, { id: 'exchange', changed: () => refresh() });
   const name = h('input', { name: 'name', required: true });
   const vhost = h('input', { name: 'vhost', value: ctx.vhost || '/' });
   const type = select('type', ['direct', 'fanout', 'topic', 'headers'], 'direct');
@@ -35,27 +32,25 @@ export function exchangesView(ctx) {
     } catch (e) { ctx.flash(e.message, 'error'); }
   });
   const el = h('div', { id: 'exchanges' }, h('h1', null, 'Exchanges'),
-    h('div', { class: 'toolbar' }, field('Filter (regex)', filter)), list, pager, section('Add a new exchange', form));
+    toolbar, summary, list, pager, section('Add a new exchange', form));
   const columns = [
-    ctx.vhost ? null : { key: 'vhost', label: 'Virtual host' },
-    { key: 'name', label: 'Name', value: (x) => h('a', { href: exchangeHref(x.vhost, x.name) }, label(x.name)) },
-    { key: 'type', label: 'Type' },
+    ctx.vhost ? null : { key: 'vhost', label: 'Virtual host', sort: 'vhost' },
+    { key: 'name', label: 'Name', sort: 'name', value: (x) => h('a', { href: exchangeHref(x.vhost, x.name) }, label(x.name)) },
+    { key: 'type', label: 'Type', sort: 'type' },
     { key: 'features', label: 'Features', value: features },
     { key: 'topic', label: 'CMQ topic', value: (x) => (x.cmq ? x.cmq.topicName : '') },
     { key: 'in', label: 'Message rate in', num: true, value: (x) => rate((x.message_stats || {}).publish_in_details) },
     { key: 'out', label: 'Message rate out', num: true, value: (x) => rate((x.message_stats || {}).publish_out_details) },
   ].filter(Boolean);
+  function onSort(key) {
+    if (state.sort === key) state.reverse = !state.reverse; else { state.sort = key; state.reverse = false; }
+    refresh();
+  }
   async function refresh() {
-    const params = new URLSearchParams({ page: String(state.page), page_size: String(state.size), name: state.filter, use_regex: 'true' });
-    const data = await get(`${ctx.vhost ? `/api/exchanges/${enc(ctx.vhost)}` : '/api/exchanges'}?${params}`);
-    fill(list, table(columns, data.items, { empty: 'No exchanges.', id: 'exchanges-list' }));
-    fill(pager,
-      button('« Previous', () => { state.page -= 1; refresh(); }),
-      h('span', null, ` Page ${data.page} of ${data.page_count} (${num(data.filtered_count)} exchanges) `),
-      button('Next »', () => { state.page += 1; refresh(); }));
-    const [prev, next] = pager.querySelectorAll('button');
-    prev.disabled = state.page <= 1;
-    next.disabled = state.page >= data.page_count;
+    const data = await getPage(ctx.vhost ? `/api/exchanges/${enc(ctx.vhost)}` : '/api/exchanges', state);
+    fill(summary, summaryText(data, 'exchanges'));
+    fill(list, table(columns, data.items, { sort: state.sort, reverse: state.reverse, onSort, empty: 'No exchanges.', id: 'exchanges-list' }));
+    fillPager(pager, state, data, refresh);
   }
   return { el, refresh, title: 'Exchanges' };
 }

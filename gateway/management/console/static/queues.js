@@ -5,6 +5,7 @@ import { Series, chart } from './chart.js';
 import {
   button, details, enc, features, exchangeHref, field, fill, h, json, num, pre, queueHref, rate, section, select, table,
 } from './dom.js';
+import { fillPager, getPage, listToolbar, summaryText } from './pages.js';
 
 // What the queues list costs in this browser (ms, performance.now): read by the scale test
 // and by anyone curious, from the devtools console as cmqConsolePerf.
@@ -20,20 +21,10 @@ export function queuesView(ctx) {
   const list = h('div', { id: 'queues-table' });
   const pager = h('div', { class: 'pager' });
   const summary = h('p', { class: 'summary', id: 'queues-summary' });
-  const filter = h('input', { type: 'search', id: 'queue-filter', value: state.filter, 'aria-label': 'Filter by name' });
-  const regex = h('input', { type: 'checkbox', id: 'queue-regex', checked: state.regex });
-  const sizeSel = select('page_size', ['20', '100', '500'], String(state.size));
-  let typing;
-  filter.addEventListener('input', () => {
-    clearTimeout(typing);
-    typing = setTimeout(() => { state.filter = filter.value; state.page = 1; save(); refresh(); }, 300);
-  });
-  regex.addEventListener('change', () => { state.regex = regex.checked; state.page = 1; save(); refresh(); });
-  sizeSel.addEventListener('change', () => { state.size = Number(sizeSel.value); state.page = 1; save(); refresh(); });
+  const toolbar = listToolbar(state, { id: 'queue', changed: () => { save(); refresh(); } });
   const addForm = addQueueForm(ctx, () => refresh());
   const el = h('div', { id: 'queues' }, h('h1', null, 'Queues'),
-    h('div', { class: 'toolbar' }, field('Filter', filter), h('label', null, regex, ' Regex'), field('Per page', sizeSel)),
-    summary, list, pager, addForm);
+    toolbar, summary, list, pager, addForm);
   const columns = [
     ctx.vhost ? null : { key: 'vhost', label: 'Virtual host', sort: 'vhost' },
     { key: 'name', label: 'Name', sort: 'name', value: (q) => h('a', { href: queueHref(q.vhost, q.name) }, q.name) },
@@ -55,30 +46,20 @@ export function queuesView(ctx) {
   }
   async function refresh() {
     const t0 = performance.now();
-    const params = new URLSearchParams({
-      page: String(state.page), page_size: String(state.size), name: state.filter,
-      use_regex: String(state.regex), sort: state.sort, sort_reverse: String(state.reverse), pagination: 'true',
-    });
     const base = ctx.vhost ? `/api/queues/${enc(ctx.vhost)}` : '/api/queues';
     const ta = performance.now();
-    const data = await get(`${base}?${params}`);
+    const data = await getPage(base, state);
     perf.lastApi = performance.now() - ta;
-    if (data.page_count < state.page && state.page > 1) { state.page = data.page_count; save(); return refresh(); }
-    fill(summary, `${num(data.filtered_count)} of ${num(data.total_count)} queues` +
-      (data.filtered_count ? `, ${num((data.page - 1) * data.page_size + 1)}-${num((data.page - 1) * data.page_size + data.item_count)} shown` : ''));
+    save();
+    fill(summary, summaryText(data, 'queues'));
     fill(list, table(columns, data.items, { sort: state.sort, reverse: state.reverse, onSort, empty: 'No queues.', id: 'queues-list' }));
-    fill(pager,
-      button('« Previous', () => { state.page -= 1; save(); refresh(); }, state.page <= 1 ? 'disabled' : null),
-      h('span', null, ` Page ${data.page} of ${data.page_count} `),
-      button('Next »', () => { state.page += 1; save(); refresh(); }, state.page >= data.page_count ? 'disabled' : null));
-    for (const b of pager.querySelectorAll('button.disabled')) b.disabled = true;
+    fillPager(pager, state, data, () => { save(); refresh(); });
     const took = performance.now() - t0;
     if (perf.firstRender === null) perf.firstRender = took;
     perf.lastRefresh = took;
     perf.refreshes += 1;
     perf.history.push({ total: took, api: perf.lastApi, rows: data.item_count });
     if (perf.history.length > 50) perf.history.shift();
-    return undefined;
   }
   return { el, refresh, title: 'Queues' };
 }
