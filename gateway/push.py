@@ -287,6 +287,7 @@ class HttpPusher:
         try:
             if self.policy is not None:
                 self.policy.check_url(record.url)  # the config may have changed; names: PolicyResolver
+            self.broker.audit_handoff()  # A5: the message's records out of this process before it leaves
             async with self._client().post(record.url, data=body, headers=headers,
                                            allow_redirects=False) as resp:
                 status = resp.status

@@ -196,6 +196,9 @@ class ClientProtocol(asyncio.Protocol):
             return
         out = self.conn.data_to_send()
         if out:
+            # A5: a delivery among these bytes has its records out of this process first, so
+            # a kill -9 from here on cannot take the records of what the client got.
+            self.gw.broker.audit_handoff()
             self.gw.bytes_out += len(out)
             self.transport.write(out)
         if self.conn.closed:

@@ -14,7 +14,10 @@ fsynced (A5: the store's group commit waits for it), ``C`` close the open file a
 Each ``F``, ``S`` and ``C`` is answered on stdout with one JSON line of counters, with the record
 counts (``AuditLog.counts``) that changed since the last answer as ``[key, added]`` pairs.
 End of input without ``C`` (the gateway died) leaves the open file ``.open``, exactly as a
-crash of the in-thread writer would; the next ``AuditLog`` closes it (A3).
+crash of the in-thread writer would; the next ``AuditLog`` closes it (A3). Before that end
+comes, this process writes everything its pipe holds: the records the gateway handed over
+before a delivery (A5, ``AuditLog.handoff``) survive a kill -9 of the gateway; an answer
+nobody is left to read is not an error.
 """
 
 from __future__ import annotations
@@ -70,10 +73,15 @@ def main() -> None:
             log._close_file()
         changed = [[key, n - reported.get(key, 0)] for key, n in log.counts.items() if reported.get(key) != n]
         reported.update(log.counts)
-        stdout.write(json.dumps({"written": log.written, "dropped": log.dropped,
-                                 "files_closed": log.files_closed, "files_deleted": log.files_deleted,
-                                 "counts": changed}).encode() + b"\n")
-        stdout.flush()
+        try:
+            stdout.write(json.dumps({"written": log.written, "dropped": log.dropped,
+                                     "files_closed": log.files_closed, "files_deleted": log.files_deleted,
+                                     "counts": changed}).encode() + b"\n")
+            stdout.flush()
+        except BrokenPipeError:
+            # The gateway died after asking: what follows in the pipe (records handed over
+            # before its deliveries) is still to be written.
+            stdout = open(os.devnull, "wb")  # noqa: SIM115 (until this process exits)
         if kind == b"C":
             return
 

@@ -4,7 +4,14 @@ Why: a second writer on the same directory took the first one's live ``.open`` f
 one "left open by a crash" and renamed it closed under the running writer, which then
 crashed at its own stop (issue 27). ``AuditLog`` takes this lock before it touches anything
 in the directory (before closing files left open by a crash) and holds it until it is
-closed; the kernel drops it when the process dies, so a kill -9 never leaves it stale.
+closed; the kernel drops it when the processes holding it die, so a kill -9 never leaves it
+stale.
+
+The gateway's audit writer process shares the lock (it inherits the descriptor): after a kill
+-9 of the gateway it still writes what its pipe holds (A5, ``AuditLog.handoff``) and holds the
+directory until it exits. A start that finds the lock held by a holder whose gateway process
+is gone therefore waits for it (``DEAD_HOLDER_WAIT``), rather than refusing: that writer is
+finishing, and the kernel drops the lock when it exits.
 
 The file is hidden (a dot file): Spark's file sources skip dot files, where a plain file
 beside ``dt=...`` would upset partition discovery. Its text names the holder (``pid`` and
@@ -15,11 +22,17 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import socket
+import time
 
 __all__ = ["LOCK_NAME", "AuditDirLock", "AuditDirLocked"]
 
 LOCK_NAME = ".lock"
+# How long a start waits for the writer process of a gateway that died (its pipe is at most
+# 1 MiB of records, well under a second of work; the rest is a loaded machine's scheduling).
+DEAD_HOLDER_WAIT = 30.0
+_HOLDER = re.compile(r"pid (\d+) on host (\S+)")
 
 
 class AuditDirLocked(Exception):
@@ -40,7 +53,7 @@ class AuditDirLock:
         path = os.path.join(directory, LOCK_NAME)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _take(fd)
         except BlockingIOError:
             try:
                 holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip()
@@ -56,7 +69,48 @@ class AuditDirLock:
         os.pwrite(fd, text, 0)
         self._fd = fd
 
+    def fileno(self) -> int:
+        """The descriptor that holds the lock: a process that inherits it holds it too."""
+        return self._fd
+
     def release(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)  # closing the last descriptor drops the flock
             self._fd = -1
+
+
+def _take(fd: int) -> None:
+    """The lock, at once, or once the writer process of a dead holder has exited (raises
+    BlockingIOError when a live gateway holds it, or the wait is over)."""
+    deadline = time.monotonic() + DEAD_HOLDER_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline or not _holder_gone(os.pread(fd, 512, 0).decode("utf-8", "replace")):
+                raise
+        time.sleep(0.02)
+
+
+def _holder_gone(text: str) -> bool:
+    """The lock's text names a gateway of this host that no longer runs (a zombie counts)."""
+    m = _HOLDER.search(text)
+    if m is None or m.group(2) != socket.gethostname():
+        return False
+    try:
+        with open(f"/proc/{m.group(1)}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return not _alive(int(m.group(1)))
+    return state in (b"Z", b"X")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -102,6 +102,9 @@ class NullAudit:
     def flush(self, timeout: float | None = None) -> bool:
         return True
 
+    def handoff(self) -> None:
+        return None
+
     def close(self) -> None:
         return None
 
@@ -197,6 +200,10 @@ class AuditLog:
         self._child: subprocess.Popen[bytes] | None = None
         self._child_dropped = 0
         self._unacked: list[_Item] = []  # sent to the child, not yet confirmed written
+        # The pipe to the child has two writers, this thread and handoff() on the event loop:
+        # each takes records off the queue and writes them under this lock, so they reach
+        # the child in the order they were emitted.
+        self._send_lock = threading.Lock()
         if process is None:
             process = clock is time.time and _thread
         if process:
@@ -303,6 +310,27 @@ class AuditLog:
             self._wake.set()
         return target
 
+    def handoff(self) -> None:
+        """A5: hand every record emitted so far to the writer process now, before the
+        caller lets a client see what they describe (a delivery's frames go to the socket
+        after this). A kill -9 of the gateway then no longer takes them: the process, in a
+        session of its own, writes what its pipe holds before it sees the end of its input,
+        and holds the directory's lock until it exits, so a restart waits for it
+        (gateway.audit.dirlock). Not fsynced: a machine's crash can still lose them, as it
+        can any record no confirm waited for. Without a writer process (in-thread mode)
+        this does nothing. Blocks only while the process is a full pipe behind."""
+        if not self._queue or self._child is None:
+            return
+        with self._send_lock:
+            child = self._child
+            if child is None or child.stdin is None:
+                return
+            try:
+                self._send_pending()
+                child.stdin.flush()
+            except Exception:  # the process is gone: the thread's next cycle finds it and takes over
+                self._wake.set()
+
     def wait_synced(self, mark: int, timeout: float | None = None) -> bool:
         """Wait until the records before ``sync_mark()`` are on disk (False: the writer is
         gone, or ``timeout``)."""
@@ -348,8 +376,7 @@ class AuditLog:
             stopping = self._stopping
             synced = False
             try:
-                if self._child is not None:  # process mode: hand the records over
-                    self._send_pending()
+                if self._child is not None:  # process mode: hand the records over, then ask
                     self._request(b"S" if sync else b"F")
                 else:
                     self._drain()
@@ -397,8 +424,13 @@ class AuditLog:
         # The child imports this very package, wherever it was imported from.
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # The child shares the directory's lock (one flock, two descriptors): after a kill -9 of
+        # the gateway it still holds it while it writes what its pipe holds (A5, handoff), so
+        # a restart never closes or compacts the file it is finishing.
+        keep = (self._lock.fileno(),) if self._lock is not None else ()
         child = subprocess.Popen([sys.executable, "-m", "gateway.audit.child", json.dumps(params)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+                                 pass_fds=keep,
                                  start_new_session=True)  # no SIGINT/SIGTERM of the terminal's group
         with contextlib.suppress(OSError, AttributeError, ValueError):  # not Linux, or over the limit
             import fcntl
@@ -407,18 +439,20 @@ class AuditLog:
 
     def _child_failed(self) -> None:
         log.exception("audit writer process failed; writing from this process from now on")
-        child, self._child = self._child, None
-        if child is not None:
-            with contextlib.suppress(Exception):
-                child.kill()
-                child.wait(timeout=5)
-        self._recover()  # its open file, closed as after a crash (A3)
-        # What it was sent since its last answer is written again from here: at least once.
-        unacked, self._unacked = self._unacked, []
-        self._queue.extendleft(reversed(unacked))
+        with self._send_lock:  # handoff() no longer writes to it
+            child, self._child = self._child, None
+            if child is not None:
+                with contextlib.suppress(Exception):
+                    child.kill()
+                    child.wait(timeout=5)
+            self._recover()  # its open file, closed as after a crash (A3)
+            # What it was sent since its last answer is written again from here: at least once.
+            unacked, self._unacked = self._unacked, []
+            self._queue.extendleft(reversed(unacked))
 
     def _send_pending(self) -> None:
-        """Hand every queued record (and an audit_dropped record for what was shed) over."""
+        """Hand every queued record (and an audit_dropped record for what was shed) over;
+        under ``_send_lock``."""
         assert self._child is not None and self._child.stdin is not None
         q = self._queue
         popleft = q.popleft
@@ -444,16 +478,22 @@ class AuditLog:
             self._child.stdin.write(payload)
 
     def _request(self, kind: bytes) -> None:
-        """Send ``F`` or ``C`` and take the counters the child answers with."""
+        """Hand every queued record over, send ``F``, ``S`` or ``C`` and take the counters the
+        child answers with."""
         child = self._child
         assert child is not None and child.stdin is not None and child.stdout is not None
-        child.stdin.write(CHILD_HEADER.pack(kind, 0))
-        child.stdin.flush()
+        with self._send_lock:
+            self._send_pending()
+            child.stdin.write(CHILD_HEADER.pack(kind, 0))
+            child.stdin.flush()
+            sent = len(self._unacked)
+        # Read without the lock: handoff() may send more meanwhile, which this answer does not cover.
         line = child.stdout.readline()
         if not line:
             raise EOFError("the audit writer process exited")
         counters = json.loads(line)
-        self._unacked.clear()  # the child has written everything sent before this request
+        with self._send_lock:
+            del self._unacked[:sent]  # the child has written everything sent before this request
         counts = self.counts
         for key, n in counters["counts"]:
             k = tuple(key)

@@ -59,6 +59,10 @@ AUDIT_SYNC_TIMEOUT = 30.0
 NO_AUDIT_LIMIT = 1 << 62
 
 
+def _no_handoff() -> None:
+    """An audit sink without a writer process to hand records to (A5)."""
+
+
 @dataclass
 class BrokerConfig:
     """What the broker reads from the gateway configuration (any object with these attributes
@@ -83,6 +87,7 @@ class Broker:
 
     emit_row: Callable[[Row, str, tuple[Any, ...]], None]
     emit_fields: Callable[[str, str, dict[str, Any]], None]
+    audit_handoff: Callable[[], None]
     store: StoreBackend
     # What vhost() makes: the cluster broker (gateway.jetstream) gives its own subclass, so
     # that the embedded path runs VHost's methods with no test of which store is behind.
@@ -100,6 +105,9 @@ class Broker:
         self._audit = sink
         self.emit_row = row_emitter(sink)
         self.emit_fields = fields_emitter(sink)
+        # A5: called by the transports before they write to a client (a delivery), so that
+        # what the client sees has its records out of this process first (AuditLog.handoff).
+        self.audit_handoff = getattr(sink, "handoff", None) or _no_handoff
 
     def __init__(self, data_dir: str | None, *, clock: Clock, audit: Any, config: Any,
                  loop: asyncio.AbstractEventLoop | None = None, lock: Any = None,

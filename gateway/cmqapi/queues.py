@@ -268,6 +268,7 @@ async def _receive(api: CmqApi, caller: Caller, p: Params, count: int) -> list[d
                     "receiptHandle": format_handle(m.msg_id, r.handle), "enqueueTime": int(m.enqueue_time),
                     "firstDequeueTime": int(m.first_receive_time or m.enqueue_time),
                     "nextVisibleTime": int(m.next_visible_time), "dequeueCount": m.receive_count})
+    api.broker.audit_handoff()  # A5: the records of what the answer carries, out of this process first
     return out
 
 

@@ -4,7 +4,6 @@ and a stored message whose records a crash kept from the log gets them back at t
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from gateway.mqtt import codec as P
 from tests.integration.cmq_client import CmqClient
 from tests.integration.mqtt_client import RawClient
 from tests.integration.test_process import serve
+from tests.support.audit_files import records
 
 QUEUE = "a5-orders"
 KEY_ID, SECRET = "AKIDauditcrash000000000000000000000000", "audit-crash-secret-0123456789abcd"
@@ -48,17 +48,6 @@ def drain(port: int) -> list[str]:
         ids.append(props.headers["x-cmq-msg-id"])
     conn.close()
     return ids
-
-
-def records(audit: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(audit.glob("dt=*/hour=*/*.jsonl")):
-        for line in path.read_bytes().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a torn last line (A3)
-    return out
 
 
 def stop(proc: Any) -> None:
@@ -119,6 +108,47 @@ def test_A5_stored_messages_whose_records_a_crash_lost_get_them_back(tmp_path: P
     assert max(i for i, r in enumerate(recs) if r.get("origin") == "rebuilt") < first_deliver
 
 
+def consume(ch: Any, n: int) -> list[str]:
+    """The CMQ IDs of the next ``n`` deliveries of the queue, each acked as it comes."""
+    got = []
+    for method, props, _body in ch.consume(QUEUE, inactivity_timeout=30):
+        assert method is not None, f"only {len(got)} of {n} delivered"
+        got.append(props.headers["x-cmq-msg-id"])
+        ch.basic_ack(method.delivery_tag)
+        if len(got) == n:
+            return got
+    raise AssertionError("unreachable")
+
+
+def test_A5_messages_consumed_before_any_confirm_keep_their_records_after_kill_9(tmp_path: Path) -> None:
+    """A5 (issue 27): a message a client consumed before its publisher had a confirm (here no
+    confirms at all) keeps its publish and enqueue records through a kill -9 that comes at
+    once after the delivery: persistent ones acked (gone from the store, so nothing rebuilds
+    them), then transient ones (never stored). Before deliveries handed their records to the
+    audit writer process, the records of the last tenth of a second were in the gateway's
+    memory still, and the kill took them."""
+    data = tmp_path / "data"
+    consumed = []
+    with serve(data) as (proc, port):
+        conn, ch = channel(port)
+        ch.queue_declare(QUEUE, durable=True, arguments=METADATA)
+        _pub_conn, pub = channel(port)
+        for mode in (2, 1):
+            for i in range(200):
+                pub.basic_publish("", QUEUE, f"m{mode}-{i:03d}".encode(), pika.BasicProperties(delivery_mode=mode))
+            consumed += consume(ch, 200)
+        proc.kill()  # at once after the last delivery came in
+        proc.wait(timeout=30)
+    with serve(data) as (proc, port):
+        left = drain(port)
+        stop(proc)
+    recs = records(data / "audit", include_open=True)
+    published = {r["msg_id"] for r in recs if r["event"] == "publish"}
+    enqueued = {r["msg_id"] for r in recs if r["event"] == "enqueue" and r["queue"] == QUEUE}
+    missing = [m for m in consumed + left if m not in published or m not in enqueued]
+    assert not missing, f"{len(missing)} of {len(consumed) + len(left)} messages have no records"
+
+
 def test_A5_a_cmq_api_send_answered_has_its_records_on_disk_already(tmp_path: Path) -> None:
     """CA2 + A5: each SendMessage answered code 0 finds its publish and enqueue records in
     the audit files at once (before anything else happens), and still after a kill -9."""
@@ -135,22 +165,13 @@ def test_A5_a_cmq_api_send_answered_has_its_records_on_disk_already(tmp_path: Pa
         for i in range(20):
             mid = cmq.ok("SendMessage", queueName="a5-api", msgBody=f"body-{i}")["msgId"]
             sent.append(mid)
-            recs = records(data / "audit") + open_records(data / "audit")
+            recs = records(data / "audit", include_open=True)
             assert mid in {r["msg_id"] for r in recs if r["event"] == "publish"}
             assert ("a5-api", mid) in {(r["queue"], r["msg_id"]) for r in recs if r["event"] == "enqueue"}
         proc.kill()
         proc.wait(timeout=30)
-    recs = records(data / "audit") + open_records(data / "audit")
+    recs = records(data / "audit", include_open=True)
     assert set(sent) <= {r["msg_id"] for r in recs if r["event"] == "publish" and r.get("protocol") == "cmq-api"}
-
-
-def open_records(audit: Path) -> list[dict[str, Any]]:
-    """The whole lines of the file being written (or left open by a kill)."""
-    out = []
-    for path in audit.glob("dt=*/hour=*/.*.open"):
-        for line in path.read_bytes().split(b"\n")[:-1]:
-            out.append(json.loads(line))
-    return out
 
 
 def test_A5_an_mqtt_puback_comes_after_the_records_of_its_message(tmp_path: Path) -> None:
@@ -170,7 +191,7 @@ def test_A5_an_mqtt_puback_comes_after_the_records_of_its_message(tmp_path: Path
             pub.send(P.Publish("a5/x", f"m{i}".encode(), 1, packet_id=i))
             ack = pub.recv()
             assert isinstance(ack, P.Ack) and ack.kind == P.PUBACK and ack.reason_code == 0, ack
-            recs = records(data / "audit") + open_records(data / "audit")
+            recs = records(data / "audit", include_open=True)
             mqtt = {r["msg_id"] for r in recs if r["event"] == "publish" and r.get("protocol") == "mqtt"}
             assert len(mqtt) == i
             assert mqtt <= {r["msg_id"] for r in recs if r["event"] == "enqueue"}

@@ -10,13 +10,20 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pika
 
+from gateway.audit.dirlock import AuditDirLock
 from tests.integration.differential import blocking
 from tests.integration.test_process import serve
 from tests.integration.test_startup import _audit_files, _wait_for, one_line, run_serve
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _records(audit: Path) -> list[dict[str, object]]:
@@ -69,3 +76,31 @@ def test_A7_second_gateway_on_the_audit_dir_is_refused_and_the_first_stops_clean
     with serve(tmp_path / "other-data", "--audit-dir", str(audit)) as (proc2, _port):
         proc2.send_signal(signal.SIGTERM)
         assert proc2.wait(timeout=60) == 0
+
+
+def test_A7_a_start_waits_for_the_writer_process_a_killed_gateway_left(tmp_path: Path) -> None:
+    """A5 + A7: the audit writer process shares its gateway's lock and, after a kill -9 of the
+    gateway, writes what its pipe holds before it exits. A start that finds the lock held
+    while the gateway the lock names is gone waits for that process (the kernel drops the
+    lock when it exits) instead of refusing, and so never closes or compacts a file that is
+    still being written. Here the "gateway" takes the lock, starts a child that inherits it
+    and finishes a file 1.5 s later, and dies at once."""
+    audit = tmp_path / "audit"
+    done = audit / "child-done"
+    script = textwrap.dedent(f"""
+        import os, subprocess, sys
+        from gateway.audit.dirlock import AuditDirLock
+        lock = AuditDirLock({str(audit)!r})
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5); open({str(done)!r}, 'w').close()"],
+                         pass_fds=(lock.fileno(),), start_new_session=True, stdout=subprocess.DEVNULL)
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=60, stdout=subprocess.DEVNULL)
+    assert not done.exists()  # the child still runs and holds the lock
+    started = time.monotonic()
+    lock = AuditDirLock(str(audit))
+    try:
+        assert done.exists(), "the lock was taken while the dead gateway's writer still ran"
+        assert time.monotonic() - started < 30
+    finally:
+        lock.release()

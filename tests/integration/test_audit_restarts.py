@@ -6,7 +6,6 @@ after every restart, the L2 queue ``orders.eu`` included (issue 27)."""
 
 from __future__ import annotations
 
-import json
 import signal
 from collections import Counter
 from pathlib import Path
@@ -16,6 +15,7 @@ import pika
 import requests
 
 from tests.integration.test_process import serve
+from tests.support.audit_files import records
 
 GUEST = ("guest", "guest")
 TAGS = [f"t{i}" for i in range(6)]  # one past CMQ's 5 tags a subscription (L3)
@@ -39,17 +39,6 @@ def client_actions(port: int) -> None:
     for tag in TAGS:  # the sixth tag of one subscription breaks L3
         ch.queue_bind("tagged", "tagsx", tag)
     conn.close()
-
-
-def records(audit: Path) -> list[dict[str, Any]]:
-    out = []
-    for path in sorted(audit.glob("dt=*/hour=*/*.jsonl")):
-        for line in path.read_bytes().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a torn last line (A3)
-    return out
 
 
 def counted(recs: list[dict[str, Any]], origin: str | None) -> Counter[str]:

@@ -77,3 +77,28 @@ def test_A1_flush_does_not_wait_for_the_writers_next_nap(tmp_path: Path) -> None
                 audit.emit("ack", "/", queue="q", msg_id=f"m{i}")
                 assert audit.flush(timeout=60.0)  # hang protection only: False is the failure
                 assert audit.counts == {("ack", "/", "q"): i + 1}
+
+
+def test_A5_handoff_puts_the_records_in_the_writer_process_without_a_writer_cycle(tmp_path: Path) -> None:
+    """A5 (issue 27): handoff(), which the transports call before a delivery's frames go out,
+    hands what is queued to the writer process itself: the records reach the file while the
+    writer thread naps (an hour here), so a kill -9 of this process would no longer take them.
+    In-thread mode has no process to hand them to: handoff() leaves them queued."""
+    import time
+
+    for process in (True, False):
+        root = tmp_path / str(process)
+        with AuditLog(str(root), flush_interval=3600.0, process=process) as audit:
+            for i in range(5):
+                audit.emit("publish", "/", queue="q", msg_id=f"m{i}", size=1)
+            audit.handoff()
+            assert audit.pending == 0 if process else audit.pending == 5
+            deadline = time.monotonic() + 30
+            lines: list[bytes] = []
+            while process and len(lines) < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+                lines = [line for _, data in _files(root) for line in data.splitlines()]
+            assert [json.loads(line)["msg_id"] for line in lines] == ([f"m{i}" for i in range(5)] if process else [])
+            audit.emit("publish", "/", queue="q", msg_id="m5", size=1)  # the thread's path still follows
+        records = [json.loads(line) for _, data in _files(root) for line in data.splitlines()]
+        assert [r["msg_id"] for r in records] == [f"m{i}" for i in range(6)]
