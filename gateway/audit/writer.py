@@ -22,6 +22,9 @@ closed, or when the broker's group commit asks: ``sync_mark()`` (on the event lo
 the store's last LSN) makes the next cycle fsync the open file after writing everything
 emitted before the mark, and ``wait_synced(mark)`` (on the store's sync thread) returns once
 it has; the broker's confirms wait for both (gateway.broker.broker, ``durable_lsn``).
+Deliveries do not wait: ``handoff()`` (on the event loop, before a transport writes to a
+client) hands what is queued to the writer process at once, which outlives a kill -9 of the
+gateway and writes it (gateway.audit.child, gateway.audit.dirlock).
 
 Counting: the writer counts every record it is handed (``counts``, keyed by
 ``gateway.audit.counting.count_key``), the ones the ``events`` filter leaves out of the files

@@ -617,6 +617,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                 else:
                     broker.drop_received(q, receipt, user)
             broker.after_queue_change(vh, q)
+        broker.audit_handoff()  # A5: the records of what the answer shows, out of this process first
         return web.json_response(out)
 
     async def queue_bindings(request: web.Request) -> web.Response:
