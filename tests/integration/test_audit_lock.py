@@ -7,7 +7,6 @@ writer then crashed at its stop (FileNotFoundError on the rename, EOFError)."""
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import subprocess
@@ -22,19 +21,9 @@ from gateway.audit.dirlock import AuditDirLock
 from tests.integration.differential import blocking
 from tests.integration.test_process import serve
 from tests.integration.test_startup import _audit_files, _wait_for, one_line, run_serve
+from tests.support.audit_files import records
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _records(audit: Path) -> list[dict[str, object]]:
-    out = []
-    for data in _audit_files(audit).values():
-        for line in data.decode().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:  # a torn last line (none expected here: both stop cleanly)
-                continue
-    return out
 
 
 def test_A7_second_gateway_on_the_audit_dir_is_refused_and_the_first_stops_cleanly(tmp_path: Path) -> None:
@@ -50,7 +39,7 @@ def test_A7_second_gateway_on_the_audit_dir_is_refused_and_the_first_stops_clean
                 ch.basic_publish("", "lock-q", str(i).encode(), pika.BasicProperties(delivery_mode=2))
         _wait_for(lambda: any(name.endswith(".open") for name in _audit_files(audit)), "an open audit file")
         # Every record of that connection written (its close comes after its confirms: A5).
-        _wait_for(lambda: any(r["event"] == "connection_close" for r in _records(audit)), "the close record")
+        _wait_for(lambda: any(r["event"] == "connection_close" for r in records(audit, include_open=True)), "the close record")
         before = _audit_files(audit)
 
         done = run_serve("--data-dir", str(tmp_path / "other-data"), "--audit-dir", str(audit))
@@ -70,7 +59,7 @@ def test_A7_second_gateway_on_the_audit_dir_is_refused_and_the_first_stops_clean
         assert proc.wait(timeout=60) == 0
     names = list(_audit_files(audit))
     assert names and not [n for n in names if n.endswith(".open")]  # its own writer closed its file
-    publishes = [r for r in _records(audit) if r["event"] == "publish" and r.get("queue", "lock-q") == "lock-q"]
+    publishes = [r for r in records(audit, include_open=True) if r["event"] == "publish" and r.get("queue", "lock-q") == "lock-q"]
     assert len(publishes) == 40
     # The lock is released at the stop: the directory can be taken by the next gateway.
     with serve(tmp_path / "other-data", "--audit-dir", str(audit)) as (proc2, _port):

@@ -14,7 +14,7 @@ def records(audit: Path, *, include_open: bool = False) -> list[dict[str, Any]]:
     of ``.open`` files too, after them."""
     out = []
     for path in sorted(audit.glob("dt=*/hour=*/*.jsonl")):
-        for line in path.read_bytes().splitlines():
+        for line in _read(path).splitlines():
             try:
                 out.append(json.loads(line))
             except ValueError:
@@ -28,6 +28,15 @@ def open_records(audit: Path) -> list[dict[str, Any]]:
     """The whole lines of the file being written (or left open by a kill)."""
     out = []
     for path in sorted(audit.glob("dt=*/hour=*/.*.open")):
-        for line in path.read_bytes().split(b"\n")[:-1]:
+        for line in _read(path).split(b"\n")[:-1]:
             out.append(json.loads(line))
     return out
+
+
+def _read(path: Path) -> bytes:
+    """The file's bytes; none when a running writer renamed (closed) or the retention removed
+    it since the listing (a closed file is read whole by the next look)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""
