@@ -1,6 +1,6 @@
 """The console's queue list with many queues, unpaged against paged (issue 29's measure).
 
-    .venv/bin/python scripts/bench_console.py [--queues 10000] [--rounds 5]
+    .venv/bin/python scripts/bench_console.py [--queues 10000] [--rounds 5] [--scenario1 10 --pairs 3]
 
 Starts `cmq-gateway serve` (as bench_management.py does), makes --queues queues by a
 definitions import, logs in to the console in Debian's Chromium (Playwright,
@@ -15,14 +15,20 @@ executable_path) and then, in alternating rounds in the one browser:
 Meanwhile an AMQP client pings the gateway (a passive queue.declare, one after another):
 the slowest ping during each measurement is how long that request held the event loop from
 AMQP clients. Prints the median of each, and the whole run's pings as a baseline.
+
+With ``--scenario1 SECONDS``: the load generator's scenario 1 (transient 16 B, one producer,
+one consumer, unlimited rate) against the same gateway, --pairs times without the console
+(the tab on about:blank) and with it open on the Queues view at its 5 s refresh, alternating.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import sys
+import subprocess
 import tempfile
 import threading
 import time
@@ -87,11 +93,33 @@ class Pinger(threading.Thread):
         return max((ms for t, ms in self.samples if since <= t <= until), default=0.0)
 
 
+def scenario1_pairs(page: object, base: str, port: int, seconds: float, pairs: int) -> dict[str, list[tuple[float, float]]]:
+    """Scenario 1 without and with the console's Queues view open, alternating."""
+    out: dict[str, list[tuple[float, float]]] = {"without console": [], "with console": []}
+    for _ in range(pairs):
+        for kind in out:
+            if kind == "with console":
+                page.goto(base + "/#/queues")  # type: ignore[attr-defined]
+                page.wait_for_selector("#queues-list tbody td a")  # type: ignore[attr-defined]
+            else:
+                page.goto("about:blank")  # type: ignore[attr-defined]
+            run = subprocess.run([sys.executable, "-m", "gateway.perf", "run", "--uri",
+                                  f"amqp://guest:guest@127.0.0.1:{port}/", "--size", "16", "--pattern", "queue",
+                                  "--queues", "1", "--rate", "0", "--duration", str(seconds), "--json", "--quiet"],
+                                 cwd=ROOT, capture_output=True, text=True, check=True)
+            report = json.loads(run.stdout)
+            out[kind].append((report["rates"]["received"], report["latency_us"]["p99"] / 1000))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--queues", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--root", type=Path, default=ROOT)
+    ap.add_argument("--scenario1", type=float, default=0.0, metavar="SECONDS",
+                    help="also run scenario 1 for this long, without and with the console open")
+    ap.add_argument("--pairs", type=int, default=3)
     args = ap.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -125,9 +153,11 @@ def main() -> None:
                     got = page.evaluate(VIEW) if kind == "view" else page.evaluate(RENDER, {"url": urls[kind], "token": token})
                     got["amqp_worst"] = pinger.worst(t0, time.perf_counter())
                     results[kind].append(got)
+            pinger.stop.set()
+            pinger.join(timeout=10)
+            if args.scenario1:
+                scenario1 = scenario1_pairs(page, base, port, args.scenario1, args.pairs)
             browser.close()
-        pinger.stop.set()
-        pinger.join(timeout=10)
         print(f"{args.queues} queues, {args.rounds} alternating rounds; medians in ms")
         print(f"{'':<10} {'API call':>10} {'to drawn':>10} {'worst AMQP ping':>16}")
         for kind, rows in results.items():
@@ -135,6 +165,11 @@ def main() -> None:
             print(f"{kind:<10} {med['api']:>10.1f} {med['total']:>10.1f} {med['amqp_worst']:>16.1f}")
         pings = [ms for _, ms in pinger.samples]
         print(f"AMQP ping over the run: median {statistics.median(pings):.1f} ms, {len(pings)} pings")
+        if args.scenario1:
+            print(f"scenario 1, {args.scenario1:g} s x {args.pairs} pairs: received/s, latency p99 ms")
+            for kind, runs in scenario1.items():
+                print(f"{kind:<16} " + "  ".join(f"{r:,.0f}/s p99 {p:.1f}" for r, p in runs)
+                      + f"   median {statistics.median(r for r, _ in runs):,.0f}/s")
     finally:
         proc.terminate()
         proc.wait(timeout=30)
