@@ -27,8 +27,8 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import subprocess
+import sys
 import tempfile
 import threading
 import time

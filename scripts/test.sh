@@ -70,6 +70,16 @@ if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/
     echo "Chromium is required for the report page and web console tests" >&2; exit 1
   fi
 fi
+# The web console's Firefox test drives Debian's Firefox over WebDriver BiDi, which it serves
+# itself (no driver, no browser download).
+if ! command -v firefox-esr >/dev/null 2>&1 && ! command -v firefox >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "test.sh: installing Firefox for the web console's Firefox test (apt-get install firefox-esr)" >&2
+    apt-get update -qq && apt-get install -y -qq firefox-esr >/dev/null
+  else
+    echo "Firefox is required for the web console's Firefox test" >&2; exit 1
+  fi
+fi
 # The cluster tests (tests/cluster, CL1-CL4) start their own JetStream servers from Debian's
 # nats-server; install it the same way (they never use a NATS already running on 4222).
 if [ ! -x /usr/sbin/nats-server ] && ! command -v nats-server >/dev/null 2>&1; then

@@ -205,7 +205,7 @@ async def test_SE1_paged_lists_show_each_tag_what_rabbitmq_shows(sides: tuple[Si
             user = f"{tag}-{uid}"
             for path in PAGED:
                 concrete = _fill(path, uid, tag).replace("{uid}", uid)
-                answers = []
+                answers: list[Any] = []
                 for side in sides:
                     status, body = await side.call("GET", concrete, user)
                     if body is None:
