@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +24,7 @@ from gateway.broker.broker import Broker
 from gateway.broker.exchange import Exchange
 from gateway.broker.message import Message
 from gateway.broker.policies import Policy
+from gateway.jetstream import wire
 from gateway.jetstream.api_receive import answer_receives
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.head import EXPIRES_AT, MSG_ID, stored_message
@@ -43,6 +44,7 @@ from gateway.jetstream.queues import (
 from gateway.jetstream.store import JetStreamStore
 from gateway.jetstream.sweeper import Sweeper, settle_once
 from gateway.jetstream.vhost import ClusterVHost
+from gateway.jetstream.wire import Handlers
 from semantics import queue as Q
 from semantics.clock import Clock, SystemClock
 from semantics.jetstream.names import CONSUMER
@@ -58,9 +60,19 @@ STARTUP_STREAMS_SECONDS = 30.0
 COUNT_EVERY = 1.0  # seconds between refreshes of a recently used queue's JetStream count
 COUNT_RECENT = 60.0  # a queue used (declared, got from, published to) this recently is counted
 PULL_WAIT = 1.0  # a pull request waits this long at the server for messages (then asks again)
-PULL_MAX = 256  # messages per pull, at most
+PULL_MAX = 512  # messages per pull request, at most; several may be under way
 PULL_MIN = 64  # while a pull is under way, the next one asks for at least this many (or all the credit)
-UNLIMITED_CREDIT = 64  # what a consumer without prefetch is pulled for at a time
+# What a consumer without a prefetch limit (no-ack, or prefetch 0) is pulled for ahead: its
+# deliveries must not wait a round trip to JetStream each batch (a credit of 64 held a no-ack
+# consumer to ~1,100 msg/s under a flood, issue 28).
+UNLIMITED_CREDIT = 1000
+LEASED_MAX = 4096  # messages asked for or leased and not yet delivered, per queue, at most
+PULL_WAITING = b'"expires":%d' % int(PULL_WAIT * 1e9)
+# Publisher flow control on delivery lag (write_backlog): recounted at most this often; a
+# queue that got nothing from JetStream this long is not counted; the weight of one message.
+LAG_EVERY = 0.002
+LAG_STALE = 1.0
+LAG_WEIGHT = 3
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
 NAK_WAIT = 2.0
@@ -130,6 +142,9 @@ class ClusterBroker(Broker):
         self._replies: list[tuple[str, bytes]] = []
         self._durable_scheduled = False
         self._watched: list[dict[int, bool]] = []  # CMQ API sends awaiting their writes (watch_refusals)
+        self._taking: set[ClusterQueue] = set()  # queues that got deliveries lately (write_backlog)
+        self._lag = 0
+        self._lag_at = 0.0
 
     # -- the store: JetStream acknowledges as it goes (no group commit thread) ---------------
 
@@ -449,7 +464,26 @@ class ClusterBroker(Broker):
         self._published(q)
 
     def write_backlog(self) -> int:
-        return self.publisher.pending
+        """The transport's publisher flow control (gateway.transport): JetStream's unanswered
+        writes, and the messages JetStream holds for consumers of this gateway that have credit
+        for them. Reading publishers while those wait would give the loop to input and leave
+        the deliveries behind (issue 28: 3,000 of 28,000 msg/s); paused, the loop delivers, as
+        RabbitMQ's credit flow blocks a publisher while its queue cannot keep up. Such a
+        message counts as LAG_WEIGHT writes: the pause starts below a second of deliveries."""
+        now = time.monotonic()
+        if now - self._lag_at >= LAG_EVERY:
+            self._lag_at = now
+            self._lag = self._delivery_lag(now)
+        return self.publisher.pending + self._lag * LAG_WEIGHT
+
+    def _delivery_lag(self, now: float) -> int:
+        lag = 0
+        for q in list(self._taking):
+            if q.deleted or now - q.took_at > LAG_STALE:
+                self._taking.discard(q)  # nothing came for a while (NATS away?): no pause for it
+            elif q.remote_ready > 0 and any(c.has_credit() for c in self._pullers(q)):
+                lag += q.remote_ready
+        return lag
 
     def _published(self, q: ClusterQueue) -> None:
         q.in_flight -= 1
@@ -525,15 +559,19 @@ class ClusterBroker(Broker):
         q.want_soon = False
         self._want(q)
 
+    @staticmethod
+    def _pullers(q: ClusterQueue) -> Any:
+        return q.consumers if q.sac_active or not q.qargs.single_active_consumer else ()
+
     def _need(self, q: ClusterQueue) -> int:
         need = 0
-        for c in (q.consumers if q.sac_active or not q.qargs.single_active_consumer else ()):
+        for c in self._pullers(q):
             if c.has_credit():
                 need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
         if q.waiters is not None:
             need += len(q.waiters)
         need += q.api_demand  # CMQ API receives (gateway.jetstream.api_receive)
-        return min(need - q.cmq.active - len(q.held_back), PULL_MAX)
+        return min(need, LEASED_MAX) - q.cmq.active - len(q.held_back)
 
     def _want(self, q: Any) -> None:
         """Ask JetStream for what this gateway can take and has not asked for yet: a pull
@@ -555,28 +593,37 @@ class ClusterBroker(Broker):
             return
         waiting = any(c.has_credit() for c in q.consumers) or q.api_polls > 0 or (
             q.waiters is not None and len(q.waiters) > len(q.plain_gets))
-        request: dict[str, Any] = {"batch": extra}
-        if waiting:
-            request["expires"] = int(PULL_WAIT * 1e9)
-        else:
-            request["no_wait"] = True
-        q.pull_seq += 1
-        reply = f"{q.inbox}.{q.pull_seq}"
-        q.pulls[reply] = [extra, not waiting]
-        q.requested += extra
         q.asked_at = self.clock.now()
-        self._spawn(self.link.nc.publish(q.next_subject, json.dumps(request).encode(), reply))
+        requests = []
+        while extra > 0:
+            # Several requests of at most PULL_MAX each, all under way at once: JetStream
+            # delivers a batch while the next one's request is already there.
+            batch = min(extra, PULL_MAX)
+            extra -= batch
+            q.pull_seq += 1
+            reply = f"{q.inbox}.{q.pull_seq}"
+            q.pulls[reply] = [batch, not waiting]
+            q.requested += batch
+            requests.append((reply, b'{"batch":%d,%s}' % (batch, PULL_WAITING if waiting else b'"no_wait":true')))
+        self._spawn(self._send_pulls(q.next_subject, requests))
+
+    async def _send_pulls(self, subject: str, requests: list[tuple[str, bytes]]) -> None:
+        await wire.write(self.link.nc, [wire.pub(subject, reply, request) for reply, request in requests])
 
     def pulled(self, q: ClusterQueue, m: Any) -> None:
         """One message on the queue's inbox: a delivery, or a status ending a pull request."""
         status = m.headers.get("Status") if m.headers else None
         if status is None:
             q.requested = max(0, q.requested - 1)
-            pull = q.pulls.get(m.subject)
-            if pull is not None:
-                pull[0] -= 1
-                if pull[0] <= 0:
-                    del q.pulls[m.subject]  # its whole batch came: JetStream says no more of it
+            # A delivery's subject is its stream's, not the request's: JetStream (2.9) fills
+            # waiting requests in the order they came, so it counts against the oldest one.
+            for reply, oldest in q.pulls.items():
+                oldest[0] -= 1
+                if oldest[0] <= 0:
+                    del q.pulls[reply]  # its whole batch came: JetStream says no more of it
+                break
+            if not q.requested:
+                q.pulls.clear()
             q.arrived.append(m)
             if len(q.arrived) == 1:
                 self._loop.call_soon(self._take_arrived, q)  # type: ignore[union-attr]
@@ -588,10 +635,15 @@ class ClusterBroker(Broker):
             # 404: a no_wait request found nothing; 408: a waiting request expired, or a
             # no_wait one ran dry after some messages. What it did not bring is not coming.
             pull = q.pulls.pop(m.subject, None)
-            if pull is not None:
+            # What it did not bring, as JetStream counts it (exact whichever request the
+            # deliveries before were counted against), else as counted here.
+            left = m.headers.get("Nats-Pending-Messages")
+            if left is not None and left.isdigit():
+                q.requested = max(0, q.requested - int(left))
+            elif pull is not None:
                 q.requested = max(0, q.requested - pull[0])
-                if pull[1] or status == "404":
-                    self._nothing_to_get(q)
+            if pull is not None and (pull[1] or status == "404"):
+                self._nothing_to_get(q)
         else:  # 409 and others (leader change, too many waiting): start over
             q.requested = 0
             q.pulls.clear()
@@ -632,6 +684,8 @@ class ClusterBroker(Broker):
             q.held_back.extend(msgs)  # behind a large body being read: in order (M11)
             return
         now = self.clock.now()
+        q.took_at = time.monotonic()
+        self._taking.add(q)
         cmq = q.cmq
         for i, m in enumerate(msgs):
             delivered, consumer_seq, pending = delivery_counts(m.reply)
@@ -726,13 +780,10 @@ class ClusterBroker(Broker):
         self._spawn(self._publish_replies(replies))
 
     async def _publish_replies(self, replies: list[tuple[str, bytes]]) -> None:
-        nc = self.link.nc
-        for subject, payload in replies:
-            try:
-                await nc.publish(subject, payload)
-            except Exception as e:  # noqa: BLE001 - lost: JetStream's ack_wait redelivers it
-                log.info("ack to JetStream lost: %r", e)
-                return
+        try:
+            await wire.write(self.link.nc, [wire.pub(subject, "", payload) for subject, payload in replies])
+        except Exception as e:  # noqa: BLE001 - lost: JetStream's ack_wait redelivers it
+            log.info("acks to JetStream lost: %r", e)
 
     # settlement: the local model decides, JetStream follows
 
@@ -813,6 +864,7 @@ class ClusterBroker(Broker):
             await subscribe(self.link, q, self.pulled)
         finally:
             if old is not None:
+                Handlers.of(self.link.nc).discard(old)
                 with contextlib.suppress(Exception):
                     await old.unsubscribe()
         self._want(q)

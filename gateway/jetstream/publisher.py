@@ -43,6 +43,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from gateway.jetstream import wire
+
 __all__ = ["MAX_IN_FLIGHT", "RESEND_AFTER", "Publisher", "reading"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
@@ -50,9 +52,12 @@ log = logging.getLogger("cmq_gateway.jetstream")
 RESEND_AFTER = 5.0  # no PubAck this long after sending: sent again (nats-py's own timeout)
 SWEEP_EVERY = 0.5
 MAX_IN_FLIGHT = 4096  # writes sent and not yet answered, at most
+SEND_BATCH = 256  # writes handed to the connection together
 
 STORED, REFUSED, UNKNOWN, GONE = "stored", "refused", "unknown", "gone"
-_PUBACK = re.compile(rb'\{"stream":"[^"]*","seq":(\d+)[,}]')
+# The server writes a PubAck as {"stream":"S", "seq":N[,"duplicate": true]} (a space after the
+# first comma in 2.9): read without a JSON decoder.
+_PUBACK = re.compile(rb'\{"stream":"[^"]*",\s*"seq":(\d+)[,}]')
 
 
 def reading(headers: dict[str, str] | None, data: bytes) -> str:
@@ -60,7 +65,7 @@ def reading(headers: dict[str, str] | None, data: bytes) -> str:
     if headers and headers.get("Status"):
         return UNKNOWN  # 503 no responders: nobody stored it
     plain = _PUBACK.match(data)  # the server's own text, without an error: no JSON decoder
-    if plain is not None:
+    if plain is not None and b'"error"' not in data:
         return STORED if int(plain.group(1)) > 0 else UNKNOWN
     try:
         r = json.loads(data)
@@ -107,6 +112,7 @@ class Publisher:
 
         self._sub = await self.nc.subscribe(self.prefix + ".*", cb=on_reply,
                                             pending_msgs_limit=-1, pending_bytes_limit=-1)
+        wire.Handlers.of(self.nc).add(self._sub, self._replied)  # in the read loop's turn
         self._sweeper = self._loop.create_task(self._sweep())
 
     async def stop(self) -> None:
@@ -115,6 +121,7 @@ class Publisher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._sweeper
         if self._sub is not None:
+            wire.Handlers.of(self.nc).discard(self._sub)
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
 
@@ -138,25 +145,33 @@ class Publisher:
             self._loop.create_task(self._send())
 
     async def _send(self) -> None:
-        """Everything queued, in order, as long as the window allows (one task at a time)."""
-        publish = self.nc.publish
+        """Everything queued, in order, as long as the window allows (one task at a time),
+        written together (gateway.jetstream.wire)."""
         prefix = self.prefix
         outbox = self._outbox
         writes = self._writes
         sent = self._sent
         try:
             while outbox and len(sent) < MAX_IN_FLIGHT:
-                lsn = outbox.popleft()
-                w = writes.get(lsn)
-                if w is None or lsn in sent or lsn in self._again:
-                    continue  # settled meanwhile, or queued twice
-                w.sent_at = time.monotonic()
-                sent[lsn] = None
+                now = time.monotonic()
+                batch: list[int] = []
+                commands = []
+                while outbox and len(sent) < MAX_IN_FLIGHT and len(batch) < SEND_BATCH:
+                    lsn = outbox.popleft()
+                    w = writes.get(lsn)
+                    if w is None or lsn in sent or lsn in self._again:
+                        continue  # settled meanwhile, or queued twice
+                    w.sent_at = now
+                    sent[lsn] = None
+                    batch.append(lsn)
+                    commands.append(wire.hpub(w.subject, f"{prefix}.{lsn}", w.headers, w.payload))
                 try:
-                    await publish(w.subject, w.payload, reply=f"{prefix}.{lsn}", headers=w.headers)
-                except Exception as e:  # noqa: BLE001 - NATS away or closed: the sweep sends it again
+                    await wire.write(self.nc, commands)
+                except Exception as e:  # noqa: BLE001 - NATS away or closed: the sweep sends them again
                     log.info("publish to JetStream not sent: %r", e)
-                    self._unanswered(lsn)
+                    for lsn in batch:
+                        if lsn in sent:
+                            self._unanswered(lsn)
         finally:
             self._sending = False
 

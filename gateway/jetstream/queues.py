@@ -31,6 +31,7 @@ from gateway.broker.persistence import decode_message
 from gateway.broker.queue import BrokerQueue
 from gateway.jetstream.link import Link
 from gateway.jetstream.store import Chain
+from gateway.jetstream.wire import Handlers
 from semantics.errors import LimitError
 from semantics.jetstream.config import consumer_config, stream_config
 from semantics.jetstream.names import CONSUMER
@@ -98,6 +99,7 @@ class ClusterQueue(BrokerQueue):
         self.want_soon = False  # a pull is to be considered at the end of this loop turn
         self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile
         self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
+        self.took_at = 0.0  # monotonic time of the last deliveries taken (ClusterBroker.write_backlog)
         self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
         self.on_consumers: Callable[[ClusterQueue], None] | None = None  # presence.consumers_changed
         self.chain = Chain()  # its publishes, in order across retries (CL3)
@@ -243,5 +245,6 @@ async def subscribe(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQueue,
 
         inbox = link.nc.new_inbox()
         q.sub = await link.nc.subscribe(inbox + ".*", cb=on_message, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        Handlers.of(link.nc).add(q.sub, lambda m: pulled(q, m))  # in the read loop's turn (wire)
         q.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{q.stream}.{CONSUMER}"
         q.inbox = inbox

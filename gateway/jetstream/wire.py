@@ -1,0 +1,126 @@
+"""A lean path over nats-py for what a JetStream gateway sends and reads per queue message.
+
+nats-py spends, per message it reads, a ``Msg`` object, a header parse in several steps, a
+put on the subscription's asyncio queue and a turn of that subscription's task; per message it
+writes, a subject check, a header built key by key and a flusher future. For the few messages
+that come once per queue message (pulled deliveries, PubAcks) and go once per queue message
+(publishes, acks, pull requests) that was most of a gateway's time on JetStream (issue 28).
+
+Here a subscription made with nats-py (which still sends SUB, and SUB again after a reconnect,
+under the same sid) may have a *handler*: the connection's ``_process_msg`` hands its messages
+to it at once, in the read loop's own turn, as a :class:`Delivery`; every other subscription
+goes on through nats-py as before. Writes are protocol commands built here and handed to the
+connection's buffer together, one flush for the lot; while the connection is not up they go
+through ``Client.publish``, so nats-py's own rules (buffering while reconnecting, errors once
+closed) hold for them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["Delivery", "Handlers", "hpub", "parse_headers", "pub", "write"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+
+class Delivery:
+    """What the handlers read of a message: as nats-py's ``Msg`` has it (str subjects)."""
+
+    __slots__ = ("subject", "reply", "data", "headers")
+
+    def __init__(self, subject: str, reply: str, data: bytes, headers: dict[str, str] | None) -> None:
+        self.subject = subject
+        self.reply = reply
+        self.data = data
+        self.headers = headers
+
+
+def parse_headers(raw: bytes) -> dict[str, str] | None:
+    """``NATS/1.0[ <status>[ <description>]]\\r\\nKey: value\\r\\n...\\r\\n\\r\\n`` -> a dict,
+    the status under ``Status`` and its text under ``Description`` (nats-py's keys)."""
+    if not raw:
+        return None
+    lines = raw.split(b"\r\n")
+    first = lines[0]
+    hdr: dict[str, str] = {}
+    if len(first) > 9:  # NATS/1.0 404 No Messages
+        status, _, desc = first[9:].partition(b" ")
+        if status.isdigit():
+            hdr["Status"] = status.decode()
+        if desc:
+            hdr["Description"] = desc.decode()
+    for line in lines[1:]:
+        if not line:
+            continue
+        key, sep, value = line.partition(b":")
+        if sep:
+            hdr[key.decode().strip()] = value.decode().strip()
+    return hdr
+
+
+class Handlers:
+    """Handlers by subscription id, on one connection (installed once per connection)."""
+
+    def __init__(self, nc: Any) -> None:
+        self.by_sid: dict[int, Callable[[Delivery], None]] = {}
+        by_sid = self.by_sid
+        original = nc._process_msg
+
+        async def process(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
+            handler = by_sid.get(sid)
+            if handler is None:
+                await original(sid, subject, reply, data, headers)
+                return
+            try:
+                handler(Delivery(subject.decode(), reply.decode(), data, parse_headers(headers) if headers else None))
+            except Exception:  # a bug in one handler must not end the connection's read loop
+                log.exception("handling a NATS message on %r failed", subject)
+
+        nc._process_msg = process
+
+    @classmethod
+    def of(cls, nc: Any) -> Handlers:
+        handlers = getattr(nc, "_cmq_handlers", None)
+        if handlers is None:
+            handlers = nc._cmq_handlers = cls(nc)
+        return handlers
+
+    def add(self, sub: Any, handler: Callable[[Delivery], None]) -> None:
+        self.by_sid[sub._id] = handler
+
+    def discard(self, sub: Any) -> None:
+        self.by_sid.pop(sub._id, None)
+
+
+def pub(subject: str, reply: str, payload: bytes) -> tuple[bytes, str, str, bytes, None]:
+    """A PUB command (and what ``Client.publish`` takes, for when the connection is down)."""
+    head = b"PUB %s %s %d\r\n" % (subject.encode(), reply.encode(), len(payload)) if reply else \
+        b"PUB %s %d\r\n" % (subject.encode(), len(payload))
+    return head + payload + b"\r\n", subject, reply, payload, None
+
+
+def hpub(subject: str, reply: str, headers: dict[str, str], payload: bytes) -> tuple[bytes, str, str, bytes, dict[str, str]]:
+    """An HPUB command. The header values are the gateway's own (ids, numbers, object names):
+    no line breaks to escape."""
+    hdr = b"NATS/1.0\r\n" + b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items()) + b"\r\n"
+    return (b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject.encode(), reply.encode(), len(hdr), len(hdr) + len(payload),
+                                                  hdr, payload),
+            subject, reply, payload, headers)
+
+
+async def write(nc: Any, commands: Iterable[tuple[bytes, str, str, bytes, dict[str, str] | None]]) -> None:
+    """The commands, in order, as one write (one flush), or through ``Client.publish`` one by
+    one while the connection is not up."""
+    if not nc.is_connected:
+        for _, subject, reply, payload, headers in commands:
+            await nc.publish(subject, payload, reply=reply, headers=headers)
+        return
+    blob = b"".join(c[0] for c in commands)
+    if not blob:
+        return
+    await nc._send_command(blob)
+    if nc._flush_queue is not None and nc._flush_queue.empty():
+        await nc._flush_pending()
