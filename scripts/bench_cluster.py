@@ -12,6 +12,14 @@ through the other). Prints medians and each one's ratio to RabbitMQ and to the e
 ``--baseline DIR`` (a checkout of other code, e.g. ``git worktree add --detach /tmp/base main``)
 adds that code's two JetStream rows, on a nats-server of their own, measured in the same
 rotation: a before/after within one run, under the same load.
+
+Scenario ``1n`` is scenario 1 with a no-ack consumer, ``7k3`` scenario 7 at 3,000 msg/s
+instead of 1,000 (issue 28's aims). Every scenario also reports
+``behind``: at the end of the window, the messages sent and not yet received, in seconds of
+the window's deliveries (what the consumer owes, the producer's socket buffers included), and
+``queued p50/max``: the queue's depth as the broker counts it, sampled every 0.25 s from a
+connection of its own, in seconds of the window's deliveries (how far the deliveries are
+behind what the broker took in).
 """
 
 from __future__ import annotations
@@ -19,16 +27,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import statistics
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from gateway.perf import runner  # noqa: E402
 from gateway.perf.compare import metrics_of  # noqa: E402
 from gateway.perf.runner import run  # noqa: E402
 from gateway.perf.scenarios import TITLES, scenario_config  # noqa: E402
@@ -46,7 +59,7 @@ def main() -> None:
     ap.add_argument("--baseline", help="a checkout whose JetStream gateways are measured too")
     ap.add_argument("--only", help="measure only the targets whose name contains one of these (comma-separated)")
     args = ap.parse_args()
-    scenarios = [int(s) for s in args.scenarios.split(",")]
+    scenarios = args.scenarios.split(",")
     with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
         root = Path(tmp)
         with contextlib.ExitStack() as stack:
@@ -90,20 +103,92 @@ class BaselineGateway(GatewayProcess):
         return ["env", f"PYTHONPATH={self.code}", cmd[0], "-P", *cmd[1:]]
 
 
-def _scenario(n: int, targets: dict[str, str], args: argparse.Namespace) -> None:
+def _config(scenario: str, uri: str, duration: float) -> Any:
+    if scenario == "1n":
+        return replace(scenario_config(1, uri, duration), multi_ack=0, progress=False)
+    if scenario == "7k3":
+        return replace(scenario_config(7, uri, duration), rate=3000.0, progress=False)
+    return replace(scenario_config(int(scenario), uri, duration), progress=False)
+
+
+class _Depth(threading.Thread):
+    """The run's queue depth as the broker counts it (a passive declare's message count, from
+    a connection of its own), sampled every SAMPLE_S during the window: what the broker
+    holds and has not delivered, unlike ``behind``, which counts the producer's socket too."""
+
+    SAMPLE_S = 0.25
+
+    def __init__(self, uri: str, queue: str, duration: float) -> None:
+        super().__init__(daemon=True)
+        self.uri, self.queue, self.duration = uri.split(",")[-1], queue, duration
+        self.samples: list[int] = []
+
+    def run(self) -> None:
+        import pika
+        end = time.monotonic() + self.duration + 2.0  # the workers' start is a little later
+        conn = None
+        while time.monotonic() < end:
+            try:
+                if conn is None or conn.is_closed:
+                    conn = pika.BlockingConnection(pika.URLParameters(self.uri))
+                ch = conn.channel()
+                self.samples.append(ch.queue_declare(self.queue, passive=True).method.message_count)
+                ch.close()
+            except Exception:  # noqa: BLE001 - not declared yet, or gone: no sample
+                pass
+            time.sleep(self.SAMPLE_S)
+        with contextlib.suppress(Exception):
+            if conn is not None:
+                conn.close()
+
+
+def _run(scenario: str, uri: str, duration: float) -> tuple[dict[str, Any], list[int]]:
+    """One perf run, with the depth of its (first) queue sampled alongside."""
+    run_id = secrets.token_hex(4)
+    runner.secrets = SimpleNamespace(token_hex=lambda _n: run_id)  # type: ignore[assignment]
+    depth = _Depth(uri, f"perf-{run_id}-q0", duration)
+    depth.start()
+    try:
+        result = run(_config(scenario, uri, duration), None)
+    finally:
+        runner.secrets = secrets
+    depth.join()
+    return result, depth.samples
+
+
+def _behind(result: dict[str, Any]) -> float | None:
+    """Seconds of deliveries the consumer owes at the end of the window."""
+    rows = result["per_second"]
+    sent = sum(r["sent"] for r in rows)
+    received = sum(r["received"] for r in rows)
+    rate = received / len(rows) if rows else 0
+    return max(0, sent - received) / rate if rate else None
+
+
+def _scenario(scenario: str, targets: dict[str, str], args: argparse.Namespace) -> None:
+    n = {"1n": 1, "7k3": 7}.get(scenario) or int(scenario)
     got: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
     units: dict[str, str] = {}
+    load_before = os.getloadavg()[0]
     for rep in range(args.repeat):
         for name, uri in targets.items():
-            print(f"== scenario {n}, {name}, run {rep + 1}", file=sys.stderr, flush=True)
-            result = run(replace(scenario_config(n, uri, args.duration), progress=False), None)
+            print(f"== scenario {scenario}, {name}, run {rep + 1}", file=sys.stderr, flush=True)
+            result, depths = _run(scenario, uri, args.duration)
             for e in result["errors"]:
                 print(f"   error: {e}", file=sys.stderr)
-            for metric, (unit, value) in metrics_of(n, result).items():
+            rate = result["rates"]["received"]
+            held = [d / rate for d in depths] if rate and depths else []
+            metrics = metrics_of(n, result) | {
+                "behind": ("s", _behind(result)),
+                "queued p50": ("s of deliveries", statistics.median(held) if held else None),
+                "queued max": ("s of deliveries", max(held) if held else None)}
+            for metric, (unit, value) in metrics.items():
                 if value is not None:
                     units[metric] = unit
                     got[name].setdefault(metric, []).append(value)
-    print(f"\nscenario {n}: {TITLES[n]} (medians of {args.repeat}, {args.duration:g} s each)")
+    title = {"1n": TITLES[1] + ", no-ack consumer", "7k3": "latency at a fixed 3,000 msg/s"}.get(scenario, TITLES[n])
+    print(f"\nscenario {scenario}: {title} (medians of {args.repeat}, {args.duration:g} s each; "
+          f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after)")
     print(f"| metric | {' | '.join(targets)} | ratios to RabbitMQ | ratios to embedded |")
     print("|---|" + "---:|" * (len(targets) + 2))
     for metric, unit in units.items():
