@@ -22,6 +22,10 @@ copy (a fanout message is one copy per queue):
   frames go out, so a kill -9 of the gateway takes none of these either; a machine's crash
   may, which this script does not cause).
 
+With ``--plain-publishers N``, N more publishers send without confirms (persistent and
+transient messages): the copies consumers get from them are never confirmed, the case the
+delivery's audit hand-off is for.
+
 A confirmed copy neither acked nor back is LOST; the script exits 1 if anything was lost or
 duplicated or a phantom appeared, or a copy of any of the three kinds has no audit records. With ``--disk-full-trials`` some trials put the data dir
 on a small tmpfs (root only) that a filler file takes almost all of, with ``disk_free_limit``
@@ -112,6 +116,7 @@ class Result:
     audit_missing_stored: int = 0  # held by the store after the restart, no publish/enqueue
     audit_missing_confirmed: int = 0  # consumed before the crash and confirmed, no records
     audit_missing_unconfirmed: int = 0  # consumed before the crash, never confirmed, no records
+    audit_unconfirmed: int = 0  # copies consumed before the crash, never confirmed, not back: checked
     audit_rebuilt: int = 0  # records written again at the restart (origin "rebuilt")
 
     @property
@@ -190,16 +195,20 @@ def body_for(mid: str, rng: random.Random) -> bytes:
     return mid.encode() + b"|" + b"x" * size
 
 
-async def publisher(url: str, name: str, ledger: Ledger, rng: random.Random, window: int) -> None:
+async def publisher(url: str, name: str, ledger: Ledger, rng: random.Random, window: int,
+                    plain: bool = False) -> None:
+    """``plain``: no confirms, persistent and transient messages at about 500 a second: what
+    its consumers get is never confirmed, so only the delivery's hand-off keeps its records."""
     conn = await aiormq.connect(url)
-    ch = await conn.channel(publisher_confirms=True)
+    ch = await conn.channel(publisher_confirms=not plain)
     slots = asyncio.Semaphore(window)
     pending: set[asyncio.Task[None]] = set()
 
     async def one(mid: str, exchange: str, key: str, body: bytes, dests: frozenset[str]) -> None:
         try:
+            mode = rng.choice((1, 2)) if plain else 2
             confirm = await ch.basic_publish(body, exchange=exchange, routing_key=key,
-                                             properties=Basic.Properties(delivery_mode=2, message_id=mid))
+                                             properties=Basic.Properties(delivery_mode=mode, message_id=mid))
             # Only a basic.ack read from the socket counts: the gateway sent it before it died.
             if isinstance(confirm, Basic.Ack):
                 ledger.confirmed[mid] = dests
@@ -221,6 +230,8 @@ async def publisher(url: str, name: str, ledger: Ledger, rng: random.Random, win
             task = asyncio.ensure_future(one(mid, exchange, key, body_for(mid, rng), dests))
             pending.add(task)
             task.add_done_callback(pending.discard)
+            if plain:
+                await asyncio.sleep(0.002)
     finally:
         for task in list(pending):
             task.cancel()
@@ -252,7 +263,7 @@ async def consumer(url: str, queue: str, ledger: Ledger, rng: random.Random) -> 
 
 
 async def load(gw: Gateway, ledger: Ledger, rng: random.Random, seconds: float, publishers: int,
-               window: int, trial: int, full_below: int | None = None) -> float:
+               window: int, trial: int, full_below: int | None = None, plain_publishers: int = 0) -> float:
     """Publish and consume until a random moment in (0.2, 1] x seconds, then kill -9; with
     ``full_below``, not before the data dir's file system has fewer bytes free than that (a
     disk-full trial on a loaded machine may not have filled it by then), for at most 20 x
@@ -260,6 +271,8 @@ async def load(gw: Gateway, ledger: Ledger, rng: random.Random, seconds: float, 
     await declare(gw.url)
     tasks = [asyncio.ensure_future(publisher(gw.url, f"t{trial}p{i}", ledger, random.Random(rng.random()), window))
              for i in range(publishers)]
+    tasks += [asyncio.ensure_future(publisher(gw.url, f"t{trial}n{i}", ledger, random.Random(rng.random()), window,
+                                              plain=True)) for i in range(plain_publishers)]
     tasks += [asyncio.ensure_future(consumer(gw.url, q, ledger, random.Random(rng.random()))) for q in CONSUMED]
     t0 = time.monotonic()
     await asyncio.sleep(rng.uniform(0.2, 1.0) * seconds)
@@ -393,6 +406,7 @@ def check_audit(result: Result, ledger: Ledger, stored: set[tuple[str, str]], au
         if (queue, gid) in stored:
             continue
         result.audit_checked += 1
+        result.audit_unconfirmed += mid not in ledger.confirmed
         if not has(queue, gid):
             if mid in ledger.confirmed:
                 result.audit_missing_confirmed += 1
@@ -409,7 +423,7 @@ def run_trial(trial: int, data_dir: Path, work: Path, args: argparse.Namespace, 
     gw = Gateway(data_dir, work / "gateway-1.log", config)
     try:
         killed_after = asyncio.run(load(gw, ledger, rng, args.seconds, args.publishers, args.window, trial,
-                                        (1 << 20) if variant == "disk-full" else None))
+                                        (1 << 20) if variant == "disk-full" else None, args.plain_publishers))
     finally:
         gw.stop()
     if before_restart is not None:
@@ -470,6 +484,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=10, help="kill -9 trials on a normal disk")
     ap.add_argument("--seconds", type=float, default=10.0, help="the longest run before the kill")
     ap.add_argument("--publishers", type=int, default=4)
+    ap.add_argument("--plain-publishers", type=int, default=0,
+                    help="publishers without confirms (persistent and transient, ~500 msg/s each)")
     ap.add_argument("--window", type=int, default=64, help="unconfirmed publishes per publisher")
     ap.add_argument("--disk-full-trials", type=int, default=0, help="trials on a filling tmpfs (root)")
     ap.add_argument("--disk-mb", type=int, default=64, help="the tmpfs's size")
@@ -499,7 +515,8 @@ def main() -> int:
               f"confirmed {r.confirmed} ({r.confirmed_copies} queue copies), nacked {r.nacked}, "
               f"acked {r.acked}, recovered {r.recovered}, lost {r.lost}, duplicates {r.duplicates}, "
               f"phantoms {r.phantoms}, unconfirmed back {r.unconfirmed_back}; audit: {r.audit_checked} "
-              f"copies checked, missing {r.audit_missing_stored} stored / {r.audit_missing_confirmed} "
+              f"copies checked ({r.audit_unconfirmed} consumed and never confirmed), "
+              f"missing {r.audit_missing_stored} stored / {r.audit_missing_confirmed} "
               f"confirmed / {r.audit_missing_unconfirmed} unconfirmed consumed, {r.audit_rebuilt} rebuilt"
               + (f"; {r.free_at_kill} bytes free at the kill" if variant == "disk-full" else ""), flush=True)
         if r.ok:
@@ -514,7 +531,7 @@ def main() -> int:
             print(f"  FAILED: first lost copies {lost[:5]}; files kept in {keep}", flush=True)
     total = {k: sum(getattr(r, k) for r in results) for k in
              ("published", "confirmed", "confirmed_copies", "nacked", "acked", "recovered", "lost",
-              "duplicates", "phantoms", "unconfirmed_back", "audit_checked", "audit_missing_stored",
+              "duplicates", "phantoms", "unconfirmed_back", "audit_checked", "audit_unconfirmed", "audit_missing_stored",
               "audit_missing_confirmed", "audit_missing_unconfirmed", "audit_rebuilt")}
     print(f"total: {len(results)} trials, " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in total.items()))
     return 0 if all(r.ok for r in results) else 1
