@@ -60,7 +60,8 @@ def main() -> None:
     ap.add_argument("--only", help="measure only the targets whose name contains one of these (comma-separated)")
     args = ap.parse_args()
     scenarios = args.scenarios.split(",")
-    with tempfile.TemporaryDirectory(prefix="bench-cluster-") as tmp:
+    # A stopped gateway's audit child may still be finishing its directory when it is removed.
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-", ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
         with contextlib.ExitStack() as stack:
             nats = stack.enter_context(NatsCluster(root / "nats", size=1))
