@@ -18,7 +18,8 @@ A Parquet file is only ever renamed into place complete, so the listing never se
 The compacted part of the DataFrame is what existed when ``read_audit`` was called; the rest is
 listed again by each action, as ``spark.read.format("cmq-audit")`` does.  When nothing but
 Parquet files existed at that moment (a stopped gateway's log, all compacted), the Python
-source is left out entirely: no Python worker is started.
+source is left out entirely: no Python worker is started, and ``cmq-audit`` is not even
+registered (``register`` does that for ``spark.read.format("cmq-audit")``).
 
 Options are those of ``cmq-audit`` (``spark.source``): ``columns``, ``from``/``to``, ``event``,
 ``vhost``, ``topic``, ``queue`` apply to both parts; the others (``cache``, ``maxPartitionBytes``,
@@ -61,9 +62,8 @@ def read_audit(session: SparkSession, path_or_paths: str | list[str] | tuple[str
     list or comma-separated, or a glob): compacted segments through Spark's Parquet reader, the
     rest through the ``cmq-audit`` source; one schema, each record once."""
     from gateway.audit.compact import list_parquet
-    from spark.source import option_filters, register
+    from spark.source import option_filters
 
-    register(session)
     opts = {k.lower(): str(v) for k, v in options.items()}
     if opts.get("output", "records").lower() != "records":
         return _python_part(session, audit_dirs(_paths(path_or_paths)), opts, {})
@@ -100,6 +100,12 @@ def _has_tail(root: str, compacted: set[str], pushdown: Pushdown) -> bool:
 
 def _python_part(session: SparkSession, roots: list[str], opts: dict[str, str],
                  exclude: dict[str, list[str]]) -> DataFrame:
+    # Registered here, not in read_audit: a session's first Python data source call starts a
+    # Python process that imports every ``pyspark_*`` module on the path to look for more
+    # (1.3-2 s on this venv), a fixed cost a read of Parquet files alone need not pay.
+    from spark.source import register
+
+    register(session)
     reader = session.read.format("cmq-audit")
     for k, v in opts.items():
         if k not in ("path", "paths"):

@@ -107,6 +107,33 @@ def test_A7_compacted_uncompacted_and_open_segments_each_record_once(spark, tmp_
         audit.close()
 
 
+def test_A7_read_audit_of_parquet_alone_registers_no_python_source(spark, tmp_path: Path, no_auto_compaction: None,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log compacted whole is read without the Python source, not even registered: a
+    session's first Python data source call starts a Python process (Spark's lookup of
+    ``pyspark_*`` modules), the larger part of a cold read_audit's fixed cost on such a log.
+    The real ``register`` runs, counted."""
+    import spark.source as source
+
+    calls: list[object] = []
+    real = source.register
+    monkeypatch.setattr(source, "register", lambda s: (calls.append(s), real(s))[1])
+    root = str(tmp_path / "audit")
+    _write(root, 0, 200)
+    for af in layout.list_files(root):
+        compact.compact_segment(af.path, remove=True)
+    df = read_audit(spark, root)
+    assert _ids(df) == _expected(200)
+    assert not calls
+    assert "parquet" in df._jdf.queryExecution().executedPlan().toString().lower()
+    audit = _write(root, 200, 10, close=False)  # an open segment: only the Python source reads it
+    try:
+        assert _ids(read_audit(spark, root)) == _expected(210)
+        assert calls == [spark]
+    finally:
+        audit.close()
+
+
 def test_A7_planned_as_json_lines_and_compacted_before_read(tmp_path: Path, no_auto_compaction: None) -> None:
     """A segment planned as JSON-lines ranges whose file is compacted and removed before the
     ranges are read: its records come from the Parquet file, each range's own, once."""
