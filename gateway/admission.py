@@ -212,7 +212,10 @@ class TlsListener:
                 conn, _ = await loop.sock_accept(sock)
             except asyncio.CancelledError:
                 raise
-            except OSError as e:  # EMFILE and the like: as asyncio's own accept loop, wait a little
+            except (OSError, ValueError) as e:
+                if sock.fileno() < 0:
+                    return  # closed (a start that failed closes its sockets before stopping)
+                # EMFILE and the like: as asyncio's own accept loop, wait a little
                 _note("tls accept", "accept on %s failed: %r", self.gate.name, e)
                 await asyncio.sleep(0.1)
                 continue
