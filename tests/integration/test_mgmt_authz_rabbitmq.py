@@ -192,12 +192,16 @@ async def test_SE1_paged_lists_show_each_tag_what_rabbitmq_shows(sides: tuple[Si
                                           body={"type": "fanout", "durable": False}) in (201, 204)
             for user in (f"management-{uid}", f"monitoring-{uid}"):
                 conns.append(await _connect(side, user, f"own-{uid}"))
-        # RabbitMQ lists connections and channels from its statistics, every 5 s.
-        deadline = time.monotonic() + 30.0
-        while time.monotonic() < deadline:
-            seen = [await side.call("GET", "/api/channels?page=1&page_size=500") for side in sides]
+        # RabbitMQ lists connections and channels from its statistics, every 5 s, and the two
+        # lists apart (a loaded machine showed the channels while the connections list was
+        # still empty): both, on both sides, before comparing.
+        deadline = time.monotonic() + 60.0
+        while True:
+            seen = [await side.call("GET", f"/api/{kind}?page=1&page_size=500")
+                    for side in sides for kind in ("connections", "channels")]
             if all(sum(uid in str(c["user"]) for c in body["items"]) == 2 for _, body in seen):
                 break
+            assert time.monotonic() < deadline, f"RabbitMQ never listed this test's connections: {seen}"
             await asyncio.sleep(0.5)
         differ = []
         got: dict[tuple[str, str], Any] = {}
