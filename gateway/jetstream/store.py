@@ -128,25 +128,23 @@ class JetStreamStore:
         if type(value) is not bytes:
             value = bytes(value)
         self._mem.put(key, value)
+        return self._write(key, value)
+
+    def delete(self, key: str) -> int:
+        if self._closed:
+            raise StoreClosedError("store is closed")
+        self._mem.delete(key)
+        return self._write(key, None)
+
+    def _write(self, key: str, value: bytes | None) -> int:
+        """A put (``value``) or delete (None) already applied to the map: to the bucket if its
+        kind is shared (and made here, not another gateway's change being applied)."""
         if not self.applying:
             kind = key.partition("/")[0]
             if kind in ORDERED_KINDS and self.publisher is not None:
                 return self._ordered_put(key, value)
             if kind in SHARED_KINDS:
                 return self.track(self._kv_put, key, value)
-        self._lsn += 1
-        return self._lsn
-
-    def delete(self, key: str) -> int:
-        if self._closed:
-            raise StoreClosedError("store is closed")
-        self._mem.delete(key)
-        if not self.applying:
-            kind = key.partition("/")[0]
-            if kind in ORDERED_KINDS and self.publisher is not None:
-                return self._ordered_put(key, None)
-            if kind in SHARED_KINDS:
-                return self.track(self._kv_put, key, None)
         self._lsn += 1
         return self._lsn
 
