@@ -92,9 +92,12 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         help="run one load, compare two brokers, or measure MQTT brokers (gateway/perf/mqtt.py)",
     )
     r = p.add_argument_group("run")
-    r.add_argument("--uri", default=_DEFAULT_URI,
-                   help="any AMQP 0-9-1 broker; several, comma-separated (gateways of one cluster), "
-                        "deal the connections over them")
+    r.add_argument("--uri", action="append", default=None,
+                   help=f"any AMQP 0-9-1 broker (default {_DEFAULT_URI}). Several gateways of one cluster: "
+                        "repeat --uri or separate them with commas; connection k (producers numbered first, "
+                        "then consumers) uses URI k mod N, so each role is spread over the gateways and "
+                        "with one producer and one consumer on two gateways every message crosses. "
+                        "The queues are declared through every URI")
     r.add_argument("--producers", type=_non_negative_int, default=1, help="producer connections")
     r.add_argument("--consumers", type=_non_negative_int, default=1, help="consumer connections")
     r.add_argument("--size", type=_size, default=16, help="message body bytes, at least 8")
@@ -240,7 +243,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     queues = args.queues if args.queues is not None else (1 if args.pattern == "queue" else 10)
     return RunConfig(
-        uri=args.uri,
+        uri=",".join(args.uri) if args.uri else _DEFAULT_URI,
         producers=args.producers,
         consumers=args.consumers,
         size=args.size,

@@ -27,7 +27,7 @@ from gateway.perf.stats import LatencyHistogram
 from gateway.perf.topology import Topology, build_topology, declare, delete
 from gateway.perf.worker import Snapshot, WorkerSpec, worker_main
 
-__all__ = ["SATURATION_PERCENT", "run", "run_async_topology"]
+__all__ = ["SATURATION_PERCENT", "deal", "run", "run_async_topology", "uris"]
 
 SATURATION_PERCENT = 90.0
 _READY_TIMEOUT_S = 60.0
@@ -44,16 +44,34 @@ def _host_cpu() -> tuple[int, int] | None:
     return sum(fields) - idle, sum(fields)
 
 
+def uris(uri: str) -> list[str]:
+    """The URIs of a (possibly comma-separated) ``--uri``: gateways of one cluster."""
+    return [u.strip() for u in uri.split(",") if u.strip()]
+
+
+def deal(n_uris: int, producers: int, consumers: int) -> tuple[list[int], list[int]]:
+    """Which URI each producer and each consumer connection uses: one round-robin deal over
+    all connections, producers first, so each role is spread over the gateways and, with one
+    producer and one consumer on two gateways, every message crosses from one to the other."""
+    return ([i % n_uris for i in range(producers)],
+            [(producers + i) % n_uris for i in range(consumers)])
+
+
 async def run_async_topology(uri: str, topo: Topology, create: bool) -> None:
-    client = await AmqpClient.connect(parse_uri(uri.split(",")[0]))
-    try:
-        await client.open_channel(1)
-        if create:
-            await declare(client, topo)
-        else:
-            await delete(client, topo)
-    finally:
-        await client.close()
+    """Declare on every URI, so that each gateway knows the queues before its consumers ask
+    (a cluster's metadata watch may lag the declare by a moment); delete on every URI too,
+    where only the first must succeed: on a cluster the others may already have seen it go."""
+    for k, one in enumerate(uris(uri)):
+        try:
+            client = await AmqpClient.connect(parse_uri(one))
+            try:
+                await client.open_channel(1)
+                await (declare if create else delete)(client, topo)
+            finally:
+                await client.close()
+        except Exception:
+            if create or k == 0:
+                raise
 
 
 def _split(items: list[Any], parts: int) -> list[list[Any]]:
@@ -77,8 +95,9 @@ def _specs(cfg: RunConfig, topo: Topology) -> list[WorkerSpec]:
         if n_cons
         else []
     )
+    addresses = uris(cfg.uri)
+    prod_at, cons_at = deal(len(addresses), cfg.producers, n_cons)
     common = dict(
-        uri=cfg.uri,
         size=cfg.size,
         persistent=cfg.persistent,
         confirm=cfg.confirm,
@@ -87,14 +106,19 @@ def _specs(cfg: RunConfig, topo: Topology) -> list[WorkerSpec]:
         multi_ack=cfg.multi_ack,
     )
     pp = cfg.producer_processes or min(cfg.producers, cpus)
-    for chunk in _split(producer_routes, pp) if cfg.producers else []:
-        specs.append(WorkerSpec(worker_id=len(specs), role="producer", routes=chunk, **common))  # type: ignore[arg-type]
+    producer_uris = [addresses[k] for k in prod_at]
+    for chunk, at in zip(_split(producer_routes, pp), _split(producer_uris, pp), strict=True) if cfg.producers else []:
+        specs.append(WorkerSpec(worker_id=len(specs), role="producer", uris=at, routes=chunk,
+                                **common))  # type: ignore[arg-type]
     cp = cfg.consumer_processes or min(n_cons, cpus)
-    for chunk in _split(consumer_queues, cp) if n_cons else []:
-        specs.append(WorkerSpec(worker_id=len(specs), role="consumer", queues=chunk, **common))  # type: ignore[arg-type]
+    consumer_uris = [addresses[k] for k in cons_at]
+    for chunk, at in zip(_split(consumer_queues, cp), _split(consumer_uris, cp), strict=True) if n_cons else []:
+        specs.append(WorkerSpec(worker_id=len(specs), role="consumer", uris=at, queues=chunk,
+                                **common))  # type: ignore[arg-type]
     if cfg.slow_ack_ms:
+        # Its queue and backlog are made through the first URI (_slow_queue_setup): it reads there.
         common.update(prefetch=1, multi_ack=1)
-        specs.append(WorkerSpec(worker_id=len(specs), role="slow", queues=[[_slow_queue(topo)]],
+        specs.append(WorkerSpec(worker_id=len(specs), role="slow", uris=addresses[:1], queues=[[_slow_queue(topo)]],
                                 ack_delay=cfg.slow_ack_ms / 1000, **common))  # type: ignore[arg-type]
     return specs
 
@@ -110,7 +134,7 @@ def _slow_backlog(cfg: RunConfig) -> int:
 
 async def _slow_queue_setup(cfg: RunConfig, topo: Topology, create: bool) -> None:
     """Declare the slow consumer's queue with its backlog, or delete it."""
-    client = await AmqpClient.connect(parse_uri(cfg.uri.split(",")[0]))
+    client = await AmqpClient.connect(parse_uri(uris(cfg.uri)[0]))
     name = _slow_queue(topo)
     try:
         await client.open_channel(1)

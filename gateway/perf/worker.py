@@ -37,7 +37,7 @@ _TICK_S = 0.5
 class WorkerSpec:
     worker_id: int
     role: str  # "producer" or "consumer"
-    uri: str
+    uris: list[str]  # per connection (routes, then queues): the runner deals them over the gateways
     routes: list[list[Route]] = field(default_factory=list)  # per producer connection
     queues: list[list[str]] = field(default_factory=list)  # per consumer connection
     size: int = 16
@@ -115,16 +115,7 @@ class _Worker:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_reader(self.pipe.fileno(), self._on_pipe)
-        # Several comma-separated URIs (gateways of one cluster): connections are dealt over
-        # them, each worker starting one further on, so that with one producer and one
-        # consumer the messages cross from one gateway to the other.
-        addresses = [parse_uri(u) for u in self.spec.uri.split(",")]
-        n = len(self.spec.routes) + len(self.spec.queues)
-        self.clients = list(
-            await asyncio.gather(
-                *(AmqpClient.connect(addresses[(self.spec.worker_id + i) % len(addresses)]) for i in range(n))
-            )
-        )
+        self.clients = list(await asyncio.gather(*(AmqpClient.connect(parse_uri(u)) for u in self.spec.uris)))
         if self.spec.role == "producer":
             starters = [
                 self._setup_producer(c, r) for c, r in zip(self.clients, self.spec.routes, strict=True)
