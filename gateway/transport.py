@@ -324,6 +324,10 @@ class AMQPConnection(ClientProtocol):
                     broker.end_batch()
                 except Exception:
                     log.exception("dispatch failed after a read from %s", self.peer)
+            # A5's hand-off of this turn's audit records, by the turn that made them: a flood
+            # that writes nothing back otherwise left hundreds of them to the next connection
+            # with bytes to send, and a light consumer's reply waited milliseconds behind them.
+            broker.audit_handoff()
         self._flush()
         if self._lost:
             return

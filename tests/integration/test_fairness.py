@@ -5,12 +5,22 @@ than the gateway handles in many read turns. Meanwhile a pika consumer on anothe
 takes queue B's messages with prefetch 1: it acks each one and asks for queue A's message count
 (a passive queue.declare on the same connection) before and after its ack: its next delivery
 comes only once the gateway has handled that ack. The difference between the two counts is how
-many flood publishes the gateway handled before it came to the slow consumer's input: a count of
-messages, not a time, so a loaded machine slows both sides alike.
+many flood publishes the gateway handled before it came to the slow consumer's input, and while
+the consumer itself was between the two: a count of messages, not a time, but one that grows
+with every millisecond the consumer waits for a CPU. So the gateway runs at the lowest priority
+(nice 19, its audit writer too) and the flood is written by a process of its own: the consumer
+is scheduled as soon as its answer arrives, and what is left is the order in which the gateway
+serves its connections. (From a thread of the measuring process the flood's send loop held the
+GIL while the consumer's answer waited, up to the interpreter's 5 ms switch interval.)
 
 Unfair, the slow consumer's input waits behind the flood's turns (up to EVENTS_PER_TURN events
 each, then the flood's next turn before the sockets are polled again); fair, a busy turn ends as
 soon as a light connection has input (gateway.transport.LightPeers).
+
+This test caught a real delay (CI, 2026-11-28): the flood's audit records were handed to the
+audit writer process by the next connection with bytes to send, so the slow consumer's every
+answer waited 1-5 ms behind hundreds of them (median 202-450 flood publishes a delivery); each
+turn now hands off its own (gateway.transport, A5).
 
 RabbitMQ is not the reference here: its message count comes from the queue process, which
 answers after the publishes already in its mailbox, so the same figure measures its queue's
@@ -21,7 +31,8 @@ compares the slow consumer's rate with RabbitMQ's.
 from __future__ import annotations
 
 import statistics
-import threading
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,8 +40,7 @@ from pamqp import body, commands, frame, header
 
 from gateway.transport import EVENTS_PER_TURN
 from tests.integration.differential import blocking
-from tests.integration.raw_amqp import RawClient
-from tests.integration.test_process import serve
+from tests.integration.test_process import ROOT, serve
 
 FLOOD = 150_000  # publishes in the burst: the gateway takes seconds for them
 CYCLES = 60  # slow-consumer deliveries measured while the flood is being handled
@@ -45,6 +55,23 @@ def _burst(queue: str, count: int) -> bytes:
            + frame.marshal(header.ContentHeader(0, 16, commands.Basic.Properties()), 1)
            + frame.marshal(body.ContentBody(b"f" * 16), 1))
     return one * count
+
+
+# The flooding process: logs in, says "ready", writes the whole burst when told to, and holds
+# the connection until its input closes.
+_FLOODER = """
+import sys
+from tests.integration.raw_amqp import RawClient
+from tests.integration.test_fairness import _burst
+port, queue, count = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+client = RawClient(port, timeout=120)
+burst = _burst(queue, count)
+print("ready", flush=True)
+sys.stdin.readline()
+client.sock.sendall(burst)
+sys.stdin.read()
+client.sock.close()
+"""
 
 
 def _flood_per_delivery(port: int, prefix: str) -> list[int]:
@@ -63,12 +90,14 @@ def _flood_per_delivery(port: int, prefix: str) -> list[int]:
         ch = conn.channel()
         ch.basic_qos(prefetch_count=1)
         counts = ch.connection.channel()  # the message counts, on the slow consumer's connection
-        flooder = RawClient(port)
-        burst = _burst(qa, FLOOD)
-        writer = threading.Thread(target=flooder.sock.sendall, args=(burst,), daemon=True)
+        flooder = subprocess.Popen([sys.executable, "-c", _FLOODER, str(port), qa, str(FLOOD)], cwd=ROOT,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert flooder.stdin is not None and flooder.stdout is not None
         deltas: list[int] = []
         try:
-            writer.start()
+            assert flooder.stdout.readline() == "ready\n", "the flooding process did not log in"
+            flooder.stdin.write("go\n")
+            flooder.stdin.flush()
             for method, _props, _body in ch.consume(qb, inactivity_timeout=60):
                 assert method is not None, "the slow consumer got nothing for a minute"
                 time.sleep(WORK_SECONDS)
@@ -83,8 +112,8 @@ def _flood_per_delivery(port: int, prefix: str) -> list[int]:
                     break
             ch.cancel()
         finally:
-            writer.join(120)
-            flooder.sock.close()
+            flooder.stdin.close()  # after its burst is written: the connection closes
+            flooder.wait(120)
             ch.queue_delete(qa)
             ch.queue_delete(qb)
     return deltas
@@ -95,7 +124,7 @@ def test_W4_a_flood_does_not_starve_another_connection_s_consumer(tmp_path: Path
     fraction of one flood turn: the median number of flood publishes handled per slow delivery
     stays under a quarter of EVENTS_PER_TURN (unfair scheduling gives it half a turn or more on
     average, as its input waits for the end of the flood's turn)."""
-    with serve(tmp_path / "data", "--cmq-api-port", "off", "--mqtt-port", "off") as (_proc, port):
+    with serve(tmp_path / "data", "--cmq-api-port", "off", "--mqtt-port", "off", niceness=19) as (_proc, port):
         deltas = _flood_per_delivery(port, unique)
     print(f"\nflood publishes per slow delivery: median {statistics.median(deltas)}, {deltas}")
     assert len(deltas) >= CYCLES // 2, f"the flood ended before the slow consumer was measured: {deltas}"

@@ -28,10 +28,12 @@ MQTT = re.compile(r"MQTT on (?:127\.0\.0\.1|0\.0\.0\.0):(\d+)")
 
 
 @contextmanager
-def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1") -> Iterator[tuple[subprocess.Popen[str], int]]:
+def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1",
+          niceness: int = 0) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """`cmq-gateway serve --port 0` on loopback (every address with ``host=None``); yields the
     process and its port (and sets ``proc.operator``, {name: port}, ``proc.tls_port``, None
-    without a TLS listener, and ``proc.lines``, what it said while starting)."""
+    without a TLS listener, and ``proc.lines``, what it said while starting). ``niceness``
+    lowers the priority of the gateway and of the processes it starts."""
     # The management and metrics ports default to RabbitMQ's 15672/15692 (which the local
     # RabbitMQ's management plugin may hold): free ports here, unless the test names them.
     ports = [] if "--management-port" in extra else ["--management-port", "0", "--metrics-port", "0"]
@@ -42,7 +44,8 @@ def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1") -> Iterat
     hosts = [] if host is None else ["--host", host]
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", *hosts, "--port", "0",
                              "--data-dir", str(data_dir), *ports, *extra],
-                            cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=(lambda: os.nice(niceness)) if niceness else None)
     assert proc.stderr is not None
     port = None
     proc.operator = {}  # type: ignore[attr-defined]
