@@ -202,7 +202,9 @@ def test_MQ5_keep_alive_one_and_a_half_intervals_then_will(port: int, topic: str
     quiet.connect(f"{topic}-quiet", keep_alive=1, will=P.Will(f"{topic}/will", b"silent", 0))
     started = time.monotonic()
     end = quiet.recv(timeout=15)  # nothing sent: the server ends it
-    assert time.monotonic() - started >= 1.5
+    # Mosquitto keeps its clock in whole seconds and computes keep-alive * 3 / 2 in integers
+    # (1 s here): it closes after 1 to 2 s (1.2 s seen in CI). The gateway keeps the spec's 1.5.
+    assert time.monotonic() - started >= (1.0 if port == MOSQUITTO else 1.5)
     if port != MOSQUITTO:  # Mosquitto 2.0.11 closes without a reason code
         assert isinstance(end, P.Disconnect) and end.reason_code == 0x8D
         end = quiet.recv()
