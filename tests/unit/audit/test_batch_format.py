@@ -8,13 +8,25 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.audit.batch import format_run, second_runs
+from gateway.audit.compact import MODE_ENV
 from gateway.audit.record import FIELD_TYPES
 from gateway.audit.rows import ACK, DELIVER, ENQUEUE, PUBLISH_QUEUE, ROUTE, ROWS
 from gateway.audit.writer import AuditLog
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_compactor() -> Any:
+    """The files are compared as written: a compactor started at each rotation (600 of them,
+    each loading pyarrow, in one run of the property below) tested nothing here and held the
+    machine's two cores for minutes."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(MODE_ENV, "off")
+        yield
 
 _text = st.one_of(st.sampled_from(["guest", "perf-q", "127.0.0.1:5000", "a%sb", "%d", ""]),
                   st.text(st.characters(blacklist_categories=("Cs",)), max_size=8))
