@@ -1,0 +1,246 @@
+"""Issue 28, aim 3: 1, 2 and 3 gateways on a three-node NATS JetStream cluster (R3 streams),
+with the CPU each process spends per message.
+
+    .venv/bin/python scripts/bench_scaling.py [--gateways 1,2,3] [--scenarios 1,2] [--duration 5] [--repeat 3]
+
+Starts three nats-server nodes (routes between them, JetStream on, free loopback ports) and as
+many gateways as the largest count asked, all kept running for the whole benchmark. Each round
+runs every scenario on 1, then 2, then 3 of them (interleaved, so the machine's load falls on
+all alike), with the same load generator: ``--producers`` and ``--consumers`` connections
+(3 and 3 by default, so that three gateways all have clients) dealt over the gateways in use
+(`perf --uri A --uri B ...`: connection k on gateway k mod N, producers first).
+
+For each run, the CPU time (utime + stime from /proc/<pid>/stat, the process and its children,
+e.g. a gateway's audit writer) of every gateway and every nats-server is read before and after
+and divided by the run's messages: received for scenario 1, confirmed for scenario 2. Gateways
+not in use that run still count (presence heartbeats, metadata watch): their share is small
+and it is what a cluster's idle gateways cost. Each nats-server is labelled by what it leads
+for the run's queue: ``S`` the queue's stream, ``C`` its consumer (read from /jsz during the
+run). Before the rounds, an idle window measures each process's background CPU (ms per s).
+
+Prints one Markdown table per scenario (medians) and, with ``--json FILE``, every run's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from gateway.perf.runner import run  # noqa: E402
+from gateway.perf.scenarios import TITLES, scenario_config  # noqa: E402
+from tests.support.gateway_procs import GatewayProcess  # noqa: E402
+from tests.support.natsd import NatsCluster, NatsServer  # noqa: E402
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree(pid: int) -> list[int]:
+    """The process and its descendants (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of the process and its live descendants, in seconds."""
+    total = 0
+    for p in _tree(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{p}/stat") as f:
+            # The command name may hold spaces: fields are counted after its closing ')'.
+            fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+@dataclass
+class Leaders:
+    """Which nats-server leads the run's queue stream and its consumer, polled from /jsz."""
+
+    servers: list[NatsServer]
+    stream: str | None = None
+    consumer: str | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def poll(self) -> None:
+        while not self.stop.is_set() and (self.stream is None or self.consumer is None):
+            for s in self.servers:
+                with contextlib.suppress(Exception):
+                    for acct in s.jsz("?accounts=true&streams=true&consumers=true").get("account_details", []):
+                        for st in acct.get("stream_detail", []):
+                            if st["name"].startswith("CMQQ_perf-"):
+                                self.stream = (st.get("cluster") or {}).get("leader") or self.stream
+                                for c in st.get("consumer_detail") or []:
+                                    self.consumer = (c.get("cluster") or {}).get("leader") or self.consumer
+            self.stop.wait(0.3)
+
+    def label(self, name: str) -> str:
+        return name + "".join(t for t, who in (("S", self.stream), ("C", self.consumer)) if who == name)
+
+
+def _config(scenario: int, uris: list[str], args: argparse.Namespace) -> Any:
+    # A long drain: CPU is divided by the messages that came through, so they all should.
+    return replace(scenario_config(scenario, ",".join(uris), args.duration), producers=args.producers,
+                   consumers=args.consumers, drain_timeout=30.0, progress=False)
+
+
+def one_run(scenario: int, gws: list[GatewayProcess], used: int, nats: NatsCluster,
+            args: argparse.Namespace) -> dict[str, Any]:
+    procs = {g.name: g.proc.pid for g in gws if g.proc is not None}
+    procs |= {s.name: s.proc.pid for s in nats.servers if s.proc is not None}
+    leaders = Leaders(nats.servers)
+    poller = threading.Thread(target=leaders.poll, daemon=True)
+    before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+    poller.start()
+    result = run(_config(scenario, [g.url for g in gws[:used]], args), None)
+    after = {name: cpu_seconds(pid) for name, pid in procs.items()}
+    leaders.stop.set()
+    poller.join()
+    messages = result["received"] if scenario == 1 else result["confirmed"]
+    rate = result["rates"]["received" if scenario == 1 else "confirmed"]
+    workers = result["generator"]["workers"]
+    window_msgs = rate * args.duration
+    return {
+        "scenario": scenario, "gateways": used, "messages": messages, "rate": rate,
+        "sent": result["sent"], "received": result["received"], "confirmed": result["confirmed"],
+        "errors": result["errors"],
+        "cpu_s": {name: after[name] - before[name] for name in procs},
+        "us_per_msg": {name: 1e6 * (after[name] - before[name]) / messages if messages else None
+                       for name in procs},
+        "stream_leader": leaders.stream, "consumer_leader": leaders.consumer,
+        "labels": {s.name: leaders.label(s.name) for s in nats.servers},
+        # The generator reports its workers' CPU over the window only: per window message.
+        "generator_us_per_msg": (1e6 * sum(w["cpu_percent"] for w in workers) / 100 * args.duration / window_msgs
+                                 if window_msgs else None),
+        "host_busy_percent": result["generator"]["host_cpu_busy_percent"],
+    }
+
+
+def _start(gw: GatewayProcess, tries: int = 3) -> None:
+    """On a loaded machine a gateway's first NATS connect can time out (it exits 1): again."""
+    for left in range(tries - 1, -1, -1):
+        try:
+            gw.start()
+            return
+        except RuntimeError as e:
+            if left == 0:
+                raise
+            print(f"{gw.name} did not start ({str(e).strip().splitlines()[-1]}): again", file=sys.stderr)
+
+
+def idle(gws: list[GatewayProcess], nats: NatsCluster, seconds: float) -> dict[str, float]:
+    """Each process's background CPU, ms per s, with no client connected."""
+    procs = {g.name: g.proc.pid for g in gws if g.proc is not None}
+    procs |= {s.name: s.proc.pid for s in nats.servers if s.proc is not None}
+    before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+    time.sleep(seconds)
+    return {name: 1000 * (cpu_seconds(pid) - before[name]) / seconds for name, pid in procs.items()}
+
+
+def _med(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
+def _fmt(v: float | None, digits: int = 0) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def table(scenario: int, runs: list[dict[str, Any]], gw_names: list[str], nats_names: list[str]) -> str:
+    """One row per gateway count: medians over the rounds. A nats-server's cell carries the
+    roles it had in each round (leaders move between runs: the queue is new each time)."""
+    unit = "received" if scenario == 1 else "confirmed"
+    lines = [f"| gateways | {unit} msg/s | " + " | ".join(f"{g} µs/msg" for g in gw_names)
+             + " | gateways µs/msg | " + " | ".join(f"{n} µs/msg" for n in nats_names)
+             + " | NATS µs/msg | stream leader µs/msg | generator µs/msg | host busy % | received / sent |",
+             "|---:|" + "---:|" * (len(gw_names) + len(nats_names) + 7)]
+    for used in sorted({r["gateways"] for r in runs}):
+        rs = [r for r in runs if r["gateways"] == used and r["scenario"] == scenario]
+        gw = [_med([r["us_per_msg"][g] for r in rs]) for g in gw_names]
+        gw_sum = _med([sum(r["us_per_msg"][g] or 0 for g in gw_names) for r in rs])
+        nats_cells = []
+        for n in nats_names:
+            roles = "/".join(r["labels"][n][len(n):] or "-" for r in rs)
+            nats_cells.append(f"{_fmt(_med([r['us_per_msg'][n] for r in rs]))} ({roles})")
+        nats_sum = _med([sum(r["us_per_msg"][n] or 0 for n in nats_names) for r in rs])
+        leader = _med([r["us_per_msg"].get(r["stream_leader"]) if r["stream_leader"] else None for r in rs])
+        lines.append(f"| {used} | {_fmt(_med([r['rate'] for r in rs]))} | "
+                     + " | ".join(_fmt(v) for v in gw) + f" | {_fmt(gw_sum)} | " + " | ".join(nats_cells)
+                     + f" | {_fmt(nats_sum)} | {_fmt(leader)} | {_fmt(_med([r['generator_us_per_msg'] for r in rs]))}"
+                     f" | {_fmt(_med([r['host_busy_percent'] for r in rs]))}"
+                     f" | {_fmt(_med([r['received'] / r['sent'] if r['sent'] else None for r in rs]), 2)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gateways", default="1,2,3", help="gateway counts to measure, comma-separated")
+    ap.add_argument("--scenarios", default="1,2", help="perf scenarios: 1 (transient) and/or 2 (persistent, confirms)")
+    ap.add_argument("--nats", type=int, default=3, help="nats-server nodes (3: R3 streams)")
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; each runs every scenario on every count")
+    ap.add_argument("--producers", type=int, default=3)
+    ap.add_argument("--consumers", type=int, default=3)
+    ap.add_argument("--idle", type=float, default=5.0, help="seconds of the idle measurement (0: none)")
+    ap.add_argument("--json", type=Path, help="write every run's figures here")
+    args = ap.parse_args()
+    counts = [int(x) for x in args.gateways.split(",")]
+    scenarios = [int(x) for x in args.scenarios.split(",")]
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-scaling-", ignore_cleanup_errors=True) as tmp, \
+            NatsCluster(Path(tmp) / "nats", args.nats) as nats:
+        gws = [GatewayProcess(tmp, f"gw{i + 1}", nats.store_url, management=False) for i in range(max(counts))]
+        try:
+            for g in gws:
+                _start(g)
+            quiet = idle(gws, nats, args.idle) if args.idle else {}
+            load = [os.getloadavg()]
+            for rep in range(args.repeat):
+                for scenario in scenarios:
+                    for used in counts:
+                        print(f"== round {rep + 1}, scenario {scenario}, {used} gateway(s)", file=sys.stderr, flush=True)
+                        r = one_run(scenario, gws, used, nats, args)
+                        r["round"] = rep + 1
+                        runs.append(r)
+                        print(f"   {r['rate']:,.0f} msg/s, " + ", ".join(
+                            f"{k} {v:,.0f}" for k, v in r["us_per_msg"].items() if v is not None) + " µs/msg"
+                            + (f"; errors {r['errors']}" if r["errors"] else ""), file=sys.stderr, flush=True)
+            load.append(os.getloadavg())
+        finally:
+            for g in gws:
+                g.stop()
+    gw_names = [g.name for g in gws]
+    nats_names = [s.name for s in nats.servers]
+    print(f"\n{args.nats} nats-server nodes (R{min(3, args.nats)} streams), {args.producers} producers and "
+          f"{args.consumers} consumers dealt over the gateways in use, {args.duration:g} s runs, medians of "
+          f"{args.repeat}; load average {load[0][0]:.2f} before, {load[-1][0]:.2f} after "
+          f"(1-min; 5-min {load[0][1]:.2f} / {load[-1][1]:.2f})")
+    if quiet:
+        print("idle CPU, ms per s: " + ", ".join(f"{k} {v:.1f}" for k, v in quiet.items()))
+    for scenario in scenarios:
+        print(f"\nscenario {scenario}: {TITLES[scenario]}; S = led the queue's stream, C = its consumer, per round")
+        print(table(scenario, runs, gw_names, nats_names))
+    if args.json:
+        args.json.write_text(json.dumps({"idle_ms_per_s": quiet, "load": load, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
