@@ -403,6 +403,21 @@ def _other_listeners(gw: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _message_stats(mgmt: Management, names: list[str]) -> dict[str, Any]:
+    """RabbitMQ's ``message_stats`` of the overview (the vhosts the user sees) and of one
+    vhost: counts since the start and ``*_details.rate`` per second."""
+    c = mgmt.counters
+    stats: dict[str, Any] = {}
+    for event, name in (("publish", "publish"), ("deliver", "deliver_get"), ("ack", "ack")):
+        stats[name] = sum(c.count(event, v) for v in names)
+        stats[f"{name}_details"] = {"rate": round(sum(mgmt.rate("e", v, event) for v in names), 1)}
+    # Confirms and redeliveries are not audit events of their own: counted apart.
+    for name, counts in (("confirm", mgmt.broker.confirmed), ("redeliver", c.redelivered)):
+        stats[name] = sum(counts.get(v, 0) for v in names)
+        stats[f"{name}_details"] = {"rate": round(sum(mgmt.rate(name, v) for v in names), 1)}
+    return stats
+
+
 def _channels(mgmt: Management, vhosts: set[str]) -> list[Any]:
     return [ch for s in mgmt.target.sessions if s.vhost_name in vhosts for ch in list(s.channels.values())]
 
@@ -440,18 +455,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         # Totals straight from the queues: a whole queue_json per queue (its stats and rates)
         # made an overview with 1,000 queues cost 20 ms.
         queues = [q for v in names for q in list(mgmt.vhost(v).queues.values())]
-        c = mgmt.counters
-        stats: dict[str, Any] = {}
-        for event, name in (("publish", "publish"), ("deliver", "deliver_get"), ("ack", "ack")):
-            count = sum(c.count(event, v) for v in names)
-            stats[name] = count
-            stats[f"{name}_details"] = {"rate": round(sum(mgmt.rate("e", v, event) for v in names), 1)}
-        # Confirms and redeliveries are not audit events of their own: counted apart.
-        confirmed = mgmt.broker.confirmed
-        redelivered = c.redelivered
-        for name, counts in (("confirm", confirmed), ("redeliver", redelivered)):
-            stats[name] = sum(counts.get(v, 0) for v in names)
-            stats[f"{name}_details"] = {"rate": round(sum(mgmt.rate(name, v) for v in names), 1)}
+        stats = _message_stats(mgmt, names)
         gw = mgmt.target.gateway
         listeners = [{"node": NODE, "protocol": "amqp", "ip_address": h, "port": p}
                      for h, p in getattr(gw, "addresses", [])]
@@ -508,6 +512,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                 "messages": ready + unacked, "messages_details": {"rate": 0.0},
                 "messages_ready": ready, "messages_ready_details": {"rate": 0.0},
                 "messages_unacknowledged": unacked, "messages_unacknowledged_details": {"rate": 0.0},
+                "message_stats": _message_stats(mgmt, [name]),
                 "cmq_profile": mgmt.broker.profile_of(name).name}  # PF1
 
     async def vhosts(request: web.Request) -> web.Response:

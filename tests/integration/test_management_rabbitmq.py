@@ -268,6 +268,55 @@ async def test_M1_overview_confirm_and_redeliver_stats_match_rabbitmq(sides: tup
             assert isinstance(ms[f"{stat}_details"]["rate"], int | float), stat
 
 
+async def test_M1_a_vhost_s_message_stats_match_rabbitmq(sides: tuple[Side, Side]) -> None:
+    """/api/vhosts/{vhost} carries the vhost's own message_stats (issue 29): 12 confirmed
+    publishes into a vhost of this test's own, three gets, the first rejected with requeue,
+    counted under RabbitMQ's names on both, each with ``*_details.rate``; traffic in another
+    vhost does not change them."""
+    uid = uuid.uuid4().hex[:8]
+    vhost = f"vstats-{uid}"
+    counts: dict[str, dict[str, Any]] = {}
+    for side in sides:
+        port = int(side.amqp.rsplit(":", 1)[1].split("/")[0])
+        async with side.http.put(side.base + f"/api/vhosts/{vhost}") as r:
+            assert r.status in (201, 204), (side.base, r.status)
+        try:
+            async with side.http.put(side.base + f"/api/permissions/{vhost}/guest",
+                                     json={"configure": ".*", "write": ".*", "read": ".*"}) as r:
+                assert r.status in (201, 204), (side.base, r.status)
+            conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/{vhost}")
+            other = await aio_pika.connect(side.amqp)  # the default vhost's traffic is not this vhost's
+            try:
+                ch = await conn.channel(publisher_confirms=True)
+                q = await ch.declare_queue("q")
+                for i in range(12):
+                    await ch.default_exchange.publish(aio_pika.Message(f"m{i}".encode()), routing_key="q")
+                och = await other.channel()
+                oq = await och.declare_queue(f"vstats-other-{uid}", auto_delete=True)
+                await och.default_exchange.publish(aio_pika.Message(b"elsewhere"), routing_key=oq.name)
+                first = await q.get(no_ack=False)
+                await first.reject(requeue=True)
+                for _ in range(2):
+                    await (await q.get(no_ack=False)).ack()
+                body = await side.until(f"/api/vhosts/{vhost}", lambda v: all(
+                    v.get("message_stats", {}).get(k) for k in CHARTED))
+                ms = body["message_stats"]
+                counts[side.base] = {k: ms.get(k) for k in CHARTED}
+                for stat in CHARTED:
+                    assert set(ms[f"{stat}_details"]) == {"rate"}, stat
+                    assert isinstance(ms[f"{stat}_details"]["rate"], int | float), stat
+                listed = next(v for v in await side.get("/api/vhosts") if v["name"] == vhost)
+                assert listed["message_stats"]["publish"] == 12
+            finally:
+                await other.close()
+                await conn.close()
+        finally:
+            async with side.http.delete(side.base + f"/api/vhosts/{vhost}"):
+                pass
+    rabbit, gateway = counts.values()
+    assert gateway == rabbit == {"publish": 12, "confirm": 12, "deliver_get": 3, "ack": 2, "redeliver": 1}
+
+
 async def test_M1_pages_past_the_end_and_bad_page_parameters_answer_as_rabbitmq(sides: tuple[Side, Side]) -> None:
     """The edges of RabbitMQ's paging: an empty filter's page 1 (page_count 0), a page past
     the last one, and parameters out of range or not numbers, each the same status, error
