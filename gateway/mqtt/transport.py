@@ -23,6 +23,7 @@ from gateway.mqtt import codec as P
 from gateway.mqtt.codec import PUBACK, Ack, Publish
 from gateway.mqtt.connection import PINGED, KeepAliveTimeout, MQTTServerConnection, ProtocolError
 from gateway.mqtt.session import (
+    BACKLOG_LOW,
     DEFAULT_INFLIGHT,
     OPS,
     TOPIC_ALIAS_MAXIMUM,
@@ -41,6 +42,7 @@ log = logging.getLogger("cmq_gateway.mqtt")
 
 SESSION_TAKEN_OVER, SERVER_SHUTTING_DOWN, ADMINISTRATIVE_ACTION = 0x8E, 0x8B, 0x98
 NEVER_EXPIRES = 0xFFFFFFFF
+FLOW_CHECK_SECONDS = 0.002  # how often a publisher held by flow control looks at its queues again
 # CONNACK refusals: (MQTT 5 reason code, MQTT 3.1.1 return code)
 BAD_LOGIN, NOT_AUTHORIZED, BAD_CLIENT_ID = (0x86, 4), (0x87, 5), (0x85, 2)
 
@@ -79,6 +81,7 @@ class MQTTConnection(ClientProtocol):
         self._gate: Any = None  # the listener's admission gate (SE5), once admitted
         self._preauth = 0  # bytes before CONNACK, counted in HELD.partial (SE5)
         self._parked: Publish | None = None  # a PUBLISH read while an alarm holds publishers (SE6)
+        self._flow: list[Any] = []  # the queues whose backlog holds this publisher (flow control)
 
     # -- asyncio.Protocol -------------------------------------------------------------------
 
@@ -173,6 +176,9 @@ class MQTTConnection(ClientProtocol):
             self._backlog = True  # what is buffered waits in the core until set_blocked(False)
             self.transport.pause_reading()
             return
+        s = self.mqtt
+        if s is not None and s.routed_keys and not self._flow:
+            self._hold_for_backlog(s)
         if more:
             if not self._backlog:
                 self._backlog = True
@@ -180,8 +186,37 @@ class MQTTConnection(ClientProtocol):
             asyncio.get_running_loop().call_soon(self._process)
         elif self._backlog:
             self._backlog = False
-            if not self.blocked:
+            if not self.blocked and not self._flow:
                 self.transport.resume_reading()
+
+    def _hold_for_backlog(self, s: MQTTSession) -> None:
+        """Flow control: reading stops while a consumed queue this turn's messages went to has
+        more than BACKLOG_HIGH undelivered; the client's packets wait in its socket, so a
+        QoS 1/2 publisher gets no PUBACK and one at QoS 0 is held by TCP, and nothing is
+        lost. Not while the client has deliveries of its own in flight: their PUBACKs are
+        behind its PUBLISHes, and two clients each publishing to the other would wait forever."""
+        if s.inflight:
+            s.routed_keys.clear()
+            return
+        full = s.backlogged()
+        if not full:
+            return
+        self._flow = full
+        assert self.transport is not None
+        self.transport.pause_reading()
+        asyncio.get_running_loop().call_later(FLOW_CHECK_SECONDS, self._flow_check)
+
+    def _flow_check(self) -> None:
+        if self._lost or not self._flow:
+            return
+        s = self.mqtt
+        if s is not None and not s.inflight and any(
+                not q.deleted and q.consumers and q.cmq.active > BACKLOG_LOW for q in self._flow):
+            asyncio.get_running_loop().call_later(FLOW_CHECK_SECONDS, self._flow_check)
+            return
+        self._flow = []
+        if self.transport is not None and not self.blocked and not self._backlog:
+            self.transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         return None
@@ -460,7 +495,7 @@ class MQTTConnection(ClientProtocol):
             if self.transport is not None:
                 self.transport.abort()
             return
-        if self.blocked:
+        if self.blocked or self._flow:
             self.core.reading_paused(now_monotonic)
         for event in self.core.tick(now_monotonic):
             if isinstance(event, KeepAliveTimeout):
@@ -479,5 +514,5 @@ class MQTTConnection(ClientProtocol):
             # A parked PUBLISH, or packets left buffered: handled in a turn of their own,
             # which resumes reading when they are done.
             asyncio.get_running_loop().call_soon(self._process)
-        else:
+        elif not self._flow:
             self.transport.resume_reading()
