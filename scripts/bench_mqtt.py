@@ -1,13 +1,21 @@
 """MQTT publish -> deliver throughput and latency: the gateway against Mosquitto, same run.
 
     .venv/bin/python scripts/bench_mqtt.py [--count 20000] [--size 64] [--window 100] [--repeat 3]
-                                           [--mosquitto 1883] [--config FILE] [--json]
+                                           [--qos 0,1,2] [--client raw|paho] [--mosquitto 1883 | --own-mosquitto]
+                                           [--config FILE] [--json]
 
 Starts a fresh `cmq-gateway serve` (MQTT on a free port, new data dir, fsync on, audit on as
 `serve` defaults) and runs `cmq-gateway perf mqtt` (gateway/perf/mqtt.py) with the Mosquitto on
-127.0.0.1:1883 as broker a and the gateway as b: QoS 0 and QoS 1, alternating, the medians of
+127.0.0.1:1883 as broker a and the gateway as b: QoS 0, 1 and 2, alternating, the medians of
 ``--repeat`` runs, with each broker's CPU time per message (the gateway with its audit writer
 process; Mosquitto found by pgrep), the figure that depends least on what else the machine runs.
+
+``--own-mosquitto``: a Mosquitto of its own on a free port, with ``max_queued_messages
+1000000`` and ``max_inflight_messages 100`` (the gateway's in-flight default). The system one's
+defaults drop messages: past 1000 queued for a subscriber (QoS 1/2, most of a run at a window
+of 65,535, where the gateway holds the publisher instead: flow control, docs/MQTT.md), and
+incoming QoS 2 PUBLISHes past 20 in flight (PUBRECed, never delivered). (``max_queued_messages
+0``, "no limit", makes Mosquitto 2.0.11 drop a QoS 2 publisher's connection.)
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,6 +38,27 @@ def mosquitto_pid() -> int | None:
         return int(subprocess.check_output(["pgrep", "-x", "mosquitto"], text=True).split()[0])
     except (OSError, subprocess.CalledProcessError, IndexError, ValueError):
         return None
+
+
+def start_mosquitto(work: str) -> tuple[subprocess.Popen[str], int]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = os.path.join(work, "mosquitto.conf")
+    with open(conf, "w") as f:
+        f.write(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 1000000\n"
+                "max_inflight_messages 100\npersistence false\n")
+    proc = subprocess.Popen(["mosquitto", "-c", conf], stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL, text=True)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("mosquitto did not start")
 
 
 def start_gateway(data_dir: str, *extra: str) -> tuple[subprocess.Popen[str], int]:
@@ -49,19 +79,24 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=64)
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--qos", default="0,1")
+    ap.add_argument("--qos", default="0,1,2")
+    ap.add_argument("--client", choices=("raw", "paho"), default="raw")
     ap.add_argument("--mosquitto", type=int, default=1883)
+    ap.add_argument("--own-mosquitto", action="store_true", help="a Mosquitto of its own that drops nothing")
     ap.add_argument("--config", default=None, help="a gateway config file (e.g. audit events to leave out)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     data_dir = tempfile.mkdtemp(prefix="bench-mqtt-")
     proc, port = start_gateway(data_dir, *(["--config", args.config] if args.config else []))
-    mosq = mosquitto_pid()
+    own = start_mosquitto(data_dir) if args.own_mosquitto else None
+    mosq = own[0].pid if own is not None else mosquitto_pid()
+    mosquitto_port = own[1] if own is not None else args.mosquitto
     try:
-        cmd = [sys.executable, "-m", "gateway", "perf", "mqtt", "--uri-a", f"mqtt://guest:guest@127.0.0.1:{args.mosquitto}",
+        cmd = [sys.executable, "-m", "gateway", "perf", "mqtt", "--uri-a", f"mqtt://guest:guest@127.0.0.1:{mosquitto_port}",
                "--name-a", "Mosquitto", "--uri-b", f"mqtt://guest:guest@127.0.0.1:{port}", "--name-b", "gateway",
                "--broker-pid-b", str(proc.pid), "--qos", args.qos, "--count", str(args.count), "--size", str(args.size),
-               "--window", str(args.window), "--repeat", str(args.repeat)]
+               "--window", str(args.window), "--repeat", str(args.repeat),
+               "--client", args.client]
         if mosq is not None:
             cmd += ["--broker-pid-a", str(mosq)]
         if args.json:
@@ -70,6 +105,9 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        if own is not None:
+            own[0].terminate()
+            own[0].wait(timeout=30)
         shutil.rmtree(data_dir, ignore_errors=True)
     sys.exit(code)
 

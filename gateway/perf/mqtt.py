@@ -5,11 +5,12 @@ two in the same run as ratios (b / a), for any MQTT 3.1.1 broker (Mosquitto incl
         --uri-b mqtt://guest:guest@127.0.0.1:1884 --qos 0,1 --count 20000 --repeat 3
 
 Per QoS level and run: one subscriber (clean session, subscribed at that QoS, acknowledging
-each QoS 1 delivery at once) and one publisher on one topic. A QoS 1 publisher keeps at most
-``--window`` PUBLISHes unacknowledged; a QoS 0 one writes as fast as its socket takes them (an
+each QoS 1/2 delivery at once) and one publisher on one topic. A QoS 1/2 publisher keeps at most
+``--window`` PUBLISHes unacknowledged (QoS 2: until PUBCOMP); a QoS 0 one writes as fast as its socket takes them (an
 overload test: its latencies are mostly time queued in the broker). The payload carries the
 send time, so latency is publish -> delivery at the subscriber; the rate is deliveries over
-the time from the first PUBLISH to the last delivery.
+the time from the first PUBLISH to the last delivery (a broker that drops messages, as
+Mosquitto does past its ``max_queued_messages``, shows fewer received, not a lower rate).
 
 Both clients run on one asyncio loop in this process, written straight on the socket (a few
 bytes templates, the gateway's MQTT decoder), so the client costs the same whichever broker
@@ -148,24 +149,35 @@ async def _measure(t: Target, sub: _Client, pub: _Client, topic: str, qos: int, 
     clock = time.perf_counter_ns
     unpack = _TS.unpack_from
 
+    last = [0.0]  # when the last delivery came: the rate is not diluted by the wait for a lost one
+
     async def consume() -> None:
         write = sub.writer.write
         while len(latencies) < count:
             p = await sub.recv()
             if type(p) is P.Publish:
                 latencies.append(clock() - unpack(p.payload)[0])
+                last[0] = time.perf_counter()
                 if p.qos:
                     pid = p.packet_id
-                    write(bytes((0x40, 2, pid >> 8, pid & 0xFF)))
+                    write(bytes((0x40 if p.qos == 1 else 0x50, 2, pid >> 8, pid & 0xFF)))  # PUBACK / PUBREC
+            elif type(p) is P.Ack and p.kind == P.PUBREL:
+                pid = p.packet_id
+                write(bytes((0x70, 2, pid >> 8, pid & 0xFF)))  # PUBCOMP
         done.set()
 
     credit = asyncio.Semaphore(window)
 
     async def acks() -> None:
+        write = pub.writer.write
         while True:
             p = await pub.recv()
             if type(p) is P.Ack:
-                credit.release()
+                if p.kind == P.PUBREC:
+                    pid = p.packet_id
+                    write(bytes((0x62, 2, pid >> 8, pid & 0xFF)))  # PUBREL; the credit comes back with PUBCOMP
+                else:
+                    credit.release()
 
     # The PUBLISH as three parts: fixed header and topic, packet id, timestamp + padding.
     body = max(size, _TS.size)
@@ -195,18 +207,105 @@ async def _measure(t: Target, sub: _Client, pub: _Client, topic: str, qos: int, 
             await asyncio.wait_for(done.wait(), timeout=drain_timeout)
         except TimeoutError:
             pass
-    elapsed = time.perf_counter() - start
+    elapsed = (last[0] or time.perf_counter()) - start
     cpu = cpu_seconds(t.pid) - before
     consumer.cancel()
     if acker is not None:
         acker.cancel()
+    return _figures(latencies, elapsed, cpu, count, t.pid is not None)
+
+
+def run_once_paho(t: Target, qos: int, count: int, size: int, window: int, drain_timeout: float = 10.0,
+                  persistent: bool = False) -> dict[str, float]:
+    """As :func:`run_once` with paho-mqtt clients (each on its own network thread): the next
+    PUBLISH goes from the callback of the last one's PUBACK (PUBCOMP), ``window`` in flight.
+    paho's own work per message is far above the lean client's, so at high rates it measures
+    the client more than the broker: report it beside the lean client, not instead."""
+    import threading
+
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+    tag = uuid.uuid4().hex[:10]
+    topic = f"perf/{tag}/{qos}"
+    latencies: list[int] = []
+    clock = time.perf_counter_ns
+    unpack = _TS.unpack_from
+    done, subscribed = threading.Event(), threading.Event()
+    last = [0.0]
+
+    def make(client_id: str, clean: bool) -> Any:
+        c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean,
+                        protocol=MQTTProtocolVersion.MQTTv311)
+        if t.username is not None:
+            c.username_pw_set(t.username, t.password)
+        c.max_inflight_messages_set(window)
+        return c
+
+    def on_message(client: Any, userdata: Any, msg: Any) -> None:
+        latencies.append(clock() - unpack(msg.payload)[0])
+        last[0] = time.perf_counter()
+        if len(latencies) >= count:
+            done.set()
+
+    sub_id = f"perf-sub-{tag}"
+    sub = make(sub_id, not persistent)
+    sub.on_message = on_message
+    sub.on_subscribe = lambda *a: subscribed.set()
+    sub.connect(t.host, t.port, keepalive=600)
+    sub.loop_start()
+    pub = make(f"perf-pub-{tag}", True)
+    pad = b"x" * (max(size, _TS.size) - _TS.size)
+    sent = [0]
+    lock = threading.Lock()
+
+    def publish_next() -> None:
+        with lock:
+            if sent[0] >= count:
+                return
+            sent[0] += 1
+        pub.publish(topic, _TS.pack(clock()) + pad, qos=qos)
+
+    pub.on_publish = lambda *a: publish_next() if qos else None
+    try:
+        sub.subscribe(topic, qos)
+        if not subscribed.wait(10):
+            raise ConnectionError(f"{t.name} did not answer SUBSCRIBE")
+        pub.connect(t.host, t.port, keepalive=600)
+        pub.loop_start()
+        before = cpu_seconds(t.pid)
+        start = time.perf_counter()
+        if qos:
+            for _ in range(min(window, count)):
+                publish_next()
+        else:
+            for _ in range(count):
+                publish_next()
+        seen = -1
+        while not done.is_set() and len(latencies) != seen:
+            seen = len(latencies)
+            done.wait(drain_timeout)
+        elapsed = (last[0] or time.perf_counter()) - start
+        cpu = cpu_seconds(t.pid) - before
+    finally:
+        for c in (pub, sub):
+            c.disconnect()
+            c.loop_stop()
+        if persistent:
+            clean = make(sub_id, True)
+            clean.connect(t.host, t.port)
+            clean.disconnect()
+    return _figures(latencies, elapsed, cpu, count, t.pid is not None)
+
+
+def _figures(latencies: list[int], elapsed: float, cpu: float, count: int, cpu_known: bool) -> dict[str, float]:
     lat = sorted(latencies)
 
     def pct(q: float) -> float:
         return lat[min(len(lat) - 1, int(q * len(lat)))] / 1e6 if lat else float("nan")
 
     return {"received": len(lat), "rate": len(lat) / elapsed, "p50_ms": pct(0.50), "p99_ms": pct(0.99),
-            "cpu_us": cpu / count * 1e6 if t.pid is not None else float("nan")}
+            "cpu_us": cpu / count * 1e6 if cpu_known else float("nan")}
 
 
 def _median(runs: list[dict[str, float]], key: str) -> float:
@@ -214,8 +313,8 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
 
 
 def compare_mqtt(targets: list[Target], qos_levels: list[int], count: int, size: int, window: int,
-                 repeat: int, drain_timeout: float = 10.0, progress: Any = None, persistent: bool = False
-                 ) -> dict[str, Any]:
+                 repeat: int, drain_timeout: float = 10.0, progress: Any = None, persistent: bool = False,
+                 client: str = "raw") -> dict[str, Any]:
     """Every target per QoS level, alternating, ``repeat`` times: each run's figures and the
     medians."""
     runs: dict[str, dict[str, list[dict[str, float]]]] = {str(q): {t.name: [] for t in targets}
@@ -223,14 +322,17 @@ def compare_mqtt(targets: list[Target], qos_levels: list[int], count: int, size:
     for qos in qos_levels:
         for i in range(repeat):
             for t in targets:
-                r = asyncio.run(run_once(t, qos, count, size, window, drain_timeout, persistent))
+                if client == "paho":
+                    r = run_once_paho(t, qos, count, size, window, drain_timeout, persistent)
+                else:
+                    r = asyncio.run(run_once(t, qos, count, size, window, drain_timeout, persistent))
                 runs[str(qos)][t.name].append(r)
                 if progress is not None:
                     print(f"QoS {qos} run {i + 1}/{repeat} {t.name}: {r['rate']:,.0f} msg/s, "
                           f"p99 {r['p99_ms']:.1f} ms, {r['received']:.0f}/{count}", file=progress, flush=True)
     medians = {q: {name: {k: _median(rs, k) for k in rs[0]} for name, rs in by.items()} for q, by in runs.items()}
     return {"config": {"brokers": [t.name for t in targets], "qos": qos_levels, "count": count, "size": size,
-                       "window": window, "repeat": repeat, "persistent": persistent},
+                       "window": window, "repeat": repeat, "persistent": persistent, "client": client},
             "runs": runs, "medians": medians}
 
 
@@ -247,7 +349,7 @@ def table(result: dict[str, Any]) -> str:
     head = "| QoS | figure | " + " | ".join(names) + (f" | {names[1]} / {names[0]} |" if two else " |")
     session = "a persistent" if cfg.get("persistent") else "a clean"
     lines = [f"{cfg['count']} messages of {cfg['size']} bytes, one publisher and one subscriber ({session} "
-             f"session), QoS 1 window {cfg['window']}, median of {cfg['repeat']} run(s) per broker, alternating", "",
+             f"session), {cfg.get('client', 'raw')} client, QoS 1/2 window {cfg['window']}, median of {cfg['repeat']} run(s) per broker, alternating", "",
              head, "|---|---|" + "---|" * (len(names) + (1 if two else 0))]
     for q, by in result["medians"].items():
         for key, label, digits in (("rate", "msg/s", 0), ("p50_ms", "p50 latency ms", 1),
@@ -264,8 +366,8 @@ def table(result: dict[str, Any]) -> str:
 
 def _qos_levels(text: str) -> list[int]:
     levels = [int(x) for x in text.split(",") if x.strip()]
-    if not levels or any(q not in (0, 1) for q in levels):
-        raise argparse.ArgumentTypeError(f"QoS levels 0 and/or 1, comma-separated, not {text!r}")
+    if not levels or any(q not in (0, 1, 2) for q in levels):
+        raise argparse.ArgumentTypeError(f"QoS levels 0, 1 and/or 2, comma-separated, not {text!r}")
     return levels
 
 
@@ -273,9 +375,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("mqtt (brokers are --uri-a and --uri-b, as mqtt://user:password@host:port)")
     m.add_argument("--qos", type=_qos_levels, default="0,1", help="QoS levels to measure, comma-separated")
     m.add_argument("--count", type=int, default=20000, help="messages per run")
-    m.add_argument("--window", type=int, default=100, help="QoS 1: PUBLISHes in flight, unacknowledged")
+    m.add_argument("--window", type=int, default=100, help="QoS 1/2: PUBLISHes in flight, unacknowledged")
     m.add_argument("--persistent-session", action="store_true",
                    help="the subscriber keeps its session (the gateway: a durable queue, PUBACK after fsync)")
+    m.add_argument("--client", choices=("raw", "paho"), default="raw",
+                   help="the lean asyncio client of this module, or paho-mqtt")
 
 
 def mqtt_from_args(args: argparse.Namespace, default_amqp_uri: str) -> int:
@@ -290,7 +394,8 @@ def mqtt_from_args(args: argparse.Namespace, default_amqp_uri: str) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result = compare_mqtt(targets, args.qos, args.count, args.size, args.window, args.repeat,
-                          args.drain_timeout, None if args.quiet else sys.stderr, args.persistent_session)
+                          args.drain_timeout, None if args.quiet else sys.stderr, args.persistent_session,
+                          args.client)
     text = table(result)
     if args.markdown:
         with open(args.markdown, "w") as f:
