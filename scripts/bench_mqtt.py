@@ -2,13 +2,16 @@
 
     .venv/bin/python scripts/bench_mqtt.py [--count 20000] [--size 64] [--window 100] [--repeat 3]
                                            [--qos 0,1,2] [--client raw|paho] [--mosquitto 1883 | --own-mosquitto]
-                                           [--config FILE] [--json]
+                                           [--before REV] [--config FILE] [--json]
 
 Starts a fresh `cmq-gateway serve` (MQTT on a free port, new data dir, fsync on, audit on as
 `serve` defaults) and runs `cmq-gateway perf mqtt` (gateway/perf/mqtt.py) with the Mosquitto on
 127.0.0.1:1883 as broker a and the gateway as b: QoS 0, 1 and 2, alternating, the medians of
 ``--repeat`` runs, with each broker's CPU time per message (the gateway with its audit writer
 process; Mosquitto found by pgrep), the figure that depends least on what else the machine runs.
+
+``--before REV``: a second gateway, of that commit (a git worktree, the compiled modules
+copied in), measured in the same run as a third broker: before/after ratios in one run.
 
 ``--own-mosquitto``: a Mosquitto of its own on a free port, with ``max_queued_messages
 1000000`` and ``max_inflight_messages 100`` (the gateway's in-flight default). The system one's
@@ -61,10 +64,21 @@ def start_mosquitto(work: str) -> tuple[subprocess.Popen[str], int]:
     raise RuntimeError("mosquitto did not start")
 
 
-def start_gateway(data_dir: str, *extra: str) -> tuple[subprocess.Popen[str], int]:
+def worktree(rev: str, work: str) -> str:
+    path = os.path.join(work, "before")
+    subprocess.check_call(["git", "worktree", "add", "--detach", path, rev], cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+    protocol = os.path.join(ROOT, "gateway", "protocol")
+    for name in os.listdir(protocol):
+        if name.endswith(".so"):
+            shutil.copy(os.path.join(protocol, name), os.path.join(path, "gateway", "protocol", name))
+    return path
+
+
+def start_gateway(data_dir: str, *extra: str, root: str = ROOT) -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
                              "--management-port", "off", "--metrics-port", "off", "--mqtt-port", "0", "--cmq-api-port", "off",
-                             "--data-dir", data_dir, *extra], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+                             "--data-dir", data_dir, *extra], cwd=root, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
     for line in proc.stderr:
         if m := re.search(r"MQTT on 127\.0\.0\.1:(\d+)", line):
@@ -84,10 +98,17 @@ def main() -> None:
     ap.add_argument("--mosquitto", type=int, default=1883)
     ap.add_argument("--own-mosquitto", action="store_true", help="a Mosquitto of its own that drops nothing")
     ap.add_argument("--config", default=None, help="a gateway config file (e.g. audit events to leave out)")
+    ap.add_argument("--before", metavar="REV", help="also a gateway of this commit, in the same run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     data_dir = tempfile.mkdtemp(prefix="bench-mqtt-")
-    proc, port = start_gateway(data_dir, *(["--config", args.config] if args.config else []))
+    extra = ["--config", args.config] if args.config else []
+    proc, port = start_gateway(data_dir, *extra)
+    before = None
+    if args.before:
+        os.makedirs(os.path.join(data_dir, "before-data"))
+        tree = worktree(args.before, data_dir)
+        before = start_gateway(os.path.join(data_dir, "before-data"), *extra, root=tree)
     own = start_mosquitto(data_dir) if args.own_mosquitto else None
     mosq = own[0].pid if own is not None else mosquitto_pid()
     mosquitto_port = own[1] if own is not None else args.mosquitto
@@ -99,15 +120,21 @@ def main() -> None:
                "--client", args.client]
         if mosq is not None:
             cmd += ["--broker-pid-a", str(mosq)]
+        if before is not None:
+            cmd += ["--uri-c", f"mqtt://guest:guest@127.0.0.1:{before[1]}", "--name-c", f"gateway {args.before}",
+                    "--broker-pid-c", str(before[0].pid)]
         if args.json:
             cmd.append("--json")
         code = subprocess.call(cmd, cwd=ROOT)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        if own is not None:
-            own[0].terminate()
-            own[0].wait(timeout=30)
+        for other in (own, before):
+            if other is not None:
+                other[0].terminate()
+                other[0].wait(timeout=30)
+        if before is not None:
+            subprocess.call(["git", "worktree", "remove", "--force", os.path.join(data_dir, "before")], cwd=ROOT)
         shutil.rmtree(data_dir, ignore_errors=True)
     sys.exit(code)
 

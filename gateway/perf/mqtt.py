@@ -345,20 +345,21 @@ def table(result: dict[str, Any]) -> str:
     above 1 is b faster; latency and CPU: below 1 is b better)."""
     cfg = result["config"]
     names: list[str] = cfg["brokers"]
-    two = len(names) == 2
-    head = "| QoS | figure | " + " | ".join(names) + (f" | {names[1]} / {names[0]} |" if two else " |")
+    # Each broker over the first; with a third (a build before a change), the second over it too.
+    pairs = [(i, 0) for i in range(1, len(names))] + ([(1, 2)] if len(names) == 3 else [])
+    head = "| QoS | figure | " + " | ".join(names) + "".join(f" | {names[i]} / {names[j]}" for i, j in pairs) + " |"
     session = "a persistent" if cfg.get("persistent") else "a clean"
     lines = [f"{cfg['count']} messages of {cfg['size']} bytes, one publisher and one subscriber ({session} "
              f"session), {cfg.get('client', 'raw')} client, QoS 1/2 window {cfg['window']}, median of {cfg['repeat']} run(s) per broker, alternating", "",
-             head, "|---|---|" + "---|" * (len(names) + (1 if two else 0))]
+             head, "|---|---|" + "---|" * (len(names) + len(pairs))]
     for q, by in result["medians"].items():
         for key, label, digits in (("rate", "msg/s", 0), ("p50_ms", "p50 latency ms", 1),
                                    ("p99_ms", "p99 latency ms", 1), ("cpu_us", "broker CPU us/msg", 1),
                                    ("received", "received", 0)):
             vals = [by[n][key] for n in names]
             row = f"| {q} | {label} | " + " | ".join(_fmt(v, digits) for v in vals)
-            if two:
-                a, b = vals
+            for i, j in pairs:
+                a, b = vals[j], vals[i]
                 row += f" | {b / a:.2f}x" if a and a == a and b == b and key != "received" else " | "
             lines.append(row + " |")
     return "\n".join(lines)
@@ -378,6 +379,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     m.add_argument("--window", type=int, default=100, help="QoS 1/2: PUBLISHes in flight, unacknowledged")
     m.add_argument("--persistent-session", action="store_true",
                    help="the subscriber keeps its session (the gateway: a durable queue, PUBACK after fsync)")
+    m.add_argument("--uri-c", default=None, help="a third broker (a gateway before a change)")
+    m.add_argument("--name-c", default="c")
+    m.add_argument("--broker-pid-c", type=int, default=None)
     m.add_argument("--client", choices=("raw", "paho"), default="raw",
                    help="the lean asyncio client of this module, or paho-mqtt")
 
@@ -390,6 +394,8 @@ def mqtt_from_args(args: argparse.Namespace, default_amqp_uri: str) -> int:
         targets = [parse_uri(name_a, uri_a, args.broker_pid_a)]
         if args.uri_b:
             targets.append(parse_uri(args.name_b, args.uri_b, args.broker_pid_b))
+        if args.uri_c:
+            targets.append(parse_uri(args.name_c, args.uri_c, args.broker_pid_c))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
