@@ -84,6 +84,18 @@ class _Worker:
     # ---------------------------------------------------------------- control
 
     def _on_pipe(self) -> None:
+        try:
+            self._read_pipe()
+        except (EOFError, OSError):
+            # The main process is gone (killed): wind down now, or the closed pipe, always
+            # readable, would spin this process on a core for as long as it lives.
+            asyncio.get_running_loop().remove_reader(self.pipe.fileno())
+            if not self.go.is_set():
+                self.start_ns = self.deadline_ns = time.monotonic_ns()
+                self.go.set()
+            self.stop.set()
+
+    def _read_pipe(self) -> None:
         while self.pipe.poll():
             msg = self.pipe.recv()
             if msg[0] == "go":
@@ -106,7 +118,9 @@ class _Worker:
             self._send("tick")
 
     async def _window(self) -> None:
-        await asyncio.sleep(max(0.0, (self.deadline_ns - time.monotonic_ns()) / 1e9))
+        # A stop before the deadline (the main process gone) ends the window with it.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait(), max(0.0, (self.deadline_ns - time.monotonic_ns()) / 1e9))
         s = self.snap
         s.sent_window, s.confirmed_window, s.received_window = s.sent, s.confirmed, s.received
         s.cpu_window = time.process_time() - self.cpu0
