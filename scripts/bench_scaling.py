@@ -60,14 +60,17 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of the process and its live descendants, in seconds."""
+def cpu_seconds(pid: int, tree: bool = True) -> float:
+    """CPU seconds of the process and (``tree``) its descendants: each live one's utime +
+    stime, and cutime + cstime, the CPU of the children it has waited for. A gateway's audit
+    writer starts compactions that end within a run: a figure of live processes alone loses
+    their CPU when they end, so a gateway could seem to use less CPU over a run than it did."""
     total = 0
-    for p in _tree(pid):
+    for p in _tree(pid) if tree else [pid]:
         with contextlib.suppress(OSError), open(f"/proc/{p}/stat") as f:
             # The command name may hold spaces: fields are counted after its closing ')'.
             fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            total += sum(int(x) for x in fields[11:15 if tree else 13])
     return total / _TICK
 
 
@@ -108,10 +111,13 @@ def one_run(scenario: int, gws: list[GatewayProcess], used: int, nats: NatsClust
     procs |= {s.name: s.proc.pid for s in nats.servers if s.proc is not None}
     leaders = Leaders(nats.servers)
     poller = threading.Thread(target=leaders.poll, daemon=True)
+    mains = {g.name: g.proc.pid for g in gws if g.proc is not None}
     before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+    main0 = {name: cpu_seconds(pid, tree=False) for name, pid in mains.items()}
     poller.start()
     result = run(_config(scenario, [g.url for g in gws[:used]], args), None)
     after = {name: cpu_seconds(pid) for name, pid in procs.items()}
+    main1 = {name: cpu_seconds(pid, tree=False) for name, pid in mains.items()}
     leaders.stop.set()
     poller.join()
     messages = result["received"] if scenario == 1 else result["confirmed"]
@@ -125,6 +131,9 @@ def one_run(scenario: int, gws: list[GatewayProcess], used: int, nats: NatsClust
         "cpu_s": {name: after[name] - before[name] for name in procs},
         "us_per_msg": {name: 1e6 * (after[name] - before[name]) / messages if messages else None
                        for name in procs},
+        # A gateway's main process alone (its event loop holds the GIL: at most a core each).
+        "main_us_per_msg": {name: 1e6 * (main1[name] - main0[name]) / messages if messages else None
+                            for name in mains},
         "stream_leader": leaders.stream, "consumer_leader": leaders.consumer,
         "labels": {s.name: leaders.label(s.name) for s in nats.servers},
         # The generator reports its workers' CPU over the window only: per window message.
@@ -169,13 +178,14 @@ def table(scenario: int, runs: list[dict[str, Any]], gw_names: list[str], nats_n
     roles it had in each round (leaders move between runs: the queue is new each time)."""
     unit = "received" if scenario == 1 else "confirmed"
     lines = [f"| gateways | {unit} msg/s | " + " | ".join(f"{g} µs/msg" for g in gw_names)
-             + " | gateways µs/msg | " + " | ".join(f"{n} µs/msg" for n in nats_names)
+             + " | gateways µs/msg (main processes) | " + " | ".join(f"{n} µs/msg" for n in nats_names)
              + " | NATS µs/msg | stream leader µs/msg | generator µs/msg | host busy % | received / sent |",
              "|---:|" + "---:|" * (len(gw_names) + len(nats_names) + 7)]
     for used in sorted({r["gateways"] for r in runs}):
         rs = [r for r in runs if r["gateways"] == used and r["scenario"] == scenario]
         gw = [_med([r["us_per_msg"][g] for r in rs]) for g in gw_names]
         gw_sum = _med([sum(r["us_per_msg"][g] or 0 for g in gw_names) for r in rs])
+        gw_main = _med([sum(r["main_us_per_msg"][g] or 0 for g in gw_names) for r in rs])
         nats_cells = []
         for n in nats_names:
             roles = "/".join(r["labels"][n][len(n):] or "-" for r in rs)
@@ -183,7 +193,7 @@ def table(scenario: int, runs: list[dict[str, Any]], gw_names: list[str], nats_n
         nats_sum = _med([sum(r["us_per_msg"][n] or 0 for n in nats_names) for r in rs])
         leader = _med([r["us_per_msg"].get(r["stream_leader"]) if r["stream_leader"] else None for r in rs])
         lines.append(f"| {used} | {_fmt(_med([r['rate'] for r in rs]))} | "
-                     + " | ".join(_fmt(v) for v in gw) + f" | {_fmt(gw_sum)} | " + " | ".join(nats_cells)
+                     + " | ".join(_fmt(v) for v in gw) + f" | {_fmt(gw_sum)} ({_fmt(gw_main)}) | " + " | ".join(nats_cells)
                      + f" | {_fmt(nats_sum)} | {_fmt(leader)} | {_fmt(_med([r['generator_us_per_msg'] for r in rs]))}"
                      f" | {_fmt(_med([r['host_busy_percent'] for r in rs]))}"
                      f" | {_fmt(_med([r['received'] / r['sent'] if r['sent'] else None for r in rs]), 2)} |")
@@ -220,6 +230,8 @@ def main() -> None:
                         r = one_run(scenario, gws, used, nats, args)
                         r["round"] = rep + 1
                         runs.append(r)
+                        if args.json:  # after each run, so that a run cut short keeps what it measured
+                            args.json.write_text(json.dumps({"idle_ms_per_s": quiet, "load": load, "runs": runs}))
                         print(f"   {r['rate']:,.0f} msg/s, " + ", ".join(
                             f"{k} {v:,.0f}" for k, v in r["us_per_msg"].items() if v is not None) + " µs/msg"
                             + (f"; errors {r['errors']}" if r["errors"] else ""), file=sys.stderr, flush=True)

@@ -1,5 +1,6 @@
-"""scripts/bench_scaling.py's CPU reading: a gateway's audit writer is a child process, so a
-process's CPU must count its descendants' too."""
+"""scripts/bench_scaling.py's CPU reading: a gateway's audit writer is a child process, and
+it starts compactions that end within a run, so a process's CPU must count its descendants',
+live or ended."""
 
 from __future__ import annotations
 
@@ -12,8 +13,12 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[3]
 
 # Busy until this child has used 0.3 s of CPU by its own count, then say so and wait to be
-# read while still alive (a dead child's CPU leaves the tree).
+# read while still alive.
 _CHILD = "import sys,time\nwhile time.process_time() < 0.3: pass\nprint('done', flush=True)\nsys.stdin.read()"
+# Starts the child; on a line from the test, ends it and waits for it (its CPU moves to this
+# process's cutime), says so, and waits to be read.
+_PARENT = (f"import subprocess,sys\nc = subprocess.Popen([sys.executable, '-c', {_CHILD!r}], stdin=subprocess.PIPE)\n"
+           "sys.stdin.readline()\nc.stdin.close()\nc.wait()\nprint('reaped', flush=True)\nsys.stdin.read()")
 
 
 def _bench() -> ModuleType:
@@ -25,21 +30,25 @@ def _bench() -> ModuleType:
     return module
 
 
-def test_cpu_seconds_counts_a_childs_cpu() -> None:
+def test_cpu_seconds_counts_a_childs_cpu_while_it_runs_and_after_it_ended() -> None:
     bench = _bench()
-    parent = subprocess.Popen([sys.executable, "-c",
-                               f"import subprocess,sys\nc = subprocess.Popen([sys.executable, '-c', {_CHILD!r}], "
-                               "stdin=subprocess.PIPE)\nsys.stdin.read()\nc.stdin.close()\nc.wait()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert parent.stdin is not None and parent.stdout is not None
     try:
-        assert parent.stdout is not None and parent.stdout.readline().strip() == "done"
+        assert parent.stdout.readline().strip() == "done"
         children = bench._tree(parent.pid)
         assert len(children) == 2
         child = bench.cpu_seconds(children[1])
         assert child >= 0.25  # /proc counts in clock ticks: a tick or so below the child's own count
         # The tree's figure holds the child's; the parent alone only started an interpreter.
         assert child <= bench.cpu_seconds(parent.pid) < child + 0.25
+        assert bench.cpu_seconds(parent.pid, tree=False) < 0.25
+        parent.stdin.write("end it\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "reaped"
+        assert bench._tree(parent.pid) == [parent.pid]
+        assert child <= bench.cpu_seconds(parent.pid) < child + 0.25
     finally:
-        assert parent.stdin is not None
         parent.stdin.close()
         parent.wait(timeout=30)
