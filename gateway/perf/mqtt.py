@@ -150,6 +150,8 @@ async def _measure(t: Target, sub: _Client, pub: _Client, topic: str, qos: int, 
     unpack = _TS.unpack_from
 
     last = [0.0]  # when the last delivery came: the rate is not diluted by the wait for a lost one
+    acked = [0, 0.0]  # PUBACKs (PUBCOMPs) and when the last came: a broker acknowledging faster
+    # than it delivers builds a backlog (the gateway before its flow control, issue 31)
 
     async def consume() -> None:
         write = sub.writer.write
@@ -177,6 +179,8 @@ async def _measure(t: Target, sub: _Client, pub: _Client, topic: str, qos: int, 
                     pid = p.packet_id
                     write(bytes((0x62, 2, pid >> 8, pid & 0xFF)))  # PUBREL; the credit comes back with PUBCOMP
                 else:
+                    acked[0] += 1
+                    acked[1] = time.perf_counter()
                     credit.release()
 
     # The PUBLISH as three parts: fixed header and topic, packet id, timestamp + padding.
@@ -212,7 +216,9 @@ async def _measure(t: Target, sub: _Client, pub: _Client, topic: str, qos: int, 
     consumer.cancel()
     if acker is not None:
         acker.cancel()
-    return _figures(latencies, elapsed, cpu, count, t.pid is not None)
+    out = _figures(latencies, elapsed, cpu, count, t.pid is not None)
+    out["ack_rate"] = acked[0] / (acked[1] - start) if acked[0] else float("nan")
+    return out
 
 
 def run_once_paho(t: Target, qos: int, count: int, size: int, window: int, drain_timeout: float = 10.0,
@@ -295,7 +301,9 @@ def run_once_paho(t: Target, qos: int, count: int, size: int, window: int, drain
             clean = make(sub_id, True)
             clean.connect(t.host, t.port)
             clean.disconnect()
-    return _figures(latencies, elapsed, cpu, count, t.pid is not None)
+    out = _figures(latencies, elapsed, cpu, count, t.pid is not None)
+    out["ack_rate"] = float("nan")  # paho's callbacks: not timed
+    return out
 
 
 def _figures(latencies: list[int], elapsed: float, cpu: float, count: int, cpu_known: bool) -> dict[str, float]:
@@ -341,8 +349,9 @@ def _fmt(v: float, digits: int) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The medians as a Markdown table; with two brokers, the ratio b / a per figure (msg/s:
-    above 1 is b faster; latency and CPU: below 1 is b better)."""
+    """The medians as a Markdown table; with two or three brokers, the ratio of each over the
+    first per figure, and with three of the second over the third (msg/s: above 1 is faster;
+    latency and CPU: below 1 is better)."""
     cfg = result["config"]
     names: list[str] = cfg["brokers"]
     # Each broker over the first; with a third (a build before a change), the second over it too.
@@ -355,8 +364,10 @@ def table(result: dict[str, Any]) -> str:
     for q, by in result["medians"].items():
         for key, label, digits in (("rate", "msg/s", 0), ("p50_ms", "p50 latency ms", 1),
                                    ("p99_ms", "p99 latency ms", 1), ("cpu_us", "broker CPU us/msg", 1),
-                                   ("received", "received", 0)):
-            vals = [by[n][key] for n in names]
+                                   ("received", "received", 0), ("ack_rate", "PUBACK/PUBCOMP per s", 0)):
+            vals = [by[n].get(key, float("nan")) for n in names]
+            if key == "ack_rate" and q == "0":
+                continue
             row = f"| {q} | {label} | " + " | ".join(_fmt(v, digits) for v in vals)
             for i, j in pairs:
                 a, b = vals[j], vals[i]
