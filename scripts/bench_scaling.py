@@ -200,6 +200,60 @@ def table(scenario: int, runs: list[dict[str, Any]], gw_names: list[str], nats_n
     return "\n".join(lines)
 
 
+def _inputs(runs: list[dict[str, Any]], scenario: int, used: int) -> dict[str, float]:
+    """The model's inputs, medians of one scenario and gateway count: µs of CPU per message
+    of all gateways (g), of their main processes (g_main), of all nats-servers (n), of the
+    server leading the queue's stream (l), of the generator, and the rate."""
+    rs = [r for r in runs if r["scenario"] == scenario and r["gateways"] == used]
+    med = statistics.median
+    return {
+        "g": med([sum(v or 0 for v in r["us_per_msg"].values() if v is not None) - _nats(r) for r in rs]),
+        "g_main": med([sum(v or 0 for v in r["main_us_per_msg"].values()) for r in rs]),
+        "n": med([_nats(r) for r in rs]),
+        "l": med([r["us_per_msg"][r["stream_leader"]] or 0 for r in rs if r["stream_leader"]] or [0]),
+        "gen": med([r["generator_us_per_msg"] or 0 for r in rs]),
+        "rate": med([r["rate"] for r in rs]),
+    }
+
+
+def _nats(r: dict[str, Any]) -> float:
+    return sum(v or 0 for k, v in r["us_per_msg"].items() if k in r["labels"])
+
+
+def model(runs: list[dict[str, Any]], scenario: int, cores: int) -> str:
+    """Predicted against measured for 2 and 3 gateways (inputs of the 1-gateway runs: the
+    same CPU per message whatever the count, so on one machine the same rate), then 10 and
+    100 gateways on 3 and 5 nats-servers of ``cores`` cores each (inputs of the largest count)."""
+    counts = sorted({r["gateways"] for r in runs if r["scenario"] == scenario})
+    base = _inputs(runs, scenario, counts[0])
+    out = ["| gateways | g µs/msg, predicted / measured | n µs/msg, predicted / measured | "
+           "msg/s, predicted / measured |", "|---:|---:|---:|---:|"]
+    for used in counts:
+        got = _inputs(runs, scenario, used)
+        # One machine: the CPU the run got is shared by all; the same cost a message, the same rate.
+        out.append(f"| {used} | {base['g']:.0f} / {got['g']:.0f} | {base['n']:.0f} / {got['n']:.0f} | "
+                   f"{base['rate']:,.0f} / {got['rate']:,.0f} |")
+    top = _inputs(runs, scenario, counts[-1])
+    # g and g_main are summed over the gateways a message passes: G gateways have G x cores
+    # for g, and G main processes of at most a core each (the GIL) for g_main.
+    per_gw = 1e6 * min(cores / top["g"], 1 / top["g_main"])
+    out += ["", f"inputs ({counts[-1]} gateways): g {top['g']:.0f}, g_main {top['g_main']:.0f}, n {top['n']:.0f}, "
+            f"l {top['l']:.0f} µs/msg; {cores} cores a machine",
+            "| gateways | NATS servers | gateways' ceiling msg/s | NATS ceiling msg/s | one queue's ceiling msg/s | saturates first |",
+            "|---:|---:|---:|---:|---:|---|"]
+    for gws in (10, 100):
+        for servers in (3, 5):
+            t_gw = gws * per_gw
+            t_nats = servers * cores * 1e6 / top["n"]
+            t_q = 1e6 / top["l"] if top["l"] else float("inf")
+            first = "NATS" if t_nats < t_gw else "gateways"
+            out.append(f"| {gws} | {servers} | {t_gw:,.0f} | {t_nats:,.0f} | {t_q:,.0f} | {first} |")
+    out.append("gateways that saturate the NATS servers: " + ", ".join(
+        f"{servers} servers: {servers * cores * 1e6 / top['n'] / per_gw:.1f}" for servers in (3, 5))
+        + f" (one gateway's ceiling {per_gw:,.0f} msg/s)")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gateways", default="1,2,3", help="gateway counts to measure, comma-separated")
@@ -211,7 +265,14 @@ def main() -> None:
     ap.add_argument("--consumers", type=int, default=3)
     ap.add_argument("--idle", type=float, default=5.0, help="seconds of the idle measurement (0: none)")
     ap.add_argument("--json", type=Path, help="write every run's figures here")
+    ap.add_argument("--cores", type=int, default=2, help="cores a machine in the model of many gateways")
+    ap.add_argument("--model-from", type=Path, help="measure nothing: print the model from a --json file")
     args = ap.parse_args()
+    if args.model_from:
+        saved = json.loads(args.model_from.read_text())["runs"]
+        for scenario in sorted({r["scenario"] for r in saved}):
+            print(f"\nscenario {scenario}, the model\n{model(saved, scenario, args.cores)}")
+        return
     counts = [int(x) for x in args.gateways.split(",")]
     scenarios = [int(x) for x in args.scenarios.split(",")]
     runs: list[dict[str, Any]] = []
@@ -250,6 +311,7 @@ def main() -> None:
     for scenario in scenarios:
         print(f"\nscenario {scenario}: {TITLES[scenario]}; S = led the queue's stream, C = its consumer, per round")
         print(table(scenario, runs, gw_names, nats_names))
+        print(f"\nthe model\n{model(runs, scenario, args.cores)}")
     if args.json:
         args.json.write_text(json.dumps({"idle_ms_per_s": quiet, "load": load, "runs": runs}, indent=1))
 
