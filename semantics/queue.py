@@ -54,10 +54,18 @@ from enum import IntEnum
 from typing import NamedTuple
 
 from semantics import limits
-from semantics.errors import CMQError, LimitError
+from semantics.errors import CMQError
 from semantics.message_ids import MSG_ID_PREFIX, new_msg_id, process_prefix
 from semantics.queue_attrs import OVERFLOW_DROP_HEAD, QueueAttributes
 from semantics.queue_cold import ColdRun, Freezer, LiveRun
+from semantics.send_rules import (
+    MaxLengthRejected,
+    check_heap,
+    check_room,
+    check_size,
+    send_delay,
+    send_expiry,
+)
 
 __all__ = [
     "CmqQueue",
@@ -209,14 +217,6 @@ class RewindableRemoved(QueueEvent):
     reason: str
 
 
-class MaxLengthRejected(CMQError):
-    """x-max-length with overflow reject-publish: the message was refused, nothing changed.
-
-    Not a channel error in RabbitMQ: the gateway answers basic.nack to a confirming publisher
-    (and dead-letters it for reject-publish-dlx).
-    """
-
-
 # A priority queue (RabbitMQ's x-max-priority, which CMQ does not have): a message's position
 # holds its rank (the queue's maximum priority minus its own, capped there) above a 48-bit
 # arrival counter, so the Active order is by priority, then by arrival, and a message put back
@@ -304,6 +304,7 @@ class CmqQueue:
         self._ttl = a.message_ttl
         self._max_length = a.max_length
         self._drop_head = a.overflow == OVERFLOW_DROP_HEAD
+        self._overflow = a.overflow
         self._dlq = a.dead_letter_queue
         self._max_receive = a.max_receive_count
         self._dlq_ttl = None if a.max_time_to_live is None else float(a.max_time_to_live)
@@ -435,28 +436,18 @@ class CmqQueue:
     def send(self, payload: object, size: int, now: float, *, delay: float | None = None,
              msg_id: str | None = None, expires_at: float | None = None) -> QueueMessage:
         """CMQ SendMessage. Refusals raise and change nothing (L6, L8, Q4, max-length)."""
-        if size > self._max_size and self.refuse_size:
-            raise LimitError("L6", f"message of {size:,} bytes is larger than queue '{self.name}' "
-                             f"max_msg_size {self._max_size:,} bytes", value=size, limit=self._max_size)
+        # The rules every store applies (semantics.send_rules), on this model's own counts;
+        # the hot path tests the common case inline and calls a rule only when it may apply.
+        if size > self._max_size:
+            check_size(self.name, size, self._max_size, self.refuse_size)
         if self._next_due <= now:
             self._advance(now)
-        if len(self._messages) - self._n_rewindable >= self._heap_num:
-            raise LimitError("L8", f"queue '{self.name}' already retains {self._heap_num:,} messages "
-                             f"(max_msg_heap_num)", value=self._heap_num + 1, limit=self._heap_num)
-        if delay is None:
-            delay = self._default_delay
-        elif not 0 <= delay <= limits.DELAY_SECONDS_MAX:
-            raise LimitError("L8", f"delay_seconds={delay!r} is out of range 0-{limits.DELAY_SECONDS_MAX:,} s "
-                             "(Q4)", value=delay, limit=(0, limits.DELAY_SECONDS_MAX))
+        check_heap(self.name, len(self._messages) - self._n_rewindable, self._heap_num)
+        delay = self._default_delay if delay is None else send_delay(delay, self._default_delay)
         if self._ttl is not None:
-            # x-message-ttl counts from when the message is in the queue, after any delay.
-            ttl_end = now + delay + self._ttl
-            if expires_at is None or ttl_end < expires_at:
-                expires_at = ttl_end
-        if (not delay and self._max_length is not None and not self._drop_head
-                and self._n_active >= self._max_length):
-            raise MaxLengthRejected("M7", f"queue '{self.name}' is full (x-max-length {self._max_length}, "
-                                    "x-overflow reject-publish)", value=self._max_length)
+            expires_at = send_expiry(now, delay, self._ttl, expires_at)
+        if self._max_length is not None:
+            check_room(self.name, delay, self._n_active, self._max_length, self._overflow)
         if msg_id is None:
             msg_id = new_msg_id()
         elif msg_id in self._messages or (self._n_cold and self._cold_has(msg_id)):
