@@ -72,12 +72,47 @@ def prepare(fd: int) -> int:
     return 0
 
 
-def write_all(fd: int, data: bytes | bytearray, stats: Stats) -> None:
+def _gil_held_write() -> Callable[[int, bytes], int] | None:
+    """libc's write(2) called with the GIL held (ctypes.PyDLL): os.write releases the GIL, and
+    on a busy gateway another thread (the pump, the writer thread, the store's sync thread)
+    then takes it, so the event loop got it back only after that thread's switch interval
+    (5 ms): a hand-off's wall time was 20-30 times its CPU time (scripts/bench_audit.py
+    handoff). A write to a non-blocking pipe never sleeps, so holding the GIL costs nobody."""
+    try:
+        import ctypes
+        import errno
+
+        libc = ctypes.PyDLL(None, use_errno=True)
+        raw = libc.write
+    except (OSError, AttributeError, ImportError):
+        return None
+    raw.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    raw.restype = ctypes.c_ssize_t
+    get_errno = ctypes.get_errno
+
+    def write(fd: int, data: bytes) -> int:
+        n = int(raw(fd, data, len(data)))
+        if n >= 0:
+            return n
+        err = get_errno()
+        if err == errno.EAGAIN:
+            return 0
+        if err == errno.EINTR:
+            return 0
+        raise OSError(err, os.strerror(err))  # EPIPE: BrokenPipeError, as os.write raises
+    return write
+
+
+_write_holding_gil = _gil_held_write()
+
+
+def write_all(fd: int, data: bytes, stats: Stats, keep_gil: bool = False) -> None:
     """Write all of ``data`` to the non-blocking ``fd``, waiting for room only when the pipe
-    is full (counted in ``stats``). Raises BrokenPipeError when the reader is gone."""
+    is full (counted in ``stats``; the wait releases the GIL). ``keep_gil``: the first write
+    keeps the GIL (the event loop's hand-off). Raises BrokenPipeError when the reader is gone."""
     view = memoryview(data)
     try:
-        n = os.write(fd, view)
+        n = _write_holding_gil(fd, data) if keep_gil and _write_holding_gil else os.write(fd, view)
     except BlockingIOError:
         n = 0
     if n == len(view):

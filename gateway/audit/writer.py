@@ -339,7 +339,7 @@ class AuditLog:
             if self._child is None:
                 return
             try:
-                sent = self._send_pending()
+                sent = self._send_pending(keep_gil=True)
             except Exception:  # the process is gone: the thread's next cycle finds it and takes over
                 self._wake.set()
                 return
@@ -486,9 +486,11 @@ class AuditLog:
             unacked, self._unacked = self._unacked, []
             self._queue.extendleft(reversed(unacked))
 
-    def _send_pending(self, limit: int = 0) -> int:
+    def _send_pending(self, limit: int = 0, keep_gil: bool = False) -> int:
         """Hand every queued record (at most ``limit`` if given) and an audit_dropped record
-        for what was shed over; under ``_send_lock``. Returns the records sent."""
+        for what was shed over; under ``_send_lock``. Returns the records sent. ``keep_gil``:
+        the event loop's hand-off, which must not give the GIL away while the pipe has room
+        (gateway.audit.pipe.write_all)."""
         assert self._child is not None
         q = self._queue
         popleft = q.popleft
@@ -513,7 +515,8 @@ class AuditLog:
                     payload = marshal.dumps(items)
                 except ValueError:  # a value marshal does not take: as the JSON writer sees it
                     payload = marshal.dumps([(t, e, v, _plain(f)) for t, e, v, f in items])
-                pipe.write_all(self._fd, CHILD_HEADER.pack(b"B", len(payload)) + payload, self.handoff_stats)
+                pipe.write_all(self._fd, CHILD_HEADER.pack(b"B", len(payload)) + payload, self.handoff_stats,
+                               keep_gil)
             finally:
                 self._sending = False
             sent += len(items)
