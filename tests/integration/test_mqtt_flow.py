@@ -9,6 +9,7 @@ stream into that queue."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -114,3 +115,60 @@ def test_MQ4_W5_publisher_faster_than_its_subscriber_is_slowed_and_nothing_is_lo
     finally:
         pub.stop()
         sub.close()
+
+
+class _Peer:
+    """A raw client that floods QoS 1 PUBLISHes to ``to`` from one thread while another reads
+    its own subscription's deliveries and PUBACKs each, as a device that both sends and
+    receives does."""
+
+    def __init__(self, port: int, name: str, own: str, to: str, count: int) -> None:
+        self.c = RawClient(port, level=4)
+        self.c.connect(name, keep_alive=600)
+        self.c.send(P.Subscribe(1, [(own, 1)]))
+        assert isinstance(self.c.recv(), P.SubAck)
+        self.to, self.count = to, count
+        self.got = self.acked = 0
+        self.lock = threading.Lock()
+
+    def _send(self, data: bytes) -> None:
+        with self.lock:
+            self.c.send_raw(data)
+
+    def flood(self) -> None:
+        head = P.encode(P.Publish(self.to, b"y" * 32, 1, packet_id=1), 4)
+        cut = len(head) - 32 - 2  # the packet identifier's offset
+        for i in range(self.count):
+            pid = i + 1
+            self._send(head[:cut] + bytes((pid >> 8, pid & 0xFF)) + head[cut + 2:])
+
+    def read(self) -> None:
+        while self.got < self.count or self.acked < self.count:
+            p = self.c.recv(timeout=WAIT)
+            if p is None:
+                return
+            if type(p) is P.Publish:
+                self.got += 1
+                self._send(bytes((0x40, 2, p.packet_id >> 8, p.packet_id & 0xFF)))
+            elif type(p) is P.Ack:
+                self.acked += 1
+
+
+def test_MQ4_W5_two_clients_flooding_each_other_are_not_held_forever(gw: Any) -> None:
+    """Each publishes to the other's subscription faster than the other takes it in, and each
+    has deliveries in flight whose PUBACKs are behind its own PUBLISHes: a client with
+    deliveries in flight is not held by flow control, or neither would be read again."""
+    tag = uuid.uuid4().hex[:8]
+    a_topic, b_topic = f"peer/{tag}/a", f"peer/{tag}/b"
+    a = _Peer(gw.mqtt.port, f"peer-a-{tag}", a_topic, b_topic, COUNT)
+    b = _Peer(gw.mqtt.port, f"peer-b-{tag}", b_topic, a_topic, COUNT)
+    threads = [threading.Thread(target=f, daemon=True) for p in (a, b) for f in (p.flood, p.read)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT * 2)
+        assert (a.got, b.got, a.acked, b.acked) == (COUNT,) * 4
+    finally:
+        for p in (a, b):
+            p.c.sock.close()
