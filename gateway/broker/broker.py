@@ -21,11 +21,12 @@ from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
 from gateway.broker.limit_report import LimitEntry, LimitReport
-from gateway.broker.message import DiskMessage, Message
+from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.recovery import QueueRecords, recover_messages, return_big_buffers
 from gateway.broker.reply_to import ReplyRouter
 from gateway.broker.scheduler import Scheduler
+from gateway.broker.storage import EmbeddedMessages, MessageStorage
 from gateway.broker.vhost import VHost
 from semantics import queue as Q
 from semantics import topic as T
@@ -34,7 +35,6 @@ from semantics.errors import LimitError
 from semantics.limits import TOPIC_LIFECYCLE_SECONDS
 from semantics.names import Kind, cmq_name
 from semantics.profile import COMPATIBLE, DEFAULT_PROFILE, Profile, profile_named
-from semantics.queue_attrs import QueueAttributes
 from semantics.store import Store, StoreFailedError
 from semantics.store.backend import StoreBackend
 from semantics.store.store import COMPACT_MIN_BYTES
@@ -132,6 +132,8 @@ class Broker:
                                compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)),
                                lock=lock)
         self.store = store
+        # Queue messages: the one seam where the stores differ (gateway.broker.storage).
+        self.messages: MessageStorage = EmbeddedMessages(self)
         self.opened_lsn = int(getattr(store, "last_lsn", 0))  # the last durable write before this start (MQ8)
         self._log_recovery()
         self._upgrade_store()
@@ -208,9 +210,6 @@ class Broker:
         if vh is None:
             vh = self.vhosts[name] = self.vhost_class(self, name, self.profile_of(name))
         return vh
-
-    def new_cmq_queue(self, name: str, attrs: QueueAttributes, refuse_size: bool = True) -> Q.CmqQueue:
-        return Q.CmqQueue(name, attrs, refuse_size=refuse_size)
 
     # -- profiles (PF1-PF4) ------------------------------------------------------------------
 
@@ -627,6 +626,7 @@ class Broker:
             self.scheduler.reschedule(q)
 
     def _queue_events(self, vh: VHost, q: BrokerQueue, events: list[Q.QueueEvent]) -> None:
+        events = self.messages.timed(vh, q, events)
         emit = self.audit.emit
         for e in events:
             m = e.message
@@ -634,7 +634,7 @@ class Broker:
                 emit("visibility_expire", vh.name, queue=q.name, msg_id=m.msg_id, attempt=m.receive_count)
             elif isinstance(e, Q.DeadLettered):
                 # Q8: CMQ's dead-letter queue takes it (maxReceiveCount / maxTimeToLive).
-                self.unpersist_message(q, m)
+                self.messages.settle(q, m)
                 emit("dead_letter", vh.name, queue=q.name, msg_id=m.msg_id, reason=e.reason,
                      subscription=e.to_queue, size=m.size)
                 target = vh.queues.get(e.to_queue)
@@ -643,23 +643,17 @@ class Broker:
                     with contextlib.suppress(Exception):
                         vh.publish("", target.name, msg.properties, msg.body)
             elif isinstance(e, Q.Expired | Q.MaxLengthDropped):
-                self.unpersist_message(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
+                self.messages.settle(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
                 maxlen = isinstance(e, Q.MaxLengthDropped)
                 if not self._dead_letter_exchange(vh, q, m, "maxlen" if maxlen else "expired"):
                     emit("discard", vh.name, queue=q.name, msg_id=m.msg_id, size=m.size,
                          reason="max_length" if maxlen else "expired")
             elif isinstance(e, Q.RewindableRemoved):
-                self.unpersist_message(q, m, body_needed=False)
+                self.messages.settle(q, m, body_needed=False)
 
     def unpersist_message(self, q: BrokerQueue, m: Q.QueueMessage, body_needed: bool = True) -> None:
-        """The record of ``m`` goes. Its body, when it was left in that record, comes back
-        into memory first unless the caller says it is no longer needed (an ack): a message
-        dead-lettered, or kept for a rewind (Q6), is read again later."""
-        msg = m.payload
-        if q.durable and isinstance(msg, Message) and msg.persistent:
-            if type(msg) is DiskMessage and (body_needed or m.state is not Q.REMOVED):
-                msg.to_memory()
-            self.unpersist(P.message_key(q.vhost, q.name, m.msg_id), missing_ok=True)
+        """``m`` left ``q`` for good: MessageStorage.settle (kept for the CMQ API's callers)."""
+        self.messages.settle(q, m, body_needed)
 
     def _dead_letter_exchange(self, vh: VHost, q: BrokerQueue, m: Q.QueueMessage, reason: str) -> bool:
         """M13: x-dead-letter-exchange takes rejected, expired and dropped messages, with the
@@ -688,16 +682,16 @@ class Broker:
             waiters, q.waiters = q.waiters, None
             for ch in waiters.expire(math.inf):
                 self._get_answered(ch, q, None)  # type: ignore[arg-type]
-        if q.durable:
-            self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
-            prefix = P.queue_messages_prefix(vh.name, q.name)
-            for key in self.store.keys(prefix):
-                self.unpersist(key)
+        # Its record: a durable queue's; on a shared store any queue's (gateway.jetstream.vhost).
+        self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
+        self.messages.drop(vh, q)
 
     # -- delivery (M11-M13) ------------------------------------------------------------------
 
     def dispatch(self, q: BrokerQueue) -> None:
-        """Round-robin Active messages to consumers with credit (M11, W4)."""
+        """Round-robin Active messages to consumers with credit (M11, W4); the store brings
+        in more for the credit left (MessageStorage.want)."""
+        self.messages.want(q)
         if not q.consumers or q.deleted:
             return
         now = self.clock.now()
@@ -737,7 +731,7 @@ class Broker:
             if m.receive_count <= limit:
                 return receipt
             q.cmq.delete(receipt, now)
-            self.unpersist_message(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
+            self.messages.settle(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
             if not self._dead_letter_exchange(self.vhosts[q.vhost], q, m, "delivery_limit"):
                 self.audit.emit("discard", q.vhost, queue=q.name, msg_id=m.msg_id, size=m.size,
                                 reason="rejected")
@@ -843,7 +837,7 @@ class Broker:
     def settle_deleted(self, q: BrokerQueue, receipt: Q.Receipt) -> None:
         """A no-ack delivery: deleted at once."""
         if q.cmq.delete(receipt, self.clock.now()):
-            self.unpersist_message(q, receipt.message, body_needed=False)
+            self.messages.settle(q, receipt.message, body_needed=False)
 
     def drop_received(self, q: BrokerQueue, receipt: Q.Receipt, user: str | None = None) -> None:
         """A received message rejected without requeue outside a channel (the management
@@ -851,7 +845,7 @@ class Broker:
         m = q.cmq.drop(receipt, self.clock.now())
         if m is None:
             return
-        self.unpersist_message(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
+        self.messages.settle(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
         if not self._dead_letter_exchange(self.vhosts[q.vhost], q, m, "rejected"):
             self.audit.emit("discard", q.vhost, queue=q.name, msg_id=m.msg_id, size=m.size, reason="rejected",
                             user=user)
@@ -864,10 +858,7 @@ class Broker:
         now = self.clock.now()
         if q.cmq.delete(u.handle, now):
             m = u.handle.message
-            # Nothing on disk for a transient queue of the embedded store: no call on its every
-            # ack. A queue settled elsewhere (JetStream) must hear of every ack, durable or not.
-            if q.durable or q.settled_elsewhere:
-                self.unpersist_message(q, m, body_needed=False)
+            self.messages.settle(q, m, body_needed=False)  # durable or not (issue 28)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
             if session.protocol is None:
@@ -887,12 +878,12 @@ class Broker:
         now = self.clock.now()
         vh = self.vhosts[q.vhost]
         if requeue:
-            if q.cmq.release(u.handle, now):
+            if self.messages.release(q, u.handle, now):
                 session.emit("requeue", queue=q.name, msg_id=u.msg_id)
         else:
             m = q.cmq.drop(u.handle, now)
             if m is not None:
-                self.unpersist_message(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
+                self.messages.settle(q, m, body_needed=q.qargs.dead_letter_exchange is not None)
                 session.emit("nack", queue=q.name, msg_id=u.msg_id, reason="rejected")
                 if not self._dead_letter_exchange(vh, q, m, "rejected"):
                     session.emit("discard", queue=q.name, msg_id=u.msg_id, size=m.size, reason="rejected")
@@ -905,6 +896,8 @@ class Broker:
 
     def consumer_gone(self, q: BrokerQueue) -> None:
         self.vhosts[q.vhost].consumer_gone(q)
+        if not q.deleted:
+            self.messages.readers_left(q)
 
     # -- recovery ----------------------------------------------------------------------------
 

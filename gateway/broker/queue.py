@@ -33,11 +33,6 @@ def message_priority(msg: Any) -> int:
 class BrokerQueue:
     """One AMQP queue in one vhost."""
 
-    # Whether every settlement must reach the store, the queue durable or not (JetStream,
-    # whose consumer holds each delivery until it hears the ack); the embedded store keeps
-    # nothing of a transient queue, so its acks skip the store.
-    settled_elsewhere = False
-
     def __init__(self, vhost: str, name: str, *, durable: bool, exclusive_owner: Session | None,
                  auto_delete: bool, arguments: dict[str, Any], qargs: QueueArgs,
                  attrs: QueueAttributes, cmq: CmqQueue) -> None:

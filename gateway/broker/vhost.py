@@ -13,7 +13,6 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit.rows import (
-    ENQUEUE,
     PUBLISH_QUEUE,
     PUBLISH_QUEUE_VIA,
     PUBLISH_TOPIC,
@@ -47,8 +46,7 @@ from gateway.broker.exchange import (
     sub_label,
     sub_name,
 )
-from gateway.broker.folding import DiskPayloads, give_back_memory_soon
-from gateway.broker.message import DISK_BODY_MIN, Message
+from gateway.broker.message import Message
 from gateway.broker.policies import Policy, choose, queue_arguments
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import REPLY_PREFIX
@@ -66,6 +64,7 @@ from semantics.names import Kind, cmq_name
 from semantics.profile import DEFAULT_PROFILE, Profile
 from semantics.queue import MaxLengthRejected
 from semantics.queue_attrs import QueueAttributes
+from semantics.send_rules import message_expiry
 from semantics.topic import FilterType, Topic, TopicMessage
 
 if TYPE_CHECKING:
@@ -383,16 +382,14 @@ class VHost:
 
     def _make_queue(self, name: str, *, durable: bool, owner: Session | None, auto_delete: bool,
                     arguments: dict[str, Any], qargs: Any, attrs: QueueAttributes) -> BrokerQueue:
-        cmq = self.broker.new_cmq_queue(name, attrs, refuse_size=self.profile.enforced.message_size)
-        if durable:
-            # Issue 15: a long backlog of persistent messages is folded into compact records.
-            cmq.fold_with(DiskPayloads(self.broker.store, self.name, name))
-            cmq.on_drained = give_back_memory_soon
+        messages = self.broker.messages
+        cmq = messages.new_model(name, attrs, self.profile.enforced.message_size)
         q = self.queue_class(self.name, name, durable=durable, exclusive_owner=owner,
                              auto_delete=auto_delete, arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
         q.receive_metadata = self.profile.receive_metadata or qargs.receive_metadata  # M11, PF5
         q.last_used = self.broker.now()
         self.queues[name] = q
+        messages.made(self, q)
         self.broker.after_queue_change(self, q)
         return q
 
@@ -425,12 +422,9 @@ class VHost:
 
     def purge_queue(self, session: Session | None, name: str, user: str | None = None) -> int:
         q = self.queue(name, session)
-        ids = [m.msg_id for m in q.cmq.purge(self.broker.now())]
-        if q.durable:
-            for msg_id in ids:
-                self.broker.unpersist(P.message_key(self.name, q.name, msg_id), missing_ok=True)
-        self._emit("queue_purge", queue=name, user=user, size=len(ids))
-        return len(ids)
+        count = self.broker.messages.purge(self, q)
+        self._emit("queue_purge", queue=name, user=user, size=count)
+        return count
 
     # -- bindings (M8) -----------------------------------------------------------------------
 
@@ -706,29 +700,10 @@ class VHost:
             self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="rejected",
                        policy="store_failed")
             return
-        ttl = msg.ttl
-        expires_at = None if ttl is None else now + (delay or 0.0) + ttl
-        qmsg = q.send(msg, now, delay, expires_at)
+        lsn = self.broker.messages.enqueue(self, q, msg, now, delay, message_expiry(now, delay, msg.ttl), out.lsn,
+                                           via, subscription)
         out.routed = True
-        msg_id = qmsg.msg_id
-        self.broker.emit_row(ENQUEUE, self.name, (q.name, msg_id, len(msg.body), via, subscription))
-        if persist:
-            key = P.message_key(self.name, q.name, msg_id)
-            body = msg.body
-            lsn = self.broker.persist(key, P.encode_message(
-                self.name, q.name, msg_id, now, msg.exchange, msg.routing_key,
-                msg.properties.raw, body))
-            if lsn > out.lsn:
-                out.lsn = lsn
-            # Its body is left in the store once durable, if this record is its only holder.
-            if msg.key is None and len(body) >= DISK_BODY_MIN:
-                msg.key = key
-                self.broker.body_stored(lsn, qmsg)
-            else:
-                msg.key = ""
-        else:
-            msg.key = ""
-        self.broker.after_queue_change(self, q)
+        out.lsn = lsn
 
     # -- deletions caused by sessions --------------------------------------------------------
 

@@ -24,13 +24,13 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from gateway.jetstream.queues import ClusterQueue
 from semantics.jetstream.names import CONSUMER
 
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
+    from gateway.jetstream.queues import ClusterQueue
 
-__all__ = ["ReceiveDemand", "counts", "demand_for"]
+__all__ = ["ReceiveDemand", "counts", "demand_for", "queue_counts"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
@@ -83,11 +83,10 @@ class ReceiveDemand:
 
 
 def demand_for(broker: Any, q: Any, count: int, long_poll: bool) -> ReceiveDemand | None:
-    """The demand of a receive from ``q``; None when ``q`` is not a JetStream queue (the
-    embedded store holds every message in the local model)."""
-    if not isinstance(q, ClusterQueue):
-        return None
-    return ReceiveDemand(broker, q, count, long_poll)
+    """The demand of a receive from ``q`` (MessageStorage.demand): None on the embedded
+    store, which holds every message in the local model."""
+    demand: ReceiveDemand | None = broker.messages.demand(q, count, long_poll)
+    return demand
 
 
 def answer_receives(q: ClusterQueue, *, status: bool) -> None:
@@ -115,16 +114,20 @@ async def _acks_applied(broker: ClusterBroker, q: ClusterQueue) -> None:
             await broker.link.nc.request(reply, b"+ACK", timeout=ACK_WAIT)
 
 
-async def counts(broker: ClusterBroker, q: Any) -> tuple[int, int, int, int] | None:
+async def counts(broker: Any, q: Any) -> tuple[int, int, int, int] | None:
+    """MessageStorage.counts of ``q``, whichever store holds it."""
+    found: tuple[int, int, int, int] | None = await broker.messages.counts(q)
+    return found
+
+
+async def queue_counts(broker: ClusterBroker, q: ClusterQueue) -> tuple[int, int, int, int] | None:
     """(Active, Inactive, Delayed, rewindable) of a JetStream queue from its consumer and
-    stream, after this gateway's own publishes landed; None for an embedded queue, or when
+    stream, after this gateway's own publishes landed; None when
     JetStream does not answer. Delayed messages are those this gateway sent or pulled (a
     delayed message another gateway sent and nobody pulled yet counts as Active until a
     gateway pulls it). Rewindable (Q6): what a queue with rewind keeps after its deletion, i.e.
     the stream's messages neither undelivered nor leased (all of them, not only those of the
     last rewindSeconds: the stream keeps them for the retention)."""
-    if not isinstance(q, ClusterQueue):
-        return None
     js = broker.link.js
     try:
         await asyncio.wait_for(q.ready.wait(), COUNT_WAIT)

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from nats.errors import MaxPayloadError
 from nats.js.errors import APIError
@@ -29,6 +29,7 @@ from gateway.jetstream.api_receive import answer_receives
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.head import EXPIRES_AT, MSG_ID, stored_message
 from gateway.jetstream.link import Link, open_link
+from gateway.jetstream.messages import JetStreamMessages
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.mqtt_state import MQTTCluster
 from gateway.jetstream.presence import Presence
@@ -42,7 +43,7 @@ from gateway.jetstream.queues import (
     subscribe,
 )
 from gateway.jetstream.store import JetStreamStore
-from gateway.jetstream.sweeper import Sweeper, settle_once
+from gateway.jetstream.sweeper import Sweeper
 from gateway.jetstream.vhost import ClusterVHost
 from gateway.jetstream.wire import Handlers
 from semantics import queue as Q
@@ -123,6 +124,7 @@ class ClusterBroker(Broker):
         self.link = link
         self.gateway_id = gateway_id
         super().__init__(data_dir, **kwargs)
+        self.messages = JetStreamMessages(self)
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
         self.sweeper = Sweeper(self)
@@ -177,19 +179,6 @@ class ClusterBroker(Broker):
         await super().close()
         await self.link.close()
 
-    def forget_queue(self, vh: Any, q: Any) -> None:
-        remote = self.store.applying  # deleted by another gateway: it deletes the stream
-        super().forget_queue(vh, q)
-        if not q.durable:  # shared in the bucket too (gateway.jetstream.vhost)
-            self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
-        if isinstance(q, ClusterQueue):
-            q.leases.clear()
-            if not remote:
-                q.stale_remote = q.remote_ready
-                q.count_done = asyncio.get_running_loop().create_future()
-                gone = self.deleting[q.vhost, q.name] = asyncio.get_running_loop().create_future()
-                self._spawn(self._delete_stream(q, q.count_done, gone))
-
     # -- queue messages in JetStream (Q1-Q8, M10-M13, CL3) -----------------------------------
 
     def spawn(self, coro: Any) -> None:
@@ -197,7 +186,7 @@ class ClusterBroker(Broker):
         self._spawn(coro)
 
     def cluster_queues(self) -> list[ClusterQueue]:
-        return [q for vh in self.vhosts.values() for q in vh.queues.values() if isinstance(q, ClusterQueue)]
+        return [cast(ClusterQueue, q) for vh in self.vhosts.values() for q in vh.queues.values()]
 
     # -- CL4: exclusive, auto-delete and single active consumer across gateways --------------
 
@@ -243,11 +232,9 @@ class ClusterBroker(Broker):
                 self.retained_owner[key] = ""
             self.spawn(self._take_over(owner, keys))
         for vh in list(self.vhosts.values()):
-            if not isinstance(vh, ClusterVHost):
-                continue
-            for name, owner in list(vh.remote_exclusive.items()):
+            for name, owner in list(cast(ClusterVHost, vh).remote_exclusive.items()):
                 if not presence.alive(owner):
-                    del vh.remote_exclusive[name]
+                    del cast(ClusterVHost, vh).remote_exclusive[name]
                     if name in vh.queues:
                         vh.delete_queue(None, name, if_unused=False, if_empty=False, reason="owner_closed")
 
@@ -289,13 +276,9 @@ class ClusterBroker(Broker):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def new_cmq_queue(self, name: str, attrs: Any, refuse_size: bool = True) -> Any:
-        return LeasedCmqQueue(name, attrs, refuse_size=refuse_size)
-
     def queue_made(self, q: ClusterQueue) -> None:
         q.on_consumers = self.presence.consumers_changed
-        if isinstance(q.cmq, LeasedCmqQueue):
-            q.cmq.on_rewind = lambda to_time: self._start_rewind(q, to_time)
+        cast(LeasedCmqQueue, q.cmq).on_rewind = lambda to_time: self._start_rewind(q, to_time)
         # The declaring gateway creates the stream; those that learn of it wait for it first.
         task = asyncio.get_running_loop().create_task(self._ensure(q, create=not self.store.applying))
         self._tasks.add(task)
@@ -311,8 +294,8 @@ class ClusterBroker(Broker):
             await asyncio.sleep(COUNT_EVERY)
             now = self.clock.now()
             for vh in list(self.vhosts.values()):
-                for q in list(vh.queues.values()):
-                    if not isinstance(q, ClusterQueue) or not q.ready.is_set() or q.deleted:
+                for q in cast(list[ClusterQueue], list(vh.queues.values())):
+                    if not q.ready.is_set() or q.deleted:
                         continue
                     self._unstick(q, now)
                     if now - max(q.last_used, q.published_at) > COUNT_RECENT and not q.consumers:
@@ -358,6 +341,13 @@ class ClusterBroker(Broker):
         except Exception as e:  # noqa: BLE001 - already gone (deleted by another gateway too)
             log.info("stream %s not changed: %r", q.stream, e)
 
+    def drop_stream(self, q: ClusterQueue) -> None:
+        """The queue was deleted here: its stream goes, after JetStream's count for the -ok."""
+        q.stale_remote = q.remote_ready
+        q.count_done = asyncio.get_running_loop().create_future()
+        gone = self.deleting[q.vhost, q.name] = asyncio.get_running_loop().create_future()
+        self._spawn(self._delete_stream(q, q.count_done, gone))
+
     async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int], gone: asyncio.Future[None]) -> None:
         try:
             await self._counted(q, done, self.link.js.delete_stream)
@@ -366,9 +356,7 @@ class ClusterBroker(Broker):
                 del self.deleting[q.vhost, q.name]
             gone.set_result(None)
 
-    def purge_stream(self, q: Any) -> None:
-        if not isinstance(q, ClusterQueue):
-            return
+    def purge_stream(self, q: ClusterQueue) -> None:
         for msg_id in [m for m in q.leases if q.cmq.get(m) is None]:
             del q.leases[msg_id]  # purged here; the stream's purge removes it there
         q.stale_remote, q.remote_ready = q.remote_ready, 0
@@ -384,9 +372,6 @@ class ClusterBroker(Broker):
     def answer_count(self, ch: Any, q: Any, count: int, frame: Any) -> None:
         """The -ok waits (the channel's later frames held behind it) for JetStream's count of
         undelivered messages, which replaces this gateway's estimate in ``count``."""
-        if not isinstance(q, ClusterQueue):
-            super().answer_count(ch, q, count, frame)
-            return
         done, q.count_done = q.count_done, None
         local = max(0, count - (q.stale_remote if done is not None else q.remote_ready))
         ch.held = []
@@ -547,11 +532,10 @@ class ClusterBroker(Broker):
 
     # pulling: as much as this gateway's consumers and gets can take
 
-    def dispatch(self, q: Any) -> None:
-        super().dispatch(q)
-        if isinstance(q, ClusterQueue) and not q.want_soon:
-            # After the rest of this turn: the acks read with this one free credit too, and
-            # one pull asks for all of it.
+    def want_soon(self, q: ClusterQueue) -> None:
+        """After the rest of this turn: the acks read with this one free credit too, and
+        one pull asks for all of it."""
+        if not q.want_soon:
             q.want_soon = True
             self._loop.call_soon(self._want_soon, q)  # type: ignore[union-attr]
 
@@ -577,7 +561,7 @@ class ClusterBroker(Broker):
         """Ask JetStream for what this gateway can take and has not asked for yet: a pull
         request (batch, and for consumers a wait of PULL_WAIT at the server; for plain
         basic.gets no wait, so that "no messages" is JetStream's answer, not a timer's)."""
-        if (not isinstance(q, ClusterQueue) or q.inbox is None or q.deleted or self._closed or q.naks_pending
+        if (q.inbox is None or q.deleted or self._closed or q.naks_pending
                 or q.rewinding):
             return
         q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
@@ -785,59 +769,23 @@ class ClusterBroker(Broker):
         except Exception as e:  # noqa: BLE001 - lost: JetStream's ack_wait redelivers it
             log.info("acks to JetStream lost: %r", e)
 
-    # settlement: the local model decides, JetStream follows
+    # settlement: the local model decides, JetStream follows (gateway.jetstream.messages)
 
-    def unpersist_message(self, q: Any, m: Q.QueueMessage, body_needed: bool = True) -> None:
-        """Deleted here (ack, no-ack delivery, reject, expiry, dead-letter): acked there."""
-        if isinstance(q, ClusterQueue):
-            lease = q.leases.pop(m.msg_id, None)
-            if lease is not None:
-                self._reply(lease, b"+ACK")
-                q.last_ack = lease.reply  # a count confirms it first (gateway.jetstream.api_receive)
-                name = (lease.headers or {}).get(BODY_HEADER)
-                if name is not None:
-                    self._spawn(self.bodies.delete(name))
+    def ack_lease(self, lease: Any) -> None:
+        """A delivery settled here: acked to JetStream, its large body (if any) deleted."""
+        self._reply(lease, b"+ACK")
+        name = (lease.headers or {}).get(BODY_HEADER)
+        if name is not None:
+            self._spawn(self.bodies.delete(name))
 
-    def reject(self, session: Any, u: Any, requeue: bool) -> None:
-        """M13 requeue: Active again for every gateway (nak), not only here."""
-        q = u.queue
-        if not requeue or not isinstance(q, ClusterQueue):
-            super().reject(session, u, requeue)
-            return
-        if q.deleted:
-            return
-        limit = q.attrs.max_receive_count
-        if limit is not None and u.handle.message.receive_count >= limit:
-            super().reject(session, u, requeue)  # Q8: the local model dead-letters it now
-            return
-        m = q.cmq.drop(u.handle, self.clock.now())
-        if m is not None:
-            lease = q.leases.pop(m.msg_id, None)
-            if lease is not None:
-                self._nak(q, lease)
-            session.emit("requeue", queue=q.name, msg_id=u.msg_id)
-        self.after_queue_change(self.vhosts[q.vhost], q)
+    def nak(self, q: ClusterQueue, lease: Any) -> None:
+        self._nak(q, lease)
 
-    def _queue_events(self, vh: Any, q: Any, events: list[Q.QueueEvent]) -> None:
-        """Q1: a visibility timeout that ends here hands the message back to JetStream (nak),
-        so that any gateway receives it next, instead of keeping it Active here."""
-        if isinstance(q, ClusterQueue):
-            now = self.clock.now()
-            for e in events:
-                if isinstance(e, Q.VisibilityExpired):
-                    m = e.message
-                    lease = q.leases.pop(m.msg_id, None)
-                    if lease is not None and q.cmq.delete(Q.Receipt(m, m.handle), now):
-                        self._nak(q, lease)
-            events = settle_once(self, vh, q, events)  # TTLs end once (the sweeper's too)
-        super()._queue_events(vh, q, events)
-
-    def consumer_gone(self, q: Any) -> None:
-        super().consumer_gone(q)
-        if isinstance(q, ClusterQueue) and not q.deleted:
-            if not q.consumers and q.waiters is None and q.requested:
-                self._spawn(self._forget_requests(q))
-            self._return_surplus(q)
+    def readers_left(self, q: ClusterQueue) -> None:
+        """Nobody here takes from ``q`` any more: its pulls are withdrawn, its leases go back."""
+        if not q.consumers and q.waiters is None and q.requested:
+            self._spawn(self._forget_requests(q))
+        self._return_surplus(q)
 
     def api_demand_ended(self, q: ClusterQueue) -> None:
         """The last CMQ API receive of ``q`` answered: what was pulled for it and not
@@ -871,9 +819,8 @@ class ClusterBroker(Broker):
 
     def get(self, ch: Any, q: Any, no_ack: bool) -> None:
         """basic.get with nothing leased here: wait (as a long poll, Q5) for one pull."""
-        if isinstance(q, ClusterQueue):
-            self.presence.note_use(q, self.clock.now())  # x-expires: a use on any gateway counts
-        if not isinstance(q, ClusterQueue) or q.cmq.active or ch.draining:
+        self.presence.note_use(q, self.clock.now())  # x-expires: a use on any gateway counts
+        if q.cmq.active or ch.draining:
             super().get(ch, q, no_ack)
             return
         now = self.clock.now()
@@ -963,8 +910,7 @@ class ClusterBroker(Broker):
                                                arguments=r["arguments"], limits=vh.profile.enforced)
 
     def _apply_queue(self, names: tuple[str, ...], value: bytes | None) -> None:
-        vh = self.vhost(names[0])
-        assert isinstance(vh, ClusterVHost)
+        vh = cast(ClusterVHost, self.vhost(names[0]))
         if value is None:
             q = vh.queues.get(names[1])
             if q is not None:

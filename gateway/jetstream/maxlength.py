@@ -27,27 +27,17 @@ from typing import TYPE_CHECKING
 
 from gateway.jetstream.head import count, end, first_undelivered, removed
 from semantics import queue as Q
-from semantics.queue import MaxLengthRejected
 from semantics.queue_attrs import OVERFLOW_DROP_HEAD
 
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
     from gateway.jetstream.queues import ClusterQueue
 
-__all__ = ["check_room", "trim_after_publish"]
+__all__ = ["trim_after_publish"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
 LANDED_WAIT = 5.0
-
-
-def check_room(q: ClusterQueue) -> None:
-    """reject-publish(-dlx): refuse a message the queue has no room for, as CmqQueue.send does
-    on the embedded store (the caller nacks it, or dead-letters it for -dlx)."""
-    limit = q.attrs.max_length
-    if limit is not None and q.attrs.overflow != OVERFLOW_DROP_HEAD and q.remote_ready + q.cmq.active >= limit:
-        raise MaxLengthRejected("M7", f"queue '{q.name}' is full (x-max-length {limit}, x-overflow "
-                                f"{q.attrs.overflow})", value=limit)
 
 
 def trim_after_publish(broker: ClusterBroker, q: ClusterQueue) -> int:

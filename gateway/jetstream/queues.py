@@ -32,13 +32,12 @@ from gateway.broker.queue import BrokerQueue
 from gateway.jetstream.link import Link
 from gateway.jetstream.store import Chain
 from gateway.jetstream.wire import Handlers
-from semantics.errors import LimitError
 from semantics.jetstream.config import consumer_config, stream_config
 from semantics.jetstream.names import CONSUMER
 from semantics.queue import CmqQueue
 from semantics.queue_attrs import QueueAttributes
 
-__all__ = ["ClusterQueue", "LeasedCmqQueue", "check_heap", "delivery_counts", "ensure_stream", "rewind_consumer",
+__all__ = ["ClusterQueue", "LeasedCmqQueue", "delivery_counts", "ensure_stream", "rewind_consumer",
            "subscribe"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
@@ -73,8 +72,6 @@ class LeasedCmqQueue(CmqQueue):
 
 
 class ClusterQueue(BrokerQueue):
-    settled_elsewhere = True  # every ack goes to JetStream (Broker.ack)
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.stream = ""
@@ -141,21 +138,6 @@ class ClusterQueue(BrokerQueue):
     def message_count(self) -> int:
         """Ready messages: those leased here and Active, and those JetStream still holds."""
         return self.cmq.active + self.remote_ready
-
-
-def check_heap(q: ClusterQueue) -> None:
-    """L8 maxMsgHeapNum before the message is routed, as CmqQueue.send refuses it on the
-    embedded store: SendMessage is answered 4410 and a topic keeps the message for the
-    subscription whose queue is full (D2), instead of learning it from JetStream's nack
-    (max_msgs) after the fact. The count is this gateway's: JetStream's undelivered messages,
-    the leases held here and the delayed ones naked here; leases other gateways hold are not
-    in it, and for those JetStream's own max_msgs still refuses (the nack, M14)."""
-    heap = q.attrs.max_msg_heap_num
-    cmq = q.cmq
-    held = q.remote_ready + cmq.active + cmq.inactive + cmq.delayed + sum(naked for _, naked in q.delays.values())
-    if held >= heap:
-        raise LimitError("L8", f"queue '{q.name}' already retains {int(heap):,} messages (max_msg_heap_num)",
-                         value=int(heap) + 1, limit=int(heap))
 
 
 def delivery_counts(reply: str) -> tuple[int, int, int]:

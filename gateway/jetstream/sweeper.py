@@ -30,7 +30,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gateway.broker import persistence as P
-from gateway.broker.broker import Broker
 from gateway.jetstream.bodies import BODY_HEADER
 from gateway.jetstream.head import EXPIRES_AT, count, end, first_undelivered, removed
 from semantics import queue as Q
@@ -172,4 +171,4 @@ async def _end_pulled(broker: ClusterBroker, vh: Any, q: ClusterQueue, e: Q.Queu
         name = (lease.headers or {}).get(BODY_HEADER)
         if name is not None:
             broker.spawn(broker.bodies.delete(name))
-        Broker._queue_events(broker, vh, q, [e])
+        broker._queue_events(vh, q, [e])

@@ -11,17 +11,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from gateway.audit.rows import ENQUEUE
 from gateway.broker import persistence as P
 from gateway.broker.errors import resource_locked
-from gateway.broker.vhost import PublishOutcome, VHost
-from gateway.jetstream.maxlength import check_room, trim_after_publish
-from gateway.jetstream.queues import ClusterQueue, check_heap
-from semantics.errors import LimitError
+from gateway.broker.vhost import VHost
+from gateway.jetstream.queues import ClusterQueue
 
 if TYPE_CHECKING:
     from gateway.broker.exchange import Exchange
-    from gateway.broker.message import Message
     from gateway.broker.queue import BrokerQueue
     from gateway.broker.session import Session
 
@@ -32,6 +28,8 @@ EXPIRES_RECHECK = 1.0  # x-expires: while another gateway has consumers, asked a
 
 
 class ClusterVHost(VHost):
+    """Every queue of it is a ClusterQueue (queue_class), so none is tested for it."""
+
     queue_class = ClusterQueue
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -60,8 +58,7 @@ class ClusterVHost(VHost):
             if exclusive:
                 record["exclusive_owner"] = self.broker.gateway_id  # type: ignore[attr-defined]
             self.broker.persist(P.queue_key(self.name, q.name), P.encode_json(record))
-        if isinstance(q, ClusterQueue):
-            self.broker.presence.note_use(q, q.last_used)  # type: ignore[attr-defined]
+        self.broker.presence.note_use(q, q.last_used)  # type: ignore[attr-defined]
         return q
 
     def declare_remote(self, r: dict[str, Any]) -> None:
@@ -106,75 +103,23 @@ class ClusterVHost(VHost):
                 {"vhost": self.name, "source": source, "kind": dest[0], "dest": dest[1], "key": key,
                  "arguments": dict(arguments or {})}))
 
-    # -- messages: into the queue's stream, not the local model ------------------------------
-
-    def _make_queue(self, name: str, **kwargs: Any) -> BrokerQueue:
-        q = super()._make_queue(name, **kwargs)
-        self.broker.queue_made(q)  # type: ignore[attr-defined]
-        return q
-
-    def _enqueue(self, q: BrokerQueue, msg: Message, now: float, delay: float | None,
-                 out: PublishOutcome, via: str | None, subscription: str | None) -> None:
-        """M10/CL3: one JetStream publish to the queue's stream; the confirm waits for its
-        PubAck (the LSN). Limits JetStream keeps (L8 max_msgs) refuse there, as a nack."""
-        if msg.cycle and q.name in msg.cycle:
-            out.routed = True
-            self._emit("discard", queue=q.name, msg_id=msg.msg_id, size=len(msg.body), reason="expired",
-                       policy="dead_letter_cycle")
-            return
-        size = len(msg.body)
-        attrs = q.attrs
-        if size > attrs.max_msg_size and q.cmq.refuse_size:
-            raise LimitError("L6", f"message of {size:,} bytes is larger than queue '{q.name}' "
-                             f"max_msg_size {attrs.max_msg_size:,} bytes", value=size, limit=attrs.max_msg_size)
-        check_heap(q)  # type: ignore[arg-type]  # L8, as CmqQueue.send (helper D, issue 26)
-        if delay is None:
-            delay = attrs.delay_seconds or None
-        if not delay:
-            check_room(q)  # type: ignore[arg-type]
-        expires_at = None
-        ttl = msg.ttl if attrs.message_ttl is None else min(attrs.message_ttl, msg.ttl or attrs.message_ttl)
-        if ttl is not None:
-            expires_at = now + (delay or 0.0) + ttl
-            if attrs.message_ttl is None:
-                self.broker.sweeper.note_expiring(q)  # type: ignore[attr-defined]
-        out.routed = True
-        self.broker.emit_row(ENQUEUE, self.name, (q.name, msg.msg_id, size, via, subscription))
-        lsn = self.broker.publish_message(q, msg, now, delay, expires_at)  # type: ignore[attr-defined]
-        hold = trim_after_publish(self.broker, q)  # type: ignore[arg-type]
-        if hold:
-            self.broker.store.fanout_next[lsn] = hold  # type: ignore[attr-defined]  # a refusal still nacks
-            lsn = hold
-        if lsn > out.lsn:
-            if out.lsn:
-                # Routed to several queues: the confirm waits for the last write, and a refusal
-                # of an earlier one must still make it a nack (M14).
-                self.broker.store.fanout_next[out.lsn] = lsn  # type: ignore[attr-defined]
-            out.lsn = lsn
-
-    def purge_queue(self, session: Session | None, name: str, user: str | None = None) -> int:
-        q = self.queue(name, session)
-        count = super().purge_queue(session, name, user) + q.message_count - q.cmq.active
-        self.broker.purge_stream(q)  # type: ignore[attr-defined]
-        return count
-
     def consumer_gone(self, q: BrokerQueue) -> None:
         """CL4: an auto-delete queue goes when the last consumer of every gateway has gone;
         decided AUTO_DELETE_GRACE seconds later, once a consumer another gateway just added
         has reached this one through the presence bucket."""
-        if q.auto_delete and not q.consumers and not q.deleted and isinstance(q, ClusterQueue):
+        if q.auto_delete and not q.consumers and not q.deleted:
             self.broker.touch_queue(q)
             self.broker.spawn(self._auto_delete_later(q))  # type: ignore[attr-defined]
             return
         super().consumer_gone(q)
-        if isinstance(q, ClusterQueue) and not q.consumers and not q.deleted:
+        if not q.consumers and not q.deleted:
             self.broker.presence.note_use(q, q.last_used)  # type: ignore[attr-defined]
 
     def expire_queue(self, q: BrokerQueue) -> None:
         """CL4 x-expires: this gateway's timer ran out; the queue goes only if no gateway
         used it since (presence ``u.<token>``) and none has a consumer on it, so a queue
         unused on every gateway expires once and one used anywhere stays."""
-        if isinstance(q, ClusterQueue) and not q.deleted and not q.consumers and q.qargs.expires_ms is not None:
+        if not q.deleted and not q.consumers and q.qargs.expires_ms is not None:
             presence = self.broker.presence  # type: ignore[attr-defined]
             now = self.broker.now()
             ttl = q.qargs.expires_ms / 1000.0
@@ -195,11 +140,11 @@ class ClusterVHost(VHost):
             return
         super().expire_queue(q)
 
-    async def _expire_once(self, q: ClusterQueue, last: float) -> None:
+    async def _expire_once(self, q: BrokerQueue, last: float) -> None:
         if await self.broker.presence.claim_expiry(q, last):  # type: ignore[attr-defined]
             super().expire_queue(q)
 
-    async def _auto_delete_later(self, q: ClusterQueue) -> None:
+    async def _auto_delete_later(self, q: BrokerQueue) -> None:
         await asyncio.sleep(AUTO_DELETE_GRACE)
         if not q.consumers and not q.deleted and not self.broker.presence.others_consume(q):  # type: ignore[attr-defined]
             super().consumer_gone(q)

@@ -1,0 +1,205 @@
+"""Where a queue's messages are kept: the broker's one message-storage seam (issue 28, aim 4).
+
+``StoreBackend`` (semantics.store.backend) is the seam for records (declarations, accounts, the
+journal of the embedded store). :class:`MessageStorage` is the seam for queue messages: the
+broker and its vhosts run one code path for every store, and what differs (a message written
+to the local journal, or published to a JetStream stream and pulled back by whichever gateway
+has a reader for it) lives behind these operations. The embedded implementation is
+:class:`EmbeddedMessages` here; the JetStream one is ``gateway.jetstream.messages``.
+tests/contract/ runs one suite of tests against both.
+
+The CMQ rules a message meets on its way in (L6, L8, Q4, x-message-ttl, M7) are
+semantics.send_rules, called by each implementation on its own counts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gateway.audit.rows import ENQUEUE
+from gateway.broker import persistence as P
+from gateway.broker.folding import DiskPayloads, give_back_memory_soon
+from gateway.broker.message import DISK_BODY_MIN, DiskMessage, Message
+from semantics import queue as Q
+
+if TYPE_CHECKING:
+    from gateway.broker.broker import Broker
+    from gateway.broker.queue import BrokerQueue
+    from gateway.broker.vhost import VHost
+    from semantics.queue_attrs import QueueAttributes
+
+__all__ = ["EmbeddedMessages", "MessageStorage"]
+
+
+class MessageStorage(Protocol):
+    """The operations the broker needs of a queue's message store, and what each guarantees.
+
+    Calls come from the event loop's thread; none blocks. A queue's local CMQ model
+    (``q.cmq``) holds what this gateway may deliver now; the storage decides what else exists.
+    """
+
+    def enqueue(self, vh: VHost, q: BrokerQueue, msg: Message, now: float, delay: float | None,
+                expires_at: float | None, out_lsn: int, via: str | None, subscription: str | None) -> int:
+        """Take ``msg`` into ``q`` (M10), ``delay`` seconds from now (None: the queue's
+        default, Q4), expiring at ``expires_at`` at the latest (its own TTL; the queue's
+        x-message-ttl is applied here).
+
+        Refusals raise before anything changed and before any record: LimitError (L6 too
+        large, L8 full or delay out of range) or MaxLengthRejected (M7 reject-publish).
+        Accepted: the ``enqueue`` audit record is emitted before any reader can receive it.
+        Returns the LSN the publish's confirm waits for from now on, given it waited for
+        ``out_lsn`` for the queues it was routed to before (M14): never less than
+        ``out_lsn``, and once :attr:`Broker.durable_lsn` passes it the message is kept by
+        every store this one promises (a crash loses no confirmed message). A write the
+        store refuses later makes the confirm a basic.nack, never an ack (the PubAck rule).
+        """
+        ...
+
+    def settle(self, q: BrokerQueue, m: Q.QueueMessage, body_needed: bool = True) -> None:
+        """``m`` has left ``q`` for good (acked, delivered without ack, rejected, expired,
+        dead-lettered, dropped; M12/M13): no reader of ``q``, on this gateway or any other,
+        receives it again, whether ``q`` is durable or not. ``body_needed``: the caller
+        still reads the body (dead-lettering), so it must stay readable."""
+        ...
+
+    def release(self, q: BrokerQueue, receipt: Q.Receipt, now: float) -> bool:
+        """basic.reject/nack with requeue (M13): the received message is Active again for
+        every reader of ``q`` (Q8's maxReceiveCount still counts). False: the receipt is
+        stale (Q3), nothing changed."""
+        ...
+
+    def new_model(self, name: str, attrs: QueueAttributes, refuse_size: bool) -> Q.CmqQueue:
+        """The local CMQ model of a new queue (``refuse_size``: L6 refuses, PF2)."""
+        ...
+
+    def made(self, vh: VHost, q: BrokerQueue) -> None:
+        """``q`` was declared here, or learnt of from another gateway: its storage is made
+        (or found) before any message is stored; enqueue may be called at once after this."""
+        ...
+
+    def timed(self, vh: VHost, q: BrokerQueue, events: list[Q.QueueEvent]) -> list[Q.QueueEvent]:
+        """The local model's events (visibility timeouts, TTLs, maxTimeToLive, Q1/Q8) seen
+        by the store before the broker handles them: it may hand a message back to every
+        reader, or end it once across gateways itself. Returns the events the broker still
+        handles (audit, dead-lettering, settle)."""
+        ...
+
+    def drop(self, vh: VHost, q: BrokerQueue) -> None:
+        """``q`` was deleted: its messages go with it, wherever they are stored."""
+        ...
+
+    def readers_left(self, q: BrokerQueue) -> None:
+        """A consumer of ``q`` left: what was brought in for readers who are gone goes back
+        to the others (a store whose messages are all local does nothing)."""
+        ...
+
+    def want(self, q: BrokerQueue) -> None:
+        """The demand of ``q``'s readers here changed (a consumer's credit, a get): messages
+        this gateway can take are brought into ``q.cmq``, at once or soon. A store whose
+        messages are all local already does nothing."""
+        ...
+
+    def purge(self, vh: VHost, q: BrokerQueue) -> int:
+        """queue.purge (M7): every ready message of ``q`` goes, on every gateway; the
+        messages received and not yet settled stay. Returns how many went (those another
+        gateway's stream held included, as far as this gateway knows them)."""
+        ...
+
+    def demand(self, q: BrokerQueue, count: int, long_poll: bool) -> Any:
+        """A reader with neither channel nor consumer (a CMQ API ReceiveMessage, the
+        management API's get) wants ``count`` messages of ``q``: a context manager held
+        while it receives, whose ``await pulled(timeout)`` returns once the store answered
+        (messages brought into ``q.cmq``, or none there: True) or ``timeout`` passed (False).
+        None: every message is in ``q.cmq`` already, so the reader just looks again."""
+        ...
+
+    async def counts(self, q: BrokerQueue) -> tuple[int, int, int, int] | None:
+        """(Active, Inactive, Delayed, rewindable) of ``q`` as CMQ's GetQueueAttributes
+        reports them, on every gateway, after this gateway's own publishes to it; None when
+        the store cannot say now (the local model's numbers answer then)."""
+        ...
+
+
+class EmbeddedMessages:
+    """Messages in this process's CMQ model, persistent ones also in the local journal."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def enqueue(self, vh: VHost, q: BrokerQueue, msg: Message, now: float, delay: float | None,
+                expires_at: float | None, out_lsn: int, via: str | None, subscription: str | None) -> int:
+        broker = self.broker
+        qmsg = q.send(msg, now, delay, expires_at)
+        msg_id = qmsg.msg_id
+        broker.emit_row(ENQUEUE, vh.name, (q.name, msg_id, len(msg.body), via, subscription))
+        if q.durable and msg.persistent:
+            key = P.message_key(vh.name, q.name, msg_id)
+            body = msg.body
+            lsn = broker.persist(key, P.encode_message(vh.name, q.name, msg_id, now, msg.exchange,
+                                                       msg.routing_key, msg.properties.raw, body))
+            if lsn > out_lsn:
+                out_lsn = lsn
+            # Its body is left in the store once durable, if this record is its only holder.
+            if msg.key is None and len(body) >= DISK_BODY_MIN:
+                msg.key = key
+                broker.body_stored(lsn, qmsg)
+            else:
+                msg.key = ""
+        else:
+            msg.key = ""
+        broker.after_queue_change(vh, q)
+        return out_lsn
+
+    def settle(self, q: BrokerQueue, m: Q.QueueMessage, body_needed: bool = True) -> None:
+        # Nothing on disk for a transient queue or message: the common ack ends here.
+        if not q.durable:
+            return
+        msg = m.payload
+        if isinstance(msg, Message) and msg.persistent:
+            # A body left in the record comes back into memory first unless the caller no
+            # longer needs it (an ack): a message dead-lettered, or kept for a rewind (Q6),
+            # is read again later.
+            if type(msg) is DiskMessage and (body_needed or m.state is not Q.REMOVED):
+                msg.to_memory()
+            self.broker.unpersist(P.message_key(q.vhost, q.name, m.msg_id), missing_ok=True)
+
+    def release(self, q: BrokerQueue, receipt: Q.Receipt, now: float) -> bool:
+        return q.cmq.release(receipt, now)
+
+    def new_model(self, name: str, attrs: QueueAttributes, refuse_size: bool) -> Q.CmqQueue:
+        return Q.CmqQueue(name, attrs, refuse_size=refuse_size)
+
+    def made(self, vh: VHost, q: BrokerQueue) -> None:
+        if q.durable:
+            # Issue 15: a long backlog of persistent messages is folded into compact records.
+            q.cmq.fold_with(DiskPayloads(self.broker.store, vh.name, q.name))
+            q.cmq.on_drained = give_back_memory_soon
+
+    def timed(self, vh: VHost, q: BrokerQueue, events: list[Q.QueueEvent]) -> list[Q.QueueEvent]:
+        return events
+
+    def drop(self, vh: VHost, q: BrokerQueue) -> None:
+        if q.durable:
+            broker = self.broker
+            for key in broker.store.keys(P.queue_messages_prefix(vh.name, q.name)):
+                broker.unpersist(key)
+
+    def readers_left(self, q: BrokerQueue) -> None:
+        return None
+
+    def want(self, q: BrokerQueue) -> None:
+        return None
+
+    def demand(self, q: BrokerQueue, count: int, long_poll: bool) -> None:
+        return None
+
+    async def counts(self, q: BrokerQueue) -> tuple[int, int, int, int] | None:
+        cmq = q.cmq
+        return cmq.active, cmq.inactive, cmq.delayed, cmq.rewindable
+
+    def purge(self, vh: VHost, q: BrokerQueue) -> int:
+        ids = [m.msg_id for m in q.cmq.purge(self.broker.now())]
+        if q.durable:
+            for msg_id in ids:
+                self.broker.unpersist(P.message_key(vh.name, q.name, msg_id), missing_ok=True)
+        return len(ids)

@@ -1,0 +1,153 @@
+"""Queue messages in JetStream streams: the broker's MessageStorage on NATS (gateway.broker.storage).
+
+Each queue's messages are in its stream (docs/CLUSTER.md, "Queue messages"); the local CMQ
+model holds only what this gateway leased from the stream's shared consumer. The CMQ rules a
+message meets on the way in are semantics.send_rules, as on the embedded store, applied to the
+counts this gateway knows: JetStream's undelivered messages, its own leases and the delayed
+messages it naked for the rest of their delay.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gateway.audit.rows import ENQUEUE
+from gateway.jetstream.api_receive import ReceiveDemand, queue_counts
+from gateway.jetstream.maxlength import trim_after_publish
+from gateway.jetstream.queues import LeasedCmqQueue
+from gateway.jetstream.sweeper import settle_once
+from semantics import queue as Q
+from semantics.send_rules import check_heap, check_room, check_size, send_delay, send_expiry
+
+if TYPE_CHECKING:
+    from gateway.broker.message import Message
+    from gateway.broker.queue import BrokerQueue
+    from gateway.broker.vhost import VHost
+    from gateway.jetstream.broker import ClusterBroker
+    from gateway.jetstream.queues import ClusterQueue
+    from semantics.queue_attrs import QueueAttributes
+
+__all__ = ["JetStreamMessages"]
+
+
+def held(q: ClusterQueue) -> int:
+    """L8's count on JetStream: undelivered in the stream, leased here (Active, received,
+    delayed) and naked here for the rest of a delay. Leases other gateways hold are not in it;
+    for those the stream's own max_msgs refuses (a basic.nack, M14)."""
+    cmq = q.cmq
+    return (q.remote_ready + cmq.active + cmq.inactive + cmq.delayed
+            + sum(naked for _, naked in q.delays.values()))
+
+
+class JetStreamMessages:
+    """See the module docstring. Every queue of a ClusterBroker is a ClusterQueue."""
+
+    def __init__(self, broker: ClusterBroker) -> None:
+        self.broker = broker
+
+    def enqueue(self, vh: VHost, q: BrokerQueue, msg: Message, now: float, delay: float | None,
+                expires_at: float | None, out_lsn: int, via: str | None, subscription: str | None) -> int:
+        """M10/CL3: one JetStream publish to the queue's stream; the confirm waits for its
+        PubAck (the LSN). L8 is checked here before the message is routed, so SendMessage is
+        answered 4410 and a topic keeps the message for the subscription whose queue is full
+        (D2), rather than learning it from JetStream's nack after the fact."""
+        cq: ClusterQueue = q  # type: ignore[assignment]
+        broker = self.broker
+        attrs = cq.attrs
+        size = len(msg.body)
+        check_size(cq.name, size, attrs.max_msg_size, cq.cmq.refuse_size)
+        check_heap(cq.name, held(cq), int(attrs.max_msg_heap_num))
+        delay = send_delay(delay, float(attrs.delay_seconds))
+        # x-max-length on JetStream's count of ready messages (gateway.jetstream.maxlength).
+        check_room(cq.name, delay, cq.remote_ready + cq.cmq.active, attrs.max_length, attrs.overflow)
+        expires_at = send_expiry(now, delay, attrs.message_ttl, expires_at)
+        if expires_at is not None and attrs.message_ttl is None:
+            broker.sweeper.note_expiring(cq)  # a message's own TTL: the sweeper looks at this queue
+        broker.emit_row(ENQUEUE, vh.name, (cq.name, msg.msg_id, size, via, subscription))
+        lsn = broker.publish_message(cq, msg, now, delay or None, expires_at)
+        hold = trim_after_publish(broker, cq)
+        store = broker.store
+        if hold:
+            store.fanout_next[lsn] = hold  # a refusal still nacks
+            lsn = hold
+        if lsn <= out_lsn:
+            return out_lsn
+        if out_lsn:
+            # Routed to several queues: the confirm waits for the last write, and a refusal
+            # of an earlier one must still make it a nack (M14).
+            store.fanout_next[out_lsn] = lsn
+        return lsn
+
+    def settle(self, q: BrokerQueue, m: Q.QueueMessage, body_needed: bool = True) -> None:
+        """Deleted here (ack, no-ack delivery, reject, expiry, dead-letter): acked there,
+        the queue durable or not (a transient queue's acks must reach its stream too)."""
+        cq: ClusterQueue = q  # type: ignore[assignment]
+        lease = cq.leases.pop(m.msg_id, None)
+        if lease is not None:
+            broker = self.broker
+            broker.ack_lease(lease)
+            cq.last_ack = lease.reply  # a count confirms it first (gateway.jetstream.api_receive)
+
+    def release(self, q: BrokerQueue, receipt: Q.Receipt, now: float) -> bool:
+        """M13 requeue: Active again for every gateway (a nak), not only here. A message at
+        its maxReceiveCount is released into the local model, which dead-letters it (Q8)."""
+        cq: ClusterQueue = q  # type: ignore[assignment]
+        limit = cq.attrs.max_receive_count
+        if limit is not None and receipt.message.receive_count >= limit:
+            return cq.cmq.release(receipt, now)
+        m = cq.cmq.drop(receipt, now)
+        if m is None:
+            return False
+        lease = cq.leases.pop(m.msg_id, None)
+        if lease is not None:
+            self.broker.nak(cq, lease)
+        return True
+
+    def new_model(self, name: str, attrs: QueueAttributes, refuse_size: bool) -> Q.CmqQueue:
+        return LeasedCmqQueue(name, attrs, refuse_size=refuse_size)
+
+    def made(self, vh: VHost, q: BrokerQueue) -> None:
+        self.broker.queue_made(q)  # type: ignore[arg-type]
+
+    def want(self, q: BrokerQueue) -> None:
+        self.broker.want_soon(q)  # type: ignore[arg-type]
+
+    def readers_left(self, q: BrokerQueue) -> None:
+        self.broker.readers_left(q)  # type: ignore[arg-type]
+
+    def timed(self, vh: VHost, q: BrokerQueue, events: list[Q.QueueEvent]) -> list[Q.QueueEvent]:
+        """Q1: a visibility timeout that ends here hands the message back to JetStream (nak),
+        so that any gateway receives it next, instead of keeping it Active here; a TTL or
+        maxTimeToLive ends a leased message once across gateways (the sweeper's too)."""
+        cq: ClusterQueue = q  # type: ignore[assignment]
+        broker = self.broker
+        now = broker.clock.now()
+        for e in events:
+            if isinstance(e, Q.VisibilityExpired):
+                m = e.message
+                lease = cq.leases.pop(m.msg_id, None)
+                if lease is not None and cq.cmq.delete(Q.Receipt(m, m.handle), now):
+                    broker.nak(cq, lease)
+        return settle_once(broker, vh, cq, events)
+
+    def drop(self, vh: VHost, q: BrokerQueue) -> None:
+        """The queue was deleted: here, its stream goes too; by another gateway (a change
+        applied from the bucket), that gateway deletes it."""
+        cq: ClusterQueue = q  # type: ignore[assignment]
+        cq.leases.clear()
+        if not self.broker.store.applying:
+            self.broker.drop_stream(cq)
+
+    def demand(self, q: BrokerQueue, count: int, long_poll: bool) -> ReceiveDemand:
+        return ReceiveDemand(self.broker, q, count, long_poll)  # type: ignore[arg-type]
+
+    async def counts(self, q: BrokerQueue) -> tuple[int, int, int, int] | None:
+        return await queue_counts(self.broker, q)  # type: ignore[arg-type]
+
+    def purge(self, vh: VHost, q: BrokerQueue) -> int:
+        """What is leased here and ready goes at once; the stream's purge removes the rest
+        (counted: the -ok's count is JetStream's, gateway.jetstream.broker)."""
+        cq: ClusterQueue = q  # type: ignore[assignment]
+        count = len(cq.cmq.purge(self.broker.now())) + cq.remote_ready
+        self.broker.purge_stream(cq)
+        return count

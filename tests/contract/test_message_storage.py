@@ -1,0 +1,245 @@
+"""The message-storage contract (gateway.broker.storage.MessageStorage), one suite for every store.
+
+As ZODB's BasicStorage and Synchronization test mixins run against FileStorage, MappingStorage
+and RelStorage, :class:`MessageStorageContract` holds the tests and each subclass opens a broker
+on one store: the embedded store (in memory) and JetStream (a real nats-server of the session,
+tests/support/natsd.py). Every test drives the broker as its callers do (vhost.publish,
+broker.receive, the storage's settle/release/purge/demand/counts) and reads the results through
+the same seam, so a difference between the stores is a failure of one of the two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gateway.broker import Broker, BrokerConfig
+from gateway.protocol.properties import Properties
+from semantics import queue as Q
+from semantics.errors import LimitError
+from semantics.send_rules import MaxLengthRejected
+
+VISIBILITY = 1  # x-cmq-visibility-timeout of the tests that wait for a message to come back
+TAKE_WAIT = 10.0  # hang protection: a message that is there arrives long before this
+ABSENT_WAIT = 1.0  # how long a test looks for a message that must not be there
+
+
+def _persistent() -> Properties:
+    return Properties.build(delivery_mode=2)
+
+
+async def take(broker: Any, q: Any, count: int = 1, wait: float = TAKE_WAIT) -> list[Q.Receipt]:
+    """Receive up to ``count`` messages of ``q`` as a CMQ API ReceiveMessage does: through
+    the storage's demand, looking again until ``count`` came or ``wait`` seconds passed."""
+    got: list[Q.Receipt] = []
+    demand = broker.messages.demand(q, count, True)
+    deadline = time.monotonic() + wait
+    with demand if demand is not None else contextlib.nullcontext():
+        while len(got) < count:
+            while len(got) < count and (r := broker.receive(q, broker.now())) is not None:
+                got.append(r)
+            left = deadline - time.monotonic()
+            if len(got) >= count or left <= 0:
+                break
+            if demand is None:
+                await asyncio.sleep(0.02)
+            else:
+                await demand.pulled(min(left, 0.5))
+    return got
+
+
+async def eventually_counts(broker: Any, q: Any, want: tuple[int, int, int], wait: float = TAKE_WAIT) -> tuple:
+    """The (Active, Inactive, Delayed) counts of ``q`` once they read ``want``, or the last read."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = await broker.messages.counts(q)
+        if found is not None and tuple(found[:3]) == want or time.monotonic() > deadline:
+            return tuple(found[:3]) if found is not None else None
+        await asyncio.sleep(0.1)
+
+
+class MessageStorageContract:
+    """The tests; a subclass provides the ``broker`` fixture of its store."""
+
+    async def declare(self, broker: Any, durable: bool = True, **arguments: Any) -> Any:
+        vh = broker.vhost("/")
+        name = f"contract-{uuid.uuid4().hex[:8]}"
+        q = vh.declare_queue(None, name, passive=False, durable=durable, exclusive=False, auto_delete=False,
+                             arguments=arguments)
+        await self.ready(q)
+        return q
+
+    async def ready(self, q: Any) -> None:
+        """The queue can store messages (a JetStream stream is created asynchronously)."""
+
+    def publish(self, broker: Any, q: Any, body: bytes, **headers: Any) -> Any:
+        props = Properties.build(delivery_mode=2, headers=headers or None)
+        return broker.vhost("/").publish("", q.name, props, body)
+
+    async def test_M10_an_enqueued_message_is_received_with_its_body(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        out = self.publish(broker, q, b"hello")
+        assert out.routed and not out.rejected
+        (r,) = await take(broker, q)
+        assert r.message.payload.body == b"hello"
+        assert r.message.msg_id == out.msg_id
+
+    async def test_M14_the_confirm_LSN_becomes_durable(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        lsns = [self.publish(broker, q, b"m%d" % i).lsn for i in range(3)]
+        assert lsns == sorted(lsns)
+        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        assert broker.durable_lsn >= lsns[-1]
+        assert len(await take(broker, q, 3)) == 3
+
+    @pytest.mark.parametrize("durable", [True, False], ids=["durable", "transient"])
+    async def test_M12_a_settled_message_is_never_received_again(self, broker: Any, durable: bool) -> None:
+        # Issue 28: acks on non-durable queues never reached JetStream, which delivered them again.
+        q = await self.declare(broker, durable=durable, **{"x-cmq-visibility-timeout": VISIBILITY})
+        self.publish(broker, q, b"once")
+        (r,) = await take(broker, q)
+        assert q.cmq.delete(r, broker.now())
+        broker.messages.settle(q, r.message, body_needed=False)
+        await asyncio.sleep(VISIBILITY + 1.5)  # past the visibility timeout (JetStream's ack_wait)
+        assert await take(broker, q, wait=ABSENT_WAIT) == []
+
+    async def test_Q1_an_unsettled_message_comes_back_after_its_visibility_timeout(self, broker: Any) -> None:
+        # The guard of the test above: without the settle, the same wait does bring it back.
+        q = await self.declare(broker, **{"x-cmq-visibility-timeout": VISIBILITY})
+        self.publish(broker, q, b"again")
+        (r,) = await take(broker, q)
+        (again,) = await take(broker, q, wait=VISIBILITY + TAKE_WAIT)
+        assert again.message.msg_id == r.message.msg_id
+
+    async def test_M13_a_released_message_is_received_again_and_counted(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        self.publish(broker, q, b"back")
+        (r,) = await take(broker, q)
+        assert r.message.receive_count == 1
+        assert broker.messages.release(q, r, broker.now())
+        (again,) = await take(broker, q)
+        assert again.message.msg_id == r.message.msg_id
+        assert again.message.receive_count == 2  # Q8's dequeueCount counts both receives
+
+    async def test_Q3_a_stale_receipt_releases_nothing(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        self.publish(broker, q, b"x")
+        (r,) = await take(broker, q)
+        assert broker.messages.release(q, r, broker.now())
+        assert not broker.messages.release(q, r, broker.now())
+
+    async def test_M7_purge_removes_the_ready_messages(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        for i in range(3):
+            self.publish(broker, q, b"p%d" % i)
+        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        assert broker.vhost("/").purge_queue(None, q.name) == 3
+        assert await eventually_counts(broker, q, (0, 0, 0)) == (0, 0, 0)
+        assert await take(broker, q, wait=ABSENT_WAIT) == []
+
+    async def test_CA2_counts_follow_receives(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        for i in range(3):
+            self.publish(broker, q, b"c%d" % i)
+        assert await eventually_counts(broker, q, (3, 0, 0)) == (3, 0, 0)
+        assert len(await take(broker, q, 1)) == 1
+        assert await eventually_counts(broker, q, (2, 1, 0)) == (2, 1, 0)
+
+    # -- the CMQ rules of semantics.send_rules, on both stores --------------------------------
+
+    async def test_L6_a_message_above_max_msg_size_is_refused(self, broker: Any) -> None:
+        broker.set_vhost_profile("/", "cmq")  # the cmq profile refuses (PF2)
+        q = await self.declare(broker, **{"x-cmq-max-msg-size": 1024})
+        with pytest.raises(LimitError) as e:
+            self.publish(broker, q, b"x" * 1025)
+        assert e.value.rule == "L6"
+        broker.set_vhost_profile("/", None)  # compatible: taken, and reported (PF4)
+        assert self.publish(broker, q, b"x" * 1025).routed
+        assert len(await take(broker, q)) == 1
+        assert await take(broker, q, wait=ABSENT_WAIT) == []
+
+    async def test_L8_a_queue_at_max_msg_heap_num_takes_no_more(self, broker: Any) -> None:
+        q = await self.declare(broker, **{"x-cmq-max-msg-heap-num": 1000})
+        for i in range(1000):
+            self.publish(broker, q, b"h%d" % i)
+        with pytest.raises(LimitError) as e:
+            self.publish(broker, q, b"one too many")
+        assert e.value.rule == "L8"
+
+    async def test_M7_reject_publish_refuses_when_full(self, broker: Any) -> None:
+        q = await self.declare(broker, **{"x-max-length": 2, "x-overflow": "reject-publish"})
+        outs = [self.publish(broker, q, b"r%d" % i) for i in range(3)]
+        assert [o.rejected for o in outs] == [False, False, True]
+        assert await eventually_counts(broker, q, (2, 0, 0)) == (2, 0, 0)
+
+    async def test_M7_reject_publish_raises_from_the_storage(self, broker: Any) -> None:
+        # The storage itself refuses, before any record (the vhost turns it into a nack).
+        q = await self.declare(broker, **{"x-max-length": 1, "x-overflow": "reject-publish"})
+        self.publish(broker, q, b"first")
+        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        from gateway.broker.message import Message
+        msg = Message(b"second", _persistent(), "", q.name, broker.now(), (), "msg-contract-2", None)
+        with pytest.raises(MaxLengthRejected):
+            broker.messages.enqueue(broker.vhost("/"), q, msg, broker.now(), None, None, 0, None, None)
+
+    async def test_Q4_the_queue_default_delay_holds_a_message_back(self, broker: Any) -> None:
+        q = await self.declare(broker, **{"x-cmq-delay-seconds": 2})
+        self.publish(broker, q, b"later")
+        assert await eventually_counts(broker, q, (0, 0, 1)) == (0, 0, 1)
+        assert await take(broker, q, wait=ABSENT_WAIT) == []
+        (r,) = await take(broker, q, wait=2 + TAKE_WAIT)
+        assert r.message.payload.body == b"later"
+
+    async def test_M7_x_message_ttl_ends_an_unreceived_message(self, broker: Any) -> None:
+        q = await self.declare(broker, **{"x-message-ttl": 300})
+        self.publish(broker, q, b"short-lived")
+        await asyncio.sleep(1.0)
+        assert await take(broker, q, wait=ABSENT_WAIT) == []
+
+    async def test_M7_a_zero_expiration_ends_the_message_despite_a_longer_queue_ttl(self, broker: Any) -> None:
+        # The JetStream store's own copy of the TTL rule read expiration 0 as "none" (issue 28).
+        q = await self.declare(broker, **{"x-message-ttl": 60_000})
+        props = Properties.build(delivery_mode=2, expiration="0")
+        broker.vhost("/").publish("", q.name, props, b"now or never")
+        await asyncio.sleep(1.0)
+        assert await take(broker, q, wait=ABSENT_WAIT) == []
+
+    async def test_M7_a_message_expiration_shorter_than_the_queue_ttl_wins(self, broker: Any) -> None:
+        q = await self.declare(broker, **{"x-message-ttl": 60_000})
+        props = Properties.build(delivery_mode=2, expiration="200")
+        broker.vhost("/").publish("", q.name, props, b"short")
+        self.publish(broker, q, b"long")
+        await asyncio.sleep(1.0)
+        got = await take(broker, q, 2, wait=ABSENT_WAIT + 1)
+        assert [r.message.payload.body for r in got] == [b"long"]
+
+
+class TestEmbeddedStore(MessageStorageContract):
+    @pytest_asyncio.fixture(loop_scope="function")
+    async def broker(self) -> AsyncIterator[Broker]:
+        b = await Broker.open(None, config=BrokerConfig())
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+class TestJetStreamStore(MessageStorageContract):
+    @pytest_asyncio.fixture(loop_scope="function")
+    async def broker(self, nats_single: Any) -> AsyncIterator[Any]:
+        from gateway.jetstream.broker import ClusterBroker
+        b = await ClusterBroker.open_cluster(nats_single.store_url, config=BrokerConfig())
+        try:
+            yield b
+        finally:
+            await b.close()
+
+    async def ready(self, q: Any) -> None:
+        await asyncio.wait_for(q.ready.wait(), TAKE_WAIT)
