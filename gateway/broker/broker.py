@@ -568,9 +568,8 @@ class Broker:
             self.scheduler.reschedule(q)
 
     def write_backlog(self) -> int:
-        """Writes taken and not yet acknowledged by the store (transport flow control): none
-        here, the embedded store acknowledges in the same turn."""
-        return 0
+        """Transport flow control: the message store's backlog (MessageStorage.backlog)."""
+        return self.messages.backlog()
 
     def begin_batch(self) -> None:
         """The transport hands over the events of one read between begin_batch() and

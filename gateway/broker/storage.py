@@ -99,6 +99,13 @@ class MessageStorage(Protocol):
         messages are all local already does nothing."""
         ...
 
+    def backlog(self) -> int:
+        """Writes taken and not yet acknowledged by the store, and messages it holds for
+        readers here that have credit for them (weighted): the transport stops reading
+        publishers while this is high (gateway.transport's flow control). Cheap: called on
+        every read of a publishing connection."""
+        ...
+
     def purge(self, vh: VHost, q: BrokerQueue) -> int:
         """queue.purge (M7): every ready message of ``q`` goes, on every gateway; the
         messages received and not yet settled stay. Returns how many went (those another
@@ -189,6 +196,9 @@ class EmbeddedMessages:
 
     def want(self, q: BrokerQueue) -> None:
         return None
+
+    def backlog(self) -> int:
+        return 0  # the embedded store acknowledges a write in the turn that made it
 
     def demand(self, q: BrokerQueue, count: int, long_poll: bool) -> None:
         return None

@@ -69,11 +69,6 @@ PULL_MIN = 64  # while a pull is under way, the next one asks for at least this 
 UNLIMITED_CREDIT = 1000
 LEASED_MAX = 4096  # messages asked for or leased and not yet delivered, per queue, at most
 PULL_WAITING = b'"expires":%d' % int(PULL_WAIT * 1e9)
-# Publisher flow control on delivery lag (write_backlog): recounted at most this often; a
-# queue that got nothing from JetStream this long is not counted; the weight of one message.
-LAG_EVERY = 0.002
-LAG_STALE = 1.0
-LAG_WEIGHT = 3
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
 NAK_WAIT = 2.0
@@ -144,9 +139,7 @@ class ClusterBroker(Broker):
         self._replies: list[tuple[str, bytes]] = []
         self._durable_scheduled = False
         self._watched: list[dict[int, bool]] = []  # CMQ API sends awaiting their writes (watch_refusals)
-        self._taking: set[ClusterQueue] = set()  # queues that got deliveries lately (write_backlog)
-        self._lag = 0
-        self._lag_at = 0.0
+        self.taking: set[ClusterQueue] = set()  # queues that got deliveries lately (JetStreamMessages.backlog)
 
     # -- the store: JetStream acknowledges as it goes (no group commit thread) ---------------
 
@@ -448,28 +441,6 @@ class ClusterBroker(Broker):
         q.slow_writes -= 1
         self._published(q)
 
-    def write_backlog(self) -> int:
-        """The transport's publisher flow control (gateway.transport): JetStream's unanswered
-        writes, and the messages JetStream holds for consumers of this gateway that have credit
-        for them. Reading publishers while those wait would give the loop to input and leave
-        the deliveries behind (issue 28: 3,000 of 28,000 msg/s); paused, the loop delivers, as
-        RabbitMQ's credit flow blocks a publisher while its queue cannot keep up. Such a
-        message counts as LAG_WEIGHT writes: the pause starts below a second of deliveries."""
-        now = time.monotonic()
-        if now - self._lag_at >= LAG_EVERY:
-            self._lag_at = now
-            self._lag = self._delivery_lag(now)
-        return self.publisher.pending + self._lag * LAG_WEIGHT
-
-    def _delivery_lag(self, now: float) -> int:
-        lag = 0
-        for q in list(self._taking):
-            if q.deleted or now - q.took_at > LAG_STALE:
-                self._taking.discard(q)  # nothing came for a while (NATS away?): no pause for it
-            elif q.remote_ready > 0 and any(c.has_credit() for c in self._pullers(q)):
-                lag += q.remote_ready
-        return lag
-
     def _published(self, q: ClusterQueue) -> None:
         q.in_flight -= 1
         if q.in_flight == 1 and q.landed is not None and not q.landed.done():
@@ -544,12 +515,12 @@ class ClusterBroker(Broker):
         self._want(q)
 
     @staticmethod
-    def _pullers(q: ClusterQueue) -> Any:
+    def pullers(q: ClusterQueue) -> Any:
         return q.consumers if q.sac_active or not q.qargs.single_active_consumer else ()
 
     def _need(self, q: ClusterQueue) -> int:
         need = 0
-        for c in self._pullers(q):
+        for c in self.pullers(q):
             if c.has_credit():
                 need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
         if q.waiters is not None:
@@ -669,7 +640,7 @@ class ClusterBroker(Broker):
             return
         now = self.clock.now()
         q.took_at = time.monotonic()
-        self._taking.add(q)
+        self.taking.add(q)
         cmq = q.cmq
         for i, m in enumerate(msgs):
             delivered, consumer_seq, pending = delivery_counts(m.reply)

@@ -96,7 +96,7 @@ class ClusterQueue(BrokerQueue):
         self.want_soon = False  # a pull is to be considered at the end of this loop turn
         self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile
         self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
-        self.took_at = 0.0  # monotonic time of the last deliveries taken (ClusterBroker.write_backlog)
+        self.took_at = 0.0  # monotonic time of the last deliveries taken (JetStreamMessages.backlog)
         self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
         self.on_consumers: Callable[[ClusterQueue], None] | None = None  # presence.consumers_changed
         self.chain = Chain()  # its publishes, in order across retries (CL3)
