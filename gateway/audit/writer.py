@@ -24,8 +24,7 @@ emitted before the mark, and ``wait_synced(mark)`` (on the store's sync thread) 
 it has; the broker's confirms wait for both (gateway.broker.broker, ``durable_lsn``).
 Deliveries do not wait: ``handoff()`` (on the event loop, before a transport writes to a
 client) hands what is queued to the writer process at once, which outlives a kill -9 of the
-gateway and writes it (gateway.audit.child, gateway.audit.dirlock). A pump thread hands
-records over as they accumulate, so that little is left for the loop (gateway.audit.pipe).
+gateway and writes it (gateway.audit.child, gateway.audit.dirlock).
 
 Counting: the writer counts every record it is handed (``counts``, keyed by
 ``gateway.audit.counting.count_key``), the ones the ``events`` filter leaves out of the files
@@ -58,7 +57,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from gateway.audit import layout, pipe
+from gateway.audit import layout
 from gateway.audit.batch import format_run, second_runs
 from gateway.audit.counting import count_key
 from gateway.audit.dirlock import AuditDirLock
@@ -75,9 +74,14 @@ _time_of = operator.itemgetter(0)
 _TS_AT = len('{"v":2,"ts":"')  # where a line's ts starts (v first, then ts; one digit)
 # Records formatted between two releases of the GIL by the writer thread (~0.5 ms of work).
 _CHUNK = 200
-# Records per message to the writer process (the writer thread's and a hand-off's; the pump
-# sends pipe.PUMP_CHUNK at a time).
+# Records per message to the writer process. Large: each message costs this thread two
+# takes of the GIL from the busy event loop (up to a switch interval each), so few large
+# messages move more records per second than many small ones.
 _BATCH = 16384
+# Linux fcntl F_SETPIPE_SZ: a pipe that holds a whole batch, so a write rarely waits for the
+# child to read (the default 64 KiB held a tenth of one).
+_F_SETPIPE_SZ = 1031
+_PIPE_BYTES = 1024 * 1024  # /proc/sys/fs/pipe-max-size, the default limit without privileges
 # A message to the writer process (gateway.audit.child): kind, payload length.
 CHILD_HEADER = struct.Struct(">cI")
 
@@ -203,17 +207,10 @@ class AuditLog:
         # each takes records off the queue and writes them under this lock, so they reach
         # the child in the order they were emitted.
         self._send_lock = threading.Lock()
-        # Records popped from the queue and not yet in the pipe (under _send_lock): a hand-off
-        # that finds the queue empty must still wait for them.
-        self._sending = False
-        self.handoff_stats = pipe.Stats()
-        self._fd = -1  # the pipe's write end (non-blocking), in process mode
-        self._pump: pipe.Pump | None = None
         if process is None:
             process = clock is time.time and _thread
         if process:
             self._child = self._spawn()
-            self._pump = pipe.Pump(self._pump_send)
         else:
             self._recover()
         self._shares_gil = _thread  # formatting here holds the GIL the event loop needs
@@ -233,8 +230,6 @@ class AuditLog:
         max_pending = self.max_pending
         wake_at = self._wake_at
         wake = self._wake.set
-        pump_at = pipe.PUMP_AT if self._pump is not None else -1
-        pump = self._pump.wake if self._pump is not None else wake
 
         # The ``events`` filter is applied by the writer, which counts every record first.
         # emit_fields and emit_row differ in what they queue (an event name or a row id); each
@@ -246,8 +241,6 @@ class AuditLog:
             append((clock(), event, vhost, fields))
             if n == wake_at:
                 wake()
-            elif n == pump_at:
-                pump()
 
         # The broker's per-message records come through emit_row, its other dict records
         # through emit_fields; emit (tests, other callers) only packs its keywords.
@@ -261,8 +254,6 @@ class AuditLog:
             append((clock(), row.id, vhost, values))
             if n == wake_at:
                 wake()
-            elif n == pump_at:
-                pump()
 
         emit.__doc__ = AuditLog.emit.__doc__
         emit_fields.__doc__ = AuditLog.emit_fields.__doc__
@@ -330,38 +321,18 @@ class AuditLog:
         and holds the directory's lock until it exits, so a restart waits for it
         (gateway.audit.dirlock). Not fsynced: a machine's crash can still lose them, as it
         can any record no confirm waited for. Without a writer process (in-thread mode)
-        this does nothing. Waits only while the process is a full pipe behind (counted in
-        ``handoff_stats.waits``), or for the pump's chunk under way (gateway.audit.pipe)."""
-        if (not self._queue and not self._sending) or self._child is None:
+        this does nothing. Blocks only while the process is a full pipe behind."""
+        if not self._queue or self._child is None:
             return
-        start = time.perf_counter()
         with self._send_lock:
-            if self._child is None:
+            child = self._child
+            if child is None or child.stdin is None:
                 return
             try:
-                sent = self._send_pending(keep_gil=True)
+                self._send_pending()
+                child.stdin.flush()
             except Exception:  # the process is gone: the thread's next cycle finds it and takes over
                 self._wake.set()
-                return
-        stats = self.handoff_stats
-        stats.handoffs += 1
-        stats.records += sent
-        stats.seconds += time.perf_counter() - start
-
-    def _pump_send(self) -> None:
-        """The pump thread: hand the queue over a chunk at a time while it holds records, so
-        that a hand-off on the loop finds little left."""
-        q = self._queue
-        while len(q) >= pipe.PUMP_AT // 4 and not self._closed:
-            with self._send_lock:
-                if self._child is None:
-                    return
-                try:
-                    sent = self._send_pending(pipe.PUMP_CHUNK)
-                except Exception:  # as in handoff(): the writer thread takes over
-                    self._wake.set()
-                    return
-            self.handoff_stats.pumped += sent
 
     def wait_synced(self, mark: int, timeout: float | None = None) -> bool:
         """Wait until the records before ``sync_mark()`` are on disk (False: the writer is
@@ -374,8 +345,6 @@ class AuditLog:
         if self._closed:
             return
         self._closed = True
-        if self._pump is not None:  # before the writer thread's last request: nothing after it
-            self._pump.stop()
         self._stopping = True
         self._wake.set()
         try:
@@ -466,11 +435,9 @@ class AuditLog:
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
                                  pass_fds=keep,
                                  start_new_session=True)  # no SIGINT/SIGTERM of the terminal's group
-        assert child.stdin is not None
-        # Written with os.write only (never through child.stdin's buffer): non-blocking, so a
-        # full pipe is seen and counted rather than a hidden wait (gateway.audit.pipe).
-        self._fd = child.stdin.fileno()
-        self.handoff_stats.pipe_bytes = pipe.prepare(self._fd)
+        with contextlib.suppress(OSError, AttributeError, ValueError):  # not Linux, or over the limit
+            import fcntl
+            fcntl.fcntl(child.stdin.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
         return child
 
     def _child_failed(self) -> None:
@@ -486,50 +453,42 @@ class AuditLog:
             unacked, self._unacked = self._unacked, []
             self._queue.extendleft(reversed(unacked))
 
-    def _send_pending(self, limit: int = 0, keep_gil: bool = False) -> int:
-        """Hand every queued record (at most ``limit`` if given) and an audit_dropped record
-        for what was shed over; under ``_send_lock``. Returns the records sent. ``keep_gil``:
-        the event loop's hand-off, which must not give the GIL away while the pipe has room
-        (gateway.audit.pipe.write_all)."""
-        assert self._child is not None
+    def _send_pending(self) -> None:
+        """Hand every queued record (and an audit_dropped record for what was shed) over;
+        under ``_send_lock``."""
+        assert self._child is not None and self._child.stdin is not None
         q = self._queue
         popleft = q.popleft
-        remaining = min(len(q), limit) if limit else len(q)
+        remaining = len(q)
         shed = self.dropped - self._dropped_reported
-        sent = 0
         while remaining or shed > 0:
-            self._sending = True  # from the first pop to the end of the write
+            if remaining:
+                n = min(remaining, _BATCH)
+                remaining -= n
+                items: list[_Item] = [popleft() for _ in range(n)]
+            else:
+                # Stamped now, so after everything queued: time order (and the hour folder) holds.
+                self._dropped_reported += shed
+                log.warning("audit log overloaded: %d records dropped", shed)
+                items = [(self._clock(), "audit_dropped", "", {"dropped": shed})]
+                shed = 0
+            self._unacked.extend(items)
             try:
-                if remaining:
-                    n = min(remaining, _BATCH)
-                    remaining -= n
-                    items: list[_Item] = [popleft() for _ in range(n)]
-                else:
-                    # Stamped now, so after everything queued: time order (and the hour folder) holds.
-                    self._dropped_reported += shed
-                    log.warning("audit log overloaded: %d records dropped", shed)
-                    items = [(self._clock(), "audit_dropped", "", {"dropped": shed})]
-                    shed = 0
-                self._unacked.extend(items)
-                try:
-                    payload = marshal.dumps(items)
-                except ValueError:  # a value marshal does not take: as the JSON writer sees it
-                    payload = marshal.dumps([(t, e, v, _plain(f)) for t, e, v, f in items])
-                pipe.write_all(self._fd, CHILD_HEADER.pack(b"B", len(payload)) + payload, self.handoff_stats,
-                               keep_gil)
-            finally:
-                self._sending = False
-            sent += len(items)
-        return sent
+                payload = marshal.dumps(items)
+            except ValueError:  # a value marshal does not take: as the JSON writer sees it
+                payload = marshal.dumps([(t, e, v, _plain(f)) for t, e, v, f in items])
+            self._child.stdin.write(CHILD_HEADER.pack(b"B", len(payload)))
+            self._child.stdin.write(payload)
 
     def _request(self, kind: bytes) -> None:
         """Hand every queued record over, send ``F``, ``S`` or ``C`` and take the counters the
         child answers with."""
         child = self._child
-        assert child is not None and child.stdout is not None
+        assert child is not None and child.stdin is not None and child.stdout is not None
         with self._send_lock:
             self._send_pending()
-            pipe.write_all(self._fd, CHILD_HEADER.pack(kind, 0), self.handoff_stats)
+            child.stdin.write(CHILD_HEADER.pack(kind, 0))
+            child.stdin.flush()
             sent = len(self._unacked)
         # Read without the lock: handoff() may send more meanwhile, which this answer does not cover.
         line = child.stdout.readline()
