@@ -31,7 +31,7 @@ from gateway.mqtt.session import (
     SessionState,
     session_key,
 )
-from gateway.transport import CLOSE_TIMEOUT, EVENTS_PER_TURN, ClientProtocol
+from gateway.transport import CLOSE_TIMEOUT, EVENTS_PER_TURN, FLOW_CHECK_SECONDS, ClientProtocol
 
 if TYPE_CHECKING:
     from gateway.mqtt.server import MQTTService
@@ -42,7 +42,6 @@ log = logging.getLogger("cmq_gateway.mqtt")
 
 SESSION_TAKEN_OVER, SERVER_SHUTTING_DOWN, ADMINISTRATIVE_ACTION = 0x8E, 0x8B, 0x98
 NEVER_EXPIRES = 0xFFFFFFFF
-FLOW_CHECK_SECONDS = 0.002  # how often a publisher held by flow control looks at its queues again
 # CONNACK refusals: (MQTT 5 reason code, MQTT 3.1.1 return code)
 BAD_LOGIN, NOT_AUTHORIZED, BAD_CLIENT_ID = (0x86, 4), (0x87, 5), (0x85, 2)
 
