@@ -56,7 +56,7 @@ from typing import NamedTuple
 from semantics import limits
 from semantics.errors import CMQError
 from semantics.message_ids import MSG_ID_PREFIX, new_msg_id, process_prefix
-from semantics.queue_attrs import OVERFLOW_DROP_HEAD, QueueAttributes
+from semantics.queue_attrs import QueueAttributes
 from semantics.queue_cold import ColdRun, Freezer, LiveRun
 from semantics.send_rules import (
     MaxLengthRejected,
@@ -303,7 +303,6 @@ class CmqQueue:
         self._default_delay = float(a.delay_seconds)
         self._ttl = a.message_ttl
         self._max_length = a.max_length
-        self._drop_head = a.overflow == OVERFLOW_DROP_HEAD
         self._overflow = a.overflow
         self._dlq = a.dead_letter_queue
         self._max_receive = a.max_receive_count
