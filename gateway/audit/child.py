@@ -13,7 +13,8 @@ you are" (also runs the time rotation and the retention), ``S`` the same once th
 fsynced (A5: the store's group commit waits for it), ``C`` close the open file and exit.
 Each ``F``, ``S`` and ``C`` is answered on stdout with one JSON line of counters, with the record
 counts (``AuditLog.counts``) that changed since the last answer as ``[key, added]`` pairs.
-End of input without ``C`` (the gateway died) leaves the open file ``.open``, exactly as a
+On a full disk it waits for room rather than drop a record (``AuditLog._until_room``), until
+the gateway's ``close()`` sends ``STOP_SIGNAL``. End of input without ``C`` (the gateway died) leaves the open file ``.open``, exactly as a
 crash of the in-thread writer would; the next ``AuditLog`` closes it (A3). Before that end
 comes, this process writes everything its pipe holds: the records the gateway handed over
 before a delivery (A5, ``AuditLog.handoff``) survive a kill -9 of the gateway; an answer
@@ -26,11 +27,12 @@ import gc
 import json
 import marshal
 import os
+import signal
 import sys
 from typing import Any, BinaryIO
 
 from gateway.audit.writer import CHILD_HEADER as HEADER
-from gateway.audit.writer import AuditLog
+from gateway.audit.writer import STOP_SIGNAL, AuditLog
 
 __all__ = ["main"]
 
@@ -50,6 +52,9 @@ def main() -> None:
     params: dict[str, Any] = json.loads(sys.argv[1])
     # The gateway holds the directory's lock for this process (A7).
     log = AuditLog(params.pop("directory"), process=False, lock=False, _thread=False, **params)
+    # The gateway's close(): a write waiting for room on a full disk gives up (AuditLog._until_room).
+    signal.signal(STOP_SIGNAL, lambda *_: setattr(log, "space_final", True))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {STOP_SIGNAL})
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     reported: dict[Any, int] = {}  # log.counts as of the last answer
     while True:

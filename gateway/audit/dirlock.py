@@ -41,7 +41,15 @@ class AuditDirLocked(Exception):
     def __init__(self, directory: str, holder: str) -> None:
         self.directory = directory
         self.holder = holder
-        super().__init__(f"audit dir {directory} is in use by another writer ({holder or 'holder unknown'})")
+        if holder and _holder_gone(holder):
+            # Its writer process outlived it and has not finished in DEAD_HOLDER_WAIT: it
+            # waits for room on a full disk rather than drop records (gateway.audit.writer).
+            text = (f"audit dir {directory} is still held by the audit writer process of a gateway that"
+                    f" has exited ({holder}); it is writing what that gateway handed it, and waits for"
+                    " room if the disk is full")
+        else:
+            text = f"audit dir {directory} is in use by another writer ({holder or 'holder unknown'})"
+        super().__init__(text)
 
 
 class AuditDirLock:

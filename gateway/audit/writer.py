@@ -32,6 +32,14 @@ included, so /metrics counts exactly what the broker recorded without any work o
 loop. In process mode the child counts and answers each ``F`` with what changed; ``flush()``
 therefore makes ``counts`` exact up to the moment it was called.
 
+A full disk (A5): a write, fsync or file creation that fails for want of room (ENOSPC,
+EDQUOT) is retried, with a warning, until there is room: records are never dropped for a full
+disk, since a confirm or a delivery may already rest on them. The writer falls behind meanwhile
+(in process mode its pipe fills, and a hand-off waits for it). Only a graceful stop gives up:
+``close()`` makes the next failure final, the records it could not write are counted in
+``dropped`` and logged, as the store gives up its own failed write at a stop (nothing waiting
+on them was confirmed). A kill -9 of the gateway leaves the writer process waiting for room.
+
 Bounded memory: past ``max_pending`` queued records ``emit()`` drops the record, counts it in
 ``dropped`` (for metrics) and the writer then writes an ``audit_dropped`` record carrying the
 count, and logs a warning: records may be shed under overload, never silently.
@@ -44,11 +52,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import logging
 import marshal
 import operator
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -84,6 +94,10 @@ _F_SETPIPE_SZ = 1031
 _PIPE_BYTES = 1024 * 1024  # /proc/sys/fs/pipe-max-size, the default limit without privileges
 # A message to the writer process (gateway.audit.child): kind, payload length.
 CHILD_HEADER = struct.Struct(">cI")
+# close() tells the writer process with this signal that a full disk's write now fails for
+# good (it may be waiting for room, reading nothing, so a message on its pipe would not do).
+STOP_SIGNAL = signal.SIGUSR1
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class NullAudit:
@@ -189,6 +203,9 @@ class AuditLog:
         self._drop_lock = threading.Lock()
         self._dropped_reported = 0
 
+        # Set by close() (or the writer process's stop signal): a full disk's write fails for
+        # good instead of waiting for room.
+        self.space_final = False
         self._file: IO[bytes] | None = None
         self._file_key = ""  # closed path of the open file
         self._file_synced = False  # its folder fsynced since it was opened
@@ -346,6 +363,10 @@ class AuditLog:
             return
         self._closed = True
         self._stopping = True
+        self.space_final = True
+        if self._child is not None:
+            with contextlib.suppress(OSError):  # it gives up what a full disk will not take
+                self._child.send_signal(STOP_SIGNAL)
         self._wake.set()
         try:
             self._thread.join()
@@ -431,10 +452,17 @@ class AuditLog:
         # the gateway it still holds it while it writes what its pipe holds (A5, handoff), so
         # a restart never closes or compacts the file it is finishing.
         keep = (self._lock.fileno(),) if self._lock is not None else ()
-        child = subprocess.Popen([sys.executable, "-m", "gateway.audit.child", json.dumps(params)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-                                 pass_fds=keep,
-                                 start_new_session=True)  # no SIGINT/SIGTERM of the terminal's group
+        # The child starts with STOP_SIGNAL blocked (a thread's mask survives fork and exec) and
+        # unblocks it once its handler is in place: a stop signalled earlier waits for it
+        # rather than killing it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {STOP_SIGNAL})
+        try:
+            child = subprocess.Popen([sys.executable, "-m", "gateway.audit.child", json.dumps(params)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+                                     pass_fds=keep,
+                                     start_new_session=True)  # no SIGINT/SIGTERM of the terminal's group
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         with contextlib.suppress(OSError, AttributeError, ValueError):  # not Linux, or over the limit
             import fcntl
             fcntl.fcntl(child.stdin.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
@@ -683,13 +711,18 @@ class AuditLog:
         """Write ``data``, ``nlines`` whole lines, to the open file."""
         if not nlines or self._file is None:
             return
+        # Unbuffered: each write() is one system call, so after a partial write on a full disk
+        # the rest is retried from where it stopped and no line is torn or repeated.
+        view, done, size, write = memoryview(data), 0, len(data), self._file.write
         try:
-            self._file.write(data)
-            self._file.flush()  # whole lines visible to tailing readers
-        except OSError:
-            log.exception("audit write failed; %d records lost", nlines)
+            while done < size:
+                done += self._until_room(write, view[done:])
+        except OSError as e:
+            kept = data.count(b"\n", 0, done)  # the whole lines before the failure are in the file
+            log.error("audit write to %s failed (%s); %d records lost", self._file_key, e, nlines - kept)
             with self._drop_lock:
-                self.dropped += nlines
+                self.dropped += nlines - kept
+            self.written += kept
             self._close_file()
             return
         self._file_size += len(data)
@@ -703,15 +736,31 @@ class AuditLog:
         if f is None or not self._file_unsynced:
             return
         self._file_unsynced = False
-        f.flush()
-        os.fsync(f.fileno())
+        self._until_room(os.fsync, f.fileno())
         if not self._file_synced:
             self._file_synced = True
             _fsync_dir(os.path.dirname(self._file_key))
 
+    def _until_room(self, op: Callable[..., Any], *args: Any) -> Any:
+        """``op(*args)``, again and again while it fails for want of room on the disk, until
+        ``space_final`` (A5: records are not dropped for a full disk)."""
+        delay, warned = 0.01, 0.0
+        while True:
+            try:
+                return op(*args)
+            except OSError as e:
+                if e.errno not in _NO_ROOM or self.space_final:
+                    raise
+                if time.monotonic() - warned >= 60.0:
+                    warned = time.monotonic()
+                    log.warning("audit dir %s: the disk is full (%s); waiting for room, nothing is dropped",
+                                self.directory, e.strerror)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
     def _open_file(self, ts: str, folder: str) -> None:
         folder_path = os.path.join(self.directory, folder)
-        os.makedirs(folder_path, exist_ok=True)
+        self._until_room(os.makedirs, folder_path, 0o777, True)
         while True:
             name = layout.closed_name(ts, self._seq)
             self._seq += 1
@@ -719,7 +768,7 @@ class AuditLog:
             if not os.path.exists(closed) and not os.path.exists(layout.open_path(closed)):
                 break
         # "x": never append to (rewrite) a file that already exists.
-        self._file = open(layout.open_path(closed), "xb")  # noqa: SIM115 (lives across cycles)
+        self._file = self._until_room(open, layout.open_path(closed), "xb", 0)  # unbuffered: see _write
         self._file_key = closed
         self._file_synced = False
         self._file_folder = folder
@@ -732,8 +781,7 @@ class AuditLog:
             return
         self._file = None
         try:
-            f.flush()
-            os.fsync(f.fileno())
+            self._until_room(os.fsync, f.fileno())
         finally:
             f.close()
             os.rename(layout.open_path(self._file_key), self._file_key)
