@@ -162,6 +162,10 @@ class MQTTConnection(ClientProtocol):
             more = False
         finally:
             broker.end_batch()
+        # A5's hand-off by the turn that made the records, as on AMQP (gateway.transport): a
+        # QoS 0 flood writes nothing back, and its records would wait for the next connection
+        # with bytes to send, whose reply would then pay for them.
+        broker.audit_handoff()
         self._flush()
         if self._preauth and (self.core.connected or self.core.closed):
             HELD.partial -= self._preauth
