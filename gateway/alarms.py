@@ -6,7 +6,10 @@
   (``os.statvfs``, the space an unprivileged writer may use, as RabbitMQ's ``df``), or the
   store failed to write (a full disk, a read-only file system: the store retries, and the
   alarm clears when a write succeeds), or the store's files are above the optional
-  ``store_high_watermark`` quota.
+  ``store_high_watermark`` quota. The audit directory, when it is on a file system of its
+  own, is held to the same ``disk_free_limit``: its writer waits for room rather than drop a
+  record (A5), and the deliveries wait for its writer, so the publishers are stopped first,
+  as they are for the store.
 
 While either is in effect, publishers get ``connection.blocked`` and are no longer read
 from; consumers keep flowing. The health checks and metrics read ``Alarms``.
@@ -49,12 +52,12 @@ class Alarms:
         store = getattr(broker, "store", None)
         return HELD.total + self.outgoing + (store.live_bytes if store is not None else 0)
 
-    def check(self, limits: Any, broker: Any, data_dir: str | None) -> bool:
+    def check(self, limits: Any, broker: Any, data_dir: str | None, audit_dir: str | None = None) -> bool:
         """Re-decide both alarms; True when either changed."""
         self.held = held = self.held_bytes(broker)
         mark = limits.memory_high_watermark
         memory = held > (mark * limits.low_watermark_ratio if self.memory else mark)
-        why = self._disk_reason(limits, broker, data_dir)
+        why = self._disk_reason(limits, broker, data_dir) or self._audit_reason(limits, data_dir, audit_dir)
         changed = memory != self.memory or bool(why) != self.disk
         self.memory, self.disk, self.disk_why = memory, bool(why), why
         return changed
@@ -75,6 +78,23 @@ class Alarms:
         quota = limits.store_high_watermark
         if quota and (used := store_bytes(data_dir)) > quota:
             return f"store size {used} is above store_high_watermark {quota}"
+        return ""
+
+
+    @staticmethod
+    def _audit_reason(limits: Any, data_dir: str | None, audit_dir: str | None) -> str:
+        if audit_dir is None:
+            return ""
+        try:
+            st = os.statvfs(audit_dir)
+            if data_dir is not None and os.stat(audit_dir).st_dev == os.stat(data_dir).st_dev:
+                return ""  # the data dir's reading covers it
+        except OSError:
+            return ""
+        free = st.f_bavail * st.f_frsize
+        if free < limits.disk_free_limit:
+            return (f"free disk space {free} of the audit dir {audit_dir} is below disk_free_limit"
+                    f" {limits.disk_free_limit}")
         return ""
 
 

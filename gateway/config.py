@@ -20,7 +20,7 @@ vhosts / permissions keys use the shape of a RabbitMQ definitions export
     loopback_users: [guest]           # users that may connect from loopback only
     limits: {frame_max: 131072, channel_max: 2047, heartbeat: 60,
              memory_high_watermark: 1073741824,   # bytes the broker holds (gateway/memory.py)
-             disk_free_limit: 50000000,           # free bytes of the data dir's file system
+             disk_free_limit: 50000000,           # free bytes of the data dir's (and audit dir's) file system
              max_message_size: 134217728,         # a larger content header is refused (406)
              store_high_watermark: 0,             # optional quota on the store's files; 0: none
              max_connections: 0, fd_reserve: 256, # SE5, per listener (gateway/admission.py)

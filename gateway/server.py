@@ -541,7 +541,7 @@ class Gateway:
     def check_alarms(self) -> None:
         """Set or clear the W5 alarms; block or unblock the publishers when that changes."""
         alarms = self.alarms
-        if not alarms.check(self.config.limits, self.broker, self.config.data_dir):
+        if not alarms.check(self.config.limits, self.broker, self.config.data_dir, self.config.audit.dir):
             return
         blocked = bool(alarms.resources)
         if alarms.memory or alarms.disk:

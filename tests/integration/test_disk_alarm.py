@@ -22,6 +22,7 @@ import pika.exceptions
 
 from tests.integration.test_process import serve
 from tests.small_disk import FILLER, fill, free, small_disk
+from tests.support.audit_files import records
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 HANG = 30.0  # hang protection only
@@ -197,3 +198,32 @@ def test_W5_disk_alarm_follows_the_free_space_not_the_store_size(tmp_path: Path)
         assert _health(proc) == (200, {"status": "ok"})
         pub.close()
 
+
+
+def test_W5_A5_an_audit_dir_on_a_full_disk_of_its_own_blocks_publishers(tmp_path: Path, unique: str) -> None:
+    """The audit writer waits for room rather than drop a record (A5), and deliveries wait
+    for it: an audit dir on a file system of its own under disk_free_limit sets the disk
+    alarm as the data dir's would, so the publishers stop before the audit log does; every
+    record is there once room returns."""
+    queue = f"{unique}-q"
+    with small_disk(tmp_path / "disk") as disk:
+        with serve(tmp_path / "data", "--audit-dir", str(disk / "audit"),
+                   "--config", _config(tmp_path, disk_free_limit=2_000_000)) as (proc, port):
+            pub, ch, notes = _watched_publisher(port)
+            ch.queue_declare(queue, durable=True)
+            ch.basic_publish("", queue, b"before", properties=PERSISTENT)
+            assert _health(proc) == (200, {"status": "ok"})
+            (disk / FILLER).write_bytes(b"\0" * 7_000_000)
+            _until(lambda: notes == ["Connection.Blocked"], pub)
+            assert _health(proc) == (503, DISK_ALARM)
+            assert _drain(port, queue) == [b"before"]  # consumers go on
+            free(disk)
+            _until(lambda: notes == ["Connection.Blocked", "Connection.Unblocked"], pub)
+            ch.basic_publish("", queue, b"after", properties=PERSISTENT)
+            pub.close()
+            assert _drain(port, queue) == [b"after"]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=HANG) == 0
+        mine = [r["event"] for r in records(disk / "audit") if r.get("queue") == queue]
+        # basic_get with auto_ack: a deliver record says so, no ack record follows (spark/SCHEMA.md)
+        assert sorted(mine) == sorted(["queue_declare"] + ["publish", "enqueue", "deliver"] * 2), mine
