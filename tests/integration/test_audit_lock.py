@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 import pika
+import pytest
 
+from gateway.audit import dirlock
 from gateway.audit.dirlock import AuditDirLock
 from tests.integration.differential import blocking
 from tests.integration.test_process import serve
@@ -93,3 +95,29 @@ def test_A7_a_start_waits_for_the_writer_process_a_killed_gateway_left(tmp_path:
         assert time.monotonic() - started < 30
     finally:
         lock.release()
+
+
+def test_A7_a_writer_that_outlives_the_wait_is_named_as_the_dead_gateway_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A5 + A7: a killed gateway's writer process waits for room on a full disk rather than
+    drop records, so it may outlast a start's wait (DEAD_HOLDER_WAIT). The refusal then says
+    so, not that another writer uses the directory."""
+    audit = tmp_path / "audit"
+    script = textwrap.dedent(f"""
+        import os, subprocess, sys
+        from gateway.audit.dirlock import AuditDirLock
+        lock = AuditDirLock({str(audit)!r})
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                         pass_fds=(lock.fileno(),), start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(os.getpid(), flush=True)
+        os._exit(0)
+    """)
+    dead = subprocess.run([sys.executable, "-c", script], cwd=ROOT, check=True, timeout=60,
+                          capture_output=True, text=True).stdout.strip()
+    monkeypatch.setattr(dirlock, "DEAD_HOLDER_WAIT", 0.5)
+    with pytest.raises(dirlock.AuditDirLocked) as refused:
+        AuditDirLock(str(audit))
+    text = str(refused.value)
+    assert f"pid {dead} on host {socket.gethostname()}" in text
+    assert "still held by the audit writer process of a gateway that has exited" in text
+    subprocess.run(["pkill", "-f", "import time; time.sleep(60)"], check=False)
