@@ -19,7 +19,10 @@ instead of 1,000 (issue 28's aims). Every scenario also reports
 the window's deliveries (what the consumer owes, the producer's socket buffers included), and
 ``queued p50/max``: the queue's depth as the broker counts it, sampled every 0.25 s from a
 connection of its own, in seconds of the window's deliveries (how far the deliveries are
-behind what the broker took in).
+behind what the broker took in). For the gateways started here, ``gateway CPU`` and ``NATS
+CPU`` are µs of CPU per message received (utime + stime of the gateways and their children,
+and of the nats-server, over the run, as scripts/bench_scaling.py reads them): on a shared
+machine a steadier figure than the rates.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ from gateway.perf.runner import run  # noqa: E402
 from gateway.perf.scenarios import TITLES, scenario_config  # noqa: E402
 from tests.support.gateway_procs import GatewayProcess  # noqa: E402
 from tests.support.natsd import NatsCluster  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from bench_scaling import cpu_seconds  # noqa: E402
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672/%2F"
 
@@ -82,11 +88,20 @@ def main() -> None:
                     b1, b2 = procs[3:]
                     targets |= {"baseline JetStream, 1 gateway": b1.url,
                                 "baseline JetStream, 2 gateways": f"{b1.url},{b2.url}"}
+                nats_pids = [s.proc.pid for s in nats.servers if s.proc is not None]
+                gw = {p.name: p.proc.pid for p in procs if p.proc is not None}
+                pids = {"embedded": ([gw["embedded"]], []),
+                        "JetStream, 1 gateway": ([gw["js1"]], nats_pids),
+                        "JetStream, 2 gateways": ([gw["js1"], gw["js2"]], nats_pids)}
+                if args.baseline:
+                    base_pids = [s.proc.pid for s in base_nats.servers if s.proc is not None]
+                    pids |= {"baseline JetStream, 1 gateway": ([gw["base1"]], base_pids),
+                             "baseline JetStream, 2 gateways": ([gw["base1"], gw["base2"]], base_pids)}
                 if args.only:
                     keep = args.only.split(",")
                     targets = {k: v for k, v in targets.items() if any(w in k for w in keep)}
                 for n in scenarios:
-                    _scenario(n, targets, args)
+                    _scenario(n, targets, args, pids)
             finally:
                 for p in procs:
                     p.stop()
@@ -143,18 +158,22 @@ class _Depth(threading.Thread):
                 conn.close()
 
 
-def _run(scenario: str, uri: str, duration: float) -> tuple[dict[str, Any], list[int]]:
-    """One perf run, with the depth of its (first) queue sampled alongside."""
+def _run(scenario: str, uri: str, duration: float,
+         pids: tuple[list[int], list[int]]) -> tuple[dict[str, Any], list[int], list[float]]:
+    """One perf run, with the depth of its (first) queue sampled alongside, and the CPU
+    seconds its gateways and its nats-server used (each list of ``pids`` summed)."""
     run_id = secrets.token_hex(4)
     runner.secrets = SimpleNamespace(token_hex=lambda _n: run_id)  # type: ignore[assignment]
     depth = _Depth(uri, f"perf-{run_id}-q0", duration)
+    before = [sum(cpu_seconds(p) for p in group) for group in pids]
     depth.start()
     try:
         result = run(_config(scenario, uri, duration), None)
     finally:
         runner.secrets = secrets
     depth.join()
-    return result, depth.samples
+    used = [sum(cpu_seconds(p) for p in group) - b for group, b in zip(pids, before, strict=True)]
+    return result, depth.samples, used
 
 
 def _behind(result: dict[str, Any]) -> float | None:
@@ -166,7 +185,8 @@ def _behind(result: dict[str, Any]) -> float | None:
     return max(0, sent - received) / rate if rate else None
 
 
-def _scenario(scenario: str, targets: dict[str, str], args: argparse.Namespace) -> None:
+def _scenario(scenario: str, targets: dict[str, str], args: argparse.Namespace,
+              pids: dict[str, tuple[list[int], list[int]]]) -> None:
     n = {"1n": 1, "7k3": 7}.get(scenario) or int(scenario)
     got: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
     units: dict[str, str] = {}
@@ -174,7 +194,7 @@ def _scenario(scenario: str, targets: dict[str, str], args: argparse.Namespace) 
     for rep in range(args.repeat):
         for name, uri in targets.items():
             print(f"== scenario {scenario}, {name}, run {rep + 1}", file=sys.stderr, flush=True)
-            result, depths = _run(scenario, uri, args.duration)
+            result, depths, used = _run(scenario, uri, args.duration, pids.get(name, ([], [])))
             for e in result["errors"]:
                 print(f"   error: {e}", file=sys.stderr)
             rate = result["rates"]["received"]
@@ -183,6 +203,12 @@ def _scenario(scenario: str, targets: dict[str, str], args: argparse.Namespace) 
                 "behind": ("s", _behind(result)),
                 "queued p50": ("s of deliveries", statistics.median(held) if held else None),
                 "queued max": ("s of deliveries", max(held) if held else None)}
+            # All the window's and the drain's messages: what the run's CPU was spent on.
+            got_all = result["received"]
+            for metric, group, cpu in (("gateway CPU", pids.get(name, ([], []))[0], used[0]),
+                                       ("NATS CPU", pids.get(name, ([], []))[1], used[1])):
+                if group and got_all:
+                    metrics[metric] = ("µs/msg", cpu / got_all * 1e6)
             for metric, (unit, value) in metrics.items():
                 if value is not None:
                     units[metric] = unit
