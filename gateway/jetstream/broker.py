@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 from nats.errors import MaxPayloadError
@@ -501,6 +502,16 @@ class ClusterBroker(Broker):
             del links[first]
         super()._on_durable(durable)
 
+    def end_batch(self) -> None:
+        """The end of what one read of a client brought: its publishes, acks and naks go to
+        JetStream now, in this turn, not a loop turn later (issue 28: each turn a message
+        waits for is latency on a busy gateway)."""
+        super().end_batch()
+        if not self._batch_depth:
+            self.publisher.flush()
+            if self._replies:
+                self._send_replies()
+
     # pulling: as much as this gateway's consumers and gets can take
 
     def want_soon(self, q: ClusterQueue) -> None:
@@ -560,10 +571,20 @@ class ClusterBroker(Broker):
             q.pulls[reply] = [batch, not waiting]
             q.requested += batch
             requests.append((reply, b'{"batch":%d,%s}' % (batch, PULL_WAITING if waiting else b'"no_wait":true')))
-        self._spawn(self._send_pulls(q.next_subject, requests))
+        self._send(self.link.nc, [wire.pub(q.next_subject, reply, request) for reply, request in requests])
 
-    async def _send_pulls(self, subject: str, requests: list[tuple[str, bytes]]) -> None:
-        await wire.write(self.link.nc, [wire.pub(subject, reply, request) for reply, request in requests])
+    def _send(self, nc: Any, commands: list[Any]) -> None:
+        """Pull requests, acks, naks: on the socket in this turn (gateway.jetstream.wire.send),
+        else through nats-py in a task (NATS away: a lost ack or pull is made good by ack_wait
+        and _unstick)."""
+        if not wire.send(nc, commands):
+            self._spawn(self._write(nc, commands))
+
+    async def _write(self, nc: Any, commands: list[Any]) -> None:
+        try:
+            await wire.write(nc, commands)
+        except Exception as e:  # noqa: BLE001 - lost: JetStream's ack_wait redelivers, _unstick asks again
+            log.info("write to JetStream lost: %r", e)
 
     def pulled(self, q: ClusterQueue, m: Any) -> None:
         """One message on the queue's inbox: a delivery, or a status ending a pull request."""
@@ -581,7 +602,9 @@ class ClusterBroker(Broker):
                 q.pulls.clear()
             q.arrived.append(m)
             if len(q.arrived) == 1:
-                self._loop.call_soon(self._take_arrived, q)  # type: ignore[union-attr]
+                # Taken once the read that brought it is parsed, in the same turn: together
+                # with the rest of that read, not a loop turn later (issue 28, latency).
+                Handlers.of(self.link.nc).at_read_end(partial(self._take_arrived, q))
             return
         if status == "100":
             return  # a heartbeat
@@ -609,7 +632,7 @@ class ClusterBroker(Broker):
 
     def _take_arrived(self, q: ClusterQueue) -> None:
         msgs, q.arrived = q.arrived, []
-        if not q.deleted:
+        if msgs and not q.deleted:
             self._take(q, msgs)
 
     def _unstick(self, q: ClusterQueue, now: float) -> None:
@@ -732,13 +755,9 @@ class ClusterBroker(Broker):
 
     def _send_replies(self) -> None:
         replies, self._replies = self._replies, []
-        self._spawn(self._publish_replies(replies))
-
-    async def _publish_replies(self, replies: list[tuple[str, bytes]]) -> None:
-        try:
-            await wire.write(self.link.nc, [wire.pub(subject, "", payload) for subject, payload in replies])
-        except Exception as e:  # noqa: BLE001 - lost: JetStream's ack_wait redelivers it
-            log.info("acks to JetStream lost: %r", e)
+        if not replies:
+            return  # sent at the end of the batch that settled them (end_batch)
+        self._send(self.link.nc, [wire.pub(subject, "", payload) for subject, payload in replies])
 
     # settlement: the local model decides, JetStream follows (gateway.jetstream.messages)
 

@@ -101,7 +101,8 @@ class Publisher:
         self._outbox: deque[int] = deque()  # LSNs to send, in order
         self._sent: dict[int, None] = {}  # sent and not answered, in the order sent
         self._again: set[int] = set()  # answered "not known" or not sent: for the next sweep
-        self._sending = False
+        self._sending = False  # a send under way (a task awaiting nats-py while the socket is full)
+        self._scheduled = False  # a send in the loop's next turn
         self._sub: Any = None
         self._sweeper: asyncio.Task[None] | None = None
         self._told_unknown = False
@@ -140,38 +141,72 @@ class Publisher:
         self._kick()
 
     def _kick(self) -> None:
+        if not self._scheduled and self._outbox:
+            self._scheduled = True
+            self._loop.call_soon(self._send_soon)
+
+    def _send_soon(self) -> None:
+        self._scheduled = False
+        self.flush()
+
+    def flush(self) -> None:
+        """What is queued, sent now rather than in the loop's next turn."""
         if not self._sending and self._outbox:
             self._sending = True
-            self._loop.create_task(self._send())
+            self._send_now()
 
-    async def _send(self) -> None:
-        """Everything queued, in order, as long as the window allows (one task at a time),
-        written together (gateway.jetstream.wire)."""
+    def _send_now(self) -> None:
+        """Everything queued, in order, as long as the window allows, written to the socket
+        in this turn (gateway.jetstream.wire.send): the writes of a loop turn leave in the
+        next, not behind a task's turn and then the flusher's. While that cannot be done
+        (NATS away, the socket's buffer full) a task awaits the writes instead."""
+        try:
+            while self._outbox and len(self._sent) < MAX_IN_FLIGHT:
+                batch, commands = self._next_batch()
+                if commands and not wire.send(self.nc, commands):
+                    self._loop.create_task(self._send(batch, commands))
+                    return
+        except BaseException:
+            self._sending = False
+            raise
+        self._sending = False
+
+    def _next_batch(self) -> tuple[list[int], list[Any]]:
+        """Up to SEND_BATCH writes from the outbox, in order, counted as sent."""
         prefix = self.prefix
         outbox = self._outbox
         writes = self._writes
         sent = self._sent
+        again = self._again
+        now = time.monotonic()
+        batch: list[int] = []
+        commands = []
+        while outbox and len(sent) < MAX_IN_FLIGHT and len(batch) < SEND_BATCH:
+            lsn = outbox.popleft()
+            w = writes.get(lsn)
+            if w is None or lsn in sent or lsn in again:
+                continue  # settled meanwhile, or queued twice
+            w.sent_at = now
+            sent[lsn] = None
+            batch.append(lsn)
+            commands.append(wire.hpub(w.subject, f"{prefix}.{lsn}", w.headers, w.payload))
+        return batch, commands
+
+    async def _send(self, batch: list[int], commands: list[Any]) -> None:
+        """The batch the socket would not take now, then the rest, awaiting each write
+        (nats-py's own path: buffered while reconnecting, drained while the socket is full)."""
         try:
-            while outbox and len(sent) < MAX_IN_FLIGHT:
-                now = time.monotonic()
-                batch: list[int] = []
-                commands = []
-                while outbox and len(sent) < MAX_IN_FLIGHT and len(batch) < SEND_BATCH:
-                    lsn = outbox.popleft()
-                    w = writes.get(lsn)
-                    if w is None or lsn in sent or lsn in self._again:
-                        continue  # settled meanwhile, or queued twice
-                    w.sent_at = now
-                    sent[lsn] = None
-                    batch.append(lsn)
-                    commands.append(wire.hpub(w.subject, f"{prefix}.{lsn}", w.headers, w.payload))
+            while True:
                 try:
                     await wire.write(self.nc, commands)
                 except Exception as e:  # noqa: BLE001 - NATS away or closed: the sweep sends them again
                     log.info("publish to JetStream not sent: %r", e)
                     for lsn in batch:
-                        if lsn in sent:
+                        if lsn in self._sent:
                             self._unanswered(lsn)
+                if not self._outbox or len(self._sent) >= MAX_IN_FLIGHT:
+                    return
+                batch, commands = self._next_batch()
         finally:
             self._sending = False
 

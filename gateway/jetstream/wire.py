@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["Delivery", "Handlers", "hpub", "parse_headers", "pub", "write"]
+__all__ = ["Delivery", "Handlers", "hpub", "parse_headers", "pub", "send", "write"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
@@ -66,8 +66,18 @@ class Handlers:
 
     def __init__(self, nc: Any) -> None:
         self.by_sid: dict[int, Callable[[Delivery], None]] = {}
+        self._read_end: list[Callable[[], None]] = []
         by_sid = self.by_sid
         original = nc._process_msg
+        parse = nc._ps.parse
+
+        async def parse_read(data: bytes) -> None:
+            try:
+                await parse(data)
+            finally:
+                self.read_ended()
+
+        nc._ps.parse = parse_read
 
         async def process(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes) -> None:
             handler = by_sid.get(sid)
@@ -87,6 +97,21 @@ class Handlers:
         if handlers is None:
             handlers = nc._cmq_handlers = cls(nc)
         return handlers
+
+    def at_read_end(self, fn: Callable[[], None]) -> None:
+        """``fn`` called once the messages of the read being parsed are all handled, in the
+        same turn of the loop: what a read brought is taken together, without waiting for
+        the loop's next turn."""
+        self._read_end.append(fn)
+
+    def read_ended(self) -> None:
+        while self._read_end:
+            todo, self._read_end = self._read_end, []
+            for fn in todo:
+                try:
+                    fn()
+                except Exception:  # a bug in one must not end the connection's read loop
+                    log.exception("handling the end of a NATS read failed")
 
     def add(self, sub: Any, handler: Callable[[Delivery], None]) -> None:
         self.by_sid[sub._id] = handler
@@ -109,6 +134,33 @@ def hpub(subject: str, reply: str, headers: dict[str, str], payload: bytes) -> t
     return (b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject.encode(), reply.encode(), len(hdr), len(hdr) + len(payload),
                                                   hdr, payload),
             subject, reply, payload, headers)
+
+
+# Past this many bytes in the socket's own buffer, writes go through nats-py's flusher, which
+# waits for the buffer to drain (a slow server holds them there, not in the gateway's memory).
+DIRECT_MAX_BUFFERED = 1 << 20
+
+
+def send(nc: Any, commands: list[tuple[bytes, str, str, bytes, dict[str, str] | None]]) -> bool:
+    """The commands, in order, written to the socket now, in this turn of the loop, behind
+    anything nats-py holds for its flusher: no task, no flusher turn between a message and
+    its write (issue 28: each turn a message waits for is latency on a busy gateway). False,
+    having written nothing, when that cannot be done now (the connection not up, its flusher
+    gone, the socket's buffer full): the caller then awaits :func:`write` in a task."""
+    transport = nc._transport
+    if (not nc.is_connected or nc.is_connecting or transport is None or nc._flusher_task is None
+            or nc._flusher_task.done()):
+        return False
+    writer = getattr(transport, "_io_writer", None)
+    if writer is None or writer.transport.get_write_buffer_size() > DIRECT_MAX_BUFFERED:
+        return False
+    pending = nc._pending
+    if pending:  # nats-py's own commands queued before these go first
+        nc._pending = []
+        nc._pending_data_size = 0
+    pending.extend(c[0] for c in commands)
+    transport.writelines(pending)
+    return True
 
 
 async def write(nc: Any, commands: Iterable[tuple[bytes, str, str, bytes, dict[str, str] | None]]) -> None:
