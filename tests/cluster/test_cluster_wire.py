@@ -1,0 +1,79 @@
+"""gateway.jetstream.wire's read path over a real nats-server: messages of every size (cut
+across the connection's reads at any point), with and without headers and reply subjects,
+reach a wire handler whole and in order, next to a subscription nats-py itself serves on the
+same connection; and what one read brought is handed on before its read-end callback runs."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import nats
+
+from gateway.jetstream import wire
+from tests.support.natsd import NatsCluster
+
+
+def _run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def test_wire_handler_reads_every_message_whole_and_in_order(tmp_path: Path) -> None:
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+        url = cluster.store_url.replace("nats://", "nats://", 1)
+
+        async def main() -> None:
+            reader = await nats.connect(url)
+            writer = await nats.connect(url)
+            rnd = random.Random(28)
+            sent: list[tuple[str, str, bytes, dict[str, str] | None]] = []
+            got: list[tuple[str, str, bytes, dict[str, str] | None]] = []
+            plain: list[bytes] = []
+            ends = 0
+            done = asyncio.Event()
+            handlers = wire.Handlers.of(reader)
+
+            def on_read_end() -> None:
+                nonlocal ends
+                ends += 1
+
+            def handler(d: wire.Delivery) -> None:
+                got.append((d.subject, d.reply, d.data, d.headers))
+                handlers.at_read_end(on_read_end)
+                if len(got) == len(sent) and plain:
+                    done.set()
+
+            async def on_plain(m: object) -> None:
+                plain.append(m.data)  # type: ignore[attr-defined]
+                if len(got) == len(sent):
+                    done.set()
+
+            sub = await reader.subscribe("h1.wire.*", pending_msgs_limit=-1, pending_bytes_limit=-1)
+            handlers.add(sub, handler)
+            await reader.subscribe("h1.plain", cb=on_plain)
+            await reader.flush()
+            for i in range(600):
+                size = rnd.choice((0, 1, 16, 1000, 70_000, rnd.randrange(200_000)))
+                data = rnd.randbytes(size)
+                reply = rnd.choice(("", f"_INBOX.x.{i}"))
+                headers = rnd.choice((None, {"Nats-Msg-Id": f"msg-{i}", "X-N": str(i)}))
+                subject = f"h1.wire.{i}"
+                sent.append((subject, reply, data, headers))
+                await writer.publish(subject, data, reply=reply, headers=headers)
+                if i == 300:
+                    await writer.publish("h1.plain", b"nats-py's own")
+            await writer.flush()
+            try:
+                await asyncio.wait_for(done.wait(), 20)
+            except TimeoutError:
+                raise AssertionError(f"got {len(got)} of {len(sent)}, plain {plain}")
+            assert plain == [b"nats-py's own"]
+            assert [g[:3] for g in got] == [s[:3] for s in sent]
+            for (_, _, _, h), (_, _, _, want) in zip(got, sent, strict=True):
+                assert h == want
+            assert 0 < ends <= len(sent)
+            await writer.close()
+            await reader.close()
+
+        _run(main())
