@@ -388,6 +388,13 @@ class Decoder:
         return packet
 
 
+# A PUBLISH's topic bytes -> its name, once found valid (no U+0000, UTF-8): a publisher repeats a
+# few topics, so each is checked and decoded once, and every message of one topic carries the
+# same str, whose hash the session's per-topic caches then compute once, not per message.
+_TOPIC_OF: dict[bytes, str] = {}
+_TOPICS_KEPT = 4096
+
+
 def _publish_fast(first: int, buf: bytes, start: int, end: int) -> Publish | None:
     """A 3.1.1 PUBLISH read straight from the buffer; None: let the full decoder judge it."""
     qos = (first >> 1) & 3
@@ -398,12 +405,17 @@ def _publish_fast(first: int, buf: bytes, start: int, end: int) -> Publish | Non
     if j + (2 if qos else 0) > end:
         return None
     raw = buf[start + 2:j]
-    if b"\x00" in raw:
-        return None
-    try:
-        topic = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    topic = _TOPIC_OF.get(raw)
+    if topic is None:
+        if b"\x00" in raw:
+            return None
+        try:
+            topic = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if len(_TOPIC_OF) >= _TOPICS_KEPT:
+            _TOPIC_OF.clear()
+        _TOPIC_OF[raw] = topic
     pid = 0
     if qos:
         pid = (buf[j] << 8) | buf[j + 1]

@@ -137,11 +137,15 @@ def test_hot_path_decodes_as_the_full_decoder(first: int, body: bytes) -> None:
         except P.MalformedPacket:
             return "malformed"
 
+    expected = full()
     dec = P.Decoder()
     dec.level = 4
-    dec.feed(data)
-    try:
-        fast: object = dec.next_packet()
-    except P.MalformedPacket:
-        fast = "malformed"
-    assert fast == full()
+    for _ in range(2):  # the second time a valid topic comes from the decoder's cache of topics
+        dec.feed(data)
+        try:
+            fast: object = dec.next_packet()
+        except P.MalformedPacket:
+            fast = "malformed"
+            dec = P.Decoder()
+            dec.level = 4
+        assert fast == expected
