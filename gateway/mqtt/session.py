@@ -219,6 +219,33 @@ def _delivery_headers(raw: bytes) -> tuple[str, int | None] | None:
     return msg_id, _I64.unpack_from(raw, j + 20)[0]
 
 
+# A delivery's property bytes as published (the session's own queue is consumed without M11
+# metadata) -> the publish QoS in them (None: none; _UNREADABLE: decode the table instead).
+# Every message of one MQTT publisher carries the same bytes object (MQTTSession._props), so
+# this is one dict lookup of a cached hash a delivery.
+_QOS_OF_PROPS: dict[bytes, object] = {}
+_UNREADABLE = object()
+
+
+def publish_qos(raw: bytes) -> object:
+    """The x-mqtt-publish-qos header of property bytes, read as _delivery_headers reads it:
+    an int, None when there is none, or _UNREADABLE (not a long: decode the table)."""
+    qos = _QOS_OF_PROPS.get(raw, _UNREADABLE)
+    if qos is not _UNREADABLE:
+        return qos
+    j = raw.find(_QOS_KEY)
+    if j < 0:
+        qos = None
+    elif len(raw) < j + 28 or raw[j + 19] != 0x6C:  # 'l': as Properties.build writes an int
+        return _UNREADABLE
+    else:
+        qos = _I64.unpack_from(raw, j + 20)[0]
+    if len(_QOS_OF_PROPS) >= 1024:
+        _QOS_OF_PROPS.clear()
+    _QOS_OF_PROPS[raw] = qos
+    return qos
+
+
 # (topic, flags byte, payload length) -> the PUBLISH up to its packet identifier: deliveries
 # repeat a few topics and sizes, and building this part was most of the cost of a packet.
 _PUBLISH_HEADS: dict[tuple[str, int, int, int], bytes] = {}
@@ -437,7 +464,9 @@ class Bridge:
         if not exchange:  # by the default exchange: a long topic's (MQ8)
             routing_key = self.s.long_topic_key(properties, routing_key)
         if channel == CONSUME:
-            self.s.deliver(delivery_tag, redelivered, routing_key, properties, body)
+            # Handled once the dispatch is over (MQTTSession._dispatched): the delivery's
+            # CMQ message ID is then in the channel's unacked record.
+            self.s.pending.append((delivery_tag, redelivered, routing_key, properties, body))
         else:
             self.s.deliver_shared(channel, delivery_tag, redelivered, routing_key, properties, body)
 
@@ -466,7 +495,10 @@ class MQTTSession:
         self.state = state
         self.broker = service.gw.broker
         self.bridge = Bridge(self)
-        self.bs = Session(self.broker, self.bridge, state.vhost, user, peer, conn.request_flush)
+        # Deliveries from the session's own queue, (tag, redelivered, routing key, property
+        # bytes, body), handled at the end of the broker's dispatch (_dispatched).
+        self.pending: list[tuple[int, bool, str, bytes, bytes]] = []
+        self.bs = Session(self.broker, self.bridge, state.vhost, user, peer, self._dispatched)
         self.bs.protocol = "mqtt"  # MQ7: on its publish, deliver and ack records
         self._internal_name(state.queue, legacy_queue_name(state.client_id))
         self.user, self.peer = user, peer
@@ -587,10 +619,11 @@ class MQTTSession:
                 return None
             self._call(CONSUME, C.Basic.Cancel(consumer_tag="mqtt"))  # unacked deliveries stay so
             self.consuming = False
-        # The CMQ message ID on every delivery (M11, asked for as PF5 allows) is how a redelivery
-        # keeps its packet identifier (MQ6); x-cmq-* headers never reach the MQTT client.
-        err = self._call(CONSUME, C.Basic.Consume(queue=self.state.queue, consumer_tag="mqtt", no_ack=no_ack,
-                                                  arguments={"x-cmq-receive-metadata": True}))
+        # The CMQ message ID of a delivery is how a redelivery keeps its packet identifier
+        # (MQ6): read from the channel's unacked record once the dispatch is over
+        # (_dispatched), not asked for as M11 headers, whose writing into every delivery's
+        # properties and reading back were a twelfth of the event loop's time a message.
+        err = self._call(CONSUME, C.Basic.Consume(queue=self.state.queue, consumer_tag="mqtt", no_ack=no_ack))
         if err is None:
             self.consuming, self.no_ack = True, no_ack
         return err
@@ -1212,25 +1245,52 @@ class MQTTSession:
             retain = retain or bool(opts & RETAIN_AS_PUBLISHED and headers.get(RETAIN_HEADER))
         return sub_qos, retain
 
+    def _dispatched(self) -> None:
+        """The broker Session's request_flush: called after every dispatch that delivered to
+        this session (and whenever else it wrote). The deliveries from the session's own
+        queue are handled here, after the channel has recorded them, so that their CMQ
+        message IDs come from its unacked records, in the order they were delivered."""
+        if self.pending:
+            pending, self.pending = self.pending, []
+            ch = self.bs.channels.get(CONSUME)
+            unacked = ch.unacked if ch is not None else {}
+            deliver = self.deliver
+            for tag, redelivered, routing_key, raw_props, body in pending:
+                u = unacked.get(tag)  # none for a consumer without acknowledgements (QoS 0)
+                deliver(tag, redelivered, routing_key, raw_props, body, None, u.msg_id if u is not None else None)
+        self.conn.request_flush()
+
     def deliver(self, tag: int, redelivered: bool, routing_key: str, raw_props: bytes, body: bytes,
-                shared: tuple[str, int] | None = None) -> None:
-        """``shared``: (topic, QoS) of a shared subscription's delivery (deliver_shared)."""
-        topic, sub_qos = self._topic_qos(routing_key) if shared is None else shared
+                shared: tuple[str, int] | None = None, own_id: str | None = None) -> None:
+        """``shared``: (topic, QoS) of a shared subscription's delivery (deliver_shared), whose
+        property bytes carry the M11 headers; else ``own_id``: the message's CMQ ID, from the
+        session queue's channel."""
+        if shared is None:
+            known = self._qos_of_topic.get(routing_key)  # _topic_qos's cache, read inline: every delivery
+            topic, sub_qos = known if known is not None else self._topic_qos(routing_key)
+        else:
+            topic, sub_qos = shared
         if sub_qos < 0:
             # No filter of the session takes it ($-topics under a wildcard, MQ2): consumed.
             self._ack_soon(tag)
             return
-        fast = _delivery_headers(raw_props) if self.level < 5 else None
         mprops: dict[str, Any] = {}
-        msg_id: Any
-        msg_qos: Any
+        msg_id: Any = own_id
+        msg_qos: Any = _UNREADABLE
         retain = False
-        if fast is not None:
-            msg_id, msg_qos = fast
-        else:
+        if self.level < 5:
+            if shared is None:
+                msg_qos = publish_qos(raw_props)
+            else:
+                fast = _delivery_headers(raw_props)
+                if fast is not None:
+                    msg_id, msg_qos = fast
+        if msg_qos is _UNREADABLE:
             props = Properties(raw_props)
             headers = props.headers or {}
-            msg_id, msg_qos = headers.get("x-cmq-msg-id"), headers.get(QOS_HEADER)
+            msg_qos = headers.get(QOS_HEADER)
+            if shared is not None:
+                msg_id = headers.get("x-cmq-msg-id")
             if self.level >= 5:
                 mprops = self._mqtt_properties(props, headers)
                 if self.options_used and shared is None:
@@ -1414,7 +1474,8 @@ class MQTTSession:
                 del state.msg_of_pid[mapped]
         elif state.retained_pids.pop(pid, None) is None:
             return
-        self._save_soon()
+        if state.persistent:  # _save_soon's test, here: a clean session's PUBACK saves nothing
+            self._save_soon()
 
     def pubcomp(self, packet: P.Ack) -> None:
         if self.state.completed(packet.packet_id):
@@ -1433,6 +1494,7 @@ class MQTTSession:
                 self.release_shared(shared)
         self.closed = True
         self.inflight.clear()
+        self.pending.clear()  # still unacked in the channel: Active again below (M13)
         # What waited for a record goes with the connection; the next one resends it from
         # the session state (PUBREL) and the queue (PUBLISH, DUP). Identifiers whose message
         # was acknowledged are freed now (else nothing would free them).

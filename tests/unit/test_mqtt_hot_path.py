@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 
 from gateway.mqtt import codec as P
-from gateway.mqtt.session import QOS_HEADER, _delivery_headers, message_properties, publish_bytes
+from gateway.mqtt.session import (
+    _UNREADABLE,
+    QOS_HEADER,
+    _delivery_headers,
+    message_properties,
+    publish_bytes,
+    publish_qos,
+)
 from gateway.protocol.properties import Properties
 
 MSG_ID = "msg-8dd00331e7d20000000000000001"
@@ -34,6 +41,27 @@ def test_what_it_cannot_read_is_left_to_the_full_decoder() -> None:
     assert _delivery_headers(b"\x0cx-cmq-msg-id") is None  # truncated: no IndexError
     text_qos = Properties.build(headers={QOS_HEADER: "1"}).encode_delivery(MSG_ID, 1, 1)
     assert _delivery_headers(text_qos) is None  # not a long: decoded as a table instead
+
+
+@pytest.mark.parametrize("qos", [0, 1, 2])
+@pytest.mark.parametrize("retain", [False, True])
+@pytest.mark.parametrize("mprops", [{}, {"user_property": [("k", "v")], "content_type": "a/b",
+                                         "response_topic": "r/t", "correlation_data": b"c"}])
+def test_publish_qos_of_undecorated_properties_is_the_decoded_header(qos: int, retain: bool,
+                                                                   mprops: dict[str, object]) -> None:
+    """The session's own queue is consumed without M11 headers: its deliveries carry the
+    properties as published, whose QoS header is read directly (the second time from the
+    cache) and must be what decoding the table gives."""
+    raw = message_properties(qos, retain, "publisher-é", mprops).raw
+    for _ in range(2):
+        assert publish_qos(raw) == (Properties(raw).headers or {})[QOS_HEADER] == qos
+
+
+def test_publish_qos_without_the_header_or_unreadable() -> None:
+    assert publish_qos(Properties.build(headers={"a": 1}).raw) is None  # an AMQP publisher's
+    assert publish_qos(Properties.build().raw) is None
+    text_qos = Properties.build(headers={QOS_HEADER: "1"}).raw
+    assert publish_qos(text_qos) is _UNREADABLE and publish_qos(text_qos) is _UNREADABLE  # never cached
 
 
 @pytest.mark.parametrize("level", [4, 5])
