@@ -102,7 +102,6 @@ class Publisher:
         self._sent: dict[int, None] = {}  # sent and not answered, in the order sent
         self._again: set[int] = set()  # answered "not known" or not sent: for the next sweep
         self._sending = False  # a send under way (a task awaiting nats-py while the socket is full)
-        self._scheduled = False  # a send in the loop's next turn
         self._sub: Any = None
         self._sweeper: asyncio.Task[None] | None = None
         self._told_unknown = False
@@ -141,25 +140,15 @@ class Publisher:
         self._kick()
 
     def _kick(self) -> None:
-        if not self._scheduled and self._outbox:
-            self._scheduled = True
-            self._loop.call_soon(self._send_soon)
-
-    def _send_soon(self) -> None:
-        self._scheduled = False
-        self.flush()
-
-    def flush(self) -> None:
-        """What is queued, sent now rather than in the loop's next turn."""
         if not self._sending and self._outbox:
             self._sending = True
             self._send_now()
 
     def _send_now(self) -> None:
-        """Everything queued, in order, as long as the window allows, written to the socket
-        in this turn (gateway.jetstream.wire.send): the writes of a loop turn leave in the
-        next, not behind a task's turn and then the flusher's. While that cannot be done
-        (NATS away, the socket's buffer full) a task awaits the writes instead."""
+        """Everything queued, in order, as long as the window allows, handed to the
+        connection at once (gateway.jetstream.wire.send: the writes of a loop turn leave
+        together at the start of the next, not behind a task's turn and then the flusher's).
+        While NATS is away a task awaits the writes instead."""
         try:
             while self._outbox and len(self._sent) < MAX_IN_FLIGHT:
                 batch, commands = self._next_batch()

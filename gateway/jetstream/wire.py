@@ -17,6 +17,7 @@ closed) hold for them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -194,25 +195,44 @@ DIRECT_MAX_BUFFERED = 1 << 20
 
 
 def send(nc: Any, commands: list[tuple[bytes, str, str, bytes, dict[str, str] | None]]) -> bool:
-    """The commands, in order, written to the socket now, in this turn of the loop, behind
-    anything nats-py holds for its flusher: no task, no flusher turn between a message and
-    its write (issue 28: each turn a message waits for is latency on a busy gateway). False,
-    having written nothing, when that cannot be done now (the connection not up, its flusher
-    gone, the socket's buffer full): the caller then awaits :func:`write` in a task."""
-    transport = nc._transport
-    if (not nc.is_connected or nc.is_connecting or transport is None or nc._flusher_task is None
+    """The commands queued, in order, behind anything nats-py holds for its flusher, and
+    written to the socket at the start of the loop's next turn together with every other
+    command of this turn (one write a turn, as nats-py's flusher makes, without its task's
+    turn, queue and future: issue 28, latency and CPU per message). False, having queued
+    nothing, while the connection is not up: the caller then awaits :func:`write` in a task."""
+    if (not nc.is_connected or nc.is_connecting or nc._transport is None or nc._flusher_task is None
             or nc._flusher_task.done()):
         return False
-    writer = getattr(transport, "_io_writer", None)
-    if writer is None or writer.transport.get_write_buffer_size() > DIRECT_MAX_BUFFERED:
-        return False
     pending = nc._pending
-    if pending:  # nats-py's own commands queued before these go first
+    size = 0
+    for c in commands:
+        pending.append(c[0])
+        size += len(c[0])
+    nc._pending_data_size += size
+    if not getattr(nc, "_cmq_flush_soon", False):
+        nc._cmq_flush_soon = True
+        asyncio.get_running_loop().call_soon(_flush, nc)
+    return True
+
+
+def _flush(nc: Any) -> None:
+    """What this turn queued, in one write, unless nats-py's flusher wrote it meanwhile; while
+    the socket's buffer is full or the connection not up, nats-py's flusher takes it (it
+    drains, and buffers while reconnecting)."""
+    nc._cmq_flush_soon = False
+    if not nc._pending_data_size:
+        return
+    transport = nc._transport
+    writer = getattr(transport, "_io_writer", None)
+    if (nc.is_connected and not nc.is_connecting and writer is not None
+            and writer.transport.get_write_buffer_size() <= DIRECT_MAX_BUFFERED):
+        pending = nc._pending
         nc._pending = []
         nc._pending_data_size = 0
-    pending.extend(c[0] for c in commands)
-    transport.writelines(pending)
-    return True
+        transport.writelines(pending)
+        return
+    if nc._flush_queue is not None and nc._flush_queue.empty():
+        nc._flush_queue.put_nowait(asyncio.get_running_loop().create_future())
 
 
 async def write(nc: Any, commands: Iterable[tuple[bytes, str, str, bytes, dict[str, str] | None]]) -> None:

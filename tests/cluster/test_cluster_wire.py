@@ -21,7 +21,7 @@ def _run(coro):  # type: ignore[no-untyped-def]
 
 def test_wire_handler_reads_every_message_whole_and_in_order(tmp_path: Path) -> None:
     with NatsCluster(tmp_path / "nats", 1) as cluster:
-        url = cluster.store_url.replace("nats://", "nats://", 1)
+        url = cluster.store_url
 
         async def main() -> None:
             reader = await nats.connect(url)
@@ -73,6 +73,44 @@ def test_wire_handler_reads_every_message_whole_and_in_order(tmp_path: Path) -> 
             for (_, _, _, h), (_, _, _, want) in zip(got, sent, strict=True):
                 assert h == want
             assert 0 < ends <= len(sent)
+            await writer.close()
+            await reader.close()
+
+        _run(main())
+
+
+def test_send_goes_out_in_the_next_turn_and_a_read_end_comes_before_it(tmp_path: Path) -> None:
+    """Issue 28's latency: a command handed to ``wire.send`` is on the socket after one turn
+    of the loop (no task, no flusher turn, no batch to fill), and the read-end callback of
+    the read that brought a delivery runs before anything scheduled while handling it: the
+    delivery is taken in the read's own turn."""
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+
+        async def main() -> None:
+            reader = await nats.connect(cluster.store_url)
+            writer = await nats.connect(cluster.store_url)
+            loop = asyncio.get_running_loop()
+            order: list[str] = []
+            arrived = asyncio.Event()
+            handlers = wire.Handlers.of(reader)
+
+            def handler(d: wire.Delivery) -> None:
+                order.append(d.data.decode())
+                loop.call_soon(order.append, "next turn")
+                handlers.at_read_end(lambda: order.append("read end"))
+                arrived.set()
+
+            sub = await reader.subscribe("h1.turn", pending_msgs_limit=-1, pending_bytes_limit=-1)
+            handlers.add(sub, handler)
+            await reader.flush()
+            await writer.flush()
+            assert wire.send(writer, [wire.pub("h1.turn", "", b"one")])
+            assert writer._pending  # queued in this turn...
+            await asyncio.sleep(0)
+            assert not writer._pending and not writer._pending_data_size  # ...written in the next
+            await asyncio.wait_for(arrived.wait(), 30)
+            await asyncio.sleep(0)
+            assert order == ["one", "read end", "next turn"]
             await writer.close()
             await reader.close()
 
