@@ -503,12 +503,15 @@ class ClusterBroker(Broker):
         super()._on_durable(durable)
 
     def end_batch(self) -> None:
-        """The end of what one read of a client brought: its acks and naks are handed to
-        the connection now, to leave with this turn's other writes (gateway.jetstream.wire.send),
-        not a loop turn later (issue 28: each turn a message waits for is latency)."""
+        """The end of what one read of a client brought: its publishes, acks and naks are
+        handed to the connections now, together, to leave with this turn's other writes
+        (gateway.jetstream.wire.send), not a loop turn later (issue 28: each turn a message
+        waits for is latency)."""
         super().end_batch()
-        if not self._batch_depth and self._replies:
-            self._send_replies()
+        if not self._batch_depth:
+            self.publisher.flush()
+            if self._replies:
+                self._send_replies()
 
     # pulling: as much as this gateway's consumers and gets can take
 

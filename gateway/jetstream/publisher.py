@@ -101,7 +101,8 @@ class Publisher:
         self._outbox: deque[int] = deque()  # LSNs to send, in order
         self._sent: dict[int, None] = {}  # sent and not answered, in the order sent
         self._again: set[int] = set()  # answered "not known" or not sent: for the next sweep
-        self._sending = False  # a send under way (a task awaiting nats-py while the socket is full)
+        self._sending = False  # a send under way (a task awaiting nats-py while NATS is away)
+        self._scheduled = False  # a flush in the loop's next turn
         self._sub: Any = None
         self._sweeper: asyncio.Task[None] | None = None
         self._told_unknown = False
@@ -137,6 +138,15 @@ class Publisher:
                 done: Callable[[bool], None], gone: Callable[[], bool] | None = None) -> None:
         self._writes[lsn] = _Write(subject, payload, headers, done, gone)
         self._outbox.append(lsn)
+        if not self._scheduled:
+            # Sent at the end of the client read that made it (flush, from the broker's
+            # end_batch), else in the next turn: a read's publishes handed over together.
+            self._scheduled = True
+            self._loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """What is queued, handed to the connection now (in window)."""
+        self._scheduled = False
         self._kick()
 
     def _kick(self) -> None:
