@@ -1251,6 +1251,14 @@ class MQTTSession:
         queue are handled here, after the channel has recorded them, so that their CMQ
         message IDs come from its unacked records, in the order they were delivered."""
         if self.pending:
+            self.deliver_pending()
+        self.conn.request_flush()
+
+    def deliver_pending(self) -> None:
+        """The deliveries the Bridge collected (see _dispatched); also before any write of
+        the connection's bytes (MQTTConnection._flush), should a dispatch have ended
+        without its request_flush."""
+        if self.pending:
             pending, self.pending = self.pending, []
             ch = self.bs.channels.get(CONSUME)
             unacked = ch.unacked if ch is not None else {}
@@ -1258,7 +1266,6 @@ class MQTTSession:
             for tag, redelivered, routing_key, raw_props, body in pending:
                 u = unacked.get(tag)  # none for a consumer without acknowledgements (QoS 0)
                 deliver(tag, redelivered, routing_key, raw_props, body, None, u.msg_id if u is not None else None)
-        self.conn.request_flush()
 
     def deliver(self, tag: int, redelivered: bool, routing_key: str, raw_props: bytes, body: bytes,
                 shared: tuple[str, int] | None = None, own_id: str | None = None) -> None:

@@ -229,6 +229,12 @@ class MQTTConnection(ClientProtocol):
 
     # -- writes -----------------------------------------------------------------------------
 
+    def _flush(self) -> None:
+        s = self.mqtt
+        if s is not None and s.pending:
+            s.deliver_pending()  # normally done at the end of the dispatch (MQTTSession._dispatched)
+        super()._flush()
+
     def _core_closed(self) -> None:
         if self.closing_since is None:
             self.closing_since = time.monotonic()
