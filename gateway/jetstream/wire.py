@@ -65,27 +65,46 @@ def parse_headers(raw: bytes) -> dict[str, str] | None:
 
 
 class Handlers:
-    """Handlers by subscription id, on one connection (installed once per connection)."""
+    """Handlers by subscription id, on one connection (installed once per connection).
+
+    Messages for them are parsed where nats-py's parser would be fed: in its read loop's
+    turn, and, once the loop has read a first time on a connection, straight from the
+    socket's callback (the ``StreamReader``'s ``feed_data``) whenever nothing earlier waits
+    to be parsed, which spares each read a turn of the read loop's task and two copies
+    (issue 28, latency). What the handlers do not take (PING, INFO, -ERR, messages for
+    nats-py's own subscriptions) and everything after it goes to nats-py's read loop as
+    before, so the order of everything read holds."""
 
     def __init__(self, nc: Any) -> None:
         self.by_sid: dict[int, Callable[[Delivery], None]] = {}
         self._read_end: list[Callable[[], None]] = []
         self._rest = b""  # the start of a message the last read did not hold all of
-        by_sid = self.by_sid
+        self._nc = nc
+        self._reader: Any = None  # the StreamReader whose feed_data parses here first
+        self._parsing = False  # nats-py's read loop is parsing a read (it may await within)
         original = nc._process_msg
-        ps = nc._ps
+        ps = self._ps = nc._ps
         parse = ps.parse
 
         async def parse_read(data: bytes) -> None:
+            self._parsing = True
             try:
+                self._direct_reads()  # a new connection's reader, after a (re)connect
                 if ps.state == AWAITING_CONTROL_LINE and not ps.buf:
                     rest, self._rest = self._rest, b""
-                    data = await self._parse_messages(rest + data if rest else data, process)
-                    if data:
-                        await parse(data)  # anything else (PING, INFO, -ERR) and what follows
+                    data = rest + data if rest else data
+                    pos = 0
+                    while True:
+                        pos, other = self._take(data, pos, False)
+                        if other is None:
+                            break
+                        await original(*other)  # a message for nats-py's own subscription
+                    if pos >= 0 and pos < len(data):
+                        await parse(data[pos:])  # anything else (PING, INFO, -ERR) and what follows
                 else:
                     await parse(data)  # nats-py's parser holds part of a message: it goes on
             finally:
+                self._parsing = False
                 self.read_ended()
 
         ps.parse = parse_read
@@ -98,7 +117,7 @@ class Handlers:
         ps.reset = reset_all
 
         async def process(sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
-            handler = by_sid.get(sid)
+            handler = self.by_sid.get(sid)  # what nats-py's parser reads (after a PING, say)
             if handler is None:
                 await original(sid, subject, reply, data, headers)
                 return
@@ -109,40 +128,81 @@ class Handlers:
 
         nc._process_msg = process
 
-    async def _parse_messages(self, data: bytes, process: Callable[..., Any]) -> bytes:
-        """The MSG and HMSG commands at the start of ``data``, handed on in order; returns
-        what follows the last one from the first command of another kind (for nats-py's
-        parser), or keeps an incomplete last message for the next read and returns b"".
-        nats-py's parser matches several regular expressions and deletes from its buffer for
-        every message (issue 28: a share of a JetStream gateway's CPU per message)."""
-        pos = 0
+    def _direct_reads(self) -> None:
+        """The connection's reader handing its reads here first (see the class)."""
+        transport = self._nc._transport
+        reader = getattr(transport, "_io_reader", None)
+        if reader is None or reader is self._reader or not isinstance(reader, asyncio.StreamReader):
+            return
+        self._reader = reader
+        feed = reader.feed_data
+        ps = self._ps
+        nc = self._nc
+
+        def feed_data(data: bytes) -> None:
+            if (self._parsing or reader._buffer or ps.state != AWAITING_CONTROL_LINE or ps.buf  # type: ignore[attr-defined]
+                    or not data or self._reader is not reader or not nc.is_connected or nc.is_connecting
+                    or getattr(nc._transport, "_io_reader", None) is not reader):
+                feed(data)  # something earlier waits for the read loop, or not connected: in order
+                return
+            rest, self._rest = self._rest, b""
+            if rest:
+                data = rest + data
+            try:
+                pos, _ = self._take(data, 0, True)
+            finally:
+                self.read_ended()
+            if 0 <= pos < len(data):
+                feed(data[pos:])
+
+        reader.feed_data = feed_data  # type: ignore[method-assign, assignment]
+
+    def _take(self, data: bytes, pos: int, direct: bool) -> tuple[int, tuple[int, bytes, bytes, bytes, bytes | None] | None]:
+        """The MSG and HMSG commands for handlers from ``pos`` on, handed on in order. Stops at
+        the end (``len(data)``, None); at a command of another kind (its position, None: for
+        nats-py's parser); at a message for a subscription without a handler (the position
+        after it and its parts, for nats-py's ``_process_msg``; when ``direct``, its position
+        and None); or at a message the data does not hold all of (-1, None; it is kept for
+        the next read). nats-py's parser matches several regular expressions and deletes
+        from its buffer for every message (issue 28: a share of the CPU per message)."""
+        by_sid = self.by_sid
         end = len(data)
         while pos < end:
             eol = data.find(b"\r\n", pos)
             if eol < 0:
                 if end - pos > MAX_CONTROL_LINE_SIZE or not (data.startswith(b"MSG ", pos)
                                                              or data.startswith(b"HMSG ", pos)):
-                    return data[pos:]
+                    return pos, None
                 self._rest = data[pos:]  # a control line cut in two
-                return b""
+                return -1, None
             args = data[pos:eol].split()
-            op = args[0]
+            op = args[0] if args else b""
             if op == b"MSG" and len(args) in (4, 5):
                 hsize, size = 0, int(args[-1])
             elif op == b"HMSG" and len(args) in (5, 6):
                 hsize, size = int(args[-2]), int(args[-1])
             else:
-                return data[pos:]
+                return pos, None
             start = eol + 2
             stop = start + size
             if stop + 2 > end:
                 self._rest = data[pos:]
-                return b""
+                return -1, None
+            sid = int(args[2])
             reply = args[3] if len(args) == (6 if op == b"HMSG" else 5) else b""
-            await process(int(args[2]), args[1], reply, data[start + hsize:stop],
-                          data[start:start + hsize] if hsize else None)
+            handler = by_sid.get(sid)
+            if handler is None:
+                if direct:
+                    return pos, None
+                return stop + 2, (sid, args[1], reply, data[start + hsize:stop],
+                                  data[start:start + hsize] if hsize else None)
+            try:
+                handler(Delivery(args[1].decode(), reply.decode(), data[start + hsize:stop],
+                                 parse_headers(data[start:start + hsize]) if hsize else None))
+            except Exception:  # a bug in one handler must not end the connection's read loop
+                log.exception("handling a NATS message on %r failed", args[1])
             pos = stop + 2
-        return b""
+        return pos, None
 
     @classmethod
     def of(cls, nc: Any) -> Handlers:

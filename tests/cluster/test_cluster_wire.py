@@ -115,3 +115,83 @@ def test_send_goes_out_in_the_next_turn_and_a_read_end_comes_before_it(tmp_path:
             await reader.close()
 
         _run(main())
+
+
+def test_reads_go_to_handlers_from_the_socket_in_order_and_again_after_a_reconnect(tmp_path: Path) -> None:
+    """Issue 28's latency: once nats-py's read loop has read on a connection, what the socket
+    brings reaches a wire handler from the socket's own callback (outside any task: no turn of
+    the read loop), while whatever nats-py serves (its own subscriptions, PONGs) goes through
+    its read loop; messages of both kinds, cut across reads, arrive whole and in order; after
+    the server restarts, the new connection's reads go the same way."""
+    with NatsCluster(tmp_path / "nats", 1) as cluster:
+
+        async def main() -> None:
+            reader = await nats.connect(cluster.store_url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+            writer = await nats.connect(cluster.store_url, reconnect_time_wait=0.1, max_reconnect_attempts=-1)
+            rnd = random.Random(2803)
+            got: list[bytes] = []
+            plain: list[bytes] = []
+            from_socket = 0
+            handlers = wire.Handlers.of(reader)
+
+            def handler(d: wire.Delivery) -> None:
+                nonlocal from_socket
+                got.append(d.data)
+                if asyncio.current_task() is None:
+                    from_socket += 1
+
+            async def on_plain(m: object) -> None:
+                plain.append(m.data)  # type: ignore[attr-defined]
+
+            sub = await reader.subscribe("h3.wire", pending_msgs_limit=-1, pending_bytes_limit=-1)
+            handlers.add(sub, handler)
+            await reader.subscribe("h3.plain", cb=on_plain)
+            await reader.flush()
+
+            async def round_(tag: str) -> tuple[list[bytes], list[bytes]]:
+                want: list[bytes] = []
+                want_plain: list[bytes] = []
+                for i in range(1500):
+                    size = rnd.choice((0, 8, 16, 1000, 40_000, rnd.randrange(150_000)))
+                    data = b"%s-%d-" % (tag.encode(), i) + rnd.randbytes(size)
+                    if rnd.random() < 0.1:
+                        want_plain.append(data)
+                        await writer.publish("h3.plain", data)
+                    else:
+                        want.append(data)
+                        await writer.publish("h3.wire", data, headers=rnd.choice((None, {"X-N": str(i)})))
+                    if i % 97 == 0:
+                        await reader.flush()  # a PING and its PONG amid the messages
+                await writer.flush()
+                for _ in range(400):
+                    if len(got) >= len(want) and len(plain) >= len(want_plain):
+                        break
+                    await asyncio.sleep(0.05)
+                return want, want_plain
+
+            want, want_plain = await round_("a")
+            assert got == want
+            assert plain == want_plain
+            assert from_socket > 0
+            before = from_socket
+            got.clear()
+            plain.clear()
+
+            cluster.restart(0)
+            for _ in range(200):
+                try:
+                    if reader.is_connected and writer.is_connected:
+                        await reader.flush(timeout=1)
+                        await writer.flush(timeout=1)
+                        break
+                except Exception:
+                    pass
+                await asyncio.sleep(0.1)
+            want, want_plain = await round_("b")
+            assert got == want
+            assert plain == want_plain
+            assert from_socket > before
+            await writer.close()
+            await reader.close()
+
+        _run(main())
