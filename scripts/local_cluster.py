@@ -51,12 +51,26 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: flo
     raise TimeoutError(f"gateway not listening on {port} after {timeout:.0f} s")
 
 
+# Ports handed to the gateways started so far: free_ports releases its sockets, and a gateway
+# still starting has not bound its own yet, so the next gateway's pick could be the same port
+# (seen in CI: gw1's MQTT port given to gw2's management API, and gw2 never came up).
+_GIVEN: set[int] = set()
+
+
+def _ports(count: int) -> list[int]:
+    while True:
+        got = free_ports(count)
+        if _GIVEN.isdisjoint(got):
+            _GIVEN.update(got)
+            return got
+
+
 class Gateway:
     def __init__(self, index: int, root: Path, store: str) -> None:
         self.name = f"gw{index}"
         self.data_dir = root / self.name
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.ports = dict(zip(LISTENERS, free_ports(len(LISTENERS)), strict=True))
+        self.ports = dict(zip(LISTENERS, _ports(len(LISTENERS)), strict=True))
         self.log = root / f"{self.name}.log"
         args = [*_cmq_gateway(), "serve", "--store", store, "--data-dir", str(self.data_dir),
                 "--host", "127.0.0.1"]
