@@ -115,7 +115,12 @@ class MetaWatch:
 async def stop_watching(task: asyncio.Task[None] | None, sub: Any) -> None:
     """End a bucket watch: its task, then its subscription."""
     if task is not None:
-        task.cancel()
+        # A cancel can be lost on Python 3.11: asyncio.wait_for (nats-py's requests wait in
+        # it) swallows one that comes as its inner future completes, and the task runs on
+        # (a stop hung in Presence._beat's next heartbeat). Cancel again until it is done.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
     if sub is not None:
