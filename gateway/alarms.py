@@ -67,12 +67,9 @@ class Alarms:
             return f"the store cannot write: {broker.store.failed!r}"
         if data_dir is None:
             return ""
-        try:
-            st = os.statvfs(data_dir)
-        except OSError:
-            self.disk_free = None
+        self.disk_free = free = free_bytes(data_dir)
+        if free is None:
             return ""
-        self.disk_free = free = st.f_bavail * st.f_frsize
         if free < limits.disk_free_limit:
             return f"free disk space {free} is below disk_free_limit {limits.disk_free_limit}"
         quota = limits.store_high_watermark
@@ -80,22 +77,30 @@ class Alarms:
             return f"store size {used} is above store_high_watermark {quota}"
         return ""
 
-
     @staticmethod
     def _audit_reason(limits: Any, data_dir: str | None, audit_dir: str | None) -> str:
         if audit_dir is None:
             return ""
         try:
-            st = os.statvfs(audit_dir)
             if data_dir is not None and os.stat(audit_dir).st_dev == os.stat(data_dir).st_dev:
                 return ""  # the data dir's reading covers it
         except OSError:
             return ""
-        free = st.f_bavail * st.f_frsize
-        if free < limits.disk_free_limit:
+        free = free_bytes(audit_dir)
+        if free is not None and free < limits.disk_free_limit:
             return (f"free disk space {free} of the audit dir {audit_dir} is below disk_free_limit"
                     f" {limits.disk_free_limit}")
         return ""
+
+
+def free_bytes(path: str) -> int | None:
+    """What an unprivileged writer may still use of ``path``'s file system (``os.statvfs``, as
+    RabbitMQ's ``df``); None when it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def store_bytes(data_dir: str) -> int:
