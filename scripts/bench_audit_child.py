@@ -1,6 +1,8 @@
 """The audit writer process's cost per record for scenario 1's rows (publish, enqueue,
 deliver, ack of each message): one batch unmarshalled and formatted as gateway.audit.child
-does it, with the batch path (``AuditLog._format``) and record by record (``_format_each``).
+does it: rows formatted and counted in C (``compiled``: ``AuditLog._format`` with
+gateway.audit.fastformat, where it is built), with the Python batch path (``batch``:
+``_format`` without it) and record by record (``each``: ``_format_each``).
 
     .venv/bin/python scripts/bench_audit_child.py [--messages 5000] [--repeat 5]
 
@@ -44,7 +46,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--mode", choices=("both", "batch", "each", "none"), default="both")
+    ap.add_argument("--mode", choices=("all", "compiled", "batch", "each", "none"), default="all")
     args = ap.parse_args()
     gc.disable()  # as in the writer process (gateway.audit.child)
     items = scenario_1_items(args.messages)
@@ -53,8 +55,19 @@ def main() -> None:
     try:
         log = AuditLog(directory, process=False, _thread=False)
         log._write(*log._format(items[:1], bytearray(), 0, "", "")[:2])  # the file is open, as in a run
-        modes = {"batch": log._format, "each": log._format_each}
-        chosen = list(modes) if args.mode == "both" else [] if args.mode == "none" else [args.mode]
+        compiled = log._format_rows
+
+        def batch(*a: Any) -> Any:
+            log._format_rows = None
+            try:
+                return log._format(*a)
+            finally:
+                log._format_rows = compiled
+
+        modes = {"compiled": log._format, "batch": batch, "each": log._format_each}
+        if compiled is None:
+            del modes["compiled"]  # not built, or CMQ_GATEWAY_PURE_PYTHON=1
+        chosen = list(modes) if args.mode == "all" else [] if args.mode == "none" else [args.mode]
         records = len(items) - 1
         for name in chosen:
             best = float("inf")
@@ -62,7 +75,7 @@ def main() -> None:
                 t0 = time.thread_time()
                 log._write(*modes[name](marshal.loads(payload), bytearray(), 0, "", "")[:2])
                 best = min(best, time.thread_time() - t0)
-            print(f"{name:5s} {best / records * 1e6:.2f} us a record (unmarshal, format, count, write; "
+            print(f"{name:8s} {best / records * 1e6:.2f} us a record (unmarshal, format, count, write; "
                   f"best of {args.repeat})")
         log._close_file()
     finally:

@@ -1,6 +1,6 @@
 """Where scenario 1's CPU goes, per message, for RabbitMQ and the gateway in one run (issue 15).
 
-    .venv/bin/python scripts/bench_cpu_split.py [--duration 8] [--repeat 3] [--size 16]
+    .venv/bin/python scripts/bench_cpu_split.py [--duration 8] [--repeat 3] [--size 16] [--before TREE]
 
 A throughput ratio on this 2-core machine is a CPU budget shared by the broker and the load
 generator. This runs `cmq-gateway perf` (1 producer, 1 consumer, --rate 0, transient
@@ -16,6 +16,11 @@ It prints messages received per second and CPU microseconds per message of each,
 steady part of the window (from its 1 s tick to its last), so the ratio can be
 read as arithmetic: what the generator costs is paid on both sides, what the broker costs
 decides how many messages the two cores carry, and the gateway's event loop is one thread.
+
+``--before TREE``: a second gateway started from another source tree (a ``git worktree`` of
+the commit before a change, with its compiled modules built or copied in), on the next port,
+run in the same rounds (RabbitMQ, before, this tree, each round), so that a change's
+before/after is read in one run beside RabbitMQ.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import bench_compare  # noqa: E402
 from bench_compare import PY, ROOT, _start_gateway, _stop  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -110,23 +116,35 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--size", type=int, default=16)
+    ap.add_argument("--before", default=None, help="a source tree whose gateway runs beside this one's")
     args = ap.parse_args()
-    if args.port == 5672:
+    if args.port == 5672 or args.port + 1 == 5672:
         raise SystemExit("the gateway never takes 5672")
-    data_dir = tempfile.mkdtemp(prefix="bench-cpu-")
-    gw = _start_gateway(args.port, data_dir, ["--metrics-port", "0"])
+    gateways = {"gateway": (ROOT, args.port)}
+    if args.before:
+        gateways = {"before": (os.path.abspath(args.before), args.port + 1), "gateway": (ROOT, args.port)}
+    procs = {}
+    try:
+        for name, (tree, port) in gateways.items():
+            bench_compare.ROOT = tree  # _start_gateway runs `serve` from this tree
+            procs[name] = _start_gateway(port, tempfile.mkdtemp(prefix="bench-cpu-"), ["--metrics-port", "0"])
+    finally:
+        bench_compare.ROOT = ROOT
     beam = _beam_pid()
-    rows: dict[str, list[dict[str, float]]] = {"rabbitmq": [], "gateway": []}
-    print(f"load before: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+    rows: dict[str, list[dict[str, float]]] = {"rabbitmq": [], **{name: [] for name in gateways}}
+    print(f"load before: {os.getloadavg()}", file=sys.stderr)
     try:
         for _ in range(args.repeat):
             rows["rabbitmq"].append(_run(args.rabbitmq, args.duration, args.size,
                                          lambda: {"broker": _cpu(f"/proc/{beam}/stat")}))
-            rows["gateway"].append(_run(f"amqp://guest:guest@127.0.0.1:{args.port}/", args.duration, args.size,
-                                        lambda: _gateway_parts(gw.pid)))
+            for name, (_, port) in gateways.items():
+                pid = procs[name].pid
+                rows[name].append(_run(f"amqp://guest:guest@127.0.0.1:{port}/", args.duration, args.size,
+                                       lambda pid=pid: _gateway_parts(pid)))  # type: ignore[misc]
     finally:
-        _stop(gw)
-    print(f"load after: {os.getloadavg()[0]:.2f}", file=sys.stderr)
+        for proc in procs.values():
+            _stop(proc)
+    print(f"load after: {os.getloadavg()}", file=sys.stderr)
     print("| broker | msg/s | " + "CPU us/msg: parts | total broker | generator | all |")
     print("|---|---:|---|---:|---:|---:|")
     for name, runs in rows.items():
@@ -136,9 +154,12 @@ def main() -> None:
         text = ", ".join(f"{k} {v:.1f}" for k, v in broker_parts.items())
         print(f"| {name} | {med['msg/s']:,.0f} | {text} | {broker:.1f} | {med['generator']:.1f} | "
               f"{broker + med['generator']:.1f} |")
-    ratio = statistics.median(r["msg/s"] for r in rows["gateway"]) / statistics.median(
-        r["msg/s"] for r in rows["rabbitmq"])
-    print(f"\ngateway / rabbitmq msg/s (medians of {args.repeat}): {ratio:.2f}")
+    rabbit = statistics.median(r["msg/s"] for r in rows["rabbitmq"])
+    for name in gateways:
+        ratios = [g["msg/s"] / r["msg/s"] for g, r in zip(rows[name], rows["rabbitmq"], strict=True)]
+        print(f"\n{name} / rabbitmq msg/s (medians of {args.repeat}): "
+              f"{statistics.median(r['msg/s'] for r in rows[name]) / rabbit:.2f}; "
+              f"each round: {', '.join(f'{x:.2f}' for x in ratios)}")
 
 
 if __name__ == "__main__":

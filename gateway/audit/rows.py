@@ -27,7 +27,7 @@ __all__ = ["ACK", "ACK_MQTT", "DELIVER", "DELIVER_AUTO", "DELIVER_MQTT", "DELIVE
 class Row:
     """One record shape: its event and its keys, in the order the values come."""
 
-    __slots__ = ("_count_names", "event", "fmt", "id", "keys", "pick", "put")
+    __slots__ = ("_count_names", "event", "fmt", "id", "keys", "pick", "pick_indices", "put")
 
     def __init__(self, event: str, *keys: str) -> None:
         if len(set(keys)) != len(keys):
@@ -40,8 +40,9 @@ class Row:
         self.put: Callable[..., None] = line_writer(keys)
         read = [(k, keys.index(k)) for k in FIELDS_READ.get(event, ()) if k in keys]
         self._count_names = tuple(k for k, _ in read)
+        self.pick_indices = tuple(i for _, i in read)
         # pick(values): the values count_key reads, as count_key_picked takes them back.
-        self.pick: Callable[[Any], Any] = operator.itemgetter(*(i for _, i in read)) if read else _nothing
+        self.pick: Callable[[Any], Any] = operator.itemgetter(*self.pick_indices) if read else _nothing
         ROWS.append(self)
 
     def fields(self, values: tuple[Any, ...] | list[Any]) -> dict[str, Any]:

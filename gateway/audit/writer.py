@@ -67,7 +67,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import IO, Any
 
-from gateway.audit import layout
+from gateway.audit import fastformat, layout
 from gateway.audit.batch import format_run, second_runs
 from gateway.audit.counting import count_key
 from gateway.audit.dirlock import AuditDirLock
@@ -84,6 +84,8 @@ _time_of = operator.itemgetter(0)
 _TS_AT = len('{"v":2,"ts":"')  # where a line's ts starts (v first, then ts; one digit)
 # Records formatted between two releases of the GIL by the writer thread (~0.5 ms of work).
 _CHUNK = 200
+# Bytes of lines the C formatter makes a call (gateway.audit.fastformat).
+_RUN_BYTES = 1024 * 1024
 # Records per message to the writer process. Large: each message costs this thread two
 # takes of the GIL from the busy event loop (up to a switch interval each), so few large
 # messages move more records per second than many small ones.
@@ -231,6 +233,8 @@ class AuditLog:
         else:
             self._recover()
         self._shares_gil = _thread  # formatting here holds the GIL the event loop needs
+        # The rows' formatter in C (None: the Python path; tests set it to compare the two).
+        self._format_rows = fastformat.format_rows
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         if _thread:
             self._thread.start()
@@ -577,7 +581,10 @@ class AuditLog:
 
         Each run of rows of one second is formatted in a few C-level passes
         (gateway.audit.batch) and placed into files by ``_place``; anything else (other
-        records, an ``events`` filter, a value of an unusual type) record by record."""
+        records, an ``events`` filter, a value of an unusual type) record by record. Where
+        the C formatter is built (gateway.audit.fastformat), it takes the rows instead."""
+        if self._format_rows is not None and self.events is None:
+            return self._format_compiled(items, buf, nlines, hour, folder)
         runs = second_runs(list(map(_time_of, items))) if self.events is None else None
         if runs is None:
             return self._format_each(items, buf, nlines, hour, folder)
@@ -597,6 +604,35 @@ class AuditLog:
             if len(buf) >= 4 * 1024 * 1024:  # bound the bytes held when far behind
                 self._write(buf, nlines)
                 buf, nlines = bytearray(), 0
+        return buf, nlines, hour, folder
+
+    def _format_compiled(self, items: list[_Item], buf: bytearray, nlines: int, hour: str, folder: str
+                         ) -> tuple[bytearray, int, str, str]:
+        """``_format`` with the rows formatted and counted in C, a run of one folder at a
+        time placed into files by ``_place``; a record the C formatter leaves to Python
+        (a dict record, a value of an unusual type) goes through ``_format_each``."""
+        format_rows = self._format_rows
+        assert format_rows is not None
+        pending: dict[tuple[Any, ...], int] = {}  # as _format_each counts rows
+        i, n = 0, len(items)
+        while i < n:
+            data, lines, stop, ts, why = format_rows(items, i, _RUN_BYTES, pending)
+            if lines:
+                assert ts is not None
+                if ts[:13] != hour:
+                    hour, folder = ts[:13], layout.folder_for(ts)
+                buf, nlines = self._place(data, lines, folder, buf, nlines)
+                if len(buf) >= 4 * 1024 * 1024:  # bound the bytes held when far behind
+                    self._write(buf, nlines)
+                    buf, nlines = bytearray(), 0
+            i = stop
+            if why == fastformat.PYTHON:
+                buf, nlines, hour, folder = self._format_each(items[i:i + 1], buf, nlines, hour, folder)
+                i += 1
+        counts = self.counts
+        for (rid, vhost, picked), k in pending.items():
+            key = ROWS[rid].count_key_picked(vhost, picked)
+            counts[key] = counts.get(key, 0) + k
         return buf, nlines, hour, folder
 
     def _place(self, data: bytes, lines: int, folder: str, buf: bytearray, nlines: int) -> tuple[bytearray, int]:

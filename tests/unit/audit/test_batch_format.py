@@ -1,11 +1,11 @@
 """A1/A2: the writer's batch path (gateway.audit.batch) writes byte for byte the files and
 counts of the record-by-record path: over generated batches of rows (every shape, None
 fields, unusual types, escapes, several vhosts, runs across seconds and the rounding carry
-into the next second, file rotation), and it is the path scenario 1's rows take."""
+into the next second, file rotation), and it is the path scenario 1's rows take where the C
+formatter is not built (tests/unit/audit/test_format_c.py holds that one to the same bytes)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from gateway.audit.batch import format_run, second_runs
 from gateway.audit.compact import MODE_ENV
 from gateway.audit.record import FIELD_TYPES
-from gateway.audit.rows import ACK, DELIVER, ENQUEUE, PUBLISH_QUEUE, ROUTE, ROWS
+from gateway.audit.rows import ROUTE, ROWS
 from gateway.audit.writer import AuditLog
+from tests.unit.audit.format_cases import BASE, scenario_1, written
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -47,7 +48,7 @@ _COMMON = {"string": st.sampled_from(["guest", "perf-q", "msg-1", "msg-2"]),
            "long": st.sampled_from([16, 1024]), "int": st.sampled_from([1, 2]),
            "double": st.sampled_from([0.5, 12.25]), "array<string>": st.sampled_from([["a", "b"], []]),
            "timestamp": st.just(None), "boolean": st.sampled_from([True, None])}
-_BASE = 1_790_000_000.0
+_BASE = BASE
 
 
 @st.composite
@@ -67,21 +68,10 @@ def _items(draw: st.DrawFn) -> list[tuple[float, int, str, tuple[Any, ...]]]:
 
 
 def _written(directory: str, items: list[Any], fast: bool, rotate_bytes: int, cut: int) -> Any:
-    log = AuditLog(directory, process=False, _thread=False, rotate_bytes=rotate_bytes)
-    fmt = log._format if fast else log._format_each
-    outcome: Any = None
-    try:
-        for part in (items[:cut], items[cut:]):  # the second call finds the file open
-            log._write(*fmt(part, bytearray(), 0, "", "")[:2])
-    except Exception as e:  # the record-by-record path's error must be the batch path's too
-        outcome = type(e)
-    log._close_file()
-    files = []
-    for root, _, names in sorted(os.walk(directory)):
-        for name in sorted(names):
-            with open(os.path.join(root, name), "rb") as f:
-                files.append((os.path.relpath(os.path.join(root, name), directory), f.read()))
-    return outcome, files, log.counts, log.written
+    def fmt_of(log: AuditLog) -> Any:
+        log._format_rows = None  # the Python batch path, whether or not the C one is built
+        return log._format if fast else log._format_each
+    return written(directory, items, rotate_bytes, cut, fmt_of)
 
 
 @settings(max_examples=300, deadline=None)
@@ -93,20 +83,8 @@ def test_A2_batches_are_written_as_record_by_record(tmp_path_factory: Any, items
     assert fast == each
 
 
-def _scenario_1(n: int, t: float) -> list[tuple[float, int, str, tuple[Any, ...]]]:
-    out = []
-    for i in range(n):
-        mid = f"msg-{i:016x}"
-        out += [(t, PUBLISH_QUEUE.id, "/", ("perf-q", "perf-q", mid, 16, "guest", "127.0.0.1:5001")),
-                (t + 1e-6, ENQUEUE.id, "/", ("perf-q", mid, 16, None, None)),
-                (t + 2e-6, DELIVER.id, "/", ("guest", "127.0.0.1:5002", "perf-q", mid, 1, 16)),
-                (t + 3e-6, ACK.id, "/", ("guest", "127.0.0.1:5002", "perf-q", mid, 0.25 * i))]
-        t += 1e-5
-    return out
-
-
 def test_A1_scenario_1_rows_take_the_batch_path_with_exact_counts() -> None:
-    items = _scenario_1(500, _BASE + 0.25)
+    items = scenario_1(500, _BASE + 0.25)
     assert second_runs([it[0] for it in items]) == [(0, 2000, int(_BASE))]
     got = format_run(items, int(_BASE))
     assert got is not None

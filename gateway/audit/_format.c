@@ -1,0 +1,501 @@
+/* The audit writer process's per-record work for the broker's rows, in C (issue 31).
+ *
+ * Why: in scenario 1 the writer process formatted and counted 4 records a message (publish,
+ * enqueue, deliver, ack) at ~2.6 us a record in Python (gateway.audit.batch: C-level passes,
+ * but a dozen of them, each building lists), 10.6-12.4 us of CPU a message on the same two
+ * cores as the event loop and the load generator: the largest item after the loop itself.
+ *
+ * The contract is the Python path (gateway.audit.writer.AuditLog._format_each and
+ * gateway.audit.record's formatters), which runs where this module is not built or when
+ * CMQ_GATEWAY_PURE_PYTHON=1; tests/unit/audit/test_format_c.py holds the two to the same
+ * bytes and counts on arbitrary records. Anything that is not the plain case (a value of an
+ * unusual type, a string UTF-8 cannot take, a timestamp field, a dict record) stops the run,
+ * and the caller formats that record in Python.
+ *
+ *   configure(line_head, rows, prefix_of): line_head b'{"v":2,"ts":"'; rows[i] is None (row id i is formatted in Python) or
+ *       (head: bytes 'Z","event":"...","vhost":', number of values, keys: tuple of (value
+ *       index, key text: bytes, kind), picks: tuple of value indices); prefix_of(sec) ->
+ *       "YYYY-MM-DDTHH:MM:SS." of a whole second.
+ *   format_rows(items, start, max_bytes, pending) -> (data, lines, stop, first_ts, why)
+ *       items[start:stop] formatted as lines (one hour's folder; at most about max_bytes),
+ *       counted into pending[(row id, vhost, picked)]; why: 0 the end of items, 1 max_bytes,
+ *       2 another hour, 3 items[stop] is for the Python path.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+/* Kinds, as gateway.audit.record numbers them (_S, _I, _F, _L, _T), and -1 for a key whose
+ * value json writes as it is (a boolean, a key outside the schema). */
+#define K_STR 0
+#define K_INT 1
+#define K_FLOAT 2
+#define K_LIST 3
+#define K_TS 4  /* written by the Python path */
+#define K_ANY -1
+
+typedef struct {
+    Py_ssize_t index;
+    const char *text;  /* ',"key":' */
+    Py_ssize_t text_len;
+    int kind;
+} KeySpec;
+
+typedef struct {
+    const char *head;  /* 'Z","event":"publish","vhost":' */
+    Py_ssize_t head_len;
+    Py_ssize_t nvalues;
+    Py_ssize_t nkeys;
+    KeySpec *keys;
+    Py_ssize_t npicks;
+    Py_ssize_t *picks;
+} RowSpec;
+
+static PyObject *config;  /* keeps the bytes the specs point into */
+static PyObject *prefix_of;
+static RowSpec *specs;
+#define LINE_HEAD_MAX 32
+static char line_head[LINE_HEAD_MAX];  /* '{"v":2,"ts":"' */
+static Py_ssize_t line_head_len;
+static Py_ssize_t nspecs;
+
+/* The last key counted of each row and how many times since it went into pending: the rows
+ * of one queue repeat their key, so most records are counted by comparing pointers. */
+typedef struct {
+    PyObject *vhost;
+    PyObject *picked[4];
+    Py_ssize_t n;
+} Run;
+
+typedef struct {
+    char *p;
+    Py_ssize_t len, cap;
+} Buf;
+
+static int buf_reserve(Buf *b, Py_ssize_t more) {
+    if (b->len + more <= b->cap) return 0;
+    Py_ssize_t cap = b->cap ? b->cap : 65536;
+    while (cap < b->len + more) cap *= 2;
+    char *p = PyMem_Realloc(b->p, cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (buf_reserve(b, n) < 0) return -1;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    return 0;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+/* json.encoder.encode_basestring (ensure_ascii=False) of a str, then UTF-8: returns -1 with an
+ * error set for memory, -2 (no error) for a str UTF-8 cannot take (a lone surrogate). */
+static int put_str(Buf *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    if (u == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) return -1;
+        PyErr_Clear();
+        return -2;
+    }
+    if (buf_reserve(b, 6 * n + 2) < 0) return -1;
+    char *o = b->p + b->len;
+    *o++ = '"';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)u[i];
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            *o++ = (char)c;
+            continue;
+        }
+        *o++ = '\\';
+        switch (c) {
+        case '"': *o++ = '"'; break;
+        case '\\': *o++ = '\\'; break;
+        case '\b': *o++ = 'b'; break;
+        case '\f': *o++ = 'f'; break;
+        case '\n': *o++ = 'n'; break;
+        case '\r': *o++ = 'r'; break;
+        case '\t': *o++ = 't'; break;
+        default:
+            *o++ = 'u'; *o++ = '0'; *o++ = '0';
+            *o++ = HEX[c >> 4]; *o++ = HEX[c & 15];
+        }
+    }
+    *o++ = '"';
+    b->len = o - b->p;
+    return 0;
+}
+
+/* int.__repr__ of an exact int. */
+static int put_int(Buf *b, PyObject *v) {
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (!overflow) {
+        if (x == -1 && PyErr_Occurred()) return -1;
+        char tmp[24], *e = tmp + sizeof tmp, *q = e;
+        unsigned long long m = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
+        do {
+            *--q = (char)('0' + m % 10);
+            m /= 10;
+        } while (m);
+        if (x < 0) *--q = '-';
+        return buf_put(b, q, e - q);
+    }
+    PyObject *r = PyObject_Repr(v);  /* past 64 bits; raises past sys.int_info's digits */
+    if (r == NULL) {
+        PyErr_Clear();
+        return -2;
+    }
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(r, &n);
+    int rc = s == NULL ? -1 : buf_put(b, s, n);
+    Py_DECREF(r);
+    return rc;
+}
+
+/* What record._fmt_float writes for a float: repr, or json's words for NaN and infinities. */
+static int put_float(Buf *b, double x) {
+    if (isnan(x)) return buf_put(b, "NaN", 3);
+    if (isinf(x)) return x > 0 ? buf_put(b, "Infinity", 8) : buf_put(b, "-Infinity", 9);
+    char *s = PyOS_double_to_string(x, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (s == NULL) return -1;
+    int rc = buf_put(b, s, (Py_ssize_t)strlen(s));
+    PyMem_Free(s);
+    return rc;
+}
+
+/* One value by its kind; -2: the Python path writes this one. */
+static int put_value(Buf *b, int kind, PyObject *v) {
+    PyTypeObject *t = Py_TYPE(v);
+    switch (kind) {
+    case K_STR:
+        return t == &PyUnicode_Type ? put_str(b, v) : -2;
+    case K_INT:
+        return t == &PyLong_Type ? put_int(b, v) : -2;
+    case K_FLOAT:
+        return t == &PyFloat_Type ? put_float(b, PyFloat_AS_DOUBLE(v)) : -2;
+    case K_LIST: {
+        if (t != &PyList_Type && t != &PyTuple_Type) return -2;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(v);
+        PyObject **items = PySequence_Fast_ITEMS(v);
+        if (buf_put(b, "[", 1) < 0) return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (Py_TYPE(items[i]) != &PyUnicode_Type) return -2;
+            if (i && buf_put(b, ",", 1) < 0) return -1;
+            int rc = put_str(b, items[i]);
+            if (rc) return rc;
+        }
+        return buf_put(b, "]", 1);
+    }
+    case K_ANY:
+        if (v == Py_True) return buf_put(b, "true", 4);
+        if (v == Py_False) return buf_put(b, "false", 5);
+        return -2;
+    default:
+        return -2;
+    }
+}
+
+/* The (row id, vhost, picked) key row.pick and _format_each count by. */
+static PyObject *count_key(PyObject *rid, PyObject *vhost, const RowSpec *spec, PyObject **picks) {
+    PyObject *picked;
+    if (spec->npicks == 0) {
+        picked = Py_NewRef(Py_None);
+    } else if (spec->npicks == 1) {
+        picked = Py_NewRef(picks[0]);
+    } else {
+        picked = PyTuple_New(spec->npicks);
+        if (picked == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < spec->npicks; i++)
+            PyTuple_SET_ITEM(picked, i, Py_NewRef(picks[i]));
+    }
+    PyObject *key = PyTuple_New(3);
+    if (key == NULL) {
+        Py_DECREF(picked);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(key, 0, Py_NewRef(rid));
+    PyTuple_SET_ITEM(key, 1, Py_NewRef(vhost));
+    PyTuple_SET_ITEM(key, 2, picked);
+    return key;
+}
+
+/* pending[key] += k. */
+static int count(PyObject *pending, PyObject *key, Py_ssize_t k) {
+    PyObject *old = PyDict_GetItemWithError(pending, key);
+    if (old == NULL && PyErr_Occurred()) return -1;
+    Py_ssize_t was = 0;
+    if (old != NULL) {
+        was = PyLong_AsSsize_t(old);
+        if (was == -1 && PyErr_Occurred()) return -1;
+    }
+    PyObject *n = PyLong_FromSsize_t(was + k);
+    if (n == NULL) return -1;
+    int rc = PyDict_SetItem(pending, key, n);
+    Py_DECREF(n);
+    return rc;
+}
+
+/* pending[(rid, vhost, picked)] += run->n, and the run emptied. */
+static int flush_run(PyObject *pending, Py_ssize_t r, const RowSpec *spec, Run *run) {
+    if (run->n == 0) return 0;
+    PyObject *rid = PyLong_FromSsize_t(r);
+    if (rid == NULL) return -1;
+    PyObject *key = count_key(rid, run->vhost, spec, run->picked);
+    Py_DECREF(rid);
+    if (key == NULL) return -1;
+    int rc = count(pending, key, run->n);
+    Py_DECREF(key);
+    run->n = 0;
+    return rc;
+}
+
+static int flush_runs(PyObject *pending, Run *runs) {
+    for (Py_ssize_t r = 0; r < nspecs; r++) {
+        if (runs[r].n && flush_run(pending, r, &specs[r], &runs[r]) < 0) return -1;
+    }
+    return 0;
+}
+
+static PyObject *format_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "format_rows(items: list, start: int, max_bytes: int, pending: dict)");
+        return NULL;
+    }
+    if (specs == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "format_rows before configure");
+        return NULL;
+    }
+    PyObject *items = args[0], *pending = args[3];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (start < 0) start = 0;
+    Buf b = {NULL, 0, 0};
+    Run *runs = PyMem_Calloc(nspecs ? nspecs : 1, sizeof(Run));
+    if (runs == NULL) return PyErr_NoMemory();
+    char prefix[20], first_ts[27];
+    char hour[13];
+    long long cached_sec = 0;
+    int have_sec = 0;
+    Py_ssize_t lines = 0, i = start;
+    int why = 0;
+    for (; i < n; i++) {
+        if (b.len >= max_bytes) {
+            why = 1;
+            break;
+        }
+        PyObject *item = PyList_GET_ITEM(items, i);
+        why = 3;
+        if (Py_TYPE(item) != &PyTuple_Type || PyTuple_GET_SIZE(item) != 4) break;
+        PyObject *t = PyTuple_GET_ITEM(item, 0), *rid = PyTuple_GET_ITEM(item, 1);
+        PyObject *vhost = PyTuple_GET_ITEM(item, 2), *vals = PyTuple_GET_ITEM(item, 3);
+        if (Py_TYPE(t) != &PyFloat_Type || Py_TYPE(rid) != &PyLong_Type || Py_TYPE(vhost) != &PyUnicode_Type
+            || (Py_TYPE(vals) != &PyTuple_Type && Py_TYPE(vals) != &PyList_Type))
+            break;
+        Py_ssize_t r = PyLong_AsSsize_t(rid);
+        if (r == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            break;
+        }
+        if (r < 0 || r >= nspecs || specs[r].head == NULL) break;
+        const RowSpec *spec = &specs[r];
+        if (PySequence_Fast_GET_SIZE(vals) != spec->nvalues) break;
+        PyObject **values = PySequence_Fast_ITEMS(vals);
+        /* The timestamp as format_ts makes it: int(t), round-half-even of the rest, a carry. */
+        double tv = PyFloat_AS_DOUBLE(t);
+        if (!isfinite(tv) || tv < 0 || tv >= 253402300800.0) break;  /* years 1970-9999 */
+        long long sec = (long long)tv;
+        double x = (tv - (double)sec) * 1000000.0;
+        double rounded = round(x);
+        if (fabs(x - rounded) == 0.5) rounded = 2.0 * round(x / 2.0);
+        long us = (long)rounded;
+        if (us >= 1000000) {
+            sec += 1;
+            us -= 1000000;
+        }
+        if (!have_sec || sec != cached_sec) {
+            PyObject *p = PyObject_CallFunction(prefix_of, "L", sec);
+            if (p == NULL) goto error;
+            Py_ssize_t plen;
+            const char *ps = PyUnicode_Check(p) ? PyUnicode_AsUTF8AndSize(p, &plen) : NULL;
+            if (ps == NULL || plen != 20) {
+                Py_DECREF(p);
+                PyErr_Clear();
+                break;
+            }
+            if (lines && memcmp(ps, hour, 13) != 0) {  /* another hour: another folder */
+                Py_DECREF(p);
+                why = 2;
+                break;
+            }
+            memcpy(prefix, ps, 20);
+            Py_DECREF(p);
+            cached_sec = sec;
+            have_sec = 1;
+        }
+        Py_ssize_t line_start = b.len;
+        /* '{"v":2,"ts":"' (line_head), then "YYYY-MM-DDTHH:MM:SS." and the microseconds */
+        char ts[LINE_HEAD_MAX + 26];
+        memcpy(ts, line_head, line_head_len);
+        memcpy(ts + line_head_len, prefix, 20);
+        for (int d = 5, u = (int)us; d >= 0; d--, u /= 10) ts[line_head_len + 20 + d] = (char)('0' + u % 10);
+        if (buf_put(&b, ts, line_head_len + 26) < 0) goto error;
+        if (buf_put(&b, spec->head, spec->head_len) < 0) goto error;
+        int rc = put_str(&b, vhost);
+        for (Py_ssize_t k = 0; rc == 0 && k < spec->nkeys; k++) {
+            const KeySpec *ks = &spec->keys[k];
+            PyObject *v = values[ks->index];
+            if (v == Py_None) continue;
+            if (buf_put(&b, ks->text, ks->text_len) < 0) goto error;
+            rc = put_value(&b, ks->kind, v);
+        }
+        if (rc == 0) rc = buf_put(&b, "}\n", 2);
+        if (rc == -1) goto error;
+        if (rc == -2) {
+            b.len = line_start;
+            break;
+        }
+        /* Counted: a key that cannot be hashed is the Python path's (it raises there). */
+        Run *run = &runs[r];
+        int same = run->n && run->vhost == vhost;
+        for (Py_ssize_t k = 0; same && k < spec->npicks; k++) same = run->picked[k] == values[spec->picks[k]];
+        if (!same) {
+            for (Py_ssize_t k = 0; k < spec->npicks; k++) {
+                PyObject *v = values[spec->picks[k]];
+                if (PyObject_Hash(v) == -1) {
+                    PyErr_Clear();
+                    rc = -2;
+                    break;
+                }
+            }
+            if (rc == -2) {
+                b.len = line_start;
+                break;
+            }
+            if (flush_run(pending, r, spec, run) < 0) goto error;
+            run->vhost = vhost;
+            for (Py_ssize_t k = 0; k < spec->npicks; k++) run->picked[k] = values[spec->picks[k]];
+        }
+        run->n++;
+        if (!lines) {
+            memcpy(first_ts, ts + line_head_len, 26);
+            first_ts[26] = 'Z';
+            memcpy(hour, prefix, 13);
+        }
+        lines++;
+        why = 0;
+    }
+    /* The runs hold borrowed pointers into items, which outlive this call. */
+    if (flush_runs(pending, runs) < 0) goto error;
+    PyMem_Free(runs);
+    runs = NULL;
+    PyObject *data = PyBytes_FromStringAndSize(b.p ? b.p : "", b.len);
+    PyMem_Free(b.p);
+    if (data == NULL) return NULL;
+    PyObject *ts_obj = lines ? PyUnicode_FromStringAndSize(first_ts, 27) : Py_NewRef(Py_None);
+    if (ts_obj == NULL) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    return Py_BuildValue("(NnnNi)", data, lines, i, ts_obj, why);
+error:
+    PyMem_Free(runs);
+    PyMem_Free(b.p);
+    return NULL;
+}
+
+static PyObject *configure(PyObject *self, PyObject *args) {
+    PyObject *rows, *pf;
+    const char *lh;
+    Py_ssize_t lh_len;
+    if (!PyArg_ParseTuple(args, "y#O!O:configure", &lh, &lh_len, &PyList_Type, &rows, &pf)) return NULL;
+    if (lh_len > LINE_HEAD_MAX) {
+        PyErr_SetString(PyExc_ValueError, "configure: the line's head is too long");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    RowSpec *made = PyMem_Calloc(n ? n : 1, sizeof(RowSpec));
+    if (made == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *spec = PyList_GET_ITEM(rows, r);
+        if (spec == Py_None) continue;
+        PyObject *head, *keys, *picks;
+        Py_ssize_t nvalues;
+        if (!PyArg_ParseTuple(spec, "O!nO!O!:row", &PyBytes_Type, &head, &nvalues, &PyTuple_Type, &keys,
+                              &PyTuple_Type, &picks))
+            goto error;
+        RowSpec *s = &made[r];
+        s->head = PyBytes_AS_STRING(head);
+        s->head_len = PyBytes_GET_SIZE(head);
+        s->nvalues = nvalues;
+        s->nkeys = PyTuple_GET_SIZE(keys);
+        s->keys = PyMem_Calloc(s->nkeys ? s->nkeys : 1, sizeof(KeySpec));
+        s->npicks = PyTuple_GET_SIZE(picks);
+        if (s->npicks > 4) {
+            PyErr_SetString(PyExc_ValueError, "configure: more than 4 picks");
+            goto error;
+        }
+        s->picks = PyMem_Calloc(s->npicks ? s->npicks : 1, sizeof(Py_ssize_t));
+        if (s->keys == NULL || s->picks == NULL) {
+            PyErr_NoMemory();
+            goto error;
+        }
+        for (Py_ssize_t k = 0; k < s->nkeys; k++) {
+            PyObject *text;
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(keys, k), "nO!i:key", &s->keys[k].index, &PyBytes_Type, &text,
+                                  &s->keys[k].kind))
+                goto error;
+            if (s->keys[k].index < 0 || s->keys[k].index >= nvalues) {
+                PyErr_SetString(PyExc_ValueError, "configure: a key's value index out of range");
+                goto error;
+            }
+            s->keys[k].text = PyBytes_AS_STRING(text);
+            s->keys[k].text_len = PyBytes_GET_SIZE(text);
+        }
+        for (Py_ssize_t k = 0; k < s->npicks; k++) {
+            s->picks[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(picks, k));
+            if (s->picks[k] < 0 || s->picks[k] >= nvalues) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "configure: a pick out of range");
+                goto error;
+            }
+        }
+    }
+    /* The old specs are not freed: configure runs once at import (a second call leaks a little). */
+    Py_INCREF(rows);
+    Py_XSETREF(config, rows);
+    Py_INCREF(pf);
+    Py_XSETREF(prefix_of, pf);
+    specs = made;
+    nspecs = n;
+    memcpy(line_head, lh, lh_len);
+    line_head_len = lh_len;
+    Py_RETURN_NONE;
+error:
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyMem_Free(made[r].keys);
+        PyMem_Free(made[r].picks);
+    }
+    PyMem_Free(made);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"format_rows", (PyCFunction)(void (*)(void))format_rows, METH_FASTCALL,
+     "format_rows(items, start, max_bytes, pending) -> (data, lines, stop, first_ts, why)"},
+    {"configure", configure, METH_VARARGS, "configure(line_head, rows, prefix_of): the row shapes, once."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_format", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__format(void) { return PyModule_Create(&module); }
