@@ -92,6 +92,9 @@ class Broker:
     # What vhost() makes: the cluster broker (gateway.jetstream) gives its own subclass, so
     # that the embedded path runs VHost's methods with no test of which store is behind.
     vhost_class: type[VHost] = VHost
+    # Where queue messages are kept (gateway.broker.storage): the one seam where the stores
+    # differ; the cluster broker gives the JetStream one.
+    storage_class: Callable[[Any], MessageStorage] = EmbeddedMessages
 
     @property
     def audit(self) -> Any:
@@ -133,7 +136,7 @@ class Broker:
                                lock=lock)
         self.store = store
         # Queue messages: the one seam where the stores differ (gateway.broker.storage).
-        self.messages: MessageStorage = EmbeddedMessages(self)
+        self.messages: MessageStorage = self.storage_class(self)
         self.opened_lsn = int(getattr(store, "last_lsn", 0))  # the last durable write before this start (MQ8)
         self._log_recovery()
         self._upgrade_store()
@@ -185,6 +188,7 @@ class Broker:
         # message's publish and enqueue records. No audit log: no limit.
         self._audit_sync = getattr(audit, "sync_mark", None) is not None
         self._audit_lsn = NO_AUDIT_LIMIT
+        self._tasks: set[asyncio.Task[Any]] = set()  # spawn(): cancelled at close
 
     @classmethod
     async def open(cls, data_dir: str | None, *, clock: Clock | None = None, audit: Any = None,
@@ -197,13 +201,19 @@ class Broker:
         broker._recover()
         if broker._audit_sync:
             broker._audit_lsn = broker._last_lsn()  # what recovery wrote needs no confirm
-        broker._flusher = loop.create_task(broker._flush_loop())
+        broker.messages.start()  # the group commit (_flush_loop)
         return broker
 
     # -- basics ------------------------------------------------------------------------------
 
     def now(self) -> float:
         return self.clock.now()
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` on the loop, cancelled when the broker closes."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def vhost(self, name: str) -> VHost:
         vh = self.vhosts.get(name)
@@ -324,26 +334,21 @@ class Broker:
 
     def sync_now(self) -> int:
         """Sync on the calling thread and send the confirms it releases (tests, close)."""
-        lsn_mark = self._last_lsn()
-        durable = self._sync(self.audit.sync_mark() if self._audit_sync else 0)
-        if self._audit_sync and lsn_mark > self._audit_lsn:
-            self._audit_lsn = lsn_mark
+        durable = self.messages.sync()
         self._on_durable(self.durable_lsn)
         return durable
 
     async def flush(self) -> int:
         """Everything persisted so far is durable when this returns (a management change
-        answered only once it would survive a crash, SE4). On the flusher's thread, so
-        the two never sync at once."""
-        if self._loop is None:
-            return self.sync_now()
-        lsn_mark = self._last_lsn()
-        audit_mark = self.audit.sync_mark() if self._audit_sync else 0
-        durable = await self._loop.run_in_executor(self._executor, self._sync, audit_mark)
-        if self._audit_sync and lsn_mark > self._audit_lsn:
-            self._audit_lsn = lsn_mark
+        answered only once it would survive a crash, SE4; MessageStorage.flush)."""
+        durable = await self.messages.flush()
         self._on_durable(self.durable_lsn)
         return durable
+
+    def audit_synced(self, lsn_mark: int) -> None:
+        """A5: the audit records of every write up to ``lsn_mark`` are on disk too."""
+        if self._audit_sync and lsn_mark > self._audit_lsn:
+            self._audit_lsn = lsn_mark
 
     async def _flush_loop(self) -> None:
         # One executor thread syncs whatever piled up while the last sync ran: group commit.
@@ -365,8 +370,7 @@ class Broker:
                 # The batch is pending again in the store: retried until the disk takes it.
                 await asyncio.sleep(STORE_RETRY_SECONDS)
                 continue
-            if self._audit_sync and lsn_mark > self._audit_lsn:
-                self._audit_lsn = lsn_mark
+            self.audit_synced(lsn_mark)
             if self.read_only:
                 self._store_resumed()
             self._on_durable(self.durable_lsn)
@@ -432,6 +436,13 @@ class Broker:
                 log.warning("store compaction after the upgrade failed; retried after a sync", exc_info=True)
 
     def _on_durable(self, durable: int) -> None:
+        refused = self.messages.refused(durable)
+        if refused:
+            # M14: a write the store refused after taking it is a basic.nack, in its place.
+            for ch in self.confirm_waiters:
+                if any(lsn in refused for _, lsn in ch.pending_confirms):
+                    ch.pending_confirms = deque((seq, -1 if lsn in refused else lsn)
+                                               for seq, lsn in ch.pending_confirms)
         for ch in list(self.confirm_waiters):
             if not ch.on_durable(durable):
                 self.confirm_waiters.discard(ch)
@@ -581,21 +592,24 @@ class Broker:
 
     def end_batch(self) -> None:
         self._batch_depth -= 1
-        if self._confirms_ready and not self._batch_depth:
+        if self._batch_depth:
+            return
+        if self._confirms_ready:
             ready, self._confirms_ready = self._confirms_ready, []
             for ch in ready:
                 ch.send_ready_confirms()
-        if self._replays and not self._batch_depth:
+        if self._replays:
             self._run_replays()  # its own end_batch() dispatches what is pending
             return
-        if self._batch_depth or not self._to_dispatch:
-            return
-        pending, self._to_dispatch = self._to_dispatch, {}
-        for q in pending:
-            if q.consumers and not q.deleted:
-                self.dispatch(q)
-            elif not q.deleted:
-                self.scheduler.reschedule(q)
+        if self._to_dispatch:
+            pending, self._to_dispatch = self._to_dispatch, {}
+            for q in pending:
+                if q.consumers and not q.deleted:
+                    self.dispatch(q)
+                elif not q.deleted:
+                    self.scheduler.reschedule(q)
+        # What this read made leaves together now (MessageStorage.batch_end).
+        self.messages.batch_end()
 
     def _queue_tick(self, vh: VHost, q: BrokerQueue, now: float) -> None:
         if q.waiters is not None and not self._batch_depth:
@@ -747,24 +761,28 @@ class Broker:
         from pamqp import commands as C
         now = self.clock.now()
         q.last_used = now
+        store_wait = self.messages.getting(q, now)  # > 0: the store may bring one (MessageStorage)
         if ch.draining:  # closing (Q5 end_wait): nothing more is handed to this channel
             ch.session.conn.send_method(ch.number, C.Basic.GetEmpty())
             return
         wait = q.cmq.attributes.polling_wait_seconds
         receipt = None
-        if not (wait > 0 and q.waiters):  # earlier long polls go first
+        if not (wait > 0 and q.waiters) and not store_wait:  # earlier long polls go first
             receipt = self.receive(q, now)
+        waiting = receipt is None and (wait > 0 or store_wait > 0)
         if receipt is not None:
             self._answer_get(ch, q, receipt, no_ack)
-        elif wait > 0:
+        elif waiting:
             if q.waiters is None:
                 q.waiters = Waiters()
-            q.waiters.add(ch, now + wait)
+            q.waiters.add(ch, now + (wait if wait > 0 else store_wait))
             ch.waiting_get = (q, no_ack)
             ch.held = []
         else:
             ch.session.conn.send_method(ch.number, C.Basic.GetEmpty())
         self.after_queue_change(self.vhosts[q.vhost], q, dispatch=False)
+        if waiting and store_wait:
+            self.messages.get_waits(q, ch, plain=wait <= 0)
 
     def _answer_get(self, ch: Channel, q: BrokerQueue, receipt: Q.Receipt, no_ack: bool) -> None:
         """basic.get-ok (M11); no_ack: the message is deleted at once."""
@@ -889,9 +907,22 @@ class Broker:
         self.after_queue_change(vh, q)
 
     def answer_count(self, ch: Channel, q: BrokerQueue | None, count: int, frame: Callable[[int], Any]) -> None:
-        """queue.declare-ok / delete-ok / purge-ok with the queue's message count. Here the
-        count is known at once; the cluster broker (gateway.jetstream) asks JetStream first."""
-        ch.session.conn.send_method(ch.number, frame(count))
+        """queue.declare-ok / delete-ok / purge-ok with the queue's message count: at once,
+        or once the store counted (MessageStorage.message_count), the channel's later frames
+        held until then."""
+        later = None if q is None else self.messages.message_count(q, count)
+        if later is None:
+            ch.session.conn.send_method(ch.number, frame(count))
+            return
+        ch.held = []
+        self.spawn(self._answer_count(ch, later, frame))
+
+    async def _answer_count(self, ch: Channel, later: Any, frame: Callable[[int], Any]) -> None:
+        count = await later
+        session = ch.session
+        if session.channels.get(ch.number) is ch and not ch.closing:
+            session.conn.send_method(ch.number, frame(count))
+            session.replay_held(ch)
 
     def consumer_gone(self, q: BrokerQueue) -> None:
         self.vhosts[q.vhost].consumer_gone(q)
@@ -1040,6 +1071,8 @@ class Broker:
         if self._closed:
             return
         self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
         self.scheduler.close()
         if self.http_pusher is not None:
             await self.http_pusher.close()

@@ -14,6 +14,7 @@ semantics.send_rules, called by each implementation on its own counts.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.audit.rows import ENQUEUE
@@ -24,6 +25,7 @@ from semantics import queue as Q
 
 if TYPE_CHECKING:
     from gateway.broker.broker import Broker
+    from gateway.broker.channel import Channel
     from gateway.broker.queue import BrokerQueue
     from gateway.broker.vhost import VHost
     from semantics.queue_attrs import QueueAttributes
@@ -126,6 +128,65 @@ class MessageStorage(Protocol):
         the store cannot say now (the local model's numbers answer then)."""
         ...
 
+    def message_count(self, q: BrokerQueue, count: int) -> Coroutine[Any, Any, int] | None:
+        """queue.declare-ok, purge-ok or delete-ok is about to report ``count``, the local
+        model's count (after a purge or delete, what it removed). None: ``count`` stands and
+        is sent at once. Else the count to report comes from this coroutine (the stream's
+        count on every gateway); the broker holds the channel's later frames until then."""
+        ...
+
+    def getting(self, q: BrokerQueue, now: float) -> float:
+        """A basic.get of ``q`` at ``now`` (M11; a use of ``q``, x-expires, wherever it is
+        counted). Returns how long the get waits for the store to bring a message when
+        nothing is Active here (the reply is get-empty once the store finds none; Q5's
+        polling wait, when longer, still applies): 0 means every message is in ``q.cmq``,
+        so the get is answered from it at once."""
+        ...
+
+    def get_waits(self, q: BrokerQueue, ch: Channel, plain: bool) -> None:
+        """``ch``'s basic.get waits on ``q.waiters`` for the store (``plain``: it has no Q5
+        polling wait, so the store's "none" answers it get-empty): bring a message for it."""
+        ...
+
+    # -- confirms (M14): what the broker's confirms follow ------------------------------------
+
+    def start(self) -> None:
+        """The broker is open and recovered: confirms follow the store from now on (the
+        embedded store's group commit starts; JetStream's acknowledgements release them)."""
+        ...
+
+    def sync(self) -> int:
+        """What was written so far made durable now, on the calling thread, as far as the
+        store can (tests, close): returns the store's durable LSN. Never awaits."""
+        ...
+
+    async def flush(self) -> int:
+        """Every write made so far is durable, or refused, when this returns (SE4: a change
+        answered once it survives a crash); returns the store's durable LSN."""
+        ...
+
+    def refused(self, durable: int) -> Collection[int]:
+        """Confirms go out up to ``durable``: the LSNs of confirms that must be basic.nack,
+        their write refused by the store after it was taken (the PubAck rule: a confirm only
+        for a stored message). Each is reported once. The embedded store refuses none (a
+        failing disk keeps confirms waiting, W5)."""
+        ...
+
+    def watch_refusals(self, lsns: list[int]) -> dict[int, bool]:
+        """The writes of one CMQ API send: marked True as :meth:`refused` reports them, so
+        the send is answered 4410, not 0. Call before awaiting them; end with
+        :meth:`refusals_seen`."""
+        ...
+
+    def refusals_seen(self, watched: dict[int, bool]) -> bool:
+        """Ends :meth:`watch_refusals`: whether any of those writes was refused."""
+        ...
+
+    def batch_end(self) -> None:
+        """The events of one read of a client are handled (Broker.end_batch): the writes,
+        acks and pulls they made leave now, together, not a loop turn later."""
+        ...
+
 
 class EmbeddedMessages:
     """Messages in this process's CMQ model, persistent ones also in the local journal."""
@@ -206,6 +267,50 @@ class EmbeddedMessages:
     async def counts(self, q: BrokerQueue) -> tuple[int, int, int, int] | None:
         cmq = q.cmq
         return cmq.active, cmq.inactive, cmq.delayed, cmq.rewindable
+
+    def message_count(self, q: BrokerQueue, count: int) -> None:
+        return None
+
+    def getting(self, q: BrokerQueue, now: float) -> float:
+        return 0.0
+
+    def get_waits(self, q: BrokerQueue, ch: Channel, plain: bool) -> None:
+        return None
+
+    def start(self) -> None:
+        broker = self.broker
+        assert broker._loop is not None
+        broker._flusher = broker._loop.create_task(broker._flush_loop())
+
+    def sync(self) -> int:
+        broker = self.broker
+        lsn_mark = broker._last_lsn()
+        durable = broker._sync(broker.audit.sync_mark() if broker._audit_sync else 0)
+        broker.audit_synced(lsn_mark)
+        return durable
+
+    async def flush(self) -> int:
+        """On the group commit's thread, so that the two never sync at once."""
+        broker = self.broker
+        if broker._loop is None:
+            return self.sync()
+        lsn_mark = broker._last_lsn()
+        audit_mark = broker.audit.sync_mark() if broker._audit_sync else 0
+        durable = await broker._loop.run_in_executor(broker._executor, broker._sync, audit_mark)
+        broker.audit_synced(lsn_mark)
+        return durable
+
+    def refused(self, durable: int) -> tuple[int, ...]:
+        return ()
+
+    def watch_refusals(self, lsns: list[int]) -> dict[int, bool]:
+        return {}
+
+    def refusals_seen(self, watched: dict[int, bool]) -> bool:
+        return False
+
+    def batch_end(self) -> None:
+        return None
 
     def purge(self, vh: VHost, q: BrokerQueue) -> int:
         ids = [m.msg_id for m in q.cmq.purge(self.broker.now())]

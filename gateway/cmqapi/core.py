@@ -201,11 +201,11 @@ class CmqApi:
                 raise CmqApiError(QUEUE_FULL, f"{e.text}") from None
             raise
         lsn = max(out.lsn for out in outs)
-        watch = getattr(self.broker, "watch_refusals", None)  # JetStream: a write refused there
-        watched = watch([out.lsn for out in outs if out.lsn]) if watch is not None and queue else None
+        messages = self.broker.messages  # a write the store refuses after taking it (JetStream's L8)
+        watched = messages.watch_refusals([out.lsn for out in outs if out.lsn]) if queue else None
         if lsn:
             await self.durable(lsn)
-        if watched is not None and self.broker.refusals_seen(watched):
+        if watched is not None and messages.refusals_seen(watched):
             raise CmqApiError(QUEUE_FULL, "the queue already retains maxMsgHeapNum messages (CMQ rule L8): "
                               "refused by the store; messages of this request before it may have been kept")
         return outs

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any, cast
@@ -51,7 +50,6 @@ from semantics import queue as Q
 from semantics.clock import Clock, SystemClock
 from semantics.jetstream.names import CONSUMER
 from semantics.store.keys import parse_key
-from semantics.waiters import Waiters
 
 __all__ = ["ClusterBroker"]
 
@@ -70,7 +68,6 @@ PULL_MIN = 64  # while a pull is under way, the next one asks for at least this 
 UNLIMITED_CREDIT = 1000
 LEASED_MAX = 4096  # messages asked for or leased and not yet delivered, per queue, at most
 PULL_WAITING = b'"expires":%d' % int(PULL_WAIT * 1e9)
-GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
 NAK_WAIT = 2.0
 
@@ -83,6 +80,8 @@ class ClusterBroker(Broker):
     """See the module docstring; open with :meth:`open_cluster`."""
 
     vhost_class = ClusterVHost
+    storage_class = JetStreamMessages
+    messages: JetStreamMessages
     store: JetStreamStore
     link: Link
 
@@ -100,17 +99,18 @@ class ClusterBroker(Broker):
             broker = cls(None, clock=clock or SystemClock(), audit=audit, config=config, loop=loop,
                          store=store, link=link, gateway_id=gateway_id)
             await broker.publisher.start()
+            log.info("store: NATS JetStream, %d replica(s), gateway id %s", link.replicas, gateway_id)
             await broker.watch.load()
             broker._recover()
-            store.on_durable = broker._durable_soon
+            broker.messages.start()  # confirms follow JetStream's acknowledgements
             # The streams of the queues it knows, before it serves: a declare-ok counts them.
             if broker._ensuring:
                 await asyncio.wait(list(broker._ensuring), timeout=STARTUP_STREAMS_SECONDS)
             broker.watch.start()
             await broker.presence.start()
             await broker.mqtt.start()  # answers MQTT client-id claims (gateway.jetstream.mqtt_state)
-            broker._spawn(broker._count_loop())
-            broker._spawn(broker.sweeper.run())
+            broker.spawn(broker._count_loop())
+            broker.spawn(broker.sweeper.run())
         except BaseException:
             await link.close()
             raise
@@ -120,7 +120,6 @@ class ClusterBroker(Broker):
         self.link = link
         self.gateway_id = gateway_id
         super().__init__(data_dir, **kwargs)
-        self.messages = JetStreamMessages(self)
         self.watch = MetaWatch(self)
         self.presence = Presence(self)
         self.sweeper = Sweeper(self)
@@ -135,30 +134,10 @@ class ClusterBroker(Broker):
         self.record_watchers: dict[str, Callable[[str, bytes | None], None]] = {}
         # (vhost, queue) -> done when the stream of a queue deleted here is gone.
         self.deleting: dict[tuple[str, str], asyncio.Future[None]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._ensuring: set[asyncio.Task[Any]] = set()
         self._replies: list[tuple[str, bytes]] = []
         self._durable_scheduled = False
-        self._watched: list[dict[int, bool]] = []  # CMQ API sends awaiting their writes (watch_refusals)
         self.taking: set[ClusterQueue] = set()  # queues that got deliveries lately (JetStreamMessages.backlog)
-
-    # -- the store: JetStream acknowledges as it goes (no group commit thread) ---------------
-
-    async def _flush_loop(self) -> None:
-        return None
-
-    def sync_now(self) -> int:
-        durable = self.store.durable_lsn
-        self._on_durable(durable)
-        return durable
-
-    async def flush(self) -> int:
-        durable = await self.store.settled()
-        self._on_durable(durable)
-        return durable
-
-    def _log_recovery(self) -> None:
-        log.info("store: NATS JetStream, %d replica(s), gateway id %s", self.link.replicas, self.gateway_id)
 
     async def close(self) -> None:
         if self._closed:
@@ -168,16 +147,10 @@ class ClusterBroker(Broker):
         await self.watch.stop()
         await self.presence.stop()
         await self.publisher.stop()
-        for task in list(self._tasks):
-            task.cancel()
-        await super().close()
+        await super().close()  # cancels the tasks it runs (spawn)
         await self.link.close()
 
     # -- queue messages in JetStream (Q1-Q8, M10-M13, CL3) -----------------------------------
-
-    def spawn(self, coro: Any) -> None:
-        """Run ``coro`` on the loop, cancelled when the broker closes."""
-        self._spawn(coro)
 
     def cluster_queues(self) -> list[ClusterQueue]:
         return [cast(ClusterQueue, q) for vh in self.vhosts.values() for q in vh.queues.values()]
@@ -243,7 +216,7 @@ class ClusterBroker(Broker):
 
     def _start_rewind(self, q: ClusterQueue, to_time: float) -> None:
         q.rewinding += 1
-        self._spawn(self._rewind(q, to_time))
+        self.spawn(self._rewind(q, to_time))
 
     async def _rewind(self, q: ClusterQueue, to_time: float) -> None:
         """M15/Q6: the queue's consumer starts again at ``to_time`` for every gateway; what
@@ -264,11 +237,6 @@ class ClusterBroker(Broker):
         q.requested = 0
         q.pulls.clear()
         self._want(q)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def queue_made(self, q: ClusterQueue) -> None:
         q.on_consumers = self.presence.consumers_changed
@@ -340,7 +308,7 @@ class ClusterBroker(Broker):
         q.stale_remote = q.remote_ready
         q.count_done = asyncio.get_running_loop().create_future()
         gone = self.deleting[q.vhost, q.name] = asyncio.get_running_loop().create_future()
-        self._spawn(self._delete_stream(q, q.count_done, gone))
+        self.spawn(self._delete_stream(q, q.count_done, gone))
 
     async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int], gone: asyncio.Future[None]) -> None:
         try:
@@ -355,7 +323,7 @@ class ClusterBroker(Broker):
             del q.leases[msg_id]  # purged here; the stream's purge removes it there
         q.stale_remote, q.remote_ready = q.remote_ready, 0
         q.count_done = asyncio.get_running_loop().create_future()
-        self._spawn(self._counted(q, q.count_done, self.link.js.purge_stream))
+        self.spawn(self._counted(q, q.count_done, self.link.js.purge_stream))
 
     async def _publishes_landed(self, q: ClusterQueue) -> None:
         """A count follows the publishes before it on this gateway (as on one broker)."""
@@ -363,16 +331,10 @@ class ClusterBroker(Broker):
         while q.in_flight and self.clock.now() < deadline:
             await asyncio.sleep(0.005)
 
-    def answer_count(self, ch: Any, q: Any, count: int, frame: Any) -> None:
-        """The -ok waits (the channel's later frames held behind it) for JetStream's count of
-        undelivered messages, which replaces this gateway's estimate in ``count``."""
-        done, q.count_done = q.count_done, None
-        local = max(0, count - (q.stale_remote if done is not None else q.remote_ready))
-        ch.held = []
-        self._spawn(self._answer_count(ch, q, local, frame, done))
-
-    async def _answer_count(self, ch: Any, q: ClusterQueue, local: int, frame: Any,
-                            done: asyncio.Future[int] | None) -> None:
+    async def counted(self, q: ClusterQueue, local: int, done: asyncio.Future[int] | None) -> int:
+        """A -ok's count (JetStreamMessages.message_count): ``local`` (leased here) and
+        JetStream's count of undelivered messages; ``done``: the one read before a purge or
+        delete of the stream."""
         remote = q.remote_ready
         try:
             if done is not None:
@@ -385,10 +347,7 @@ class ClusterBroker(Broker):
                 q.remote_ready = remote
         except Exception as e:  # noqa: BLE001 - the estimate stands
             log.info("count of %s not read: %r", q.stream, e)
-        session = ch.session
-        if session.channels.get(ch.number) is ch and not ch.closing:
-            session.conn.send_method(ch.number, frame(local + remote))
-            session.replay_held(ch)
+        return local + remote
 
     def publish_message(self, q: ClusterQueue, msg: Message, now: float, delay: float | None,
                         expires_at: float | None) -> int:
@@ -461,57 +420,10 @@ class ClusterBroker(Broker):
         self._durable_scheduled = False
         self._on_durable(self.store.durable_lsn)
 
-    def watch_refusals(self, lsns: list[int]) -> dict[int, bool]:
-        """The writes of a CMQ API send: marked True if JetStream refuses them (L8 max_msgs
-        seen by JetStream only, when other gateways' leases fill the queue), so that the send
-        is answered 4410, not 0. Call before awaiting them; :meth:`refusals_seen` ends it."""
-        watched = dict.fromkeys(lsns, False)
-        self._watched.append(watched)
-        return watched
-
-    def refusals_seen(self, watched: dict[int, bool]) -> bool:
-        with contextlib.suppress(ValueError):
-            self._watched.remove(watched)
-        return any(watched.values())
-
-    def _on_durable(self, durable: int) -> None:
-        refused = self.store.refused
-        links = self.store.fanout_next
-        if refused and self._watched:
-            for lsn in refused:
-                for watched in self._watched:
-                    if lsn in watched:
-                        watched[lsn] = True
-        if refused:
-            # M14: a write JetStream refused (L8 max_msgs) is a basic.nack, in its place; a
-            # message routed to several queues is nacked when any of its writes was refused.
-            last = set()
-            for lsn in refused:
-                while lsn in links:
-                    lsn = links[lsn]
-                last.add(lsn)
-            for ch in self.confirm_waiters:
-                if any(lsn in last for _, lsn in ch.pending_confirms):
-                    ch.pending_confirms = deque((seq, -1 if lsn in last else lsn)
-                                               for seq, lsn in ch.pending_confirms)
-            refused.clear()
-        while links:
-            first = next(iter(links))
-            if first > durable:
-                break
-            del links[first]
-        super()._on_durable(durable)
-
-    def end_batch(self) -> None:
-        """The end of what one read of a client brought: its publishes, acks and naks are
-        handed to the connections now, together, to leave with this turn's other writes
-        (gateway.jetstream.wire.send), not a loop turn later (issue 28: each turn a message
-        waits for is latency)."""
-        super().end_batch()
-        if not self._batch_depth:
-            self.publisher.flush()
-            if self._replies:
-                self._send_replies()
+    def send_replies(self) -> None:
+        """The acks and naks settled so far, now (the end of a client's read)."""
+        if self._replies:
+            self._send_replies()
 
     # pulling: as much as this gateway's consumers and gets can take
 
@@ -579,7 +491,7 @@ class ClusterBroker(Broker):
         else through nats-py in a task (NATS away: a lost ack or pull is made good by ack_wait
         and _unstick)."""
         if not wire.send(nc, commands):
-            self._spawn(self._write(nc, commands))
+            self.spawn(self._write(nc, commands))
 
     async def _write(self, nc: Any, commands: list[Any]) -> None:
         try:
@@ -689,7 +601,7 @@ class ClusterBroker(Broker):
                 body = q.fetched.pop(msg_id, None)
                 if body is None:
                     q.held_back = msgs[i:]  # this one and those after it wait for its body
-                    self._spawn(self._fetch_body(q, m, headers[BODY_HEADER], msg_id))
+                    self.spawn(self._fetch_body(q, m, headers[BODY_HEADER], msg_id))
                     break
             q.leases[msg_id] = m
             msg = stored_message(r, body, msg_id)
@@ -736,7 +648,7 @@ class ClusterBroker(Broker):
         gateway pulls again: its next pull (a basic.get right after a requeue) must find it,
         and JetStream applies acks and pull requests on separate queues."""
         q.naks_pending += 1
-        self._spawn(self._nak_confirmed(q, m))
+        self.spawn(self._nak_confirmed(q, m))
 
     async def _nak_confirmed(self, q: ClusterQueue, m: Any) -> None:
         try:
@@ -767,7 +679,7 @@ class ClusterBroker(Broker):
         self._reply(lease, b"+ACK")
         name = (lease.headers or {}).get(BODY_HEADER)
         if name is not None:
-            self._spawn(self.bodies.delete(name))
+            self.spawn(self.bodies.delete(name))
 
     def nak(self, q: ClusterQueue, lease: Any) -> None:
         self._nak(q, lease)
@@ -775,7 +687,7 @@ class ClusterBroker(Broker):
     def readers_left(self, q: ClusterQueue) -> None:
         """Nobody here takes from ``q`` any more: its pulls are withdrawn, its leases go back."""
         if not q.consumers and q.waiters is None and q.requested:
-            self._spawn(self._forget_requests(q))
+            self.spawn(self._forget_requests(q))
         self._return_surplus(q)
 
     def api_demand_ended(self, q: ClusterQueue) -> None:
@@ -808,23 +720,11 @@ class ClusterBroker(Broker):
                     await old.unsubscribe()
         self._want(q)
 
-    def get(self, ch: Any, q: Any, no_ack: bool) -> None:
-        """basic.get with nothing leased here: wait (as a long poll, Q5) for one pull."""
-        self.presence.note_use(q, self.clock.now())  # x-expires: a use on any gateway counts
-        if q.cmq.active or ch.draining:
-            super().get(ch, q, no_ack)
-            return
-        now = self.clock.now()
-        q.last_used = now
-        if q.waiters is None:
-            q.waiters = Waiters()
-        wait = q.cmq.attributes.polling_wait_seconds
-        q.waiters.add(ch, now + (wait if wait > 0 else GET_WAIT))
-        if wait <= 0:
-            q.plain_gets.append(ch)  # answered get-empty by the first pull that finds nothing
-        ch.waiting_get = (q, no_ack)
-        ch.held = []
-        self.after_queue_change(self.vhosts[q.vhost], q, dispatch=False)
+    def get_waits(self, ch: Any, q: ClusterQueue, plain: bool) -> None:
+        """basic.get with nothing leased here waits (as a long poll, Q5) for one pull;
+        ``plain`` (no polling wait): answered get-empty by the first pull that finds nothing."""
+        if plain:
+            q.plain_gets.append(ch)
         self._want(q)
 
     # -- declarations of every gateway (CL1) -------------------------------------------------

@@ -9,8 +9,10 @@ messages it naked for the rest of their delay.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from gateway.audit.rows import ENQUEUE
 from gateway.jetstream.api_receive import ReceiveDemand, queue_counts
@@ -21,6 +23,7 @@ from semantics import queue as Q
 from semantics.send_rules import check_heap, check_room, check_size, send_delay, send_expiry
 
 if TYPE_CHECKING:
+    from gateway.broker.channel import Channel
     from gateway.broker.message import Message
     from gateway.broker.queue import BrokerQueue
     from gateway.broker.vhost import VHost
@@ -35,6 +38,7 @@ __all__ = ["JetStreamMessages"]
 LAG_EVERY = 0.002
 LAG_STALE = 1.0
 LAG_WEIGHT = 3
+GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 
 
 def held(q: ClusterQueue) -> int:
@@ -53,6 +57,7 @@ class JetStreamMessages:
         self.broker = broker
         self._lag = 0
         self._lag_at = 0.0
+        self._watched: list[dict[int, bool]] = []  # CMQ API sends awaiting their writes (watch_refusals)
 
     def enqueue(self, vh: VHost, q: BrokerQueue, msg: Message, now: float, delay: float | None,
                 expires_at: float | None, out_lsn: int, via: str | None, subscription: str | None) -> int:
@@ -184,3 +189,77 @@ class JetStreamMessages:
         count = len(cq.cmq.purge(self.broker.now())) + cq.remote_ready
         self.broker.purge_stream(cq)
         return count
+
+    def message_count(self, q: BrokerQueue, count: int) -> Coroutine[Any, Any, int]:
+        """The -ok waits for JetStream's count of undelivered messages, which replaces this
+        gateway's estimate of them in ``count`` (after a purge or delete: the count read
+        before the stream's purge or deletion)."""
+        cq: ClusterQueue = q  # type: ignore[assignment]
+        done, cq.count_done = cq.count_done, None
+        local = max(0, count - (cq.stale_remote if done is not None else cq.remote_ready))
+        return self.broker.counted(cq, local, done)
+
+    def getting(self, q: BrokerQueue, now: float) -> float:
+        """A use on any gateway counts (x-expires); with nothing leased here the get waits
+        for one pull (answered get-empty by the first that finds nothing, get_waits)."""
+        cq: ClusterQueue = q  # type: ignore[assignment]
+        self.broker.presence.note_use(cq, now)
+        return 0.0 if cq.cmq.active else GET_WAIT
+
+    def get_waits(self, q: BrokerQueue, ch: Channel, plain: bool) -> None:
+        self.broker.get_waits(ch, q, plain)  # type: ignore[arg-type]
+
+    # -- confirms (M14): JetStream acknowledges each write as it comes (no group commit) --
+
+    def start(self) -> None:
+        self.broker.store.on_durable = self.broker._durable_soon
+
+    def sync(self) -> int:
+        return self.broker.store.durable_lsn
+
+    async def flush(self) -> int:
+        return await self.broker.store.settled()
+
+    def refused(self, durable: int) -> set[int]:
+        """The writes JetStream refused (L8 max_msgs): a message routed to several queues is
+        nacked when any of its writes was (the chain of fanout_next leads to the LSN its
+        confirm waits for); the links of writes now durable are forgotten."""
+        store = self.broker.store
+        refused = store.refused
+        links = store.fanout_next
+        last: set[int] = set()
+        if refused:
+            for watched in self._watched:
+                for lsn in refused:
+                    if lsn in watched:
+                        watched[lsn] = True
+            for lsn in refused:
+                while lsn in links:
+                    lsn = links[lsn]
+                last.add(lsn)
+            refused.clear()
+        while links:
+            first = next(iter(links))
+            if first > durable:
+                break
+            del links[first]
+        return last
+
+    def watch_refusals(self, lsns: list[int]) -> dict[int, bool]:
+        """L8 max_msgs seen by JetStream only, when other gateways' leases fill the queue."""
+        watched = dict.fromkeys(lsns, False)
+        self._watched.append(watched)
+        return watched
+
+    def refusals_seen(self, watched: dict[int, bool]) -> bool:
+        with contextlib.suppress(ValueError):
+            self._watched.remove(watched)
+        return any(watched.values())
+
+    def batch_end(self) -> None:
+        """The read's publishes, acks and naks handed to the connections together, to leave
+        with this turn's other writes (gateway.jetstream.wire.send), not a loop turn later
+        (issue 28: each turn a message waits for is latency)."""
+        broker = self.broker
+        broker.publisher.flush()
+        broker.send_replies()

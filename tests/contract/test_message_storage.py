@@ -4,8 +4,9 @@ As ZODB's BasicStorage and Synchronization test mixins run against FileStorage, 
 and RelStorage, :class:`MessageStorageContract` holds the tests and each subclass opens a broker
 on one store: the embedded store (in memory) and JetStream (a real nats-server of the session,
 tests/support/natsd.py). Every test drives the broker as its callers do (vhost.publish,
-broker.receive, the storage's settle/release/purge/demand/counts) and reads the results through
-the same seam, so a difference between the stores is a failure of one of the two.
+broker.receive, the storage's settle/release/purge/demand/counts, a Session over a real
+ServerConnection for basic.get, the -ok counts and confirms) and reads the results through the
+same seam, so a difference between the stores is a failure of one of the two.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from pamqp import body as B
+from pamqp import commands as C
 
 from gateway.broker import Broker, BrokerConfig
 from gateway.protocol.properties import Properties
@@ -219,6 +222,113 @@ class MessageStorageContract:
         await asyncio.sleep(1.0)
         got = await take(broker, q, 2, wait=ABSENT_WAIT + 1)
         assert [r.message.payload.body for r in got] == [b"long"]
+
+
+    # -- what a channel sees: basic.get and the -ok counts (MessageStorage.getting,
+    # get_waits, message_count), through a real Session and ServerConnection ---------------
+
+    async def test_M11_a_basic_get_receives_a_stored_message_then_get_empty(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        self.publish(broker, q, b"got")
+        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        c = _client(broker)
+        c.send(1, C.Basic.Get(queue=q.name, no_ack=True))
+        frames = await _answer(c, C.Basic.GetOk, C.Basic.GetEmpty)
+        assert [type(f) for f in frames if isinstance(f, C.Basic.GetOk | C.Basic.GetEmpty)] == [C.Basic.GetOk]
+        assert b"".join(f.value for f in frames if isinstance(f, B.ContentBody)) == b"got"
+        c.send(1, C.Basic.Get(queue=q.name, no_ack=True))
+        assert isinstance((await _answer(c, C.Basic.GetOk, C.Basic.GetEmpty))[-1], C.Basic.GetEmpty)
+
+    async def test_Q5_a_basic_get_waits_its_polling_wait_for_a_message(self, broker: Any) -> None:
+        q = await self.declare(broker, **{"x-cmq-polling-wait-seconds": 5})
+        c = _client(broker)
+        c.send(1, C.Basic.Get(queue=q.name, no_ack=True))
+        await asyncio.sleep(0.3)
+        assert c.methods() == []  # waiting
+        self.publish(broker, q, b"awaited")
+        frames = await _answer(c, C.Basic.GetOk, C.Basic.GetEmpty)
+        assert b"".join(f.value for f in frames if isinstance(f, B.ContentBody)) == b"awaited"
+
+    async def test_M7_declare_ok_purge_ok_and_delete_ok_count_the_stored_messages(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        for i in range(3):
+            self.publish(broker, q, b"n%d" % i)
+        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        c = _client(broker)
+        c.send(1, C.Queue.Declare(queue=q.name, passive=True))
+        (ok,) = [f for f in await _answer(c, C.Queue.DeclareOk) if isinstance(f, C.Queue.DeclareOk)]
+        assert ok.message_count == 3
+        assert len(await take(broker, q, 1)) == 1  # received: no longer counted as ready
+        c.send(1, C.Queue.Purge(queue=q.name))
+        (ok,) = [f for f in await _answer(c, C.Queue.PurgeOk) if isinstance(f, C.Queue.PurgeOk)]
+        assert ok.message_count == 2
+        self.publish(broker, q, b"last")
+        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        c.send(1, C.Queue.Delete(queue=q.name))
+        (ok,) = [f for f in await _answer(c, C.Queue.DeleteOk) if isinstance(f, C.Queue.DeleteOk)]
+        assert ok.message_count == 1
+
+    async def test_M7_the_count_of_a_queue_without_messages_is_0(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        later = broker.messages.message_count(q, q.message_count)
+        assert (0 if later is None else await asyncio.wait_for(later, TAKE_WAIT)) == 0
+
+    # -- confirms (M14): start, sync, flush, refused, batch_end --------------------------------
+
+    async def test_M14_flush_and_sync_reach_every_write_taken(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        lsn = max(self.publish(broker, q, b"f%d" % i).lsn for i in range(5))
+        assert await asyncio.wait_for(broker.messages.flush(), TAKE_WAIT) >= lsn
+        assert broker.messages.sync() >= lsn
+        assert broker.durable_lsn >= lsn
+
+    async def test_M14_a_write_the_store_took_is_never_refused(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        lsns = [self.publish(broker, q, b"w%d" % i).lsn for i in range(3)]
+        watched = broker.messages.watch_refusals(lsns)
+        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        assert not broker.messages.refused(broker.durable_lsn)
+        assert broker.messages.refusals_seen(watched) is False
+
+    async def test_M14_confirms_of_a_batch_go_once_its_writes_are_durable(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        c = _client(broker)
+        c.send(1, C.Confirm.Select())
+        c.read()
+        broker.begin_batch()  # one read of a client, as the transport hands it over
+        for i in range(4):
+            c.publish(1, "", q.name, b"b%d" % i, delivery_mode=2)
+        broker.end_batch()  # MessageStorage.batch_end: the writes leave now
+        deadline = time.monotonic() + TAKE_WAIT
+        acked = 0
+        while acked < 4 and time.monotonic() < deadline:
+            for f in c.methods():
+                assert not isinstance(f, C.Basic.Nack)
+                if isinstance(f, C.Basic.Ack):
+                    acked = f.delivery_tag
+            await asyncio.sleep(0.02)
+        assert acked == 4
+        assert len(await take(broker, q, 4)) == 4
+
+
+def _client(broker: Any) -> Any:
+    from tests.unit.broker.helpers import Client
+    c = Client(broker)
+    c.open_channel(1)
+    return c
+
+
+async def _answer(c: Any, *wanted: type, wait: float = TAKE_WAIT) -> list[Any]:
+    """The frames ``c`` receives until one of type ``wanted`` (and its content) came."""
+    frames: list[Any] = []
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        frames += [f for _, f in c.read()]
+        if any(isinstance(f, wanted) for f in frames):
+            await asyncio.sleep(0.05)  # its content frames, if any
+            return frames + [f for _, f in c.read()]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no {wanted} within {wait} s: {frames}")
 
 
 class TestEmbeddedStore(MessageStorageContract):
