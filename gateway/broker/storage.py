@@ -8,6 +8,13 @@ has a reader for it) lives behind these operations. The embedded implementation 
 :class:`EmbeddedMessages` here; the JetStream one is ``gateway.jetstream.messages``.
 tests/contract/ runs one suite of tests against both.
 
+Besides where messages are, the contract says what confirms follow (M14): ``start`` (the
+embedded store's group commit; JetStream's acknowledgements), ``sync``/``flush``, ``refused``
+(a write taken and later refused is a basic.nack) and ``batch_end`` (what one client read made
+leaves together); and what a channel sees of the store: ``getting``/``get_waits`` (basic.get)
+and ``message_count`` (the -ok counts). Which gateway owns what (presence, exclusive queues,
+topic retries) is not message storage: the cluster broker keeps it (gateway.jetstream).
+
 The CMQ rules a message meets on its way in (L6, L8, Q4, x-message-ttl, M7) are
 semantics.send_rules, called by each implementation on its own counts.
 """

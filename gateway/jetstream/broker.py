@@ -1,8 +1,11 @@
 """The broker on JetStream: one of many gateways sharing one state (docs/CLUSTER.md).
 
-:class:`ClusterBroker` is the embedded :class:`Broker` with the store seam filled by
-:class:`JetStreamStore` and the methods where state crosses the network replaced; the
-embedded broker's own methods are untouched, so its hot path pays nothing for this one.
+:class:`ClusterBroker` is the embedded :class:`Broker` with its two seams filled: records
+(``StoreBackend``) by :class:`JetStreamStore`, queue messages and the confirms that follow
+them (``MessageStorage``, gateway.broker.storage) by :class:`JetStreamMessages`, which calls
+the pull, lease and count machinery below. What it overrides of ``Broker`` is membership
+only: declarations of every gateway applied at start (``_recover_declarations``), the topic
+retries a gateway owns (``_recover_retained``) and leaving the cluster (``close``).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class ClusterVHost(VHost):
         has reached this one through the presence bucket."""
         if q.auto_delete and not q.consumers and not q.deleted:
             self.broker.touch_queue(q)
-            self.broker.spawn(self._auto_delete_later(q))  # type: ignore[attr-defined]
+            self.broker.spawn(self._auto_delete_later(q))
             return
         super().consumer_gone(q)
         if not q.consumers and not q.deleted:
@@ -136,7 +136,7 @@ class ClusterVHost(VHost):
             # (once); the others follow the watch, or look again after x-expires if it did not.
             q.last_used = now
             self.broker.scheduler.reschedule(q)
-            self.broker.spawn(self._expire_once(q, last))  # type: ignore[attr-defined]
+            self.broker.spawn(self._expire_once(q, last))
             return
         super().expire_queue(q)
 
