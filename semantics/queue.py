@@ -115,7 +115,16 @@ _OWN_ID_LEN = len(_OWN_IDS) + 16  # new_msg_id's counter: 16 hex digits
 # FOLD_KEEP and before the newest FOLD_TAIL are folded. Shorter queues never pay for it.
 FOLD_KEEP = 1024
 FOLD_TAIL = 1024
-FOLD_BATCH = 4096
+FOLD_BATCH = 2048
+# A fold leaves hot the messages its freezer refused for now (the gateway's: a body not yet
+# on disk, the last group commits' publishes); FOLD_RETRY seconds later a timer folds again
+# what it takes by then, and again after twice as long each time one folds nothing, until
+# the wait passes FOLD_RETRY_MAX (messages it never takes, transient ones in a durable
+# queue, are scanned a handful of times, not forever). Without it the last fold's refusals
+# and the sends after it stayed objects until the next send: ~14,000 messages, 9 MB, at the
+# end of a publisher's run (issue 31).
+FOLD_RETRY = 0.25
+FOLD_RETRY_MAX = 8.0
 
 
 class QueueMessage:
@@ -280,6 +289,8 @@ class CmqQueue:
         self._fold_keep = FOLD_KEEP
         self._fold_tail = FOLD_TAIL
         self._fold_batch = FOLD_BATCH
+        self._fold_retry = _INF  # when a timer folds again (see FOLD_RETRY)
+        self._fold_wait = FOLD_RETRY  # the wait before it
         self._live_max = ""  # the highest ID ever folded: a later own ID is in no run
         self._unordered = False  # a thawed message went to the end of _messages
         # Called when the queue empties after holding a run (a long backlog drained): the
@@ -491,7 +502,7 @@ class CmqQueue:
             if self._max_length is not None and self._n_active > self._max_length:
                 self._drop_over_max_length()
             if len(self._active) > self._fold_at:
-                self._fold()
+                self._fold(now)
         return msg
 
     def restore(self, payload: object, size: int, now: float, *, msg_id: str, enqueue_time: float,
@@ -608,16 +619,17 @@ class CmqQueue:
             self._messages = dict(sorted(self._messages.items(), key=_seq_of_item))
             self._unordered = False
 
-    def _fold(self) -> None:
+    def _fold(self, now: float, retry: bool = False) -> None:
         """Fold the plain Active messages between the hot head and the hot tail into a
-        LiveRun (see FOLD_KEEP), taking them out of ``_messages`` and the deadline lane."""
+        LiveRun (see FOLD_KEEP), taking them out of ``_messages`` and the deadline lane.
+        ``retry``: the timer's fold (FOLD_RETRY), of however few there are."""
         freezer = self._freezer
         assert freezer is not None
         active = self._active
         keep = self._fold_keep
         n = len(active) - keep - self._fold_tail
         self._fold_at = max(self._fold_keep + self._fold_tail + self._fold_batch, len(active) + self._fold_batch)
-        if n < self._fold_batch:
+        if n < (1 if retry else self._fold_batch):
             return
         head = [active.popleft() for _ in range(keep)]
         middle = [active.popleft() for _ in range(n)]
@@ -631,6 +643,7 @@ class CmqQueue:
         messages = self._messages
         retention, dlq_ttl = self._retention, self._dlq_ttl
         folded_deadline = -_INF
+        refused = 0
         for m in middle:
             state = m.state
             if state is not ACTIVE:
@@ -647,6 +660,7 @@ class CmqQueue:
             ref = freezer.freeze(msg_id, m.payload, enq)
             if ref < 0:
                 stay.append(m)
+                refused += 1
                 continue
             run.append(int(msg_id[len(_OWN_IDS):], 16), enq, m.size, ref, m.pos, m.seq)
             last_pos, last_enq, last_id = m.pos, enq, msg_id
@@ -657,6 +671,18 @@ class CmqQueue:
         active.extendleft(stay)
         head.reverse()
         active.extendleft(head)
+        # The next fold once FOLD_BATCH more came, counted from what is left hot now (counted
+        # from before the fold, every fold waited FOLD_BATCH sends longer than the one before:
+        # the hot order grew to ~14,000 messages over 10^5 published, issue 31).
+        self._fold_at = max(self._fold_keep + self._fold_tail + self._fold_batch, len(active) + self._fold_batch)
+        if refused:
+            # Some may be taken soon (the gateway: bodies on disk at the next commit).
+            wait = self._fold_wait * 2 if retry and not len(run) else FOLD_RETRY
+            if wait <= FOLD_RETRY_MAX:
+                self._fold_wait = wait
+                self._fold_retry = when = now + wait
+                if when < self._next_due:
+                    self._next_due = when
         if not len(run):
             return
         self._runs.append(run)
@@ -913,6 +939,7 @@ class CmqQueue:
         self._heap.clear()
         self._vis_limit = self._dl_limit = self._heap_limit = _MIN_COMPACT
         self._next_due = _INF
+        self._fold_retry = _INF
         self._messages = {}
         self._runs = deque()
         self._unordered = False
@@ -995,6 +1022,10 @@ class CmqQueue:
         """Apply every timed change due at or before ``now``, in time order; at the same
         time, a visibility end first, then deadlines and delay ends in production order
         (which lane holds an entry depends on the entries before it, see _push_timer)."""
+        if self._fold_retry <= now:
+            self._fold_retry = _INF
+            if self._freezer is not None:
+                self._fold(now, True)
         vis, dl, heap = self._vis, self._dl, self._heap
         while True:
             v = vis[0][0] if vis else _INF
@@ -1023,7 +1054,7 @@ class CmqQueue:
             else:
                 when, _, kind, msg, token = heapq.heappop(heap)
             self._fire(when, kind, msg, token, now)
-        self._next_due = due
+        self._next_due = min(due, self._fold_retry)
 
     def _fire(self, when: float, kind: int, msg: QueueMessage, token: int, now: float) -> None:
         state = msg.state
@@ -1122,7 +1153,7 @@ class CmqQueue:
         while heap and not _timer_live(heap[0][0], heap[0][2], heap[0][3], heap[0][4]):
             heapq.heappop(heap)
         self._next_due = first = min(vis[0][0] if vis else _INF, dl[0][0] if dl else _INF,
-                                     heap[0][0] if heap else _INF,
+                                     heap[0][0] if heap else _INF, self._fold_retry,
                                      self._cold_deadline(self._runs[0].head_enqueue_time())
                                      if self._n_cold else _INF)
         return None if first == _INF else first

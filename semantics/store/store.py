@@ -101,13 +101,20 @@ COMPACT_RATIO = 2.0
 COMPACT_MIN_BYTES = 32 << 20
 # The fold (Store._fold): once the dict holds more than FOLD_AT entries the packed tier does
 # not place, its oldest go to the tier until FOLD_KEEP are left (the newest: those a consumer
-# keeping up acks soon, at the dict's speed), FOLD_SLICE at a time under the lock.
-FOLD_AT = 131072
-FOLD_KEEP = 65536
-FOLD_SLICE = 8192
+# keeping up acks soon, at the dict's speed), FOLD_SLICE at a time under the lock. Small, so
+# that a backlog folds as it builds (issue 31: one of 10^5 never reached the old 131,072 and
+# cost 171 B a message in the dict, against the tier's 37 B), while a consumer that keeps up
+# (a backlog of a few thousand) never pays for a fold.
+FOLD_AT = 8192
+FOLD_KEEP = 4096
+FOLD_SLICE = 4096
 # The fold places at most this many dict keys (values kept in memory, keys that do not pack)
 # before the next position: every later slice scans past them under the lock.
 PLACE_MAX = 2 * FOLD_KEEP
+# A backlog building gives glibc's free pages back (trim_heap) once this many entries folded
+# since the last time: a trim takes some 4 ms (measured under load at 10^5), so not at every
+# fold.
+TRIM_EVERY = 8192
 # A tier less than half alive is rebuilt (Packed.repacked), or goes back to the dict when it
 # has fewer than DROP_BELOW live entries.
 DROP_BELOW = FOLD_KEEP // 2
@@ -256,6 +263,7 @@ class Store:
         self._packed: Packed | None = None
         self._pos: dict[str, int] | None = None
         self._fold_again_at = 0  # see _fold
+        self._folded = 0  # entries folded since the last trim_heap (see TRIM_EVERY)
         # A backlog is building (more than FOLD_KEEP unplaced keys in the dict at the last
         # sync): values of any size are left on disk once written, so that they can fold.
         self._offload_all = False
@@ -614,7 +622,15 @@ class Store:
         unplaced = len(self._map) - len(self._pos or ())
         self._offload_all = unplaced > FOLD_KEEP
         if unplaced > max(FOLD_AT, self._fold_again_at):
+            before = len(self._packed.live) if self._packed is not None else 0
             self._fold()
+            self._folded += (len(self._packed.live) if self._packed is not None else 0) - before
+            if self._folded >= TRIM_EVERY:
+                # The bodies of what folded were written and freed meanwhile, in holes between
+                # what stays (the tier's arrays, the queues' runs): glibc keeps those pages
+                # until trimmed (issue 31: ~25 B a retained message at 10^5).
+                self._folded = 0
+                trim_heap()
         if self._peak > 4096 and len(self._map) * 4 < self._peak:
             self._shrink()
         return durable

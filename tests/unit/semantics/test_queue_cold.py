@@ -188,7 +188,12 @@ class ColdVersusRestored(RuleBasedStateMachine):
         for attr in ("active", "inactive", "delayed", "rewindable", "retained"):
             self._same(*((attr, getattr(q, attr)) for q in qs))
         self._same(*(len(q) for q in qs))
-        self._same(*(q.next_wakeup() for q in qs))
+        # A folding queue may also wake up earlier to fold again what its freezer refused
+        # (FOLD_RETRY, issue 31): a change of no message, so no event.
+        want = self.hot.next_wakeup()
+        for q in self.others:
+            w = q.next_wakeup()
+            assert w == want or (w == q._fold_retry and (want is None or w < want)), (w, want, q._fold_retry)
         self._same(*(_events(q.drain_events()) for q in qs))
         for q, f in zip(self.others, self.freezers, strict=True):
             assert q.cold >= f.frozen - f.thawed  # the live runs hold what was frozen
