@@ -118,9 +118,9 @@ FOLD_TAIL = 1024
 FOLD_BATCH = 2048
 # A fold leaves hot the messages its freezer refused for now (the gateway's: a body not yet
 # on disk, the last group commits' publishes); FOLD_RETRY seconds later a timer folds again
-# what it takes by then, and again after twice as long each time one folds nothing, until
-# the wait passes FOLD_RETRY_MAX (messages it never takes, transient ones in a durable
-# queue, are scanned a handful of times, not forever). Without it the last fold's refusals
+# what it takes by then, and again after twice as long each time a fold takes fewer than it
+# refuses, until the wait passes FOLD_RETRY_MAX (messages it never takes, transient ones in
+# a durable queue, are scanned a handful of times, not forever). Without it the last fold's refusals
 # and the sends after it stayed objects until the next send: ~14,000 messages, 9 MB, at the
 # end of a publisher's run (issue 31).
 FOLD_RETRY = 0.25
@@ -673,13 +673,23 @@ class CmqQueue:
         active.extendleft(head)
         # The next fold once FOLD_BATCH more came, counted from what is left hot now (counted
         # from before the fold, every fold waited FOLD_BATCH sends longer than the one before:
-        # the hot order grew to ~14,000 messages over 10^5 published, issue 31).
-        self._fold_at = max(self._fold_keep + self._fold_tail + self._fold_batch, len(active) + self._fold_batch)
+        # the hot order grew to ~14,000 messages over 10^5 published, issue 31); or as many
+        # as it refused, so that messages it never takes are scanned again only as often as
+        # their number doubles, not every FOLD_BATCH sends.
+        self._fold_at = max(self._fold_keep + self._fold_tail + self._fold_batch,
+                            len(active) + max(self._fold_batch, refused))
         if refused:
-            # Some may be taken soon (the gateway: bodies on disk at the next commit).
-            wait = self._fold_wait * 2 if retry and not len(run) else FOLD_RETRY
+            # Some may be taken soon (the gateway: bodies on disk at the next commit). A fold
+            # that took fewer than it refused (most of them may never be) waits longer: up to
+            # FOLD_RETRY_MAX while it takes some, and no more once it takes none.
+            if len(run) >= refused:
+                wait = FOLD_RETRY
+            elif len(run):
+                wait = min(self._fold_wait * 2, FOLD_RETRY_MAX)
+            else:
+                wait = self._fold_wait * 2
+            self._fold_wait = wait
             if wait <= FOLD_RETRY_MAX:
-                self._fold_wait = wait
                 self._fold_retry = when = now + wait
                 if when < self._next_due:
                     self._next_due = when
@@ -940,6 +950,7 @@ class CmqQueue:
         self._vis_limit = self._dl_limit = self._heap_limit = _MIN_COMPACT
         self._next_due = _INF
         self._fold_retry = _INF
+        self._fold_wait = FOLD_RETRY
         self._messages = {}
         self._runs = deque()
         self._unordered = False

@@ -64,7 +64,8 @@ def test_the_hot_order_stays_bounded_however_long_the_backlog() -> None:
 
 def test_what_the_freezer_refused_folds_on_a_timer_once_it_takes_it() -> None:
     """The last sends' messages, refused while their bodies were not on disk, fold at the
-    queue's next wakeup (FOLD_RETRY later) with no send after them; the order is kept."""
+    queue's next wakeup (at most FOLD_RETRY_MAX later) with no send after them; the order
+    is kept."""
     q = CmqQueue("q", ATTRS)
     f = LaggingFreezer(300)
     q.fold_with(f, keep=16, tail=8, batch=32)
@@ -73,7 +74,7 @@ def test_what_the_freezer_refused_folds_on_a_timer_once_it_takes_it() -> None:
     hot = len(q._messages)
     assert hot > 300  # the last 300 were refused
     wake = q.next_wakeup()
-    assert wake is not None and wake <= now + Q.FOLD_RETRY
+    assert wake is not None and wake <= now + Q.FOLD_RETRY_MAX
     f.lag = 0  # committed
     assert q.tick(max(wake, now)) == []
     assert len(q._messages) <= 16 + 8 and q.cold == 2_000 - len(q._messages)
@@ -97,7 +98,7 @@ def test_a_freezer_that_never_takes_them_stops_the_retries() -> None:
         waits += 1
         assert waits < 20
     assert q.cold == 0 and len(q) == 500
-    assert waits >= 3  # it did retry, more than once
+    assert waits >= 1  # it did retry
 
 
 @settings(max_examples=60, deadline=None)
