@@ -8,7 +8,8 @@ with the very code of the in-thread writer (``AuditLog._drain`` & co., run here 
 thread), so files, layout and records are the same.
 
 Protocol on stdin, each message ``kind (1 byte) + length (4 bytes, big endian) + payload``:
-``B`` a batch (``marshal`` of a list of ``(time, event, vhost, fields)``), ``F`` "tell me where
+``B`` a batch (``marshal`` of a list of ``(time, event, vhost, fields)``), ``P`` a batch
+packed on the event loop (gateway.audit.fastformat.Records: ``unpack`` makes the same list), ``F`` "tell me where
 you are" (also runs the time rotation and the retention), ``S`` the same once the open file is
 fsynced (A5: the store's group commit waits for it), ``C`` close the open file and exit.
 Each ``F``, ``S`` and ``C`` is answered on stdout with one JSON line of counters, with the record
@@ -31,6 +32,7 @@ import signal
 import sys
 from typing import Any, BinaryIO
 
+from gateway.audit.fastformat import unpack
 from gateway.audit.writer import CHILD_HEADER as HEADER
 from gateway.audit.writer import STOP_SIGNAL, AuditLog
 
@@ -65,9 +67,10 @@ def main() -> None:
         payload = _read_exact(stdin, size) if size else b""
         if payload is None:
             os._exit(0)
-        if kind == b"B":
+        if kind == b"B" or kind == b"P":
             # The batch as it came, in one pass (what _drain does in chunks for a thread).
-            log._write(*log._format(marshal.loads(payload), bytearray(), 0, "", "")[:2])
+            items = marshal.loads(payload) if kind == b"B" else unpack(payload)  # type: ignore[misc]
+            log._write(*log._format(items, bytearray(), 0, "", "")[:2])
             continue
         if kind == b"F":
             log._periodic()

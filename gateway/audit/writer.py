@@ -221,7 +221,8 @@ class AuditLog:
         os.makedirs(self.directory, exist_ok=True)
         self._child: subprocess.Popen[bytes] | None = None
         self._child_dropped = 0
-        self._unacked: list[_Item] = []  # sent to the child, not yet confirmed written
+        # Sent to the child, not yet confirmed written: items, or records packed (bytes).
+        self._unacked: list[Any] = []
         # The pipe to the child has two writers, this thread and handoff() on the event loop:
         # each takes records off the queue and writes them under this lock, so they reach
         # the child in the order they were emitted.
@@ -232,6 +233,11 @@ class AuditLog:
             self._child = self._spawn()
         else:
             self._recover()
+        # Process mode: the loop's records packed in C as they are emitted (fastformat.Records,
+        # stamped with time.time's clock), handed over as they are; None: tuples in _queue.
+        self._records: Any = None
+        if process and clock is time.time and fastformat.Records is not None:
+            self._records = fastformat.Records(_plain)
         self._shares_gil = _thread  # formatting here holds the GIL the event loop needs
         # The rows' formatter in C (None: the Python path; tests set it to compare the two).
         self._format_rows = fastformat.format_rows
@@ -251,6 +257,9 @@ class AuditLog:
         max_pending = self.max_pending
         wake_at = self._wake_at
         wake = self._wake.set
+        recs = self._records
+        if recs is not None:
+            return self._packed_emit(recs)
 
         # The ``events`` filter is applied by the writer, which counts every record first.
         # emit_fields and emit_row differ in what they queue (an event name or a row id); each
@@ -263,11 +272,6 @@ class AuditLog:
             if n == wake_at:
                 wake()
 
-        # The broker's per-message records come through emit_row, its other dict records
-        # through emit_fields; emit (tests, other callers) only packs its keywords.
-        def emit(event: str, vhost: str, **fields: Any) -> None:
-            emit_fields(event, vhost, fields)
-
         def emit_row(row: Row, vhost: str, values: tuple[Any, ...]) -> None:
             n = len(q)
             if n >= max_pending or self._closed:
@@ -276,10 +280,46 @@ class AuditLog:
             if n == wake_at:
                 wake()
 
-        emit.__doc__ = AuditLog.emit.__doc__
-        emit_fields.__doc__ = AuditLog.emit_fields.__doc__
-        emit_row.__doc__ = AuditLog.emit_row.__doc__
-        return emit, emit_fields, emit_row
+        return _emitters(emit_fields, emit_row)
+
+    def _packed_emit(self, recs: Any) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+        """``_fast_emit``'s closures for process mode: records packed by ``recs`` (in emission
+        order, a dict record as its marshal), not queued as tuples."""
+        add, add_item = recs.add, recs.add_item
+        clock = self._clock
+        max_pending = self.max_pending
+        wake_at = self._wake_at
+        wake = self._wake.set
+
+        def emit_fields(event: str, vhost: str, fields: dict[str, Any]) -> None:
+            n = len(recs)
+            if n >= max_pending or self._closed:
+                return self._shed()
+            item = (clock(), event, vhost, fields)
+            try:
+                add_item(marshal.dumps(item))
+            except ValueError:  # a value marshal does not take: as the JSON writer sees it
+                add_item(marshal.dumps((item[0], event, vhost, _plain(fields))))
+            if n == wake_at:
+                wake()
+
+        def emit_row(row: Row, vhost: str, values: tuple[Any, ...]) -> None:
+            n = len(recs)
+            if n >= max_pending or self._closed:
+                return self._shed()
+            add(row.id, vhost, values)
+            if n == wake_at:
+                wake()
+
+        return _emitters(emit_fields, emit_row)
+
+    def _take_packed(self) -> None:
+        """The packed records into ``_queue`` as items (after the writer process failed,
+        this thread writes them)."""
+        recs = self._records
+        if recs is not None and len(recs):
+            assert fastformat.unpack is not None
+            self._queue.extend(fastformat.unpack(recs.take()))
 
     def _shed(self) -> None:
         """A record refused (queue full, or the log closed): counted, reported by the writer."""
@@ -309,7 +349,7 @@ class AuditLog:
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + (len(self._records) if self._records is not None else 0)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything emitted before this call is written (tests, shutdown)."""
@@ -343,7 +383,7 @@ class AuditLog:
         (gateway.audit.dirlock). Not fsynced: a machine's crash can still lose them, as it
         can any record no confirm waited for. Without a writer process (in-thread mode)
         this does nothing. Blocks only while the process is a full pipe behind."""
-        if not self._queue or self._child is None:
+        if self._child is None or not (self._queue or (self._records is not None and len(self._records))):
             return
         with self._send_lock:
             child = self._child
@@ -428,7 +468,7 @@ class AuditLog:
                 if self._cycles < self._flush_to:
                     self._wake.set()
                 self._cond.notify_all()
-            if stopping and not self._queue:
+            if stopping and not self.pending:
                 break
         try:
             if self._child is not None:
@@ -483,7 +523,15 @@ class AuditLog:
             self._recover()  # its open file, closed as after a crash (A3)
             # What it was sent since its last answer is written again from here: at least once.
             unacked, self._unacked = self._unacked, []
-            self._queue.extendleft(reversed(unacked))
+            items: list[_Item] = []
+            for sent in unacked:  # items, or records packed (bytes)
+                if isinstance(sent, bytes):
+                    assert fastformat.unpack is not None
+                    items += fastformat.unpack(sent)
+                else:
+                    items.append(sent)
+            self._queue.extendleft(reversed(items))
+            self._take_packed()  # after them: emitted later
 
     def _send_pending(self) -> None:
         """Hand every queued record (and an audit_dropped record for what was shed) over;
@@ -493,7 +541,16 @@ class AuditLog:
         popleft = q.popleft
         remaining = len(q)
         shed = self.dropped - self._dropped_reported
-        while remaining or shed > 0:
+        recs = self._records
+        while remaining or shed > 0 or (recs is not None and len(recs)):
+            if not remaining and recs is not None and len(recs):
+                # The packed records, as they are: after the queue's (which holds some only
+                # when a thread re-queued them), before an audit_dropped stamped now.
+                data = recs.take()
+                self._unacked.append(data)
+                self._child.stdin.write(CHILD_HEADER.pack(b"P", len(data)))
+                self._child.stdin.write(data)
+                continue
             if remaining:
                 n = min(remaining, _BATCH)
                 remaining -= n
@@ -543,6 +600,7 @@ class AuditLog:
                 self.dropped += lost
 
     def _drain(self) -> None:
+        self._take_packed()
         q = self._queue
         popleft = q.popleft
         remaining = len(q)
@@ -859,6 +917,20 @@ class AuditLog:
                 closed = os.path.join(self.directory, af.key)
                 log.warning("audit: closing %s left open by a crash", af.key)
                 os.rename(af.path, closed)
+
+
+def _emitters(emit_fields: Callable[..., None], emit_row: Callable[..., None]
+              ) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
+    """``emit``, ``emit_fields`` and ``emit_row`` of the closures ``_fast_emit`` made. The
+    broker's per-message records come through emit_row, its other dict records through
+    emit_fields; emit (tests, other callers) only packs its keywords."""
+    def emit(event: str, vhost: str, **fields: Any) -> None:
+        emit_fields(event, vhost, fields)
+
+    emit.__doc__ = AuditLog.emit.__doc__
+    emit_fields.__doc__ = AuditLog.emit_fields.__doc__
+    emit_row.__doc__ = AuditLog.emit_row.__doc__
+    return emit, emit_fields, emit_row
 
 
 def _fsync_dir(path: str) -> None:

@@ -10,9 +10,11 @@ Python path runs and test_batch_format.py holds it to the reference."""
 
 from __future__ import annotations
 
+import marshal
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -23,7 +25,7 @@ from gateway.audit import fastformat
 from gateway.audit.compact import MODE_ENV
 from gateway.audit.record import FIELD_TYPES
 from gateway.audit.rows import ACK, DELIVER, ENQUEUE, PUBLISH_QUEUE, ROWS
-from gateway.audit.writer import AuditLog
+from gateway.audit.writer import AuditLog, _plain
 from tests.unit.audit.format_cases import BASE, scenario_1, written
 
 pytestmark = pytest.mark.skipif(not fastformat.COMPILED, reason="gateway.audit._format is not built")
@@ -134,3 +136,49 @@ def test_A2_pure_python_is_chosen_by_the_environment() -> None:
     out = subprocess.run([sys.executable, "-c", "from gateway.audit import fastformat as f; print(f.COMPILED)"],
                          env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+class _Odd:
+    def __str__(self) -> str:
+        return "odd"
+
+
+_ANYVALUE = st.one_of(_other, st.booleans(), st.lists(_other, max_size=2), st.just(_Odd()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.integers(0, len(ROWS) - 1), st.sampled_from(["/", "é", "\ud800", "v"]),
+              st.lists(_ANYVALUE, max_size=9).map(tuple)),
+    st.tuples(st.sampled_from(["connection_open", "queue_declare"]), st.just("/"),
+              st.dictionaries(st.text(max_size=3), _ANYVALUE, max_size=3))), max_size=20))
+def test_A1_packed_records_come_back_as_the_marshalled_items(records: list[Any]) -> None:
+    """What the event loop packs (fastformat.Records) is what the writer process unpacks: the
+    items marshal would have carried (a value marshal refuses, as plain() makes it), in
+    order, stamped with time.time's clock."""
+    assert fastformat.Records is not None and fastformat.unpack is not None
+    packed = fastformat.Records(_plain)
+    before = time.time()
+    for key, vhost, values in records:
+        if isinstance(key, int):
+            packed.add(key, vhost, values)
+        else:
+            packed.add_item(marshal.dumps((before, key, vhost, _carried(values))))
+    after = time.time()
+    assert len(packed) == len(records)
+    got = fastformat.unpack(packed.take())
+    assert len(packed) == 0 and packed.take() == b""
+    assert len(got) == len(records)
+    for (t, key, vhost, values), (k, v, vals) in zip(got, records, strict=True):
+        assert (key, vhost) == (k, v) and before <= t <= after
+        expected = _carried(vals) if isinstance(k, str) else tuple(map(_carried, vals))
+        assert repr(values) == repr(expected)  # repr: NaN is not equal to itself
+
+
+def _carried(value: Any) -> Any:
+    """A value as marshal carries it to the writer process, or as plain() makes it when
+    marshal refuses it (the same as each value of a batch before: a row's values one by one)."""
+    try:
+        return marshal.loads(marshal.dumps(value))
+    except ValueError:
+        return marshal.loads(marshal.dumps(_plain(value)))
