@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from gateway import version
+from spark import class_archive
 
 __all__ = ["build_parser", "main"]
 
@@ -42,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _session(master: str | None, log_path: str | None):  # type: ignore[no-untyped-def]
-    """The report's SparkSession.  ``log_path``: where the JVM's (and its Python workers')
+    """The report's SparkSession, and what to call with it once it is stopped (see
+    spark.class_archive).  ``log_path``: where the JVM's (and its Python workers')
     stderr goes instead of the terminal (None: the terminal, ``--verbose``)."""
     # Executors must run this interpreter (it has pyarrow and this package) unless told otherwise.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -52,7 +55,15 @@ def _session(master: str | None, log_path: str | None):  # type: ignore[no-untyp
     # web UI is not looked at during a report and costs start-up time.
     builder = (SparkSession.builder.appName("cmq-audit report").config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.showConsoleProgress", "false").config("spark.ui.enabled", "false"))
-    local = not master and not os.environ.get("PYSPARK_GATEWAY_PORT")  # spark-submit sets the master
+    launched = not os.environ.get("PYSPARK_GATEWAY_PORT")  # under spark-submit its JVM is running
+    local = not master and launched  # spark-submit sets the master
+    java_options: list[str] = []
+    finish: Callable[[Any], None] = class_archive.nothing
+    archive = ""
+    if launched:
+        archive, finish = class_archive.java_options()
+        if archive:
+            java_options.append(archive)
     if master:
         builder = builder.master(master)
     elif local:
@@ -64,19 +75,39 @@ def _session(master: str | None, log_path: str | None):  # type: ignore[no-untyp
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # else a warning when the host name is loopback
         # A report is a short run of many small jobs: the JVM's second JIT tier spent more CPU
         # compiling than it saved (175 records: 57 s -> 23-39 s on the shared 2 cores).
-        builder = builder.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+        java_options.append("-XX:TieredStopAtLevel=1")
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options))
+    try:
+        return _start(builder, log_path), finish
+    except Exception:
+        if not archive.startswith("-XX:SharedArchiveFile"):
+            raise
+    # A JVM that cannot map the archive (damaged since it was recorded) dies at start: start
+    # once more without it, and record a new one next time.
+    class_archive.discard()
+    java_options.remove(archive)
+    builder = builder.config("spark.driver.extraJavaOptions", " ".join(java_options))
+    return _start(builder, log_path, fresh=False), class_archive.nothing
+
+
+def _start(builder: Any, log_path: str | None, fresh: bool = True) -> Any:
     if log_path is None:
         return builder.getOrCreate()
-    # The JVM inherits this process's stderr when it starts and writes its warnings there for
-    # its whole life (and so do its Python workers): point it at the log file meanwhile.
-    saved = os.dup(2)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # The JVM inherits this process's stdout and stderr when it starts and writes its warnings
+    # (and a crash's report) there for its whole life, and so do its Python workers: point
+    # them at the log file meanwhile.
+    saved = [os.dup(1), os.dup(2)]
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else os.O_APPEND), 0o644)
     try:
+        sys.stdout.flush()
+        os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         return builder.getOrCreate()
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, was in zip((1, 2), saved, strict=True):
+            os.dup2(was, fd)
+            os.close(was)
         os.close(log_fd)
 
 
@@ -143,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     log_path = None if args.verbose else os.path.join(args.out, "spark.log")
-    spark = _session(args.master, log_path)
+    spark, finish = _session(args.master, log_path)
     try:
         write_report(spark, args.audit_dir, args.out, start=args.start, end=args.end)
     except Exception:
@@ -152,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     finally:
         spark.stop()
+        finish(spark)
     return 0
 
 
