@@ -115,7 +115,7 @@ _OWN_ID_LEN = len(_OWN_IDS) + 16  # new_msg_id's counter: 16 hex digits
 # FOLD_KEEP and before the newest FOLD_TAIL are folded. Shorter queues never pay for it.
 FOLD_KEEP = 1024
 FOLD_TAIL = 1024
-FOLD_BATCH = 2048
+FOLD_BATCH = 1024
 # A fold leaves hot the messages its freezer refused for now (the gateway's: a body not yet
 # on disk, the last group commits' publishes); FOLD_RETRY seconds later a timer folds again
 # what it takes by then, and again after twice as long each time a fold takes fewer than it
