@@ -502,13 +502,26 @@ error:
 
 /* ---- Records: the loop's side ---------------------------------------------------------- */
 
+/* A string at a row's position (0: the vhost, 1 + i: value i) that is the very object the
+ * last record of that row had there is packed as 'r': the queue, user, peer and vhost repeat
+ * from message to message (the unpacker makes each once per batch, as marshal's references
+ * shared them, and format_rows counts them by pointer). */
+#define SLOTS 17
+#define SLOT_ROWS 32
+
 typedef struct {
     PyObject_HEAD
     Buf buf;
     Buf scratch;  /* one record, while plain() (Python code) may run: then appended whole */
     Py_ssize_t count;
     PyObject *plain;
+    PyObject *last[SLOT_ROWS][SLOTS];  /* strong references: an address is never reused */
 } Records;
+
+static void forget_row(Records *self, long rid) {
+    if (rid < 0 || rid >= SLOT_ROWS) return;
+    for (int i = 0; i < SLOTS; i++) Py_CLEAR(self->last[rid][i]);
+}
 
 static int put_u32(Buf *b, uint32_t v) { return buf_put(b, (const char *)&v, 4); }
 
@@ -524,16 +537,18 @@ static int pack_blob(Buf *b, char tag, PyObject *bytes) {
 
 /* One value: N none, T/F booleans, i int64, f double, s UTF-8 text, m marshal of anything else
  * (of plain(value) when marshal will not take it). */
-static int pack_value(Records *self, Buf *b, PyObject *v) {
+static int pack_value(Records *self, Buf *b, PyObject *v, PyObject **slot) {
     PyTypeObject *t = Py_TYPE(v);
     if (v == Py_None) return buf_put(b, "N", 1);
     if (v == Py_True) return buf_put(b, "T", 1);
     if (v == Py_False) return buf_put(b, "F", 1);
     if (t == &PyUnicode_Type) {
+        if (slot != NULL && *slot == v) return buf_put(b, "r", 1);
         Py_ssize_t n;
         const char *u = PyUnicode_AsUTF8AndSize(v, &n);
         if (u != NULL && n <= 0xFFFFFFFFLL) {
             if (buf_put(b, "s", 1) < 0 || put_u32(b, (uint32_t)n) < 0) return -1;
+            if (slot != NULL) Py_XSETREF(*slot, Py_NewRef(v));
             return buf_put(b, u, n);
         }
         PyErr_Clear();  /* a lone surrogate: marshal takes it */
@@ -590,15 +605,18 @@ static PyObject *records_add(Records *self, PyObject *const *args, Py_ssize_t na
     uint8_t n8 = (uint8_t)nv;
     if (buf_put(b, "R", 1) < 0 || buf_put(b, (const char *)&t, 8) < 0 || buf_put(b, (const char *)&r16, 2) < 0)
         goto fail;
-    if (pack_value(self, b, args[1]) < 0 || buf_put(b, (const char *)&n8, 1) < 0) goto fail;
+    PyObject **slots = rid < SLOT_ROWS ? self->last[rid] : NULL;
+    if (pack_value(self, b, args[1], slots ? &slots[0] : NULL) < 0 || buf_put(b, (const char *)&n8, 1) < 0)
+        goto fail;
     PyObject **values = PySequence_Fast_ITEMS(args[2]);
     for (Py_ssize_t i = 0; i < nv; i++) {
-        if (pack_value(self, b, values[i]) < 0) goto fail;
+        if (pack_value(self, b, values[i], slots && i + 1 < SLOTS ? &slots[i + 1] : NULL) < 0) goto fail;
     }
     if (buf_put(&self->buf, b->p, b->len) < 0) goto fail;
     self->count++;
     Py_RETURN_NONE;
 fail:
+    forget_row(self, rid);  /* the unpacker never saw what this record put there */
     return NULL;
 }
 
@@ -622,6 +640,7 @@ static PyObject *records_take(Records *self, PyObject *unused) {
     if (out == NULL) return NULL;
     self->buf.len = 0;
     self->count = 0;
+    for (long r = 0; r < SLOT_ROWS; r++) forget_row(self, r);  /* each batch unpacks afresh */
     if (self->buf.cap > (1 << 22)) {  /* a burst's buffer is not kept */
         PyMem_Free(self->buf.p);
         self->buf.p = NULL;
@@ -643,6 +662,7 @@ static int records_init(Records *self, PyObject *args, PyObject *kw) {
 static void records_dealloc(Records *self) {
     PyMem_Free(self->buf.p);
     PyMem_Free(self->scratch.p);
+    for (long r = 0; r < SLOT_ROWS; r++) forget_row(self, r);
     Py_XDECREF(self->plain);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -697,8 +717,7 @@ static PyObject *read_blob(Reader *r) {
  * the queue, user, peer and vhost repeat from record to record, and are made once for all of
  * them (as marshal's references shared them), which also lets format_rows count them by
  * pointer. */
-#define SLOTS 17
-#define SLOT_ROWS 32
+
 
 static PyObject *read_value(Reader *r, PyObject **slot) {
     if (need(r, 1) < 0) return NULL;
@@ -739,6 +758,12 @@ static PyObject *read_value(Reader *r, PyObject **slot) {
         return s;
     }
     case 'm': return read_blob(r);
+    case 'r':
+        if (slot == NULL || *slot == NULL) {
+            PyErr_SetString(PyExc_ValueError, "unpack: a repeat of nothing");
+            return NULL;
+        }
+        return Py_NewRef(*slot);
     default:
         PyErr_SetString(PyExc_ValueError, "unpack: unknown value tag");
         return NULL;

@@ -182,3 +182,26 @@ def _carried(value: Any) -> Any:
         return marshal.loads(marshal.dumps(value))
     except ValueError:
         return marshal.loads(marshal.dumps(_plain(value)))
+
+
+def test_A1_a_record_that_fails_to_pack_leaves_the_next_ones_whole() -> None:
+    """A string repeated from the last record of its row is packed as a reference to it; a
+    record that failed half-way (its plain() raised) is not in the batch, so what it held
+    is not referred to afterwards."""
+    assert fastformat.Records is not None and fastformat.unpack is not None
+
+    def refuse(value: Any) -> Any:
+        raise RuntimeError("no")
+
+    packed = fastformat.Records(refuse)
+    queue, user = "q-" + "x" * 3, "guest"
+    packed.add(DELIVER.id, "/", (user, "peer", queue, "m-1", 1, 16))
+    with pytest.raises(RuntimeError):
+        packed.add(ACK.id, "/", (user, "peer", queue, "m-1", _Odd()))
+    packed.add(ACK.id, "/", (user, "peer", queue, "m-1", 0.5))
+    packed.add(ACK.id, "/", (user, "peer", queue, "m-2", 0.25))
+    data = packed.take()
+    got = [item[1:] for item in fastformat.unpack(data)]
+    assert got == [(DELIVER.id, "/", (user, "peer", queue, "m-1", 1, 16)),
+                   (ACK.id, "/", (user, "peer", queue, "m-1", 0.5)), (ACK.id, "/", (user, "peer", queue, "m-2", 0.25))]
+    assert data.count(queue.encode()) == 2  # the deliver's and the first ack's; the second refers to it
