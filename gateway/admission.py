@@ -39,7 +39,8 @@ from aiohttp import web
 
 from gateway.memory import HELD
 
-__all__ = ["Admission", "Gate", "HttpPolicy", "TlsListener", "serve_http"]
+__all__ = ["Admission", "Gate", "HttpPolicy", "TlsListener", "audit_http_login", "http_peer", "publishers_held",
+           "serve_http"]
 
 log = logging.getLogger("cmq_gateway.admission")
 
@@ -294,6 +295,8 @@ class _HttpGuard(asyncio.Protocol):
         self.held = 0  # bytes counted in HELD.partial
         self._tail = b""
         self._timer: asyncio.TimerHandle | None = None
+        # The logins audited on this connection (audit_http_login), closed with it.
+        self.logins: dict[tuple[str, str], Callable[[], None]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if getattr(self, "_gate", None) is None and not self.gate.enter():
@@ -376,6 +379,9 @@ class _HttpGuard(asyncio.Protocol):
             self._timer = None
         self.guards.pop(self.inner, None)
         self.transport = None
+        logins, self.logins = self.logins, {}
+        for closed in logins.values():
+            closed()
         self.inner.connection_lost(exc)
 
     def _let_go(self) -> None:
@@ -409,6 +415,7 @@ def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
         guard = guards.get(request.protocol)
         if guard is None:
             return await handler(request)
+        request[GUARD] = guard
         guard.request_began()
         try:
             if request.body_exists and policy.body_timeout > 0:
@@ -432,6 +439,48 @@ def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
         finally:
             guard.request_ended()
     return admission
+
+
+def publishers_held(gateway: Any) -> str:
+    """SE6: why the resource alarms hold publishers now ("" when they do not): W5's memory or
+    disk alarm, or the memory mark passed since the last tick, as the AMQP transport checks
+    it after each read. For the publishers of the HTTP APIs, which have no socket to stop
+    reading: they are refused instead (CMQ API 4410, management API 503)."""
+    if gateway is None or not hasattr(gateway, "alarms"):
+        return ""
+    alarms = gateway.alarms
+    if alarms.memory or alarms.disk:
+        return str(alarms.reason)
+    return "low on memory" if gateway.memory_over() else ""
+
+
+GUARD: web.RequestKey[_HttpGuard] = web.RequestKey("admission_guard", _HttpGuard)
+
+
+def http_peer(request: web.Request) -> str:
+    """The client's "host:port" ("[v6]:port"), as the AMQP transport names its peer."""
+    host = request.remote or ""
+    peername = request.transport.get_extra_info("peername") if request.transport is not None else None
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        return f"[{host}]:{peername[1]}" if ":" in host else f"{host}:{peername[1]}"
+    return host
+
+
+def audit_http_login(request: web.Request, audit: Any, *, user: str, vhost: str, protocol: str) -> None:
+    """A/SE5: a successful login over HTTP is audited as AMQP's and MQTT's are, once per TCP
+    connection and user: ``connection_open`` at the first request it authenticates, and
+    ``connection_close`` when the socket closes (a keep-alive client polling the API every
+    few seconds writes two records, not one per request). ``protocol`` says which API."""
+    guard = request.get(GUARD)
+    key = (user, vhost)
+    if guard is None or key in guard.logins:
+        return  # not served by serve_http (an application under test): no socket to pair with
+    peer = http_peer(request)
+    local = request.transport.get_extra_info("sockname") if request.transport is not None else None
+    here = f"{local[0]}:{local[1]}" if isinstance(local, tuple) and len(local) >= 2 else "?"
+    fields = {"user": user, "peer": peer, "conn": f"{peer} -> {here}", "protocol": protocol}
+    audit.emit("connection_open", vhost, **fields)
+    guard.logins[key] = lambda: audit.emit("connection_close", vhost, reason="closed", **fields)
 
 
 class _GuardedSite(web.SockSite):

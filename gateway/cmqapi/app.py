@@ -10,7 +10,8 @@ from urllib.parse import parse_qsl
 
 from aiohttp import web
 
-from gateway.cmqapi.core import PATH, CmqApi
+from gateway.admission import audit_http_login, http_peer
+from gateway.cmqapi.core import PATH, PROTOCOL, Caller, CmqApi
 from gateway.cmqapi.errors import CmqApiError
 
 __all__ = ["make_app", "start_cmq_api"]
@@ -39,11 +40,11 @@ async def _handle(request: web.Request) -> web.Response:
         params = _params(pairs)
     except CmqApiError as e:
         return web.json_response(e.answer(""))
-    peer = request.remote or ""
-    port = request.transport.get_extra_info("peername") if request.transport is not None else None
-    if port and isinstance(port, tuple) and len(port) >= 2:
-        peer = f"[{peer}]:{port[1]}" if ":" in peer else f"{peer}:{port[1]}"
-    answer = await api.call(params, method=request.method, host=request.host, path=request.path, peer=peer)
+    def logged_in(caller: Caller) -> None:
+        audit_http_login(request, api.broker.audit, user=caller.user, vhost=caller.vhost, protocol=PROTOCOL)
+
+    answer = await api.call(params, method=request.method, host=request.host, path=request.path,
+                            peer=http_peer(request), on_login=logged_in)
     return web.json_response(answer)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.admission import publishers_held
 from gateway.auth import Access, Permission
 from gateway.broker.errors import resource_locked
 from gateway.cmqapi.errors import AUTH, DENIED, INTERNAL, QUEUE_FULL, TOO_LARGE, CmqApiError, from_cmq_error
@@ -93,24 +94,44 @@ class CmqApi:
     # -- one request -------------------------------------------------------------------------
 
     async def call(self, values: Mapping[str, str], *, method: str = "POST", host: str = "",
-                   path: str = PATH, peer: str = "") -> dict[str, Any]:
+                   path: str = PATH, peer: str = "",
+                   on_login: Callable[[Caller], None] | None = None) -> dict[str, Any]:
+        """The answer to one request. ``on_login`` is told the verified caller (the HTTP
+        server audits the login once per connection, gateway.admission.audit_http_login)."""
         request_id = f"{int(self.wall_clock() * 1000)}{os.urandom(4).hex()}"
         try:
             params = Params(values)
             name = params.text("Action")
             caller = await self.authenticate(params, method, host, path, peer)
+            if on_login is not None:
+                on_login(caller)
             action = self.actions.get(name)
             if action is None:
                 raise CmqApiError.param(f"action name {name} is not existed", 10430)
             answer = await action(self, caller, params)
         except CmqApiError as e:
+            if e.code in (AUTH, DENIED):
+                self._audit_refusal(e, values, peer)
             return e.answer(request_id)
         except CMQError as e:
-            return from_cmq_error(e).answer(request_id)
+            refusal = from_cmq_error(e)
+            if refusal.code == DENIED:
+                self._audit_refusal(refusal, values, peer)
+            return refusal.answer(request_id)
         except Exception:  # a fault of ours: CMQ's answer for it, never a bare HTTP 500 (issue 26)
             log.exception("CMQ API %s failed", values.get("Action"))
             return CmqApiError(INTERNAL, "server internal error").answer(request_id)
         return {"code": 0, "message": "", "requestId": request_id, **answer}
+
+    def _audit_refusal(self, e: CmqApiError, values: Mapping[str, str], peer: str) -> None:
+        """A1/W2: a refused signature, key, timestamp or nonce, and a refusal of a verified
+        caller (its permissions), audited as AMQP's refused logins: ``auth_failure`` with the
+        key's user (or none: an unknown key), the peer, the action and why."""
+        key = self.config.cmq_keys.get(str(values.get("SecretId", "")))
+        vhost = str(values.get("vhost") or (key.vhost if key is not None else "") or "/")
+        action = str(values.get("Action", ""))[:64]
+        self.broker.audit.emit("auth_failure", vhost, user=key.user if key is not None else None, peer=peer,
+                               reason=f"{e.message} (Action {action})"[:512], protocol=PROTOCOL)
 
     async def authenticate(self, params: Params, method: str, host: str, path: str, peer: str) -> Caller:
         secret_id = params.text("SecretId")
@@ -168,13 +189,7 @@ class CmqApi:
     def alarm(self) -> str:
         """The resource alarm in effect ("" when none): W5's memory or disk alarm, or the
         memory mark passed since the last tick, as the AMQP transport checks it."""
-        gw = self.gateway
-        if gw is None:
-            return ""
-        alarms = gw.alarms
-        if alarms.memory or alarms.disk:
-            return alarms.reason
-        return "low on memory" if gw.memory_over() else ""
+        return publishers_held(self.gateway)
 
     async def publish(self, caller: Caller, vh: Any, exchange: str, key: str, properties: Any,
                       bodies: list[str], *, queue: bool = False) -> list[Any]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.admission import audit_http_login, http_peer
 from gateway.auth import User, check_password
 from gateway.management import authz
 from gateway.metrics import Counters, RateTracker, Target, attach, serve_app
@@ -38,11 +39,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, error: str, reason: str) -> None:
+    def __init__(self, status: int, error: str, reason: str, *, user: str | None = None, cause: str = "") -> None:
         super().__init__(reason)
         self.status = status
         self.error = error
         self.reason = reason
+        self.user = user  # a refused login: the user it named (audited, never told the client)
+        self.cause = cause  # ... and why, as the AMQP transport's audit record says it
 
 
 def not_found() -> ApiError:
@@ -170,11 +173,14 @@ def _auth_middleware(mgmt: Management) -> Any:
             rule = authz.rule_for(request)
             if rule is None or rule.tag != "none":
                 user = request[USER] = _login(mgmt, request)
+                audit_http_login(request, mgmt.broker.audit, user=user.name, vhost="/", protocol=PROTOCOL)
                 if rule is not None:
                     _authorize(mgmt, request, user, rule)
                 await mgmt.counters.sync()  # message_stats exact up to this request
             return await handler(request)
         except ApiError as e:
+            if e.status in (401, 403):  # a refused login, an SE1 or SE3 refusal
+                _audit_refusal(mgmt, request, e)
             headers = {"WWW-Authenticate": REALM} if e.error == "not_authorized" else None
             return web.json_response({"error": e.error, "reason": e.reason}, status=e.status, headers=headers)
         except CMQError as e:
@@ -185,23 +191,45 @@ def _auth_middleware(mgmt: Management) -> Any:
     return middleware
 
 
+PROTOCOL = "http"  # the audit records of this API's logins and refusals say so (A1, CA4)
+
+
+def _refused(cause: str, user: str | None = None) -> ApiError:
+    # The same answer whatever the cause, as RabbitMQ: a client cannot probe user names.
+    return ApiError(401, "not_authorized", "Not Authorized", user=user, cause=cause)
+
+
 def _login(mgmt: Management, request: web.Request) -> Any:
     header = request.headers.get("Authorization", "")
     users = mgmt.target.users
     if users is None or not header.startswith("Basic "):
-        raise ApiError(401, "not_authorized", "Not Authorized")
+        raise _refused("no credentials" if users is not None else "no users")
     try:
         name, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
     except (binascii.Error, UnicodeDecodeError):
-        raise ApiError(401, "not_authorized", "Not Authorized")
+        raise _refused("malformed credentials")
     user = users.users.get(name)
-    if user is None or not check_password(password, user.password_hash):
-        raise ApiError(401, "not_authorized", "Not Authorized")
+    if user is None:
+        raise _refused("unknown user", name)
+    if not check_password(password, user.password_hash):
+        raise _refused("wrong password", name)
     if name in users.loopback_users and not is_loopback(request.remote or ""):
-        raise not_authorised("User can only log in via localhost")
+        raise ApiError(401, "not_authorised", "User can only log in via localhost", user=name,
+                       cause="loopback-only user from a remote address")
     if not authz.has_tag(user, "management"):
-        raise not_authorised("Not management user")
+        raise ApiError(401, "not_authorised", "Not management user", user=name, cause="not a management user")
     return user
+
+
+def _audit_refusal(mgmt: Management, request: web.Request, e: ApiError) -> None:
+    """A1/W2: every refused login and every refusal of a logged-in user (SE1) is audited, as
+    AMQP's and MQTT's are: ``auth_failure`` with the user, the peer, the path and why."""
+    user = request.get(USER)
+    name = user.name if user is not None else e.user
+    why = e.cause or f"not_authorised: {e.reason}"
+    vhost = request.match_info.get("vhost") if user is not None else None
+    mgmt.broker.audit.emit("auth_failure", vhost or "/", user=name, peer=http_peer(request),
+                           reason=f"{why} ({request.method} {request.path})", protocol=PROTOCOL)
 
 
 def _authorize(mgmt: Management, request: web.Request, user: User, rule: authz.Rule) -> None:

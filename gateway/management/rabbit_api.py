@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from gateway.admission import publishers_held
 from gateway.auth import User
 from gateway.jetstream.api_receive import demand_for
 from gateway.management import definitions
@@ -709,6 +710,12 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             properties = Properties.build(**props)
         except (TypeError, ValueError, OverflowError, struct.error) as e:
             raise bad_request(f"properties: {e}")
+        held = publishers_held(mgmt.target.gateway)
+        if held:
+            # SE6: the alarm holds every publisher, this one too (RabbitMQ's HTTP publish is
+            # exempt: rabbitmq-server issue 1986). 503, as the alarms health check answers.
+            raise ApiError(503, "resource_alarm", f"the gateway is {held} (resource alarm, SE6): nothing was "
+                           "published, publish again when the alarm clears")
         user = request[USER].name
         out = vh.publish(name, str(body["routing_key"]), properties, data, user=user, peer=request.remote)
         return web.json_response({"routed": out.routed})

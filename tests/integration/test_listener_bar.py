@@ -1,0 +1,148 @@
+"""Every HTTP listener held to the AMQP core's bar (issue: H4's listener audit), with real
+clients over real sockets (requests, pika):
+
+* A1/W2: a refused login and a refused operation are audited on the management API and the
+  CMQ API as on AMQP and MQTT (``auth_failure`` with user, peer, why and ``protocol``), and a
+  login that succeeds is audited once per TCP connection (``connection_open``, then
+  ``connection_close`` when the socket closes), not once per request;
+* SE6: the management API's publish is refused while the memory alarm holds AMQP publishers
+  (RabbitMQ's own HTTP publish is exempt from alarms; SE6 is not).
+
+Waits are bounded only by HANG (hang protection, never a threshold under test)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+import requests
+
+from gateway.auth import Permission, User, UserDB, hash_password
+from gateway.config import AuditSettings, CmqKey, Limits
+from gateway.server import gateway_in_thread
+from tests.integration.cmq_client import CmqClient
+from tests.integration.cmq_gateway import ADMIN_ID, ADMIN_KEY, READER_ID, READER_KEY
+
+HANG = 30.0
+SECRET = "s3cret-never-logged"
+
+
+def _users() -> UserDB:
+    """admin; ``mgr`` (management tag, rights on ``/``); ``plain`` (no tag); ``reader``
+    (read only, for the CMQ API key)."""
+    return UserDB({"admin": User("admin", hash_password("admin"), ("administrator",)),
+                   "mgr": User("mgr", hash_password("mgr"), ("management",)),
+                   "plain": User("plain", hash_password("plain")),
+                   "reader": User("reader", hash_password("reader"))},
+                  {("admin", "/"): Permission(), ("mgr", "/"): Permission(), ("plain", "/"): Permission(),
+                   ("reader", "/"): Permission("^$", "^$", ".*")},
+                  ["/"], frozenset())
+
+
+def _records(dir_: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for f in sorted(dir_.rglob("*.jsonl*")) for line in f.read_text().splitlines()]
+
+
+def _until(gw: Any, dir_: Path, check: Callable[[list[dict[str, Any]]], Any]) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + HANG
+    while True:
+        gw.audit.flush(10)
+        records = _records(dir_)
+        if check(records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[Any, str, str, Path]]:
+    """(gateway, management URL, CMQ API URL, audit dir)."""
+    audit = tmp_path / "audit"
+    keys = {ADMIN_ID: CmqKey("admin", ADMIN_KEY), READER_ID: CmqKey("reader", READER_KEY)}
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, audit=AuditSettings(dir=str(audit)),
+                           users=_users(), management_port=0, management_host="127.0.0.1",
+                           cmq_api_port=0, cmq_api_host="127.0.0.1", cmq_keys=keys) as gw:
+        addresses = dict(gw.operator_addresses())
+        yield gw, f"http://{addresses['management API']}", f"http://{addresses['CMQ API']}", audit
+
+
+def test_A1_W2_SE1_management_logins_and_refusals_are_audited(gateway: tuple[Any, str, str, Path]) -> None:
+    gw, url, _cmq, audit = gateway
+    # Refused logins: the client hears RabbitMQ's same 401 for each; the audit tells them apart.
+    assert requests.get(f"{url}/api/overview", auth=("mgr", SECRET), timeout=HANG).status_code == 401
+    assert requests.get(f"{url}/api/overview", auth=("ghost", SECRET), timeout=HANG).status_code == 401
+    assert requests.get(f"{url}/api/overview", timeout=HANG).status_code == 401
+    assert requests.get(f"{url}/api/overview", auth=("plain", "plain"), timeout=HANG).status_code == 401
+    # A logged-in management user refused an administrator's route (SE1), on a keep-alive
+    # session whose two successful requests are one login.
+    with requests.Session() as http:
+        http.auth = ("mgr", "mgr")
+        assert http.get(f"{url}/api/overview", timeout=HANG).status_code == 200
+        assert http.get(f"{url}/api/queues/%2F", timeout=HANG).status_code == 200
+        assert http.get(f"{url}/api/users", timeout=HANG).status_code == 401
+        assert http.put(f"{url}/api/vhosts/other", timeout=HANG).status_code == 401
+
+    def http_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if r.get("protocol") == "http"]
+
+    records = http_records(_until(gw, audit, lambda rs: any(r["event"] == "connection_close"
+                                                            for r in http_records(rs))))
+    failures = [(r.get("user"), r["reason"]) for r in records if r["event"] == "auth_failure"]
+    assert [(u, why.split(" (")[0]) for u, why in failures] == [
+        ("mgr", "wrong password"), ("ghost", "unknown user"), (None, "no credentials"),
+        ("plain", "not a management user"),
+        ("mgr", "not_authorised: Not administrator user"), ("mgr", "not_authorised: Not administrator user")]
+    assert failures[4][1].endswith("(GET /api/users)") and failures[5][1].endswith("(PUT /api/vhosts/other)")
+    assert all(r["peer"].startswith("127.0.0.1:") for r in records)
+    opens = [r for r in records if r["event"] == "connection_open"]
+    closes = [r for r in records if r["event"] == "connection_close"]
+    assert [r["user"] for r in opens] == ["mgr"] and [r["user"] for r in closes] == ["mgr"]
+    assert opens[0]["peer"] == closes[0]["peer"] and opens[0]["conn"] == closes[0]["conn"]
+    assert SECRET not in "".join(f.read_text() for f in audit.rglob("*.jsonl*"))
+
+
+def test_A1_W2_SE1_cmq_api_logins_and_refusals_are_audited(gateway: tuple[Any, str, str, Path]) -> None:
+    gw, _url, cmq, audit = gateway
+    admin = CmqClient(cmq, ADMIN_ID, ADMIN_KEY)
+    admin.ok("CreateQueue", queueName="barq")
+    assert CmqClient(cmq, ADMIN_ID, "not-the-key").call("ListQueue")["code"] == 4100
+    assert CmqClient(cmq, "AKIDunknown00000000000000000000000000", ADMIN_KEY).call("ListQueue")["code"] == 4100
+    # The reader's key is valid; its user may not write: a refusal of a verified caller.
+    assert CmqClient(cmq, READER_ID, READER_KEY).call("SendMessage", queueName="barq", msgBody="x")["code"] == 4101
+
+    def cmq_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if r.get("protocol") == "cmq-api" and r["event"] in
+                ("auth_failure", "connection_open")]
+
+    records = cmq_records(_until(gw, audit, lambda rs: len([r for r in cmq_records(rs)
+                                                            if r["event"] == "auth_failure"]) >= 3))
+    failures = [(r.get("user"), r["reason"]) for r in records if r["event"] == "auth_failure"]
+    assert [u for u, _ in failures] == ["admin", None, "reader"], failures
+    assert "signature is not correct" in failures[0][1] and "is not existed" in failures[1][1]
+    assert "write permission" in failures[2][1] and failures[2][1].endswith("(Action SendMessage)")
+    assert {r["user"] for r in records if r["event"] == "connection_open"} >= {"admin", "reader"}
+    assert all(r["peer"].startswith("127.0.0.1:") for r in records)
+
+
+def test_SE6_management_publish_refused_while_the_memory_alarm_holds_publishers(tmp_path: Path) -> None:
+    """The memory mark below what the gateway holds: AMQP publishers are blocked; a publish
+    over the management API is refused with 503 and nothing is stored; reads still work."""
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, management_port=0, management_host="127.0.0.1",
+                           limits=Limits(memory_high_watermark=1)) as gw:
+        url = f"http://{dict(gw.operator_addresses())['management API']}"
+        auth = ("guest", "guest")
+        assert requests.put(f"{url}/api/queues/%2F/held", json={"durable": False}, auth=auth,
+                            timeout=HANG).status_code in (201, 204)
+        body = {"routing_key": "held", "properties": {}, "payload": "x", "payload_encoding": "string"}
+        r = requests.post(f"{url}/api/exchanges/%2F/amq.default/publish", json=body, auth=auth, timeout=HANG)
+        assert r.status_code == 503 and "SE6" in r.json()["reason"], r.text
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", gw.port))
+        try:
+            assert conn.channel().queue_declare("held", passive=True).method.message_count == 0
+        finally:
+            conn.close()
+        assert requests.get(f"{url}/api/queues/%2F/held", auth=auth, timeout=HANG).json()["messages"] == 0
