@@ -146,3 +146,57 @@ def test_SE6_management_publish_refused_while_the_memory_alarm_holds_publishers(
         finally:
             conn.close()
         assert requests.get(f"{url}/api/queues/%2F/held", auth=auth, timeout=HANG).json()["messages"] == 0
+
+
+async def test_D7_SE5_a_200_with_an_endless_body_is_a_success_not_a_held_push() -> None:
+    """An HTTP subscription endpoint that answers 200 and then streams its body forever: the
+    push is a success at once (D7: the status decides), its connection is dropped, and the
+    gateway does not read (and hold) the body until the push timeout."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from gateway.management.testing import LOOPBACK_PUSH, operator_gateway
+
+    stopped = asyncio.Event()
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(status=200)
+        await resp.prepare(request)
+        try:
+            while True:
+                await resp.write(b"x" * 65536)
+                await asyncio.sleep(0.01)
+        except (ConnectionError, asyncio.CancelledError):
+            stopped.set()
+            raise
+
+    app = web.Application()
+    app.router.add_post("/notify", endless)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/notify"
+    try:
+        # A push timeout far beyond the test's own hang protection: the push must not need it
+        # (before, the body was read until the timeout, and held: 6 MB a second here).
+        async with operator_gateway(push=LOOPBACK_PUSH, push_timeout=3600) as og, \
+                aiohttp.ClientSession(auth=aiohttp.BasicAuth("guest", "guest")) as http:
+            async with http.put(f"{og.management_url}/api/exchanges/%2F/hooks", json={"type": "fanout"}) as r:
+                assert r.status in (201, 204)
+            body = {"subscriptionName": "endless", "protocol": "http", "endpoint": url}
+            async with http.post(f"{og.management_url}/api/cmq/topics/%2F/hooks/subscriptions", json=body) as r:
+                assert r.status == 201, await r.text()
+            publish = {"routing_key": "", "properties": {}, "payload": "hi", "payload_encoding": "string"}
+            async with http.post(f"{og.management_url}/api/exchanges/%2F/hooks/publish", json=publish) as r:
+                assert r.status == 200
+            sent = asyncio.get_running_loop().time()
+            while og.pusher.succeeded + og.pusher.failed == 0:
+                assert asyncio.get_running_loop().time() - sent < HANG, "the push is still reading the body"
+                await asyncio.sleep(0.02)
+            assert (og.pusher.succeeded, og.pusher.failed) == (1, 0), og.pusher.last_errors
+            await asyncio.wait_for(stopped.wait(), HANG)  # the endpoint saw its connection dropped
+    finally:
+        await runner.cleanup()
