@@ -39,8 +39,8 @@ from aiohttp import web
 
 from gateway.memory import HELD
 
-__all__ = ["Admission", "Gate", "HttpPolicy", "TlsListener", "audit_http_login", "http_peer", "publishers_held",
-           "serve_http"]
+__all__ = ["BEFORE_BODY", "Admission", "Gate", "HttpPolicy", "TlsListener", "audit_http_login", "http_peer",
+           "publishers_held", "serve_http"]
 
 log = logging.getLogger("cmq_gateway.admission")
 
@@ -408,6 +408,19 @@ class _HttpGuard(asyncio.Protocol):
             self._arm(self.policy.idle_timeout)  # the keep-alive idle time starts now
 
 
+async def _answer_and_close(request: web.Request, guard: _HttpGuard,
+                            response: web.StreamResponse) -> web.StreamResponse:
+    """Answer a request whose body is not read, and close its socket: aiohttp would wait for
+    the rest of the body (its lingering read, 10 s) before it closes; the socket is closed
+    here, the answer being in its buffer already."""
+    response.force_close()
+    await response.prepare(request)
+    await response.write_eof()
+    if guard.transport is not None:
+        guard.transport.close()
+    return response
+
+
 def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
     @web.middleware
     async def admission(request: web.Request,
@@ -418,6 +431,14 @@ def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
         request[GUARD] = guard
         guard.request_began()
         try:
+            before = request.app.get(BEFORE_BODY)
+            if before is not None and request.body_exists:
+                # SE5: the login (and the route's rule) is decided on the headers alone, so that
+                # no body is read for a client that is not logged in: its bytes before login
+                # stay within the headers' cap instead of a body's (held memory, W5).
+                refused = await before(request)
+                if refused is not None:  # the body is left unread: the connection goes with it
+                    return await _answer_and_close(request, guard, refused)
             if request.body_exists and policy.body_timeout > 0:
                 # The body is read here, within its deadline, and kept by aiohttp for the
                 # handler's own read()/json(): a trickled body cannot hold the socket.
@@ -427,14 +448,7 @@ def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
                 except TimeoutError:
                     _note("408", "HTTP request body not read within %g s: closed", policy.body_timeout)
                     late = web.Response(status=408, text="request body not received in time\n")
-                    late.force_close()
-                    await late.prepare(request)
-                    await late.write_eof()
-                    # aiohttp would wait for the rest of the body (its lingering read) before it
-                    # closes: the socket is closed here, the 408 being in its buffer already.
-                    if guard.transport is not None:
-                        guard.transport.close()
-                    return late
+                    return await _answer_and_close(request, guard, late)
             return await handler(request)
         finally:
             guard.request_ended()
@@ -481,6 +495,11 @@ def audit_http_login(request: web.Request, audit: Any, *, user: str, vhost: str,
     fields = {"user": user, "peer": peer, "conn": f"{peer} -> {here}", "protocol": protocol}
     audit.emit("connection_open", vhost, **fields)
     guard.logins[key] = lambda: audit.emit("connection_close", vhost, reason="closed", **fields)
+
+
+# An application's check of a request on its headers alone, before its body is read (the
+# management API's login and authorization): a response refuses the request, None lets it in.
+BEFORE_BODY: web.AppKey[Callable[[web.Request], Awaitable[web.StreamResponse | None]]] = web.AppKey("before_body")
 
 
 class _GuardedSite(web.SockSite):

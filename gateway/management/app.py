@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.admission import audit_http_login, http_peer
+from gateway.admission import BEFORE_BODY, audit_http_login, http_peer
 from gateway.auth import User, check_password
 from gateway.management import authz
 from gateway.metrics import Counters, RateTracker, Target, attach, serve_app
@@ -159,6 +159,7 @@ class Management:
 MGMT: web.AppKey[Management] = web.AppKey("mgmt", Management)
 SAMPLER: web.AppKey[asyncio.Task[None]] = web.AppKey("sampler", asyncio.Task)
 USER: web.RequestKey[User] = web.RequestKey("user", User)
+ADMITTED: web.RequestKey[bool] = web.RequestKey("admitted", bool)
 
 
 def not_authorised(reason: str) -> ApiError:
@@ -170,25 +171,59 @@ def _auth_middleware(mgmt: Management) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
-            rule = authz.rule_for(request)
-            if rule is None or rule.tag != "none":
-                user = request[USER] = _login(mgmt, request)
-                audit_http_login(request, mgmt.broker.audit, user=user.name, vhost="/", protocol=PROTOCOL)
-                if rule is not None:
-                    _authorize(mgmt, request, user, rule)
+            if not request.get(ADMITTED, False):  # else admitted on its headers (before_body)
+                _admit(mgmt, request)
+            if USER in request:
                 await mgmt.counters.sync()  # message_stats exact up to this request
             return await handler(request)
         except ApiError as e:
-            if e.status in (401, 403):  # a refused login, an SE1 or SE3 refusal
-                _audit_refusal(mgmt, request, e)
-            headers = {"WWW-Authenticate": REALM} if e.error == "not_authorized" else None
-            return web.json_response({"error": e.error, "reason": e.reason}, status=e.status, headers=headers)
+            return _answer(mgmt, request, e)
         except CMQError as e:
             status = 404 if e.reply_code == 404 else 400
             body = {"error": "Object Not Found" if status == 404 else "bad_request", "reason": str(e),
                     "rule": e.rule}
             return web.json_response(body, status=status)
     return middleware
+
+
+# RabbitMQ's request body limits (management.http.max_body_size, CVE-2023-46118): a
+# definitions import up to 20 MiB (200,000 queues), any other request up to 10 MiB.
+DEFINITIONS_BODY = 20 << 20
+OTHER_BODY = 10 << 20
+
+
+def _admit(mgmt: Management, request: web.Request) -> None:
+    """The login and the route's rule (SE1), on the request's headers alone."""
+    request[ADMITTED] = True
+    rule = authz.rule_for(request)
+    if rule is None or rule.tag != "none":
+        user = request[USER] = _login(mgmt, request)
+        audit_http_login(request, mgmt.broker.audit, user=user.name, vhost="/", protocol=PROTOCOL)
+        if rule is not None:
+            _authorize(mgmt, request, user, rule)
+    limit = DEFINITIONS_BODY if request.path.startswith("/api/definitions") else OTHER_BODY
+    if (request.content_length or 0) > limit:
+        raise ApiError(413, "bad_request", f"request body larger than {limit} bytes")
+
+
+def _answer(mgmt: Management, request: web.Request, e: ApiError) -> web.Response:
+    if e.status in (401, 403):  # a refused login, an SE1 or SE3 refusal
+        _audit_refusal(mgmt, request, e)
+    headers = {"WWW-Authenticate": REALM} if e.error == "not_authorized" else None
+    return web.json_response({"error": e.error, "reason": e.reason}, status=e.status, headers=headers)
+
+
+def _before_body(mgmt: Management) -> Callable[[web.Request], Awaitable[web.StreamResponse | None]]:
+    """SE5: a request with a body is admitted (or refused) before its body is read
+    (gateway.admission.BEFORE_BODY): a client that is not logged in, or may not use the
+    route, sends nothing but its headers before it is answered."""
+    async def before(request: web.Request) -> web.StreamResponse | None:
+        try:
+            _admit(mgmt, request)
+        except ApiError as e:
+            return _answer(mgmt, request, e)
+        return None
+    return before
 
 
 PROTOCOL = "http"  # the audit records of this API's logins and refusals say so (A1, CA4)
@@ -290,8 +325,9 @@ def make_app(obj: Any, pusher: HttpPusher | None = None) -> web.Application:
     from gateway.management.slash import add_slash_routes
 
     mgmt = Management(obj, pusher)
-    app = web.Application(middlewares=[_auth_middleware(mgmt)])
+    app = web.Application(middlewares=[_auth_middleware(mgmt)], client_max_size=DEFINITIONS_BODY)
     app[MGMT] = mgmt
+    app[BEFORE_BODY] = _before_body(mgmt)
     rabbit_api.add_routes(app, mgmt)
     accounts_api.add_routes(app, mgmt)
     cmq_api.add_routes(app, mgmt)

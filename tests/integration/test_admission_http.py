@@ -103,7 +103,9 @@ def test_SE5_silent_trickling_and_idle_keepalive_sockets_closed_on_every_http_po
             assert _closed(silent, deadline) == b""
             assert _closed(headers, deadline, b"X-a: b\r\n") == b""
             answer = _closed(body, deadline, b"x")
-            assert answer == b"" or answer.startswith(b"HTTP/1.1 408"), answer[:80]
+            # The management API refuses a request without a login on its headers, before
+            # its body (401); the others time the body out (408).
+            assert answer == b"" or answer.startswith((b"HTTP/1.1 408", b"HTTP/1.1 401")), answer[:80]
             answer = _closed(idle, deadline)
             assert answer.startswith(b"HTTP/1.1 "), answer[:80]  # answered, then closed when idle
             for s in (silent, headers, body, idle):

@@ -200,3 +200,54 @@ async def test_D7_SE5_a_200_with_an_endless_body_is_a_success_not_a_held_push() 
             await asyncio.wait_for(stopped.wait(), HANG)  # the endpoint saw its connection dropped
     finally:
         await runner.cleanup()
+
+
+def _raw_answer(port: int, request: bytes) -> bytes:
+    """Send ``request`` (headers, no body) on a raw socket; what the gateway answers before it
+    closes the socket (hang protection: HANG)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=HANG) as sock:
+        sock.sendall(request)
+        got = b""
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return got
+            got += data
+
+
+def test_SE5_SE1_management_refuses_on_the_headers_before_reading_a_body(
+        gateway: tuple[Any, str, str, Path]) -> None:
+    """A body announced by a client that is not logged in (or may not use the route) is never
+    read: the refusal comes on the headers, and the connection is closed. Before, the gateway
+    waited for the whole body (1 MiB of held memory per socket before any login, enough for
+    a few hundred sockets to raise the memory alarm and block every publisher)."""
+    gw, url, _cmq, _audit = gateway
+    port = int(url.rsplit(":", 1)[1])
+    import base64
+
+    for auth, reason in ((None, b"Not Authorized"), ("mgr:" + SECRET, b"Not Authorized"),
+                         ("mgr:mgr", b"Not administrator user")):
+        header = f"Authorization: Basic {base64.b64encode(auth.encode()).decode()}\r\n" if auth else ""
+        answer = _raw_answer(port, (f"POST /api/definitions HTTP/1.1\r\nHost: x\r\n{header}"
+                                    "Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n").encode())
+        assert answer.startswith(b"HTTP/1.1 401 "), answer[:200]
+        assert reason in answer, answer[:400]
+
+
+def test_SE1_a_definitions_import_up_to_rabbitmq_s_20_mib(gateway: tuple[Any, str, str, Path]) -> None:
+    """RabbitMQ takes a definitions upload up to 20 MiB (200,000 queues); this one is 3 MiB
+    (padded with JSON whitespace). An announced body over the limit is refused on its headers."""
+    _gw, url, _cmq, _audit = gateway
+    defs = {"queues": [{"name": f"big-{i}", "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}
+                       for i in range(3)]}
+    body = json.dumps(defs) + " " * (3 << 20)
+    r = requests.post(f"{url}/api/definitions", data=body, auth=("admin", "admin"),
+                      headers={"Content-Type": "application/json"}, timeout=HANG)
+    assert r.status_code in (200, 201, 204), (r.status_code, r.text[:200])
+    assert requests.get(f"{url}/api/queues/%2F/big-2", auth=("admin", "admin"), timeout=HANG).status_code == 200
+    port = int(url.rsplit(":", 1)[1])
+    answer = _raw_answer(port, ("POST /api/definitions HTTP/1.1\r\nHost: x\r\nAuthorization: Basic YWRtaW46YWRtaW4=\r\n"
+                                f"Content-Length: {(20 << 20) + 1}\r\n\r\n").encode())
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
