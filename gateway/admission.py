@@ -40,7 +40,7 @@ from aiohttp import web
 from gateway.memory import HELD
 
 __all__ = ["BEFORE_BODY", "Admission", "Gate", "HttpPolicy", "TlsListener", "audit_http_login", "http_peer",
-           "publishers_held", "serve_http"]
+           "publishers_held", "serve_http", "tcp_keepalive"]
 
 log = logging.getLogger("cmq_gateway.admission")
 
@@ -453,6 +453,25 @@ def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
         finally:
             guard.request_ended()
     return admission
+
+
+# SE5: TCP keep-alive on a client socket whose protocol may switch its own off (MQTT keep
+# alive 0): a peer gone without a FIN (power lost, a NAT's state dropped) is found by the
+# kernel after KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_PROBES seconds (2 minutes),
+# instead of holding its socket, its session and a descriptor forever.
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_PROBES = 60, 10, 6
+
+
+def tcp_keepalive(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+                            ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
 def publishers_held(gateway: Any) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as C
 
+from gateway.admission import tcp_keepalive
 from gateway.auth import AuthError
 from gateway.memory import HELD
 from gateway.mqtt import codec as P
@@ -96,6 +97,7 @@ class MQTTConnection(ClientProtocol):
                 return
             self._gate = gate
         self._take(transport)
+        tcp_keepalive(transport)  # SE5: a vanished peer found even with MQTT keep alive 0
         if ssl_object is not None:  # MQTTS: the handshake is over, the certificate known
             from gateway.tls import connection_info, peer_username
 

@@ -251,3 +251,33 @@ def test_SE1_a_definitions_import_up_to_rabbitmq_s_20_mib(gateway: tuple[Any, st
     answer = _raw_answer(port, ("POST /api/definitions HTTP/1.1\r\nHost: x\r\nAuthorization: Basic YWRtaW46YWRtaW4=\r\n"
                                 f"Content-Length: {(20 << 20) + 1}\r\n\r\n").encode())
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+
+
+def test_SE5_mqtt_sockets_have_tcp_keepalive_so_a_vanished_peer_is_found() -> None:
+    """MQTT keep alive 0 switches MQTT's own liveness check off (3.1.2.10): a client gone
+    without a FIN would hold its socket and session forever. The gateway's MQTT sockets have
+    TCP keep-alive on (found by the kernel within about 2 minutes)."""
+    import socket
+
+    import paho.mqtt.client as paho
+
+    from gateway.admission import KEEPALIVE_IDLE
+
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, mqtt_port=0, mqtt_host="127.0.0.1") as gw:
+        client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="no-keepalive", protocol=paho.MQTTv311)
+        client.username_pw_set("guest", "guest")
+        client.connect("127.0.0.1", gw.mqtt.port, keepalive=0)
+        client.loop_start()
+        try:
+            deadline = time.monotonic() + HANG
+            while not client.is_connected():
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            conns = [c for c in list(gw.connections) if type(c).__name__ == "MQTTConnection"]
+            assert len(conns) == 1
+            sock = conns[0].transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE
+        finally:
+            client.disconnect()
+            client.loop_stop()
