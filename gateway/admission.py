@@ -17,7 +17,11 @@ API, /metrics, the CMQ API).
   below ``fd_reserve // 8`` free, no listener takes one (the store's files need them).
 * Bytes received before login are capped per connection (``limits.preauth_bytes``: an MQTT
   CONNECT, HTTP headers) and, with HTTP request bodies until their handler is done, counted
-  as held memory (``HELD.partial``), which the memory alarm watches.
+  as held memory (``HELD.partial``), which the memory alarm watches. The management API
+  decides the login on the headers, before any body (``BEFORE_BODY``); the CMQ API cannot
+  (its signature is in the body), so the bodies one listener receives at once are capped at
+  a quarter of the memory mark: sockets sending big bodies slowly cannot raise the alarm
+  that would block every publisher (503 past the cap, one body always taken).
 
 ``Admission`` is one per gateway (``gw.admission``); ``Gate`` one per listener.
 """
@@ -154,6 +158,7 @@ class Gate:
         self.limit = limit
         self.count = 0
         self.refused = 0
+        self.bodies = 0  # HTTP: the announced sizes of the request bodies being received (SE5)
         self._said = 0.0
 
     def enter(self) -> bool:
@@ -269,12 +274,16 @@ class HttpPolicy:
     idle_timeout: float = 10.0  # accept / last response -> headers complete
     body_timeout: float = 10.0  # headers -> body read
     header_bytes: int = 65536  # the request line and headers, at most
+    # The request bodies one listener receives at once (announced sizes), at most: a quarter
+    # of the memory mark (0: no limit). One body is always taken when no other is.
+    body_budget: int = 0
 
     @classmethod
     def of(cls, limits: Any) -> HttpPolicy:
         return cls(float(getattr(limits, "http_idle_timeout", 10.0)),
                    float(getattr(limits, "http_body_timeout", 10.0)),
-                   int(getattr(limits, "preauth_bytes", 65536)))
+                   int(getattr(limits, "preauth_bytes", 65536)),
+                   int(getattr(limits, "memory_high_watermark", 0) or 0) // 4)
 
 
 class _HttpGuard(asyncio.Protocol):
@@ -430,6 +439,7 @@ def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
             return await handler(request)
         request[GUARD] = guard
         guard.request_began()
+        reserved = 0
         try:
             before = request.app.get(BEFORE_BODY)
             if before is not None and request.body_exists:
@@ -439,6 +449,20 @@ def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
                 refused = await before(request)
                 if refused is not None:  # the body is left unread: the connection goes with it
                     return await _answer_and_close(request, guard, refused)
+            if request.body_exists and policy.body_budget > 0:
+                # SE5/W5: bodies are held memory, and on the CMQ API (its signature is in the
+                # body) they come before the caller is known: sockets that send big bodies
+                # slowly would otherwise raise the memory alarm and block every publisher.
+                size = request.content_length if request.content_length is not None else CHUNKED_BODY
+                gate = guard.gate
+                if gate.bodies and gate.bodies + size > policy.body_budget:
+                    _note("503 bodies", "HTTP request bodies over %d bytes at once on %s: refused",
+                          policy.body_budget, gate.name)
+                    busy = web.Response(status=503, text="too many request bodies at once, send again later\n",
+                                        headers={"Retry-After": "1"})
+                    return await _answer_and_close(request, guard, busy)
+                gate.bodies += size
+                reserved = size
             if request.body_exists and policy.body_timeout > 0:
                 # The body is read here, within its deadline, and kept by aiohttp for the
                 # handler's own read()/json(): a trickled body cannot hold the socket.
@@ -451,6 +475,7 @@ def _middleware(guards: dict[Any, _HttpGuard], policy: HttpPolicy) -> Any:
                     return await _answer_and_close(request, guard, late)
             return await handler(request)
         finally:
+            guard.gate.bodies -= reserved
             guard.request_ended()
     return admission
 
@@ -485,6 +510,9 @@ def publishers_held(gateway: Any) -> str:
     if alarms.memory or alarms.disk:
         return str(alarms.reason)
     return "low on memory" if gateway.memory_over() else ""
+
+
+CHUNKED_BODY = 1 << 20  # what a body of unannounced size (chunked) is counted as
 
 
 GUARD: web.RequestKey[_HttpGuard] = web.RequestKey("admission_guard", _HttpGuard)

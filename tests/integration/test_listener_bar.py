@@ -12,6 +12,7 @@ Waits are bounded only by HANG (hang protection, never a threshold under test)."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -281,3 +282,50 @@ def test_SE5_mqtt_sockets_have_tcp_keepalive_so_a_vanished_peer_is_found() -> No
         finally:
             client.disconnect()
             client.loop_stop()
+
+
+def test_SE5_W5_bodies_before_login_cannot_raise_the_memory_alarm(tmp_path: Path) -> None:
+    """Sockets that announce a 4 MB body on the CMQ API (whose signature is in the body, so
+    no caller is known before it is read), send all of it but its last byte, and wait: together past the memory mark, they raised the memory alarm and blocked every AMQP
+    publisher of the gateway until their body deadline. Bodies being read on one listener now
+    take at most a quarter of the mark; the sockets past it are answered 503 on their
+    headers, and the alarm stays down."""
+    import socket
+
+    from gateway.config import GatewayConfig
+
+    mark = 32 << 20
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, cmq_api_port=0, cmq_api_host="127.0.0.1",
+                           limits=dataclasses.replace(GatewayConfig().limits, memory_high_watermark=mark,
+                                                      http_body_timeout=HANG)) as gw:
+        port = int(dict(gw.operator_addresses())["CMQ API"].rsplit(":", 1)[1])
+        size = 4_000_000
+        held: list[socket.socket] = []
+        refused = 0
+        try:
+            for _ in range(10):  # 10 x 4 MB: past the 32 MiB mark
+                sock = socket.create_connection(("127.0.0.1", port), timeout=HANG)
+                held.append(sock)
+                sock.sendall(f"POST /v2/index.php HTTP/1.1\r\nHost: x\r\nContent-Length: {size}\r\n"
+                             "Content-Type: application/x-www-form-urlencoded\r\n\r\n".encode())
+                try:
+                    sock.sendall(b"a" * (size - 1))
+                except OSError:  # answered and closed on its headers
+                    pass
+            # Every byte sent is in the gateway's hands (or refused): wait until each socket is
+            # either answered (503 at once) or quiet, then look at the alarm.
+            for sock in held:
+                sock.settimeout(0.5)
+                try:
+                    answer = sock.recv(200)
+                except TimeoutError:
+                    continue  # still waiting for its last byte: held by the gateway
+                except OSError:
+                    answer = b""
+                if answer.startswith(b"HTTP/1.1 503 ") or answer == b"":
+                    refused += 1
+            assert refused > 0
+            assert not gw.memory_over() and not gw.alarms.memory, "the memory alarm was raised before any login"
+        finally:
+            for sock in held:
+                sock.close()
