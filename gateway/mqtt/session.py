@@ -677,6 +677,8 @@ class MQTTSession:
                 if not refused:
                     first_refusal = (topic_filter, err[1])
                 refused += 1
+                if err[0] == 403:
+                    self._audit_refusal(f"subscribe {topic_filter[:200]} refused: {err[1]}")
                 codes.append(reason_of_reply(*err) if self.level >= 5 else 0x80)
                 continue
             existed = topic_filter in self.state.subs
@@ -788,6 +790,8 @@ class MQTTSession:
         err = self._consume_shared(shared, qos)
         if err is not None:
             log.info("mqtt subscribe %s refused for %s: %s", shared, self.user, err[1])
+            if err[0] == 403:
+                self._audit_refusal(f"subscribe {shared[:200]} refused: {err[1]}")
             return reason_of_reply(*err) if self.level >= 5 else 0x80
         # No retained messages: MQTT 5 3.3.1.3 sends them on a new non-shared subscription only.
         self.state.shared[shared] = (qos, opts)
@@ -1146,10 +1150,18 @@ class MQTTSession:
         topic = (Properties(raw_props).headers or {}).get(TOPIC_HEADER)
         return topic_to_routing_key(topic) if isinstance(topic, str) else routing_key
 
+    def _audit_refusal(self, reason: str) -> None:
+        """A1/W2: a publish or subscription the user's permissions refuse is audited, as the
+        HTTP APIs' refusals are: ``auth_failure`` with the user, the peer and why."""
+        self.broker.audit.emit("auth_failure", self.state.vhost, user=self.user, peer=self.peer,
+                               reason=reason[:512], protocol="mqtt")
+
     def refused(self, pid: int, qos: int, e: CMQError, will: bool) -> None:
         """MQ6: a refused publish is a reason code (MQTT 5) or a disconnect (3.1.1)."""
         text = e.reply_text if hasattr(e, "reply_text") else str(e)
         log.info("mqtt publish refused for %s: %s", self.user, text)
+        if e.reply_code == 403:
+            self._audit_refusal(f"publish refused: {text}")
         if will:
             return
         code = reason_of(e)

@@ -329,3 +329,45 @@ def test_SE5_W5_bodies_before_login_cannot_raise_the_memory_alarm(tmp_path: Path
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_A1_W2_mqtt_publish_and_subscribe_refusals_are_audited(tmp_path: Path) -> None:
+    """A user whose permissions refuse a publish and a subscription gets MQTT 5's 0x87 for
+    each, and each is audited (``auth_failure``, ``protocol: "mqtt"``), as on the HTTP APIs."""
+    import paho.mqtt.client as paho
+
+    audit = tmp_path / "audit"
+    users = UserDB({"guest": User("guest", hash_password("guest"), ("administrator",)),
+                    "limited": User("limited", hash_password("limited"))},
+                   {("guest", "/"): Permission(), ("limited", "/"): Permission(".*", "^$", "^$")},
+                   ["/"], frozenset())
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, mqtt_port=0, mqtt_host="127.0.0.1",
+                           users=users, audit=AuditSettings(dir=str(audit))) as gw:
+        client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="limited-1", protocol=paho.MQTTv5)
+        client.username_pw_set("limited", "limited")
+        codes: dict[str, int] = {}
+        client.on_connect = lambda _c, _u, _f, rc, _p: codes.__setitem__("connack", rc.value)
+        client.on_subscribe = lambda _c, _u, _m, rcs, _p: codes.__setitem__("suback", rcs[0].value)
+        client.on_publish = lambda _c, _u, _m, rc, _p: codes.__setitem__("puback", rc.value)
+        client.connect("127.0.0.1", gw.mqtt.port)
+        client.loop_start()
+        try:
+            deadline = time.monotonic() + HANG
+            while "connack" not in codes:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert codes["connack"] == 0
+            client.subscribe("orders/#", qos=1)
+            client.publish("orders/1", b"x", qos=1)
+            while not {"suback", "puback"} <= set(codes):
+                assert time.monotonic() < deadline, codes
+                time.sleep(0.02)
+            assert (codes["suback"], codes["puback"]) == (0x87, 0x87)
+        finally:
+            client.disconnect()
+            client.loop_stop()
+        records = _until(gw, audit, lambda rs: len([r for r in rs if r["event"] == "auth_failure"]) >= 2)
+    refusals = [r for r in records if r["event"] == "auth_failure"]
+    assert sorted(r["reason"].split(" ")[0] for r in refusals) == ["publish", "subscribe"], refusals
+    assert all(r["user"] == "limited" and r["protocol"] == "mqtt" and r["peer"].startswith("127.0.0.1:")
+               for r in refusals)
