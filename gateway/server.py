@@ -674,6 +674,14 @@ def _addresses(addresses: list[tuple[str, int]]) -> str:
     return ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in addresses)
 
 
+def _ask_stop(gw: Gateway) -> Callable[[int, Any], None]:
+    def handler(signum: int, frame: Any) -> None:
+        ask = getattr(gw.audit, "ask_stop", None)  # NullAudit: nothing to wait for
+        if ask is not None:
+            ask()
+    return handler
+
+
 async def _serve(config: GatewayConfig) -> None:
     gw = Gateway(config)
     with _logs_held_until_started():
@@ -695,6 +703,11 @@ async def _serve(config: GatewayConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+        # The loop runs stop.set once it reads the signal from its wake-up pipe, which it
+        # cannot while a hand-off waits for an audit writer that a full disk holds up. A
+        # Python-level handler runs even then (that wait is a select, which Python resumes
+        # after running handlers): it only tells the audit log to stop waiting.
+        signal.signal(sig, _ask_stop(gw))
     where = _addresses(gw.addresses)
     # One parseable line: scripts (and the restart tests) read the port from it.
     dirs = f"data dir {config.data_dir}" + (f", audit dir {config.audit.dir}" if config.audit.dir else ", no audit log")

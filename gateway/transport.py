@@ -198,7 +198,11 @@ class ClientProtocol(asyncio.Protocol):
         if out:
             # A5: a delivery among these bytes has its records out of this process first, so
             # a kill -9 from here on cannot take the records of what the client got.
-            self.gw.broker.audit_handoff()
+            if not self.gw.broker.audit_handoff():
+                # A stop, while the audit writer waits for room on a full disk: the client
+                # gets nothing whose records are still here, and the stop goes on.
+                self.transport.abort()
+                return
             self.gw.bytes_out += len(out)
             self.transport.write(out)
         if self.conn.closed:

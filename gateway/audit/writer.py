@@ -71,6 +71,7 @@ from gateway.audit import fastformat, layout
 from gateway.audit.batch import format_run, second_runs
 from gateway.audit.counting import count_key
 from gateway.audit.dirlock import AuditDirLock
+from gateway.audit.pipe import GIVE_UP_POLL, Pipe
 from gateway.audit.record import MICRO_Z, MILLI, format_line, format_ts
 from gateway.audit.rows import ROWS, Row
 
@@ -121,8 +122,8 @@ class NullAudit:
     def flush(self, timeout: float | None = None) -> bool:
         return True
 
-    def handoff(self) -> None:
-        return None
+    def handoff(self) -> bool:
+        return True
 
     def close(self) -> None:
         return None
@@ -220,6 +221,8 @@ class AuditLog:
 
         os.makedirs(self.directory, exist_ok=True)
         self._child: subprocess.Popen[bytes] | None = None
+        self._pipe: Pipe | None = None  # its input (gateway.audit.pipe), under _send_lock
+        self._stop_asked = False  # ask_stop(): a hand-off stops waiting for a stalled process
         self._child_dropped = 0
         # Sent to the child, not yet confirmed written: items, or records packed (bytes).
         self._unacked: list[Any] = []
@@ -231,6 +234,8 @@ class AuditLog:
             process = clock is time.time and _thread
         if process:
             self._child = self._spawn()
+            assert self._child.stdin is not None
+            self._pipe = Pipe(self._child.stdin.fileno())
         else:
             self._recover()
         # Process mode: the loop's records packed in C as they are emitted (fastformat.Records,
@@ -374,7 +379,7 @@ class AuditLog:
             self._wake.set()
         return target
 
-    def handoff(self) -> None:
+    def handoff(self) -> bool:
         """A5: hand every record emitted so far to the writer process now, before the
         caller lets a client see what they describe (a delivery's frames go to the socket
         after this). A kill -9 of the gateway then no longer takes them: the process, in a
@@ -382,18 +387,38 @@ class AuditLog:
         and holds the directory's lock until it exits, so a restart waits for it
         (gateway.audit.dirlock). Not fsynced: a machine's crash can still lose them, as it
         can any record no confirm waited for. Without a writer process (in-thread mode)
-        this does nothing. Blocks only while the process is a full pipe behind."""
-        if self._child is None or not (self._queue or (self._records is not None and len(self._records))):
-            return
-        with self._send_lock:
-            child = self._child
-            if child is None or child.stdin is None:
-                return
-            try:
-                self._send_pending()
-                child.stdin.flush()
-            except Exception:  # the process is gone: the thread's next cycle finds it and takes over
-                self._wake.set()
+        this does nothing. Waits only while the process is a full pipe behind.
+
+        False: a stop was asked (``ask_stop``) while the process could take nothing (a full
+        disk); the records are still queued, and the caller must not show the client what
+        they describe (it closes the connection instead)."""
+        pipe = self._pipe
+        if pipe is None or not (self._queue or len(pipe) or (self._records is not None and len(self._records))):
+            return True
+        lock = self._send_lock
+        while not lock.acquire(timeout=GIVE_UP_POLL):  # the writer thread may be the one waiting
+            if self._stop_asked:
+                return False
+        try:
+            pipe = self._pipe
+            if pipe is None:  # the process failed meanwhile: the writer thread took its records
+                return True
+            self._send_pending()
+            return pipe.flush(self._stopping_asked)
+        except Exception:  # the process is gone: the thread's next cycle finds it and takes over
+            self._wake.set()
+            return True
+        finally:
+            lock.release()
+
+    def ask_stop(self) -> None:
+        """A stop is coming (a signal handler calls this; it only sets a flag): a hand-off
+        waiting for a writer process that can take nothing gives up rather than hold the
+        event loop, and with it the stop, until the disk has room."""
+        self._stop_asked = True
+
+    def _stopping_asked(self) -> bool:
+        return self._stop_asked
 
     def wait_synced(self, mark: int, timeout: float | None = None) -> bool:
         """Wait until the records before ``sync_mark()`` are on disk (False: the writer is
@@ -407,6 +432,7 @@ class AuditLog:
             return
         self._closed = True
         self._stopping = True
+        self._stop_asked = True
         self.space_final = True
         if self._child is not None:
             with contextlib.suppress(OSError):  # it gives up what a full disk will not take
@@ -516,6 +542,7 @@ class AuditLog:
         log.exception("audit writer process failed; writing from this process from now on")
         with self._send_lock:  # handoff() no longer writes to it
             child, self._child = self._child, None
+            self._pipe = None  # what it still held is in _unacked, written again below
             if child is not None:
                 with contextlib.suppress(Exception):
                     child.kill()
@@ -534,9 +561,10 @@ class AuditLog:
             self._take_packed()  # after them: emitted later
 
     def _send_pending(self) -> None:
-        """Hand every queued record (and an audit_dropped record for what was shed) over;
-        under ``_send_lock``."""
-        assert self._child is not None and self._child.stdin is not None
+        """Queue every queued record (and an audit_dropped record for what was shed) on the
+        pipe, for its next flush; under ``_send_lock``."""
+        pipe = self._pipe
+        assert pipe is not None
         q = self._queue
         popleft = q.popleft
         remaining = len(q)
@@ -548,8 +576,8 @@ class AuditLog:
                 # when a thread re-queued them), before an audit_dropped stamped now.
                 data = recs.take()
                 self._unacked.append(data)
-                self._child.stdin.write(CHILD_HEADER.pack(b"P", len(data)))
-                self._child.stdin.write(data)
+                pipe.write(CHILD_HEADER.pack(b"P", len(data)))
+                pipe.write(data)
                 continue
             if remaining:
                 n = min(remaining, _BATCH)
@@ -566,18 +594,18 @@ class AuditLog:
                 payload = marshal.dumps(items)
             except ValueError:  # a value marshal does not take: as the JSON writer sees it
                 payload = marshal.dumps([(t, e, v, _plain(f)) for t, e, v, f in items])
-            self._child.stdin.write(CHILD_HEADER.pack(b"B", len(payload)))
-            self._child.stdin.write(payload)
+            pipe.write(CHILD_HEADER.pack(b"B", len(payload)))
+            pipe.write(payload)
 
     def _request(self, kind: bytes) -> None:
         """Hand every queued record over, send ``F``, ``S`` or ``C`` and take the counters the
         child answers with."""
-        child = self._child
-        assert child is not None and child.stdin is not None and child.stdout is not None
+        child, pipe = self._child, self._pipe
+        assert child is not None and child.stdout is not None and pipe is not None
         with self._send_lock:
             self._send_pending()
-            child.stdin.write(CHILD_HEADER.pack(kind, 0))
-            child.stdin.flush()
+            pipe.write(CHILD_HEADER.pack(kind, 0))
+            pipe.flush()  # waits as long as it takes: close() has told a stalled process to give up
             sent = len(self._unacked)
         # Read without the lock: handoff() may send more meanwhile, which this answer does not cover.
         line = child.stdout.readline()

@@ -59,8 +59,9 @@ AUDIT_SYNC_TIMEOUT = 30.0
 NO_AUDIT_LIMIT = 1 << 62
 
 
-def _no_handoff() -> None:
+def _no_handoff() -> bool:
     """An audit sink without a writer process to hand records to (A5)."""
+    return True
 
 
 @dataclass
@@ -87,7 +88,7 @@ class Broker:
 
     emit_row: Callable[[Row, str, tuple[Any, ...]], None]
     emit_fields: Callable[[str, str, dict[str, Any]], None]
-    audit_handoff: Callable[[], None]
+    audit_handoff: Callable[[], bool]  # False: a stop is asked and the records are not out
     store: StoreBackend
     # What vhost() makes: the cluster broker (gateway.jetstream) gives its own subclass, so
     # that the embedded path runs VHost's methods with no test of which store is behind.

@@ -5,6 +5,7 @@ counted. Both writers: the gateway's writer process and the in-thread one."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,74 @@ def test_A5_a_stop_on_a_full_disk_gives_up_and_counts_what_it_could_not_write(tm
         assert len(got) < 5_010
         assert audit.written == len(written)
         assert audit.dropped >= 5_010 - len(got) > 0
+
+
+def test_A5_sigterm_stops_a_gateway_whose_deliveries_wait_for_a_full_disk(tmp_path: Path) -> None:
+    """`cmq-gateway serve` with its audit dir on a full disk of its own (no disk alarm): the
+    writer process waits for room, its pipe fills, and a delivery's hand-off (A5) waits for
+    it on the event loop. A SIGTERM then still stops the gateway: the hand-off gives up, the
+    delivery is not written, and the writer process counts what it could not write."""
+    import json
+    import signal
+
+    import pika
+
+    from tests.integration.test_process import serve
+
+    config = tmp_path / "gateway.yaml"
+    config.write_text(json.dumps({"limits": {"disk_free_limit": 0}}))
+    with small_disk(tmp_path / "disk", "2m") as disk, \
+            serve(tmp_path / "data", "--audit-dir", str(disk / "audit"), "--config", str(config),
+                  "--management-port", "off", "--metrics-port", "off", "--cmq-api-port", "off",
+                  "--mqtt-port", "off") as (proc, port):
+        params = pika.ConnectionParameters("127.0.0.1", port, blocked_connection_timeout=HANG)
+        fill(disk)
+        received = [0]
+        done = threading.Event()
+
+        def consume() -> None:
+            conn = pika.BlockingConnection(params)
+            ch = conn.channel()
+            ch.queue_declare("stall")
+            ch.basic_qos(prefetch_count=1000)
+            ch.basic_consume("stall", lambda c, m, p, b: received.__setitem__(0, received[0] + 1),
+                             auto_ack=True)
+            try:
+                while not done.is_set():
+                    conn.process_data_events(time_limit=0.2)
+            except Exception:  # the stop closes it
+                pass
+
+        def publish() -> None:
+            try:
+                conn = pika.BlockingConnection(params)
+                ch = conn.channel()
+                ch.queue_declare("stall")
+                while not done.is_set():
+                    for _ in range(500):
+                        ch.basic_publish("", "stall", b"x" * 16)
+                    conn.process_data_events(time_limit=0)
+            except Exception:  # the stop closes it
+                pass
+
+        threads = [threading.Thread(target=consume, daemon=True), threading.Thread(target=publish, daemon=True)]
+        for t in threads:
+            t.start()
+        # Until deliveries stop: the writer process's pipe is full and the loop waits in a hand-off.
+        deadline, last, still = time.monotonic() + HANG, -1, 0
+        while time.monotonic() < deadline and still < 3:
+            time.sleep(1.0)
+            still = still + 1 if received[0] == last else 0
+            last = received[0]
+        assert still >= 3 and received[0] > 0, received
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=HANG)
+        finally:
+            done.set()
+            free(disk)  # a gateway that did not stop finishes once there is room
+        assert code == 0
+        proc.drain.join(HANG)  # type: ignore[attr-defined]
+        said = "".join(proc.lines)  # type: ignore[attr-defined]
+        assert "cmq-gateway: stopped" in said, said[-2000:]
+        assert "records lost" in said, said[-2000:]  # counted, never silent

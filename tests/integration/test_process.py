@@ -70,8 +70,11 @@ def serve(data_dir: Path, *extra: str, host: str | None = "127.0.0.1",
         if port is not None and len(proc.operator) == expect_operator:  # type: ignore[attr-defined]
             break
     assert port is not None, "the gateway never said where it listens"
-    # Keep draining stderr so the child never blocks on a full pipe.
-    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    # Keep draining stderr so the child never blocks on a full pipe; what it says after the
+    # start joins ``proc.lines`` once it exits (``proc.drain``, the thread, ends then).
+    stderr = proc.stderr
+    proc.drain = threading.Thread(target=lambda: proc.lines.append(stderr.read()), daemon=True)  # type: ignore[attr-defined]
+    proc.drain.start()  # type: ignore[attr-defined]
     try:
         yield proc, port
     finally:
