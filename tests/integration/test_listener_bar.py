@@ -1,12 +1,17 @@
-"""Every HTTP listener held to the AMQP core's bar (issue: H4's listener audit), with real
-clients over real sockets (requests, pika):
+"""Every listener held to the AMQP core's bar (H4's listener audit), with real clients over
+real sockets (requests, pika, paho, raw sockets):
 
-* A1/W2: a refused login and a refused operation are audited on the management API and the
-  CMQ API as on AMQP and MQTT (``auth_failure`` with user, peer, why and ``protocol``), and a
-  login that succeeds is audited once per TCP connection (``connection_open``, then
+* A1/W2: a refused login and a refused operation are audited on the management API, the CMQ
+  API and MQTT as on AMQP (``auth_failure`` with user, peer, why and ``protocol``), and an
+  HTTP login that succeeds is audited once per TCP connection (``connection_open``, then
   ``connection_close`` when the socket closes), not once per request;
-* SE6: the management API's publish is refused while the memory alarm holds AMQP publishers
-  (RabbitMQ's own HTTP publish is exempt from alarms; SE6 is not).
+* SE6: the management API's publish is refused while the memory or disk alarm holds AMQP
+  publishers (RabbitMQ's own HTTP publish is exempt from alarms; SE6 is not), and the CMQ
+  API's sends under the disk alarm too;
+* SE5: the management API decides the login on the headers, before any body; the bodies a
+  listener receives at once cannot raise the memory alarm; RabbitMQ's 20 MiB definitions
+  limit; MQTT sockets have TCP keep-alive (MQTT keep alive 0);
+* D7: an HTTP push endpoint's endless answer body neither holds the push nor memory.
 
 Waits are bounded only by HANG (hang protection, never a threshold under test)."""
 
@@ -371,3 +376,34 @@ def test_A1_W2_mqtt_publish_and_subscribe_refusals_are_audited(tmp_path: Path) -
     assert sorted(r["reason"].split(" ")[0] for r in refusals) == ["publish", "subscribe"], refusals
     assert all(r["user"] == "limited" and r["protocol"] == "mqtt" and r["peer"].startswith("127.0.0.1:")
                for r in refusals)
+
+
+def test_SE6_disk_alarm_refuses_http_publishers_on_the_cmq_and_management_apis(tmp_path: Path) -> None:
+    """The disk alarm (its limit above any disk's free space here) holds the HTTP APIs'
+    publishers as the memory alarm does: CMQ's SendMessage and PublishMessage get 4410, the
+    management API's publish 503, and nothing is stored."""
+    from gateway.config import GatewayConfig
+
+    keys = {ADMIN_ID: CmqKey("admin", ADMIN_KEY)}
+    limits = dataclasses.replace(GatewayConfig().limits, disk_free_limit=1 << 60)
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=str(tmp_path / "data"), users=_users(), limits=limits,
+                           management_port=0, management_host="127.0.0.1", cmq_api_port=0,
+                           cmq_api_host="127.0.0.1", cmq_keys=keys) as gw:
+        addresses = dict(gw.operator_addresses())
+        cmq = CmqClient(f"http://{addresses['CMQ API']}", ADMIN_ID, ADMIN_KEY)
+        deadline = time.monotonic() + HANG
+        while not gw.alarms.disk:  # decided at the first tick
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        cmq.ok("CreateQueue", queueName="diskq")
+        cmq.ok("CreateTopic", topicName="diskt")
+        for action, params in (("SendMessage", {"queueName": "diskq", "msgBody": "x"}),
+                               ("PublishMessage", {"topicName": "diskt", "msgBody": "x"})):
+            answer = cmq.call(action, **params)
+            assert answer["code"] == 4410 and "SE6" in answer["message"], (action, answer)
+        url = f"http://{addresses['management API']}"
+        body = {"routing_key": "diskq", "properties": {}, "payload": "x", "payload_encoding": "string"}
+        r = requests.post(f"{url}/api/exchanges/%2F/amq.default/publish", json=body, auth=("admin", "admin"),
+                          timeout=HANG)
+        assert r.status_code == 503 and "SE6" in r.json()["reason"], r.text
+        assert cmq.ok("GetQueueAttributes", queueName="diskq")["activeMsgNum"] == 0
