@@ -718,6 +718,15 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                            "published, publish again when the alarm clears")
         user = request[USER].name
         out = vh.publish(name, str(body["routing_key"]), properties, data, user=user, peer=request.remote)
+        # M14: RabbitMQ publishes over HTTP on a channel in confirm mode and answers at the
+        # basic.ack: a stored copy is durable before the answer, as an AMQP confirm is.
+        broker = mgmt.broker
+        if out.lsn:
+            watched = broker.messages.watch_refusals([out.lsn])
+            if out.lsn > broker.durable_lsn:
+                await broker.flush()
+            if broker.messages.refusals_seen(watched):  # RabbitMQ's answer to a basic.nack
+                raise bad_request("Unable to publish message. Check queue limits.")
         return web.json_response({"routed": out.routed})
 
     async def bindings(request: web.Request) -> web.Response:

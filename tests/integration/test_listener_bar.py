@@ -407,3 +407,41 @@ def test_SE6_disk_alarm_refuses_http_publishers_on_the_cmq_and_management_apis(t
                           timeout=HANG)
         assert r.status_code == 503 and "SE6" in r.json()["reason"], r.text
         assert cmq.ok("GetQueueAttributes", queueName="diskq")["activeMsgNum"] == 0
+
+
+async def test_M14_management_publish_answers_once_the_message_is_durable(tmp_path: Path) -> None:
+    """RabbitMQ publishes over HTTP on a channel in confirm mode and answers at the
+    basic.ack. Here the answer left before the store's group commit had even begun (a kill
+    -9 then lost a message the client was told was published); now the store position of
+    the message is durable when the response is prepared."""
+    import aiohttp
+    from aiohttp import web
+
+    from gateway.management.app import make_app
+    from gateway.server import running_gateway
+
+    async with running_gateway(0, str(tmp_path / "data"), hosts=("127.0.0.1",)) as gw:
+        app = make_app(gw)
+        seen: list[tuple[str, int, int]] = []
+
+        async def prepared(request: web.Request, response: web.StreamResponse) -> None:
+            # The same loop turn as the handler's return: the group commit cannot run between.
+            seen.append((request.path, gw.broker.store.last_lsn, gw.broker.durable_lsn))
+        app.on_response_prepare.append(prepared)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with aiohttp.ClientSession(auth=aiohttp.BasicAuth("guest", "guest")) as http:
+                async with http.put(f"{url}/api/queues/%2F/durable-q", json={"durable": True}) as r:
+                    assert r.status in (201, 204)
+                body = {"routing_key": "durable-q", "properties": {"delivery_mode": 2}, "payload": "kept",
+                        "payload_encoding": "string"}
+                async with http.post(f"{url}/api/exchanges/%2F/amq.default/publish", json=body) as r:
+                    assert r.status == 200 and (await r.json())["routed"] is True
+        finally:
+            await runner.cleanup()
+        path, written, durable = seen[-1]
+        assert path.endswith("/publish") and written > 0
+        assert durable >= written, (written, durable)
