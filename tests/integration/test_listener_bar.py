@@ -445,3 +445,20 @@ async def test_M14_management_publish_answers_once_the_message_is_durable(tmp_pa
         path, written, durable = seen[-1]
         assert path.endswith("/publish") and written > 0
         assert durable >= written, (written, durable)
+
+
+def test_SE5_malformed_arguments_are_rabbitmq_s_400_not_a_500(gateway: tuple[Any, str, str, Path]) -> None:
+    """Found by fuzzing the management API's bodies: ``arguments`` that is not a JSON object
+    on a queue, an exchange or a binding was an HTTP 500 (a ValueError in the handler);
+    RabbitMQ answers 400 bad_request."""
+    _gw, url, _cmq, _audit = gateway
+    auth = ("admin", "admin")
+    assert requests.put(f"{url}/api/exchanges/%2F/args-x", json={"type": "topic"}, auth=auth,
+                        timeout=HANG).status_code in (201, 204)
+    assert requests.put(f"{url}/api/queues/%2F/args-q", json={}, auth=auth, timeout=HANG).status_code in (201, 204)
+    for arguments in ("abc", [1], 5):
+        for method, path, body in (("PUT", "/api/queues/%2F/args-q2", {"arguments": arguments}),
+                                   ("PUT", "/api/exchanges/%2F/args-x2", {"type": "topic", "arguments": arguments}),
+                                   ("POST", "/api/bindings/%2F/e/args-x/q/args-q", {"arguments": arguments})):
+            r = requests.request(method, f"{url}{path}", json=body, auth=auth, timeout=HANG)
+            assert r.status_code == 400 and r.json()["error"] == "bad_request", (method, path, arguments, r.text[:200])
