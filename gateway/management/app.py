@@ -202,8 +202,8 @@ def _admit(mgmt: Management, request: web.Request) -> None:
         if rule is not None:
             _authorize(mgmt, request, user, rule)
     limit = DEFINITIONS_BODY if request.path.startswith("/api/definitions") else OTHER_BODY
-    if (request.content_length or 0) > limit:
-        raise ApiError(413, "bad_request", f"request body larger than {limit} bytes")
+    if (request.content_length or 0) > limit:  # RabbitMQ's words and status for it
+        raise bad_request(f"Exceeded HTTP request body size limit ({limit} bytes)")
 
 
 def _answer(mgmt: Management, request: web.Request, e: ApiError) -> web.Response:
