@@ -464,3 +464,39 @@ def test_SE5_malformed_arguments_are_rabbitmq_s_400_not_a_500(gateway: tuple[Any
                                    ("POST", "/api/bindings/%2F/e/args-x/q/args-q", {"arguments": arguments})):
             r = requests.request(method, f"{url}{path}", json=body, auth=auth, timeout=HANG)
             assert r.status_code == 400 and r.json()["error"] == "bad_request", (method, path, arguments, r.text[:200])
+
+
+def test_SE5_mqtt_max_connections_and_a_login_beside_a_full_listener(tmp_path: Path) -> None:
+    """limits.max_connections holds on the MQTT listener as on the others: with 3 silent
+    sockets held there, a fourth is closed at accept, while AMQP logins and the management
+    API are still served (each listener has its own count)."""
+    import socket
+
+    from gateway.config import GatewayConfig
+
+    limits = dataclasses.replace(GatewayConfig().limits, max_connections=3)
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, mqtt_port=0, mqtt_host="127.0.0.1",
+                           management_port=0, management_host="127.0.0.1", limits=limits) as gw:
+        held = [socket.create_connection(("127.0.0.1", gw.mqtt.port), timeout=HANG) for _ in range(3)]
+        try:
+            deadline = time.monotonic() + HANG
+            while gw.admission.gate("mqtt").count < 3:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            extra = socket.create_connection(("127.0.0.1", gw.mqtt.port), timeout=HANG)
+            try:
+                extra.sendall(b"\x10\x00")  # the start of a CONNECT: never read
+                got = extra.recv(16)
+            except OSError:  # reset at accept
+                got = b""
+            finally:
+                extra.close()
+            assert got == b""
+            assert gw.admission.gate("mqtt").refused >= 1
+            conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", gw.port))
+            conn.close()
+            url = f"http://{dict(gw.operator_addresses())['management API']}"
+            assert requests.get(f"{url}/api/overview", auth=("guest", "guest"), timeout=HANG).status_code == 200
+        finally:
+            for sock in held:
+                sock.close()
