@@ -47,6 +47,7 @@ import struct
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+from gateway.admission import tcp_keepalive
 from gateway.auth import AuthError, UserDB
 from gateway.memory import HELD
 from gateway.protocol import events as ev
@@ -266,6 +267,10 @@ class AMQPConnection(ClientProtocol):
                 refuse(transport)
                 return
             self._gate = gate
+        # SE5: a client that asked for no heartbeats (heartbeat 0) and vanished without a FIN
+        # would hold its socket, channels and unacked deliveries forever; the kernel's
+        # keep-alive probes find it within about 2 minutes, and a live idle client never notices.
+        tcp_keepalive(transport)
         self._take(transport)
         if ssl_object is not None:  # the TLS handshake is over: the peer's certificate is known
             from gateway.tls import connection_info, peer_username

@@ -500,3 +500,25 @@ def test_SE5_mqtt_max_connections_and_a_login_beside_a_full_listener(tmp_path: P
         finally:
             for sock in held:
                 sock.close()
+
+
+def test_SE5_amqp_sockets_have_tcp_keepalive_so_a_vanished_peer_with_heartbeat_0_is_found() -> None:
+    """AMQP heartbeat 0 (the client's choice) switches AMQP's own liveness check off: a
+    client gone without a FIN would hold its socket, channels and unacknowledged deliveries
+    forever. The gateway's AMQP sockets have TCP keep-alive on, as its MQTT sockets do."""
+    import socket
+
+    import pika
+
+    from gateway.admission import KEEPALIVE_IDLE
+
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None) as gw:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", gw.port, heartbeat=0))
+        try:
+            conns = [c for c in list(gw.connections) if type(c).__name__ == "AMQPConnection"]
+            assert len(conns) == 1
+            sock = conns[0].transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE
+        finally:
+            conn.close()
