@@ -78,8 +78,11 @@ class Session:
         # which permissions_changed empties.
         perm = self._users.vhost_permission(self.user, self.vhost_name)
         if perm is None or not perm.allows(access, name):
-            raise access_refused(f"access to {kind} '{name or 'amq.default'}' in vhost '{self.vhost_name}' "
-                                 f"refused for user '{self.user}'", "W2")
+            text = (f"access to {kind} '{name or 'amq.default'}' in vhost '{self.vhost_name}' "
+                    f"refused for user '{self.user}'")
+            if self.protocol is None:  # A1: audited as the HTTP and MQTT refusals are (MQTT audits its own)
+                self.emit("auth_failure", reason=f"{access}: {text}"[:512], protocol="amqp")
+            raise access_refused(text, "W2")
 
     def permissions_changed(self) -> None:
         """SE1: the user's permissions on this vhost were changed (management API, definitions

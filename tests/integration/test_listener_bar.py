@@ -522,3 +522,36 @@ def test_SE5_amqp_sockets_have_tcp_keepalive_so_a_vanished_peer_with_heartbeat_0
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE
         finally:
             conn.close()
+
+
+def test_A1_W2_amqp_refusals_are_audited(tmp_path: Path) -> None:
+    """A declare and a publish the user's permissions refuse close the channel with 403
+    ACCESS_REFUSED, as RabbitMQ does, and each is audited (``auth_failure``,
+    ``protocol: "amqp"``), as the HTTP and MQTT refusals are."""
+    audit = tmp_path / "audit"
+    users = UserDB({"guest": User("guest", hash_password("guest"), ("administrator",)),
+                    "limited": User("limited", hash_password("limited"))},
+                   {("guest", "/"): Permission(), ("limited", "/"): Permission("^mine$", "^$", "^$")},
+                   ["/"], frozenset())
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, users=users,
+                           audit=AuditSettings(dir=str(audit))) as gw:
+        creds = pika.PlainCredentials("limited", "limited")
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", gw.port, credentials=creds))
+        try:
+            ch = conn.channel()
+            ch.queue_declare("mine")  # configure: allowed
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as declared:
+                ch.queue_declare("theirs")
+            assert declared.value.reply_code == 403
+            ch = conn.channel()
+            ch.confirm_delivery()
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as published:
+                ch.basic_publish("", "mine", b"x")
+            assert published.value.reply_code == 403
+        finally:
+            conn.close()
+        records = _until(gw, audit, lambda rs: len([r for r in rs if r["event"] == "auth_failure"]) >= 2)
+    refusals = [r for r in records if r["event"] == "auth_failure"]
+    assert sorted(r["reason"].split(":")[0] for r in refusals) == ["configure", "write"], refusals
+    assert all(r["user"] == "limited" and r["protocol"] == "amqp" and r["peer"].startswith("127.0.0.1:")
+               for r in refusals)
