@@ -261,15 +261,26 @@ def test_SE1_a_definitions_import_up_to_rabbitmq_s_20_mib(gateway: tuple[Any, st
     assert answer.startswith(b"HTTP/1.1 400 ") and b"Exceeded HTTP request body size limit" in answer, answer[:300]
 
 
+def _assert_tcp_keepalive(gw: Any, kind: str) -> None:
+    """The one ``kind`` connection of ``gw`` has TCP keep-alive on, with the gateway's idle time."""
+    import socket
+
+    from gateway.admission import KEEPALIVE_IDLE
+
+    conns = [c for c in list(gw.connections) if type(c).__name__ == kind]
+    assert len(conns) == 1
+    sock = conns[0].transport.get_extra_info("socket")
+    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE
+
+
 def test_SE5_mqtt_sockets_have_tcp_keepalive_so_a_vanished_peer_is_found() -> None:
     """MQTT keep alive 0 switches MQTT's own liveness check off (3.1.2.10): a client gone
     without a FIN would hold its socket and session forever. The gateway's MQTT sockets have
     TCP keep-alive on (found by the kernel within about 2 minutes)."""
-    import socket
 
     import paho.mqtt.client as paho
 
-    from gateway.admission import KEEPALIVE_IDLE
 
     with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, mqtt_port=0, mqtt_host="127.0.0.1") as gw:
         client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="no-keepalive", protocol=paho.MQTTv311)
@@ -281,11 +292,7 @@ def test_SE5_mqtt_sockets_have_tcp_keepalive_so_a_vanished_peer_is_found() -> No
             while not client.is_connected():
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
-            conns = [c for c in list(gw.connections) if type(c).__name__ == "MQTTConnection"]
-            assert len(conns) == 1
-            sock = conns[0].transport.get_extra_info("socket")
-            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE
+            _assert_tcp_keepalive(gw, "MQTTConnection")
         finally:
             client.disconnect()
             client.loop_stop()
@@ -506,20 +513,14 @@ def test_SE5_amqp_sockets_have_tcp_keepalive_so_a_vanished_peer_with_heartbeat_0
     """AMQP heartbeat 0 (the client's choice) switches AMQP's own liveness check off: a
     client gone without a FIN would hold its socket, channels and unacknowledged deliveries
     forever. The gateway's AMQP sockets have TCP keep-alive on, as its MQTT sockets do."""
-    import socket
 
     import pika
 
-    from gateway.admission import KEEPALIVE_IDLE
 
     with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None) as gw:
         conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", gw.port, heartbeat=0))
         try:
-            conns = [c for c in list(gw.connections) if type(c).__name__ == "AMQPConnection"]
-            assert len(conns) == 1
-            sock = conns[0].transport.get_extra_info("socket")
-            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == KEEPALIVE_IDLE
+            _assert_tcp_keepalive(gw, "AMQPConnection")
         finally:
             conn.close()
 
