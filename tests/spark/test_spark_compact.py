@@ -134,6 +134,30 @@ def test_A7_read_audit_of_parquet_alone_registers_no_python_source(spark, tmp_pa
         audit.close()
 
 
+def test_A7_read_audit_makes_its_parquet_part_in_one_projection(spark, tmp_path: Path,
+                                                               no_auto_compaction: None) -> None:
+    """Each DataFrame step is analysed by the JVM as it is made, a fixed cost of a cold
+    read: the compacted part is one projection (with its filter) over the Parquet relation,
+    not a projection per step, and still the same rows and layout columns as the source."""
+    root = str(tmp_path / "audit")
+    _write(root, 0, 200)
+    for af in layout.list_files(root):
+        compact.compact_segment(af.path, remove=True)
+    df = read_audit(spark, root)
+    logical = df._jdf.queryExecution().logical().toString()
+    assert logical.count("Project") == 1, logical
+    assert "Relation" in logical and "parquet" in logical
+    assert df.schema == AUDIT_SCHEMA
+    cols = ["msg_id", "ts", "dt", "hour", "file", "open_file", "gateway"]
+    plain = spark.read.format("cmq-audit").option("cache", "off").load(root)
+    assert sorted(map(tuple, df.select(cols).collect())) == sorted(map(tuple, plain.select(cols).collect()))
+    late = read_audit(spark, root, columns="msg_id", **{"from": "2025-11-28T00:05:00Z"})
+    logical = late._jdf.queryExecution().logical().toString()
+    assert logical.count("Project") == 1 and logical.count("Filter") == 1, logical
+    assert late.columns == ["msg_id"]
+    assert _ids(late) == Counter(f"m{i}" for i in range(150, 200))
+
+
 def test_A7_planned_as_json_lines_and_compacted_before_read(tmp_path: Path, no_auto_compaction: None) -> None:
     """A segment planned as JSON-lines ranges whose file is compacted and removed before the
     ranges are read: its records come from the Parquet file, each range's own, once."""
