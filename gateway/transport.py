@@ -68,6 +68,7 @@ CLOSE_TIMEOUT = 3.0
 # does not is cut after this long, or after its heartbeat interval if shorter (rabbit_reader's
 # CLOSING_TIMEOUT).
 LINGER_TIMEOUT = 30.0
+_CONTENT, _METHOD = ev.Content, ev.Method
 _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk, ev.ChannelFlow, ev.Method,
                              ev.Content))
 # Events (a publish is one) handled per loop turn before the other connections get theirs,
@@ -313,7 +314,15 @@ class AMQPConnection(ClientProtocol):
                     event = next_event()
                     if event is None:
                         break
-                    dispatch(event)
+                    kind = type(event)
+                    # Every message's publish and ack go straight to the session (what
+                    # _dispatch does for them, without its frame: two a message).
+                    if (kind is _CONTENT or kind is _METHOD) and self.session is not None:
+                        if kind is _CONTENT:
+                            self.publisher = True
+                        self.session.on_event(event)
+                    else:
+                        dispatch(event)
                     budget -= 1
                     if not budget:
                         more = True

@@ -452,7 +452,9 @@ class CmqQueue:
             check_size(self.name, size, self._max_size, self.refuse_size)
         if self._next_due <= now:
             self._advance(now)
-        check_heap(self.name, len(self._messages) - self._n_rewindable, self._heap_num)
+        held = len(self._messages) - self._n_rewindable
+        if held >= self._heap_num:
+            check_heap(self.name, held, self._heap_num)
         delay = self._default_delay if delay is None else send_delay(delay, self._default_delay)
         if self._ttl is not None:
             expires_at = send_expiry(now, delay, self._ttl, expires_at)

@@ -58,14 +58,6 @@ class Channel:
         self.cancels_after_reply: list[tuple[Channel, str]] = []
         self.draining = False  # closing with held events: they run, but nothing is handed out
 
-    # -- credit (W4) -------------------------------------------------------------------------
-
-    def can_deliver(self) -> bool:
-        if not self.flow_active or self.closing or self.session.paused or self.committing:
-            return False
-        # Settlements held by an open transaction keep their credit until the commit (W4).
-        return not self.channel_prefetch or len(self.unacked) + len(self.tx_acks) < self.channel_prefetch
-
     # -- delivery (M11) ----------------------------------------------------------------------
 
     def deliver(self, consumer: Consumer | None, q: BrokerQueue, receipt: Receipt,
@@ -80,7 +72,8 @@ class Channel:
         msg_id = qmsg.msg_id
         rc = qmsg.receive_count
         redelivered = rc > 1
-        conn = self.session.conn
+        s = self.session
+        conn = s.conn
         properties = msg.properties
         if q.receive_metadata or (consumer is not None and consumer.receive_metadata):
             # M11 (cmq profile, or asked for): message_id = the CMQ ID unless the publisher
@@ -98,20 +91,19 @@ class Channel:
             conn.send_get_ok(self.number, tag, redelivered, msg.exchange, msg.routing_key, get_count or 0,
                              props, body)
         no_ack = consumer.no_ack if consumer is not None else no_ack or get_count is None
-        s = self.session
+        emit_row = s.broker.emit_row
         if no_ack:  # no ack record will follow: the delivery says it settled the message
             if s.protocol is None:
-                s.broker.emit_row(DELIVER_AUTO, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body), True))
+                emit_row(DELIVER_AUTO, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body), True))
             else:
-                s.broker.emit_row(DELIVER_MQTT_AUTO, s.vhost_name,
-                                  (s.user, s.peer, q.name, msg_id, rc, len(body), s.protocol, True))
+                emit_row(DELIVER_MQTT_AUTO, s.vhost_name,
+                         (s.user, s.peer, q.name, msg_id, rc, len(body), s.protocol, True))
         elif s.protocol is None:
-            s.broker.emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body)))
+            emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body)))
         else:  # MQ7
-            s.broker.emit_row(DELIVER_MQTT, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body),
-                                                           s.protocol))
+            emit_row(DELIVER_MQTT, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body), s.protocol))
         if no_ack:
-            self.session.broker.settle_deleted(q, receipt)
+            s.broker.settle_deleted(q, receipt)
             return
         self.unacked[tag] = Unacked(q, receipt, msg_id, consumer)
         if consumer is not None:
@@ -126,11 +118,29 @@ class Channel:
         """Remove and return the deliveries a basic.ack/nack/reject names, with their tags;
         406 for an unknown tag (M12). ``hold``: a transaction takes them, and the consumer's
         credit stays used until the commit (as RabbitMQ)."""
-        if multiple:
-            tags = list(self.unacked) if tag == 0 else [t for t in self.unacked if t <= tag]
+        if not multiple:
+            return [(tag, self._take_one(tag, hold))]
+        unacked = self.unacked
+        if tag == 0 or (unacked and tag >= next(reversed(unacked))):
+            # Everything outstanding (a client acking its whole window): the dict is handed
+            # over whole instead of popped tag by tag.
+            taken = list(unacked.items())
+            unacked.clear()
         else:
-            tags = [tag]
-        return [(t, self._take_one(t, hold)) for t in tags]
+            # Tags are in ascending order (restore_unacked keeps them so): the scan stops at
+            # the first one past ``tag`` instead of reading every outstanding delivery.
+            taken = []
+            for t in unacked:
+                if t > tag:
+                    break
+                taken.append((t, unacked[t]))
+            for t, _ in taken:
+                del unacked[t]
+        if not hold:
+            for _, u in taken:
+                if u.consumer is not None:
+                    u.consumer.unacked -= 1
+        return taken
 
     def _take_one(self, tag: int, hold: bool = False) -> Unacked:
         """The delivery ``tag`` names, removed (406 when unknown, M12); see take_tagged."""
@@ -151,12 +161,18 @@ class Channel:
         self.unacked = dict(sorted(self.unacked.items()))
 
     def ack(self, tag: int, multiple: bool) -> None:
-        broker = self.session.broker
+        session = self.session
+        broker = session.broker
         if multiple:
-            for u in self.take(tag, multiple):
-                broker.ack(self.session, u)
-        else:  # one tag, as a consumer acks every message: no take_tagged lists
-            broker.ack(self.session, self._take_one(tag))
+            for _, u in self.take_tagged(tag, True):
+                broker.ack(session, u)
+        else:  # one tag, as a consumer acks every message: _take_one inlined
+            one = self.unacked.pop(tag, None)
+            if one is None:
+                raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
+            if one.consumer is not None:
+                one.consumer.unacked -= 1
+            broker.ack(session, one)
         if self.channel_prefetch:
             broker.dispatch_channel(self)  # W4: channel credit serves every queue consumed here
 

@@ -32,12 +32,18 @@ class Consumer:
         self.receive_metadata = False
 
     def has_credit(self) -> bool:
-        # W4: per consumer (global=false) and per channel (global=true), both may apply.
-        if self.no_ack:
-            return self.channel.can_deliver()
-        if self.prefetch and self.unacked >= self.prefetch:
+        """W4: per consumer (global=false) and per channel (global=true), both may apply; and
+        the channel must take deliveries at all (flow, closing, a commit running, the
+        connection's write buffer full). One function, the channel's tests inlined: it runs
+        before every delivery of every queue."""
+        ch = self.channel
+        if not ch.flow_active or ch.closing or ch.committing or ch.session.paused:
             return False
-        return self.channel.can_deliver()
+        if not self.no_ack and self.prefetch and self.unacked >= self.prefetch:
+            return False
+        # Settlements held by an open transaction keep their credit until the commit (W4).
+        limit = ch.channel_prefetch
+        return not limit or len(ch.unacked) + len(ch.tx_acks) < limit
 
 
 class Unacked:

@@ -48,6 +48,8 @@ class BrokerQueue:
             cmq.set_priorities(qargs.max_priority, message_priority)
         self.policy: Policy | None = None  # the RabbitMQ policy applied (VHost._queue_settings)
         self.cmq = cmq
+        # receive() without a frame of its own: every delivery takes one (CMQ model, below).
+        self.receive = cmq.receive  # type: ignore[method-assign]
         # M11 / PF5: deliveries carry the CMQ receive metadata (the cmq profile, or the
         # queue's x-cmq-receive-metadata); otherwise the properties go out as published.
         self.receive_metadata = qargs.receive_metadata

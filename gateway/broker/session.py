@@ -16,6 +16,7 @@ from gateway.broker.reply_to import REPLY_QUEUE
 from gateway.broker.vhost import new_name
 from gateway.protocol.codec import method as method_of
 from gateway.protocol.events import ChannelClose, ChannelCloseOk, ChannelFlow, ChannelOpen, Content, Method
+from gateway.protocol.properties import REPLY_TO_FLAG, Properties
 from semantics.errors import REPLY_NAMES, CMQError
 
 if TYPE_CHECKING:
@@ -105,6 +106,36 @@ class Session:
         """ChannelOpen / ChannelClose / ChannelCloseOk / ChannelFlow / Method / Content."""
         cls = type(event)  # told apart by class: a name's string tests cost every message
         number: int = event.channel  # type: ignore[attr-defined]
+        method: Any = None
+        if cls is Content or cls is Method:  # every message's publish and ack come first
+            ch = self.channels.get(number)
+            if ch is None or ch.closing:
+                return  # the core drops frames for a channel we are closing
+            if ch.held is not None:
+                ch.held.append(event)  # Q5: a basic.get waits; what follows on its channel waits too
+                return
+            method = event.method  # type: ignore[attr-defined]
+            try:
+                if cls is Content:
+                    if self.check_access and not self._writable.get(method.exchange, False):
+                        self.authorize("write", "exchange", method.exchange)  # W2; raises when refused
+                        self._writable[method.exchange] = True
+                    if ch.tx:
+                        ch.tx_publishes.append((method, event.properties, event.body))  # type: ignore[attr-defined]
+                    else:
+                        self.publish_now(ch, method, event.properties, event.body)  # type: ignore[attr-defined]
+                elif method.name == "Basic.Ack" and not ch.tx:
+                    # Every delivery's ack: it causes no basic.cancel to hold back (see
+                    # _method), so it skips that bookkeeping.
+                    ch.ack(method.delivery_tag, method.multiple)
+                else:
+                    self._method(ch, method)
+            except ConnectionFault as e:
+                cls_id, mid = _ids(method)
+                self.conn.close(e.reply_code, e.reply_text, cls_id, mid)
+            except CMQError as e:
+                self.channel_error(ch, e, method)
+            return
         if cls is ChannelOpen:
             self.channels[number] = Channel(self, number)
             return
@@ -118,38 +149,34 @@ class Session:
             return
         ch = self.channels.get(number)
         if ch is None or ch.closing:
-            return  # the core drops frames for a channel we are closing
-        if ch.held is not None:
-            ch.held.append(event)  # Q5: a basic.get waits; what follows on its channel waits too
             return
-        method: Any = None if cls is ChannelFlow else event.method  # type: ignore[attr-defined]
-        try:
-            if cls is Content:
-                self._publish(ch, method, event.properties, event.body)  # type: ignore[attr-defined]
-            elif cls is Method:
-                handler = _HANDLERS.get(method.name)
-                if handler is None:
-                    raise ConnectionFault("M16", f"method {method.name} is not implemented", reply_code=540)
-                self._in_method = True
-                try:
-                    handler(self, ch, method)
-                finally:
-                    self._in_method = False
-                    if self._cancels:
-                        if ch.held is not None:  # the reply waits: the notices follow it
-                            ch.cancels_after_reply += self._cancels
-                            self._cancels = []
-                        else:
-                            self._send_cancels()
-            elif cls is ChannelFlow:
-                ch.flow_active = bool(event.active)  # type: ignore[attr-defined]
+        if ch.held is not None:
+            ch.held.append(event)
+            return
+        if cls is ChannelFlow:
+            ch.flow_active = bool(event.active)  # type: ignore[attr-defined]
+            try:
                 if ch.flow_active:
                     self.broker.dispatch_channel(ch)
-        except ConnectionFault as e:
-            cls_id, mid = _ids(method)
-            self.conn.close(e.reply_code, e.reply_text, cls_id, mid)
-        except CMQError as e:
-            self.channel_error(ch, e, method)
+            except CMQError as e:
+                self.channel_error(ch, e)
+
+    def _method(self, ch: Channel, method: Any) -> None:
+        """A method's handler; the basic.cancel notices it causes follow its reply."""
+        handler = _HANDLERS.get(method.name)
+        if handler is None:
+            raise ConnectionFault("M16", f"method {method.name} is not implemented", reply_code=540)
+        self._in_method = True
+        try:
+            handler(self, ch, method)
+        finally:
+            self._in_method = False
+            if self._cancels:
+                if ch.held is not None:  # the reply waits: the notices follow it
+                    ch.cancels_after_reply += self._cancels
+                    self._cancels = []
+                else:
+                    self._send_cancels()
 
     def notify_cancel(self, ch: Channel, tag: str) -> None:
         """basic.cancel for a consumer whose queue went away. Caused by a method of this
@@ -235,19 +262,11 @@ class Session:
 
     # -- publish (M9, M10, M14) --------------------------------------------------------------
 
-    def _publish(self, ch: Channel, method: Any, properties: Any, body: bytes) -> None:
-        if self.check_access and not self._writable.get(method.exchange, False):
-            self.authorize("write", "exchange", method.exchange)  # W2; raises when refused
-            self._writable[method.exchange] = True
-        if ch.tx:
-            ch.tx_publishes.append((method, properties, body))
-            return
-        self.publish_now(ch, method, properties, body)
-
     def publish_now(self, ch: Channel, method: Any, properties: Any, body: bytes,
                     msg_id: str | None = None) -> None:
         """``msg_id``: the CMQ message ID to route it under (an MQTT QoS 2 resend's, MQ8)."""
-        if properties.reply_to == REPLY_QUEUE:
+        if (type(properties) is not Properties or properties._flags & REPLY_TO_FLAG) \
+                and properties.reply_to == REPLY_QUEUE:
             properties = self.broker.replies.rewrite(ch, properties)  # direct reply-to
         seq = 0
         if ch.confirm:

@@ -50,6 +50,7 @@ from gateway.broker.message import Message
 from gateway.broker.policies import Policy, choose, queue_arguments
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import REPLY_PREFIX
+from gateway.protocol.properties import EXPIRATION_FLAG, HEADERS_FLAG, Properties
 from semantics.errors import CMQError, LimitError
 from semantics.limits import QUEUE_MAX_MSG_SIZE_MIN
 from semantics.matching import (
@@ -77,6 +78,7 @@ STANDARD_EXCHANGES = (("amq.direct", "direct"), ("amq.fanout", "fanout"), ("amq.
                       ("amq.headers", "headers"), ("amq.match", "headers"))
 
 
+_HEADERS_OR_EXPIRATION = HEADERS_FLAG | EXPIRATION_FLAG
 _LOCAL = ("q", "x")  # endpoints the broker delivers to itself: queues and exchanges
 
 
@@ -86,15 +88,14 @@ def new_name(prefix: str) -> str:
 
 
 class PublishOutcome:
-    """What a publish did: whether anything took it, and the store LSN it must wait for."""
+    """What a publish did: whether anything took it, and the store LSN it must wait for.
+    Defaults as class attributes, no __init__: one is made for every publish, and a Python
+    __init__ was a frame of its own."""
 
-    __slots__ = ("routed", "lsn", "rejected", "msg_id")
-
-    def __init__(self) -> None:
-        self.msg_id = ""
-        self.routed = False
-        self.lsn = 0
-        self.rejected = False  # x-overflow reject-publish refused it (basic.nack under confirms)
+    msg_id = ""
+    routed = False
+    lsn = 0
+    rejected = False  # x-overflow reject-publish refused it (basic.nack under confirms)
 
 
 class VHost:
@@ -495,9 +496,12 @@ class VHost:
             # RabbitMQ 3.x dropped immediate: connection error 540.
             raise ConnectionFault("M16", "immediate=true", reply_code=NOT_IMPLEMENTED)
         now = self.broker.now()
-        headers = properties.headers
         out = PublishOutcome()
-        ttl = _ttl_of(properties)
+        if type(properties) is Properties and not properties._flags & _HEADERS_OR_EXPIRATION:
+            headers = ttl = None  # the common property list: neither is there to read
+        else:
+            headers = properties.headers
+            ttl = None if properties.expiration is None else _ttl_of(properties)
         if exchange == "":
             self._send_direct(routing_key, properties, body, headers, now, out, user, peer, ttl, cycle,
                               protocol, msg_id)
@@ -653,7 +657,7 @@ class VHost:
             self._emit("discard", queue=routing_key, routing_key=routing_key, msg_id=msg_id, size=size,
                        reason="no_match", user=user, peer=peer)
             return
-        delay = _delay_of(headers)
+        delay = _delay_of(headers) if headers else None
         if size > q.attrs.max_msg_size and not self.profile.refuse:
             # L6 in compatible (PF3/PF4): the queue takes it; the cmq profile's refusal is
             # CmqQueue.send's, below.
@@ -661,9 +665,15 @@ class VHost:
                                    f"max_msg_size {q.attrs.max_msg_size:,} bytes", value=size,
                                    limit=q.attrs.max_msg_size), f"queue:{q.name}", user, peer)
         msg = Message(body, properties, "", routing_key, now, (), msg_id, ttl)
-        msg.cycle = cycle
         try:
-            self._enqueue(q, msg, now, delay, out, None, None)
+            if cycle or (q.durable and msg.persistent):
+                msg.cycle = cycle
+                self._enqueue(q, msg, now, delay, out, None, None)
+            else:  # the common case: none of _enqueue's refusals can apply
+                out.lsn = self.broker.messages.enqueue(self, q, msg, now, delay,
+                                                       None if ttl is None else message_expiry(now, delay, ttl),
+                                                       out.lsn, None, None)
+                out.routed = True
         except MaxLengthRejected:
             # x-overflow reject-publish: RabbitMQ nacks a confirming publisher, no channel error;
             # reject-publish-dlx also dead-letters the refused message (reason maxlen).

@@ -558,7 +558,9 @@ class ServerConnection:
     def send_deliver(self, channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool,
                      exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
         """basic.deliver + header + body, hand-written (the hot path of every consumer)."""
-        if not self._sendable(channel):
+        chan = self._channels.get(channel)  # _sendable's test inlined: once per delivery
+        if chan is None or chan.state is not ChannelState.OPEN or self.state is not ConnState.OPEN:
+            self._sendable(channel)  # raises for channel 0
             return
         fastpath.append_deliver(self._out, channel, consumer_tag, delivery_tag, redelivered, exchange,
                                 routing_key, properties, body, self.frame_max)

@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.protocol.fieldtable import decode_table, encode_table_body, encode_value, table_entries
 
-__all__ = ["FIELDS", "Properties"]
+__all__ = ["EXPIRATION_FLAG", "FIELDS", "HEADERS_FLAG", "REPLY_TO_FLAG", "Properties"]
 
 _SHORTSTR, _TABLE, _OCTET, _TIMESTAMP = range(4)
 
@@ -41,6 +41,12 @@ FIELDS: tuple[tuple[str, int], ...] = (
 _INDEX = {name: i for i, (name, _) in enumerate(FIELDS)}
 _KINDS = tuple(kind for _, kind in FIELDS)
 _HEADERS = _INDEX["headers"]
+# Bits of ``Properties._flags`` (the property flags as sent) for the fields a publish must
+# read: headers (delay, tags), expiration (TTL), reply_to (direct reply-to). Most property
+# lists set none of them, and a test of the flags costs less than three property reads.
+HEADERS_FLAG = 0x8000 >> _HEADERS
+EXPIRATION_FLAG = 0x8000 >> _INDEX["expiration"]
+REPLY_TO_FLAG = 0x8000 >> _INDEX["reply_to"]
 _MESSAGE_ID = _INDEX["message_id"]
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
