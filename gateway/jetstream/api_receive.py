@@ -1,7 +1,7 @@
 """CMQ API receives and counts on a JetStream queue (SPEC CA2, CA4).
 
 On JetStream a queue's messages stay in its stream until a gateway pulls them for someone
-who takes them (gateway.jetstream.broker: its consumers' credit, its basic.gets). A CMQ API
+who takes them (gateway.jetstream.pulls: its consumers' credit, its basic.gets). A CMQ API
 ``ReceiveMessage`` has neither a channel nor a consumer, so without a word of its own no pull
 is made for it and the local model, which holds only what was pulled, has nothing to give:
 :class:`ReceiveDemand` is that word. While it lasts the queue asks JetStream for the
@@ -58,7 +58,7 @@ class ReceiveDemand:
         q.api_demand -= self.count
         q.api_polls -= self.polling
         if not q.api_demand and not q.deleted:
-            self.broker.api_demand_ended(q)
+            self.broker.messages.pulls.api_demand_ended(q)
 
     async def pulled(self, timeout: float) -> bool:
         """Ask JetStream for what the receive still lacks, and wait until a pull answered
@@ -69,7 +69,7 @@ class ReceiveDemand:
         signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         q.api_signals.append(signal)
         try:
-            self.broker.want_pull(q)
+            self.broker.messages.pulls.want(q)
             await asyncio.wait_for(signal, timeout)
         except TimeoutError:
             return False
@@ -104,7 +104,7 @@ def answer_receives(q: ClusterQueue, *, status: bool) -> None:
 
 async def _acks_applied(broker: ClusterBroker, q: ClusterQueue) -> None:
     """The acks this gateway sent for ``q`` are applied by JetStream: they go without waiting
-    for an answer (gateway.jetstream.broker), and JetStream applies them apart from its API
+    for an answer (gateway.jetstream.pulls), and JetStream applies them apart from its API
     requests, so a count right after a delete could still show it Inactive. The latest one is
     sent again as a request, which JetStream answers once it applied it, and the acks of one
     consumer are applied in order. A second ack of a message changes nothing."""
@@ -131,7 +131,7 @@ async def queue_counts(broker: ClusterBroker, q: ClusterQueue) -> tuple[int, int
     js = broker.link.js
     try:
         await asyncio.wait_for(q.ready.wait(), COUNT_WAIT)
-        await broker.publishes_landed(q)
+        await broker.messages.writes.landed(q)
         await _acks_applied(broker, q)
         info = await asyncio.wait_for(js.consumer_info(q.stream, CONSUMER), COUNT_WAIT)
         rewinds = getattr(q.cmq, "rewind_range", 0) > 0

@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
     from gateway.jetstream.queues import ClusterQueue
 
-__all__ = ["EXPIRES_AT", "MSG_ID", "count", "end", "first_undelivered", "removed"]
+__all__ = ["EXPIRES_AT", "MSG_ID", "VISIBLE_AT", "count", "end", "first_undelivered", "removed", "stored_message"]
 
 MSG_ID = "Nats-Msg-Id"
 EXPIRES_AT = "Cmq-Expires-At"  # RabbitMQ TTL (x-message-ttl, expiration), absolute epoch seconds
+VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
 
 
 async def count(js: Any, q: ClusterQueue) -> Any:
@@ -85,8 +86,8 @@ async def end(broker: ClusterBroker, q: ClusterQueue, raw: Any, event: Any, *arg
     big = headers.get(BODY_HEADER)
     if big is not None:
         with contextlib.suppress(Exception):
-            body = await broker.bodies.get(big)
-        broker.spawn(broker.bodies.delete(big))
+            body = await broker.messages.bodies.get(big)
+        broker.spawn(broker.messages.bodies.delete(big))
     msg = stored_message(r, body, headers.get(MSG_ID, ""))
     exp = headers.get(EXPIRES_AT)
     m = Q.QueueMessage(msg.msg_id, msg, len(body), r["enqueue_time"], 0, None if exp is None else float(exp))

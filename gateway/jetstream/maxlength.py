@@ -95,7 +95,7 @@ async def _trim(broker: ClusterBroker, q: ClusterQueue) -> None:
         q.trim_hold = 0
         q.trimming = False
         q.rewinding -= 1
-        broker._published(q)
+        broker.messages.writes.published(q)
         broker.dispatch(q)
 
 
@@ -106,7 +106,7 @@ def _over(q: ClusterQueue) -> bool:
 
 async def _landed(broker: ClusterBroker, q: ClusterQueue) -> None:
     """The publishes before this trim acknowledged by JetStream (the trim is one in_flight):
-    woken by the broker's ``_published`` as the last one lands."""
+    woken by ``Writes.published`` (gateway.jetstream.writes) as the last one lands."""
     if q.in_flight > 1:
         q.landed = asyncio.get_running_loop().create_future()
         try:

@@ -5,6 +5,13 @@ model holds only what this gateway leased from the stream's shared consumer. The
 message meets on the way in are semantics.send_rules, as on the embedded store, applied to the
 counts this gateway knows: JetStream's undelivered messages, its own leases and the delayed
 messages it naked for the rest of their delay.
+
+The work is done by the parts this class owns, each in a module of its own: :class:`Writes`
+(publishes into the streams and their PubAcks), :class:`Pulls` (pulls, leases, acks and naks),
+:class:`Streams` (each queue's stream from declaration to deletion, and its counts), the
+:class:`Sweeper` (TTLs that fall due in a stream nobody pulls) and :class:`Bodies` (large
+bodies in the object store). The broker sees only the MessageStorage contract; which gateway
+owns what (presence, exclusive queues, topic retries) is the cluster broker's.
 """
 
 from __future__ import annotations
@@ -16,9 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.audit.rows import ENQUEUE
 from gateway.jetstream.api_receive import ReceiveDemand, queue_counts
+from gateway.jetstream.bodies import Bodies
 from gateway.jetstream.maxlength import trim_after_publish
+from gateway.jetstream.pulls import Pulls
 from gateway.jetstream.queues import LeasedCmqQueue
-from gateway.jetstream.sweeper import settle_once
+from gateway.jetstream.streams import Streams
+from gateway.jetstream.sweeper import Sweeper, settle_once
+from gateway.jetstream.writes import Writes
 from semantics import queue as Q
 from semantics.send_rules import check_heap, check_room, check_size, send_delay, send_expiry
 
@@ -55,9 +66,36 @@ class JetStreamMessages:
 
     def __init__(self, broker: ClusterBroker) -> None:
         self.broker = broker
+        self.bodies = Bodies(broker.link)
+        self.pulls = Pulls(broker, self.bodies)
+        self.writes = Writes(broker, self.bodies, self.pulls)
+        self.streams = Streams(broker, self.pulls, self.writes)
+        self.sweeper = Sweeper(broker)
+        # MQTT session records go beside the messages, in order with them (ORDERED_KINDS).
+        broker.store.publisher = self.writes.publisher
         self._lag = 0
         self._lag_at = 0.0
         self._watched: list[dict[int, bool]] = []  # CMQ API sends awaiting their writes (watch_refusals)
+
+    # -- the JetStream side's own life, around the broker's (gateway.jetstream.broker) -------
+
+    async def open(self) -> None:
+        """Before the broker recovers: the publishing connection's reader runs."""
+        await self.writes.publisher.start()
+
+    async def streams_ready(self) -> None:
+        """The streams of the queues recovered at start are there (a declare-ok counts them)."""
+        await self.streams.ready()
+
+    def run(self) -> None:
+        """The gateway serves: counts follow other gateways, and due TTLs are swept."""
+        self.broker.spawn(self.streams.count_loop())
+        self.broker.spawn(self.sweeper.run())
+
+    async def stop(self) -> None:
+        await self.writes.publisher.stop()
+
+    # -- MessageStorage (gateway.broker.storage) ---------------------------------------------
 
     def enqueue(self, vh: VHost, q: BrokerQueue, msg: Message, now: float, delay: float | None,
                 expires_at: float | None, out_lsn: int, via: str | None, subscription: str | None) -> int:
@@ -76,9 +114,9 @@ class JetStreamMessages:
         check_room(cq.name, delay, cq.remote_ready + cq.cmq.active, attrs.max_length, attrs.overflow)
         expires_at = send_expiry(now, delay, attrs.message_ttl, expires_at)
         if expires_at is not None and attrs.message_ttl is None:
-            broker.sweeper.note_expiring(cq)  # a message's own TTL: the sweeper looks at this queue
+            self.sweeper.note_expiring(cq)  # a message's own TTL: the sweeper looks at this queue
         broker.emit_row(ENQUEUE, vh.name, (cq.name, msg.msg_id, size, via, subscription))
-        lsn = broker.publish_message(cq, msg, now, delay or None, expires_at)
+        lsn = self.writes.publish(cq, msg, now, delay or None, expires_at)
         hold = trim_after_publish(broker, cq)
         store = broker.store
         if hold:
@@ -98,8 +136,7 @@ class JetStreamMessages:
         cq: ClusterQueue = q  # type: ignore[assignment]
         lease = cq.leases.pop(m.msg_id, None)
         if lease is not None:
-            broker = self.broker
-            broker.ack_lease(lease)
+            self.pulls.ack_lease(lease)
             cq.last_ack = lease.reply  # a count confirms it first (gateway.jetstream.api_receive)
 
     def release(self, q: BrokerQueue, receipt: Q.Receipt, now: float) -> bool:
@@ -114,14 +151,14 @@ class JetStreamMessages:
             return False
         lease = cq.leases.pop(m.msg_id, None)
         if lease is not None:
-            self.broker.nak(cq, lease)
+            self.pulls.nak(cq, lease)
         return True
 
     def new_model(self, name: str, attrs: QueueAttributes, refuse_size: bool) -> Q.CmqQueue:
         return LeasedCmqQueue(name, attrs, refuse_size=refuse_size)
 
     def made(self, vh: VHost, q: BrokerQueue) -> None:
-        self.broker.queue_made(q)  # type: ignore[arg-type]
+        self.streams.made(q)  # type: ignore[arg-type]
 
     def backlog(self) -> int:
         """JetStream's unanswered writes, and the messages JetStream holds for consumers of
@@ -134,24 +171,24 @@ class JetStreamMessages:
         if now - self._lag_at >= LAG_EVERY:
             self._lag_at = now
             self._lag = self._delivery_lag(now)
-        return self.broker.publisher.pending + self._lag * LAG_WEIGHT
+        return self.writes.publisher.pending + self._lag * LAG_WEIGHT
 
     def _delivery_lag(self, now: float) -> int:
-        broker = self.broker
-        taking = broker.taking
+        pulls = self.pulls
+        taking = pulls.taking
         lag = 0
         for q in list(taking):
             if q.deleted or now - q.took_at > LAG_STALE:
                 taking.discard(q)  # nothing came for a while (NATS away?): no pause for it
-            elif q.remote_ready > 0 and any(c.has_credit() for c in broker.pullers(q)):
+            elif q.remote_ready > 0 and any(c.has_credit() for c in pulls.pullers(q)):
                 lag += q.remote_ready
         return lag
 
     def want(self, q: BrokerQueue) -> None:
-        self.broker.want_soon(q)  # type: ignore[arg-type]
+        self.pulls.want_soon(q)  # type: ignore[arg-type]
 
     def readers_left(self, q: BrokerQueue) -> None:
-        self.broker.readers_left(q)  # type: ignore[arg-type]
+        self.pulls.readers_left(q)  # type: ignore[arg-type]
 
     def timed(self, vh: VHost, q: BrokerQueue, events: list[Q.QueueEvent]) -> list[Q.QueueEvent]:
         """Q1: a visibility timeout that ends here hands the message back to JetStream (nak),
@@ -165,7 +202,7 @@ class JetStreamMessages:
                 m = e.message
                 lease = cq.leases.pop(m.msg_id, None)
                 if lease is not None and cq.cmq.delete(Q.Receipt(m, m.handle), now):
-                    broker.nak(cq, lease)
+                    self.pulls.nak(cq, lease)
         return settle_once(broker, vh, cq, events)
 
     def drop(self, vh: VHost, q: BrokerQueue) -> None:
@@ -174,7 +211,7 @@ class JetStreamMessages:
         cq: ClusterQueue = q  # type: ignore[assignment]
         cq.leases.clear()
         if not self.broker.store.applying:
-            self.broker.drop_stream(cq)
+            self.streams.drop(cq)
 
     def demand(self, q: BrokerQueue, count: int, long_poll: bool) -> ReceiveDemand:
         return ReceiveDemand(self.broker, q, count, long_poll)  # type: ignore[arg-type]
@@ -184,10 +221,10 @@ class JetStreamMessages:
 
     def purge(self, vh: VHost, q: BrokerQueue) -> int:
         """What is leased here and ready goes at once; the stream's purge removes the rest
-        (counted: the -ok's count is JetStream's, gateway.jetstream.broker)."""
+        (counted: the -ok's count is JetStream's, gateway.jetstream.streams)."""
         cq: ClusterQueue = q  # type: ignore[assignment]
         count = len(cq.cmq.purge(self.broker.now())) + cq.remote_ready
-        self.broker.purge_stream(cq)
+        self.streams.purge(cq)
         return count
 
     def message_count(self, q: BrokerQueue, count: int) -> Coroutine[Any, Any, int]:
@@ -197,7 +234,7 @@ class JetStreamMessages:
         cq: ClusterQueue = q  # type: ignore[assignment]
         done, cq.count_done = cq.count_done, None
         local = max(0, count - (cq.stale_remote if done is not None else cq.remote_ready))
-        return self.broker.counted(cq, local, done)
+        return self.streams.counted(cq, local, done)
 
     def getting(self, q: BrokerQueue, now: float) -> float:
         """A use on any gateway counts (x-expires); with nothing leased here the get waits
@@ -207,12 +244,12 @@ class JetStreamMessages:
         return 0.0 if cq.cmq.active else GET_WAIT
 
     def get_waits(self, q: BrokerQueue, ch: Channel, plain: bool) -> None:
-        self.broker.get_waits(ch, q, plain)  # type: ignore[arg-type]
+        self.pulls.get_waits(ch, q, plain)  # type: ignore[arg-type]
 
     # -- confirms (M14): JetStream acknowledges each write as it comes (no group commit) --
 
     def start(self) -> None:
-        self.broker.store.on_durable = self.broker._durable_soon
+        self.broker.store.on_durable = self.writes.durable_soon
 
     def sync(self) -> int:
         return self.broker.store.durable_lsn
@@ -260,6 +297,5 @@ class JetStreamMessages:
         """The read's publishes, acks and naks handed to the connections together, to leave
         with this turn's other writes (gateway.jetstream.wire.send), not a loop turn later
         (issue 28: each turn a message waits for is latency)."""
-        broker = self.broker
-        broker.publisher.flush()
-        broker.send_replies()
+        self.writes.publisher.flush()
+        self.pulls.send_replies()

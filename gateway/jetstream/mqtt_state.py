@@ -179,7 +179,7 @@ class MQTTCluster:
             with contextlib.suppress(Exception):
                 # Its last writes (session record, queue deletion) are in the bucket.
                 await broker.store.durable(broker.store.last_lsn, CATCH_UP_WAIT)
-                gone = broker.deleting.get((key[0], queue_name(*key)))
+                gone = broker.messages.streams.deleting.get((key[0], queue_name(*key)))
                 if gone is not None:  # a clean session's queue: its stream, before the new one's is made
                     await asyncio.wait_for(asyncio.shield(gone), CATCH_UP_WAIT)
         if msg.reply:

@@ -141,7 +141,7 @@ class Presence:
             self.sweeper_id = None if deleted else bytes(msg.data).decode()
         elif kind == "e":
             if not deleted:
-                self.broker.sweeper.noted(rest)
+                self.broker.messages.sweeper.noted(rest)
         elif kind == "u":
             if deleted:
                 self.used.pop(rest, None)

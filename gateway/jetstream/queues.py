@@ -50,7 +50,7 @@ class LeasedCmqQueue(CmqQueue):
     """The local model of a JetStream queue. Rewind (Q6) lives in JetStream (a limits stream
     keeps deleted messages until their retention), so the model never keeps rewindable copies
     of its own; a rewind is checked here as on one gateway, then ``on_rewind`` moves the shared
-    consumer (gateway.jetstream.broker)."""
+    consumer (gateway.jetstream.pulls)."""
 
     on_rewind: Callable[[float], None] | None = None
 

@@ -166,9 +166,9 @@ async def _end_pulled(broker: ClusterBroker, vh: Any, q: ClusterQueue, e: Q.Queu
         mine = await removed(broker.link.js, q, lease.metadata.sequence.stream)
     except Exception:  # noqa: BLE001 - NATS away: ended here, at least once
         mine = True
-    broker._reply(lease, b"+ACK")  # the consumer forgets its delivery (not held until ack_wait)
+    broker.messages.pulls.reply(lease, b"+ACK")  # the consumer forgets its delivery (not held until ack_wait)
     if mine:
         name = (lease.headers or {}).get(BODY_HEADER)
         if name is not None:
-            broker.spawn(broker.bodies.delete(name))
+            broker.spawn(broker.messages.bodies.delete(name))
         broker._queue_events(vh, q, [e])

@@ -243,7 +243,7 @@ async def test_CL3_a_publisher_is_not_read_while_jetstream_owes_many_pubacks(
     await nc.subscribe(subject, cb=stand_in, pending_msgs_limit=-1, pending_bytes_limit=-1)
     await nc.flush()
     conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
-    publisher = gw.broker.publisher
+    publisher = gw.broker.messages.writes.publisher
     try:
         ch = await conn.channel(publisher_confirms=False)
 

@@ -86,6 +86,12 @@ class MessageStorageContract:
         props = Properties.build(delivery_mode=2, headers=headers or None)
         return broker.vhost("/").publish("", q.name, props, body)
 
+    async def stored(self, broker: Any, q: Any, prefix: bytes, count: int) -> list[str]:
+        """``count`` messages (bodies ``prefix`` 0, 1, ...) published to ``q`` and durable."""
+        ids = [self.publish(broker, q, b"%s%d" % (prefix, i)).msg_id for i in range(count)]
+        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        return ids
+
     async def test_M10_an_enqueued_message_is_received_with_its_body(self, broker: Any) -> None:
         q = await self.declare(broker)
         out = self.publish(broker, q, b"hello")
@@ -140,9 +146,7 @@ class MessageStorageContract:
 
     async def test_M7_purge_removes_the_ready_messages(self, broker: Any) -> None:
         q = await self.declare(broker)
-        for i in range(3):
-            self.publish(broker, q, b"p%d" % i)
-        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        await self.stored(broker, q, b"p", 3)
         assert broker.vhost("/").purge_queue(None, q.name) == 3
         assert await eventually_counts(broker, q, (0, 0, 0)) == (0, 0, 0)
         assert await take(broker, q, wait=ABSENT_WAIT) == []
@@ -251,9 +255,7 @@ class MessageStorageContract:
 
     async def test_M7_declare_ok_purge_ok_and_delete_ok_count_the_stored_messages(self, broker: Any) -> None:
         q = await self.declare(broker)
-        for i in range(3):
-            self.publish(broker, q, b"n%d" % i)
-        await asyncio.wait_for(broker.flush(), TAKE_WAIT)
+        await self.stored(broker, q, b"n", 3)
         c = _client(broker)
         c.send(1, C.Queue.Declare(queue=q.name, passive=True))
         (ok,) = [f for f in await _answer(c, C.Queue.DeclareOk) if isinstance(f, C.Queue.DeclareOk)]
@@ -272,6 +274,32 @@ class MessageStorageContract:
         q = await self.declare(broker)
         later = broker.messages.message_count(q, q.message_count)
         assert (0 if later is None else await asyncio.wait_for(later, TAKE_WAIT)) == 0
+
+    # -- consumers: what a channel's credit brings (MessageStorage.want) and what goes back
+    # when its reader leaves (release, readers_left) --------------------------------------
+
+    async def test_M11_a_consumer_receives_stored_messages_as_its_prefetch_allows(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        await self.stored(broker, q, b"d", 5)
+        c = _client(broker)
+        c.send(1, C.Basic.Qos(prefetch_count=3))
+        c.send(1, C.Basic.Consume(queue=q.name, consumer_tag="ct"))
+        first = await _delivered(c, 3)
+        assert [body for _, _, body in first] == [b"d0", b"d1", b"d2"]
+        assert await _delivered(c, 1, wait=ABSENT_WAIT) == []  # W4: no fourth before an ack
+        c.send(1, C.Basic.Ack(delivery_tag=first[-1][0].delivery_tag, multiple=True))
+        assert [body for _, _, body in await _delivered(c, 2)] == [b"d3", b"d4"]
+
+    async def test_M13_what_a_closed_channel_held_goes_to_the_next_reader(self, broker: Any) -> None:
+        q = await self.declare(broker)
+        ids = await self.stored(broker, q, b"h", 4)
+        c = _client(broker)
+        c.send(1, C.Basic.Qos(prefetch_count=2))
+        c.send(1, C.Basic.Consume(queue=q.name, consumer_tag="ct"))
+        assert len(await _delivered(c, 2)) == 2  # unacked when the channel closes
+        c.send(1, C.Channel.Close(reply_code=200, reply_text="bye", class_id=0, method_id=0))
+        got = await take(broker, q, 4)
+        assert sorted(r.message.msg_id for r in got) == sorted(ids)
 
     # -- confirms (M14): start, sync, flush, refused, batch_end --------------------------------
 
@@ -316,6 +344,19 @@ def _client(broker: Any) -> Any:
     c = Client(broker)
     c.open_channel(1)
     return c
+
+
+async def _delivered(c: Any, count: int, wait: float = TAKE_WAIT) -> list[tuple[Any, Any, bytes]]:
+    """The deliveries ``c`` receives until ``count`` came or ``wait`` seconds passed."""
+    from tests.unit.broker.helpers import deliveries
+    frames: list[tuple[int, Any]] = []
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        frames += c.read()
+        if len(deliveries(frames)) >= count:
+            break
+        await asyncio.sleep(0.02)
+    return deliveries(frames)
 
 
 async def _answer(c: Any, *wanted: type, wait: float = TAKE_WAIT) -> list[Any]:

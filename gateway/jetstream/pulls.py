@@ -1,0 +1,378 @@
+"""Pulling queue messages from their streams into this gateway's leases, and settling them there (M11-M13, Q1-Q6).
+
+Part of the broker's message storage on JetStream (gateway.jetstream.messages). Each queue's
+messages come from its stream's one shared consumer, pulled as far as this gateway's readers
+can take them (its consumers' credit, its basic.gets, CMQ API receives): the deliveries are
+*leases* in the local CMQ model, delivered as on one broker; the local model decides their fate
+and JetStream follows it (an ack, a nak that makes a message Active for every gateway again).
+Pull requests, acks and naks go on the socket in the turn that made them (gateway.jetstream.wire).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from gateway.broker import persistence as P
+from gateway.jetstream import wire
+from gateway.jetstream.api_receive import answer_receives
+from gateway.jetstream.bodies import BODY_HEADER, Bodies
+from gateway.jetstream.head import EXPIRES_AT, MSG_ID, VISIBLE_AT, stored_message
+from gateway.jetstream.queues import ClusterQueue, delivery_counts, rewind_consumer, subscribe
+from gateway.jetstream.streams import STARTUP_STREAMS_SECONDS
+from gateway.jetstream.wire import Handlers
+from semantics import queue as Q
+
+if TYPE_CHECKING:
+    from gateway.jetstream.broker import ClusterBroker
+
+__all__ = ["Pulls"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+PULL_WAIT = 1.0  # a pull request waits this long at the server for messages (then asks again)
+PULL_MAX = 512  # messages per pull request, at most; several may be under way
+PULL_MIN = 64  # while a pull is under way, the next one asks for at least this many (or all the credit)
+# What a consumer without a prefetch limit (no-ack, or prefetch 0) is pulled for ahead: its
+# deliveries must not wait a round trip to JetStream each batch (a credit of 64 held a no-ack
+# consumer to ~1,100 msg/s under a flood, issue 28).
+UNLIMITED_CREDIT = 1000
+LEASED_MAX = 4096  # messages asked for or leased and not yet delivered, per queue, at most
+PULL_WAITING = b'"expires":%d' % int(PULL_WAIT * 1e9)
+NAK_WAIT = 2.0
+
+
+class Pulls:
+    """See the module docstring: one per broker, owned by its JetStreamMessages."""
+
+    def __init__(self, broker: ClusterBroker, bodies: Bodies) -> None:
+        self.broker = broker
+        self.bodies = bodies
+        self.link = broker.link
+        self.clock = broker.clock
+        self.spawn = broker.spawn
+        self._loop = asyncio.get_running_loop()
+        self._replies: list[tuple[str, bytes]] = []
+        self.taking: set[ClusterQueue] = set()  # queues that got deliveries lately (JetStreamMessages.backlog)
+
+    def want_soon(self, q: ClusterQueue) -> None:
+        """After the rest of this turn: the acks read with this one free credit too, and
+        one pull asks for all of it."""
+        if not q.want_soon:
+            q.want_soon = True
+            self._loop.call_soon(self._want_soon, q)
+
+    def _want_soon(self, q: ClusterQueue) -> None:
+        q.want_soon = False
+        self.want(q)
+
+    @staticmethod
+    def pullers(q: ClusterQueue) -> Any:
+        return q.consumers if q.sac_active or not q.qargs.single_active_consumer else ()
+
+    def _need(self, q: ClusterQueue) -> int:
+        need = 0
+        for c in self.pullers(q):
+            if c.has_credit():
+                need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
+        if q.waiters is not None:
+            need += len(q.waiters)
+        need += q.api_demand  # CMQ API receives (gateway.jetstream.api_receive)
+        return min(need, LEASED_MAX) - q.cmq.active - len(q.held_back)
+
+    def want(self, q: Any) -> None:
+        """Ask JetStream for what this gateway can take and has not asked for yet: a pull
+        request (batch, and for consumers a wait of PULL_WAIT at the server; for plain
+        basic.gets no wait, so that "no messages" is JetStream's answer, not a timer's)."""
+        if (q.inbox is None or q.deleted or self.broker._closed or q.naks_pending
+                or q.rewinding):
+            return
+        q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
+        if q.in_flight and q.plain_gets:
+            return  # a basic.get follows the publishes before it (asked again when they land)
+        need = self._need(q)
+        extra = need - q.requested
+        if extra <= 0:
+            return
+        if q.requested and q.waiters is None and extra < min(PULL_MIN, need):
+            # A pull is under way: the next one waits until a batch's worth of credit is free
+            # (an ack frees one), not one pull request per ack.
+            return
+        waiting = any(c.has_credit() for c in q.consumers) or q.api_polls > 0 or (
+            q.waiters is not None and len(q.waiters) > len(q.plain_gets))
+        q.asked_at = self.clock.now()
+        requests = []
+        while extra > 0:
+            # Several requests of at most PULL_MAX each, all under way at once: JetStream
+            # delivers a batch while the next one's request is already there.
+            batch = min(extra, PULL_MAX)
+            extra -= batch
+            q.pull_seq += 1
+            reply = f"{q.inbox}.{q.pull_seq}"
+            q.pulls[reply] = [batch, not waiting]
+            q.requested += batch
+            requests.append((reply, b'{"batch":%d,%s}' % (batch, PULL_WAITING if waiting else b'"no_wait":true')))
+        self._send(self.link.nc, [wire.pub(q.next_subject, reply, request) for reply, request in requests])
+
+    def _send(self, nc: Any, commands: list[Any]) -> None:
+        """Pull requests, acks, naks: on the socket in this turn (gateway.jetstream.wire.send),
+        else through nats-py in a task (NATS away: a lost ack or pull is made good by ack_wait
+        and unstick)."""
+        if not wire.send(nc, commands):
+            self.spawn(self._write(nc, commands))
+
+    async def _write(self, nc: Any, commands: list[Any]) -> None:
+        try:
+            await wire.write(nc, commands)
+        except Exception as e:  # noqa: BLE001 - lost: JetStream's ack_wait redelivers, unstick asks again
+            log.info("write to JetStream lost: %r", e)
+
+    def pulled(self, q: ClusterQueue, m: Any) -> None:
+        """One message on the queue's inbox: a delivery, or a status ending a pull request."""
+        status = m.headers.get("Status") if m.headers else None
+        if status is None:
+            q.requested = max(0, q.requested - 1)
+            # A delivery's subject is its stream's, not the request's: JetStream (2.9) fills
+            # waiting requests in the order they came, so it counts against the oldest one.
+            for reply, oldest in q.pulls.items():
+                oldest[0] -= 1
+                if oldest[0] <= 0:
+                    del q.pulls[reply]  # its whole batch came: JetStream says no more of it
+                break
+            if not q.requested:
+                q.pulls.clear()
+            q.arrived.append(m)
+            if len(q.arrived) == 1:
+                # Taken once the read that brought it is parsed, in the same turn: together
+                # with the rest of that read, not a loop turn later (issue 28, latency).
+                Handlers.of(self.link.nc).at_read_end(partial(self._take_arrived, q))
+            return
+        if status == "100":
+            return  # a heartbeat
+        self._take_arrived(q)  # what came before the status first: a get waits for it
+        if status in ("404", "408"):
+            # 404: a no_wait request found nothing; 408: a waiting request expired, or a
+            # no_wait one ran dry after some messages. What it did not bring is not coming.
+            pull = q.pulls.pop(m.subject, None)
+            # What it did not bring, as JetStream counts it (exact whichever request the
+            # deliveries before were counted against), else as counted here.
+            left = m.headers.get("Nats-Pending-Messages")
+            if left is not None and left.isdigit():
+                q.requested = max(0, q.requested - int(left))
+            elif pull is not None:
+                q.requested = max(0, q.requested - pull[0])
+            if pull is not None and (pull[1] or status == "404"):
+                self._nothing_to_get(q)
+        else:  # 409 and others (leader change, too many waiting): start over
+            q.requested = 0
+            q.pulls.clear()
+            self._nothing_to_get(q)
+        if not q.held_back:
+            answer_receives(q, status=True)  # a pull ended: CMQ API receives look again (or answer 7000)
+        self.want(q)
+
+    def _take_arrived(self, q: ClusterQueue) -> None:
+        msgs, q.arrived = q.arrived, []
+        if msgs and not q.deleted:
+            self._take(q, msgs)
+
+    def unstick(self, q: ClusterQueue, now: float) -> None:
+        """A pull request whose end never came (NATS restarted meanwhile): asked anew."""
+        if q.requested and now - q.asked_at > 3 * PULL_WAIT:
+            q.requested = 0
+            q.pulls.clear()
+            self._nothing_to_get(q)
+            self.want(q)
+
+    def _nothing_to_get(self, q: ClusterQueue) -> None:
+        """A pull found nothing: the plain basic.gets waiting for it get get-empty (M11),
+        those with a polling wait keep waiting (Q5)."""
+        if q.held_back:
+            return  # a message is on its way (its large body being read): it answers a get
+        gets, q.plain_gets = q.plain_gets, []
+        for ch in gets:
+            if ch.waiting_get is not None and ch.waiting_get[0] is q and q.waiters is not None:
+                q.waiters.cancel(ch)
+                if not q.waiters:
+                    q.waiters = None
+                self.broker._get_answered(ch, q, None)
+
+    def _take(self, q: ClusterQueue, msgs: list[Any]) -> None:
+        """Pulled deliveries into the local model (leases), then delivered as usual."""
+        if q.held_back:
+            q.held_back.extend(msgs)  # behind a large body being read: in order (M11)
+            return
+        now = self.clock.now()
+        q.took_at = time.monotonic()
+        self.taking.add(q)
+        cmq = q.cmq
+        for i, m in enumerate(msgs):
+            delivered, consumer_seq, pending = delivery_counts(m.reply)
+            if consumer_seq > q.last_delivery:
+                q.last_delivery = consumer_seq
+                q.remote_ready = pending
+            headers = m.headers or {}
+            visible_at = headers.get(VISIBLE_AT)
+            msg_id = headers.get(MSG_ID, "")
+            if visible_at is not None and float(visible_at) > now:
+                # Q4: too early; JetStream keeps it for the rest of the delay, for every gateway.
+                self.reply(m, b"-NAK {\"delay\": %d}" % int((float(visible_at) - now) * 1e9))
+                q.delays[msg_id] = (float(visible_at), True)
+                continue
+            q.delays.pop(msg_id, None)
+            if cmq.get(msg_id) is not None:
+                q.leases[msg_id] = m
+                continue  # JetStream's delivery of a message leased here already: the newer lease
+            r = P.decode_message(m.data)
+            body = r["body"]
+            if BODY_HEADER in headers:
+                body = q.fetched.pop(msg_id, None)
+                if body is None:
+                    q.held_back = msgs[i:]  # this one and those after it wait for its body
+                    self.spawn(self._fetch_body(q, m, headers[BODY_HEADER], msg_id))
+                    break
+            q.leases[msg_id] = m
+            msg = stored_message(r, body, msg_id)
+            count = delivered - 1
+            if visible_at is not None and count > 0:
+                # Q4/M11: a delayed message was naked once for its delay by whichever gateway
+                # pulled it first (any puller during the delay does): not a receive.
+                count -= 1
+            exp = headers.get(EXPIRES_AT)
+            cmq.restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=r["enqueue_time"],
+                        receive_count=max(0, count), expires_at=None if exp is None else float(exp))
+        vh = self.broker.vhosts[q.vhost]
+        self.broker.after_queue_change(vh, q)
+        self._return_surplus(q)
+        if not q.held_back:
+            answer_receives(q, status=False)
+        self.want(q)  # what was naked for its delay (Q4) left a get or a credit unserved
+
+    async def _fetch_body(self, q: ClusterQueue, m: Any, name: str, msg_id: str) -> None:
+        """A large body (gateway.jetstream.bodies) read back, then the message taken."""
+        try:
+            q.fetched[msg_id] = await self.bodies.get(name)
+        except Exception as e:  # noqa: BLE001 - back to JetStream; another pull tries again
+            log.warning("body %s of queue %r not read: %r", name, q.name, e)
+            q.held_back.pop(0)
+            self.nak(q, m)
+        held, q.held_back = q.held_back, []
+        if not q.deleted and held:
+            self._take(q, held)
+
+    def _return_surplus(self, q: ClusterQueue) -> None:
+        """Leases pulled for consumers that went meanwhile go back to JetStream at once."""
+        if q.consumers or q.waiters is not None or q.api_demand:
+            return
+        now = self.clock.now()
+        while (r := q.cmq.receive(now)) is not None:
+            q.cmq.delete(r, now)
+            lease = q.leases.pop(r.message.msg_id, None)
+            if lease is not None:
+                self.nak(q, lease)
+
+    def nak(self, q: ClusterQueue, m: Any) -> None:
+        """Active again for every gateway (M13, Q1). Confirmed by JetStream before this
+        gateway pulls again: its next pull (a basic.get right after a requeue) must find it,
+        and JetStream applies acks and pull requests on separate queues."""
+        q.naks_pending += 1
+        self.spawn(self._nak_confirmed(q, m))
+
+    async def _nak_confirmed(self, q: ClusterQueue, m: Any) -> None:
+        try:
+            await self.link.nc.request(m.reply, b"-NAK", timeout=NAK_WAIT)
+        except Exception as e:  # noqa: BLE001 - lost: ack_wait makes it Active anyway
+            log.info("nak to JetStream not confirmed: %r", e)
+        finally:
+            q.naks_pending -= 1
+            if not q.naks_pending:
+                self.want(q)
+
+    def reply(self, m: Any, payload: bytes) -> None:
+        """An ack, nak or term of one delivery; sent in order, batched per loop turn."""
+        self._replies.append((m.reply, payload))
+        if len(self._replies) == 1:
+            self._loop.call_soon(self._send_replies)
+
+    def _send_replies(self) -> None:
+        replies, self._replies = self._replies, []
+        if not replies:
+            return  # sent at the end of the batch that settled them (end_batch)
+        self._send(self.link.nc, [wire.pub(subject, "", payload) for subject, payload in replies])
+
+    def send_replies(self) -> None:
+        """The acks and naks settled so far, now (the end of a client's read)."""
+        if self._replies:
+            self._send_replies()
+
+    def ack_lease(self, lease: Any) -> None:
+        """A delivery settled here: acked to JetStream, its large body (if any) deleted."""
+        self.reply(lease, b"+ACK")
+        name = (lease.headers or {}).get(BODY_HEADER)
+        if name is not None:
+            self.spawn(self.bodies.delete(name))
+
+    def readers_left(self, q: ClusterQueue) -> None:
+        """Nobody here takes from ``q`` any more: its pulls are withdrawn, its leases go back."""
+        if not q.consumers and q.waiters is None and q.requested:
+            self.spawn(self._forget_requests(q))
+        self._return_surplus(q)
+
+    def api_demand_ended(self, q: ClusterQueue) -> None:
+        """The last CMQ API receive of ``q`` answered: what was pulled for it and not
+        received goes back. Its pulls are not withdrawn (_forget_requests), as a consumer's
+        are: what they are delivering meanwhile would be held by JetStream until ack_wait (the
+        visibility timeout); a pull ends within PULL_WAIT, and what it brings goes back at once."""
+        self._return_surplus(q)
+
+    async def _forget_requests(self, q: ClusterQueue) -> None:
+        """Nobody here takes from the queue any more: its waiting pull requests must not take
+        messages that another gateway's consumers would get (JetStream drops a request whose
+        reply subject lost its interest), so the inbox is replaced."""
+        old = q.sub
+        q.sub = q.inbox = None
+        q.requested = 0
+        q.pulls.clear()
+        try:
+            await subscribe(self.link, q, self.pulled)
+        finally:
+            if old is not None:
+                Handlers.of(self.link.nc).discard(old)
+                with contextlib.suppress(Exception):
+                    await old.unsubscribe()
+        self.want(q)
+
+    def get_waits(self, ch: Any, q: ClusterQueue, plain: bool) -> None:
+        """basic.get with nothing leased here waits (as a long poll, Q5) for one pull;
+        ``plain`` (no polling wait): answered get-empty by the first pull that finds nothing."""
+        if plain:
+            q.plain_gets.append(ch)
+        self.want(q)
+
+    def start_rewind(self, q: ClusterQueue, to_time: float) -> None:
+        q.rewinding += 1
+        self.spawn(self._rewind(q, to_time))
+
+    async def _rewind(self, q: ClusterQueue, to_time: float) -> None:
+        """M15/Q6: the queue's consumer starts again at ``to_time`` for every gateway; what
+        this gateway leased from the old one is dropped (the new one delivers it again)."""
+        try:
+            await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
+            await rewind_consumer(self.link.js, q, to_time)
+        except Exception as e:  # noqa: BLE001 - the queue keeps its consumer as it was
+            log.warning("rewind of queue %r failed: %r", q.name, e)
+        finally:
+            q.rewinding -= 1
+        now = self.clock.now()
+        for msg_id in list(q.leases):
+            m = q.cmq.get(msg_id)
+            if m is not None and m.state is Q.MessageState.ACTIVE:
+                q.cmq.delete(Q.Receipt(m, m.handle), now)
+        q.leases.clear()
+        q.requested = 0
+        q.pulls.clear()
+        self.want(q)

@@ -1,0 +1,158 @@
+"""Each queue's stream and shared consumer, from declaration to deletion, and its counts (CL1, M7).
+
+Part of the broker's message storage on JetStream (gateway.jetstream.messages). A queue made
+here or learnt of from another gateway gets its stream (created by the declaring gateway,
+waited for by the others) and this gateway's pull subscription; a purge or delete of the
+queue purges or deletes the stream after reading JetStream's count for the -ok; and the
+counts of queues in use follow what every gateway publishes and consumes (docs/CLUSTER.md,
+"Counts").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any, cast
+
+from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream
+from semantics.jetstream.names import CONSUMER
+
+if TYPE_CHECKING:
+    from gateway.jetstream.broker import ClusterBroker
+    from gateway.jetstream.pulls import Pulls
+    from gateway.jetstream.writes import Writes
+
+__all__ = ["STARTUP_STREAMS_SECONDS", "Streams"]
+
+log = logging.getLogger("cmq_gateway.jetstream")
+
+STARTUP_STREAMS_SECONDS = 30.0
+COUNT_EVERY = 1.0  # seconds between refreshes of a recently used queue's JetStream count
+COUNT_RECENT = 60.0  # a queue used (declared, got from, published to) this recently is counted
+
+
+class Streams:
+    """See the module docstring: one per broker, owned by its JetStreamMessages."""
+
+    def __init__(self, broker: ClusterBroker, pulls: Pulls, writes: Writes) -> None:
+        self.broker = broker
+        self.link = broker.link
+        self.spawn = broker.spawn
+        self.pulls = pulls
+        self.writes = writes
+        # (vhost, queue) -> done when the stream of a queue deleted here is gone.
+        self.deleting: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self.ensuring: set[asyncio.Task[Any]] = set()  # streams being made or found
+
+    async def ready(self) -> None:
+        """The streams of the queues known at start, before the gateway serves: a
+        declare-ok counts them."""
+        if self.ensuring:
+            await asyncio.wait(list(self.ensuring), timeout=STARTUP_STREAMS_SECONDS)
+
+    def made(self, q: ClusterQueue) -> None:
+        # Presence (membership) learns of its consumers; the stream is this module's.
+        q.on_consumers = self.broker.presence.consumers_changed
+        cast(LeasedCmqQueue, q.cmq).on_rewind = lambda to_time: self.pulls.start_rewind(q, to_time)
+        # The declaring gateway creates the stream; those that learn of it wait for it first.
+        task = asyncio.get_running_loop().create_task(self._ensure(q, create=not self.broker.store.applying))
+        self.broker._tasks.add(task)
+        self.ensuring.add(task)
+        task.add_done_callback(self.broker._tasks.discard)
+        task.add_done_callback(self.ensuring.discard)
+
+    async def count_loop(self) -> None:
+        """Counts (declare-ok, get-ok, the management API) of queues in use follow what other
+        gateways publish and consume, at most COUNT_EVERY late (docs/CLUSTER.md, "Counts")."""
+        js = self.link.js
+        while not self.broker._closed:
+            await asyncio.sleep(COUNT_EVERY)
+            now = self.broker.clock.now()
+            for vh in list(self.broker.vhosts.values()):
+                for q in cast(list[ClusterQueue], list(vh.queues.values())):
+                    if not q.ready.is_set() or q.deleted:
+                        continue
+                    self.pulls.unstick(q, now)
+                    if now - max(q.last_used, q.published_at) > COUNT_RECENT and not q.consumers:
+                        continue
+                    try:
+                        info = await js.consumer_info(q.stream, CONSUMER)
+                    except Exception:  # noqa: BLE001 - deleted meanwhile, or NATS away
+                        continue
+                    q.remote_ready = info.num_pending or 0
+
+    async def _ensure(self, q: ClusterQueue, create: bool) -> None:
+        gone = self.deleting.get((q.vhost, q.name))
+        if gone is not None:
+            # Declared again while its stream (same name) was being deleted here: after the
+            # deletion, or it would delete the new queue's stream.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(gone), STARTUP_STREAMS_SECONDS)
+        while not q.deleted and not self.broker._closed:
+            try:
+                await ensure_stream(self.link, q, self.pulls.pulled, create)
+                break
+            except Exception as e:  # noqa: BLE001 - no JetStream for now: try again
+                log.warning("stream of queue %r not ready: %r", q.name, e)
+                await asyncio.sleep(1.0)
+        self.pulls.want(q)
+
+    async def _counted(self, q: ClusterQueue, done: asyncio.Future[int], change: Any) -> None:
+        """``change`` (a purge or delete of the stream), after reading how many messages
+        JetStream held undelivered, the count its -ok reports."""
+        remote = q.stale_remote
+        try:
+            await self.writes.landed(q)
+            if not q.ready.is_set():
+                await asyncio.wait_for(q.ready.wait(), 5)
+            remote = (await self.link.js.consumer_info(q.stream, CONSUMER)).num_pending or 0
+        except Exception as e:  # noqa: BLE001 - the estimate stands
+            log.info("count of %s not read: %r", q.stream, e)
+        finally:
+            if not done.done():
+                done.set_result(remote)
+        try:
+            await change(q.stream)
+        except Exception as e:  # noqa: BLE001 - already gone (deleted by another gateway too)
+            log.info("stream %s not changed: %r", q.stream, e)
+
+    def drop(self, q: ClusterQueue) -> None:
+        """The queue was deleted here: its stream goes, after JetStream's count for the -ok."""
+        q.stale_remote = q.remote_ready
+        q.count_done = asyncio.get_running_loop().create_future()
+        gone = self.deleting[q.vhost, q.name] = asyncio.get_running_loop().create_future()
+        self.spawn(self._delete_stream(q, q.count_done, gone))
+
+    async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int], gone: asyncio.Future[None]) -> None:
+        try:
+            await self._counted(q, done, self.link.js.delete_stream)
+        finally:
+            if self.deleting.get((q.vhost, q.name)) is gone:
+                del self.deleting[q.vhost, q.name]
+            gone.set_result(None)
+
+    def purge(self, q: ClusterQueue) -> None:
+        for msg_id in [m for m in q.leases if q.cmq.get(m) is None]:
+            del q.leases[msg_id]  # purged here; the stream's purge removes it there
+        q.stale_remote, q.remote_ready = q.remote_ready, 0
+        q.count_done = asyncio.get_running_loop().create_future()
+        self.spawn(self._counted(q, q.count_done, self.link.js.purge_stream))
+
+    async def counted(self, q: ClusterQueue, local: int, done: asyncio.Future[int] | None) -> int:
+        """A -ok's count (JetStreamMessages.message_count): ``local`` (leased here) and
+        JetStream's count of undelivered messages; ``done``: the one read before a purge or
+        delete of the stream."""
+        remote = q.remote_ready
+        try:
+            if done is not None:
+                remote = await asyncio.wait_for(done, 5)
+            else:
+                # Not before its stream is there: an -ok means this gateway can serve it.
+                await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
+                await self.writes.landed(q)
+                remote = (await asyncio.wait_for(self.link.js.consumer_info(q.stream, CONSUMER), 2)).num_pending or 0
+                q.remote_ready = remote
+        except Exception as e:  # noqa: BLE001 - the estimate stands
+            log.info("count of %s not read: %r", q.stream, e)
+        return local + remote

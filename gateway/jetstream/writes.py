@@ -1,0 +1,126 @@
+"""Queue messages published into their streams, and the PubAcks that release confirms (M10, M14, CL3).
+
+Part of the broker's message storage on JetStream (gateway.jetstream.messages). Each message is
+one publish to its queue's stream under the store's LSN (``JetStreamStore.track_message``); a
+confirm waits for its PubAck, and a write JetStream refuses makes it a basic.nack (the PubAck
+rule). Most publishes are pipelined on the publisher's connection (gateway.jetstream.publisher);
+a large body (gateway.jetstream.bodies), a queue whose stream is not there yet, and whatever
+follows those in the same queue go one request each, in the queue's chain, so their order holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING
+
+from nats.errors import MaxPayloadError
+from nats.js.errors import APIError
+
+from gateway.broker import persistence as P
+from gateway.jetstream.bodies import BODY_HEADER, Bodies
+from gateway.jetstream.head import EXPIRES_AT, MSG_ID, VISIBLE_AT
+from gateway.jetstream.publisher import Publisher
+
+if TYPE_CHECKING:
+    from gateway.broker.message import Message
+    from gateway.jetstream.broker import ClusterBroker
+    from gateway.jetstream.pulls import Pulls
+    from gateway.jetstream.queues import ClusterQueue
+
+__all__ = ["NotStoredYet", "Writes"]
+
+LANDED_WAIT = 5.0  # a count waits at most this long for the publishes before it
+
+
+class NotStoredYet(Exception):
+    """JetStream's answer does not say the message is stored (retried, never confirmed)."""
+
+
+class Writes:
+    """See the module docstring: one per broker, owned by its JetStreamMessages."""
+
+    def __init__(self, broker: ClusterBroker, bodies: Bodies, pulls: Pulls) -> None:
+        self.broker = broker
+        self.bodies = bodies
+        self.pulls = pulls
+        link = broker.link
+        self.publisher = Publisher(link.publishing, asyncio.get_running_loop())
+        self.pub_js = link.publishing.jetstream(timeout=5.0)
+        self._durable_scheduled = False
+
+    def publish(self, q: ClusterQueue, msg: Message, now: float, delay: float | None, expires_at: float | None) -> int:
+        big = len(msg.body) > self.bodies.limit
+        payload = P.encode_message(q.vhost, q.name, msg.msg_id, now, msg.exchange, msg.routing_key,
+                                   msg.properties.raw, b"" if big else msg.body)
+        headers = {MSG_ID: msg.msg_id}
+        if big:
+            headers[BODY_HEADER] = f"{q.stream or q.name}.{msg.msg_id}"
+        if delay:
+            headers[VISIBLE_AT] = repr(now + delay)
+            q.delays[msg.msg_id] = (now + delay, False)  # delayMsgNum (gateway.jetstream.api_receive)
+        if expires_at is not None:
+            headers[EXPIRES_AT] = repr(expires_at)
+        q.remote_ready += 1
+        q.in_flight += 1
+        q.published_at = now  # counted (COUNT_RECENT), but not a use: x-expires ignores publishes
+        if big or not q.ready.is_set() or q.slow_writes or q.chain.waiting:
+            # One request each, in the queue's chain: a large body goes to the object store
+            # first, a queue not ready waits for its stream; and while any of these is under
+            # way, the queue's later messages follow them there, so their order holds.
+            q.slow_writes += 1
+            return self.broker.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
+        return self.broker.store.track_message(self.publisher, q.subject, payload, headers,
+                                               lambda: self.published(q), lambda: q.deleted)
+
+    async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
+        while not q.ready.is_set() and not q.deleted:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(q.ready.wait(), 1.0)
+        if q.deleted:
+            # Deleted since it was routed there (here, or through another gateway, which deleted
+            # its stream): the message goes with the queue, as on one broker. Retried, a publish
+            # to a stream that is gone would hold every later confirm of this gateway.
+            q.slow_writes -= 1
+            self.published(q)
+            return
+        try:
+            if body is not None:
+                await self.bodies.put(headers[BODY_HEADER], body)
+            # On the publisher's connection: behind the queue's pipelined messages sent before it.
+            ack = await self.pub_js.publish(q.subject, payload, headers=headers)
+        except (APIError, MaxPayloadError):
+            q.slow_writes -= 1
+            self.published(q)  # refused for good (the store nacks it)
+            raise
+        if not ack.seq:
+            # CL3: a duplicate whose first attempt is staged, not stored (gateway.jetstream.
+            # publisher): not an acknowledgement; the store sends it again.
+            raise NotStoredYet(f"{q.stream}: duplicate of a publish not yet stored")
+        q.slow_writes -= 1
+        self.published(q)
+
+    def published(self, q: ClusterQueue) -> None:
+        q.in_flight -= 1
+        if q.in_flight == 1 and q.landed is not None and not q.landed.done():
+            q.landed.set_result(None)  # only the trim's own count is left (gateway.jetstream.maxlength)
+        if not q.in_flight and q.plain_gets:
+            self.pulls.want(q)
+
+    def durable_soon(self, durable: int) -> None:
+        """JetStream acknowledges each write on its own: the confirms they release go out
+        once per loop turn, after every acknowledgement that arrived with this one, so that a
+        burst is confirmed as RabbitMQ confirms it (basic.ack multiple=true), not frame by frame."""
+        if not self._durable_scheduled:
+            self._durable_scheduled = True
+            asyncio.get_running_loop().call_soon(self._durable_now)
+
+    def _durable_now(self) -> None:
+        self._durable_scheduled = False
+        self.broker._on_durable(self.broker.store.durable_lsn)
+
+    async def landed(self, q: ClusterQueue) -> None:
+        """A count follows the publishes before it on this gateway (as on one broker)."""
+        deadline = self.broker.clock.now() + LANDED_WAIT
+        while q.in_flight and self.broker.clock.now() < deadline:
+            await asyncio.sleep(0.005)
