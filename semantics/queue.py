@@ -721,9 +721,14 @@ class CmqQueue:
         """
         if self._next_due <= now:
             self._advance(now)
-        msg = self._pop_active()
-        if msg is None:
-            return None
+        active = self._active
+        msg: QueueMessage | None
+        if active and active[0].state is ACTIVE and not self._n_cold and not self._returned:
+            msg = active.popleft()  # _pop_active's common case, without its frame (a delivery's)
+        else:
+            msg = self._pop_active()
+            if msg is None:
+                return None
         msg.state = INACTIVE
         msg.receive_count += 1
         if msg.first_receive_time is None:
