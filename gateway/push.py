@@ -140,6 +140,7 @@ class HttpPusher:
         self.sent = 0
         self.succeeded = 0
         self.failed = 0
+        self.withheld = 0  # pushes not sent: a stop gave up their audit records (A5)
         # (vhost, exchange, subscription) -> the last failed push: unix time, message ID and
         # why (the HTTP status or the error); the management API shows it (UI3).
         self.last_errors: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -287,11 +288,16 @@ class HttpPusher:
         started = time.perf_counter()
         status: int | None = None
         error = ""
+        # A5: the message's records out of this process before it leaves. A stop on a full
+        # disk keeps them here: the message is not sent and no outcome is reported, so it
+        # stays owed to the subscription (journaled, D7) and is pushed again after the restart.
+        if not self.broker.audit_handoff():
+            self.withheld += 1
+            return
         self.sent += 1
         try:
             if self.policy is not None:
                 self.policy.check_url(record.url)  # the config may have changed; names: PolicyResolver
-            self.broker.audit_handoff()  # A5: the message's records out of this process before it leaves
             async with self._client().post(record.url, data=body, headers=headers,
                                            allow_redirects=False) as resp:
                 status = resp.status

@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aiohttp import web
+
 from gateway.admission import publishers_held
 from gateway.auth import Access, Permission
 from gateway.broker.errors import resource_locked
@@ -113,6 +115,8 @@ class CmqApi:
             if e.code in (AUTH, DENIED):
                 self._audit_refusal(e, values, peer)
             return e.answer(request_id)
+        except web.HTTPException:  # an answer that is not CMQ's 200 (a stopping server's 503)
+            raise
         except CMQError as e:
             refusal = from_cmq_error(e)
             if refusal.code == DENIED:

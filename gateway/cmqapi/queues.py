@@ -23,16 +23,20 @@ import time
 from functools import partial
 from typing import Any
 
+from aiohttp import web
+
 from gateway.cmqapi.core import Action, Caller, CmqApi, object_id, sent
 from gateway.cmqapi.errors import (
     BATCH_DELETE_FAILED,
     BATCH_DELETE_PARTIAL,
+    INTERNAL,
     INVALID_HANDLE,
     NO_MESSAGE,
     QUEUE_EXISTS,
     CmqApiError,
 )
 from gateway.cmqapi.params import BATCH_MAX, Params
+from gateway.handout import STOPPING, put_back
 from gateway.jetstream.api_receive import counts, demand_for
 from gateway.protocol.properties import Properties
 from semantics import limits
@@ -259,6 +263,13 @@ async def _receive(api: CmqApi, caller: Caller, p: Params, count: int) -> list[d
                     break
     if not receipts:
         raise CmqApiError(NO_MESSAGE, "no message", 10200)
+    broker = api.broker
+    # A5: the records of what the answer carries out of this process first; a stop on a
+    # full disk gets the messages back unseen, before any deliver record says otherwise.
+    if not broker.audit_handoff():
+        put_back(receipts, partial(broker.messages.release, q), broker.now())
+        broker.after_queue_change(vh, q)
+        raise stopping()
     out = []
     for r in receipts:
         m = r.message
@@ -268,8 +279,20 @@ async def _receive(api: CmqApi, caller: Caller, p: Params, count: int) -> list[d
                     "receiptHandle": format_handle(m.msg_id, r.handle), "enqueueTime": int(m.enqueue_time),
                     "firstDequeueTime": int(m.first_receive_time or m.enqueue_time),
                     "nextVisibleTime": int(m.next_visible_time), "dequeueCount": m.receive_count})
-    api.broker.audit_handoff()  # A5: the records of what the answer carries, out of this process first
+    if not broker.audit_handoff():  # the deliver records: taken back as AMQP's aborted deliveries are
+        now = broker.now()
+        for r in receipts:
+            if broker.messages.release(q, r, now):
+                api.emit("requeue", caller, queue=q.name, msg_id=r.message.msg_id)
+        broker.after_queue_change(vh, q)
+        raise stopping()
     return out
+
+
+def stopping() -> web.HTTPServiceUnavailable:
+    """A stopping server's answer (A5), in CMQ's shape with an HTTP status CMQ's SDKs retry."""
+    return web.HTTPServiceUnavailable(text=json.dumps({"code": INTERNAL, "message": STOPPING}),
+                                      content_type="application/json")
 
 
 async def receive_message(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from aiohttp import web
 
 from gateway.admission import publishers_held
 from gateway.auth import User
+from gateway.handout import STOPPING, put_back
 from gateway.jetstream.api_receive import demand_for
 from gateway.management import definitions
 from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
@@ -622,6 +623,12 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                             "properties": jsonable(props.as_dict()) if props is not None else {},
                             "payload": text if text is not None else base64.b64encode(shown).decode(),
                             "payload_encoding": "string" if text is not None else "base64"})
+            # A5: the records of what the answer shows (publishes, enqueues) out of this
+            # process before anything is settled; a stop on a full disk gets them back, unseen.
+            if not broker.audit_handoff():
+                put_back(receipts, q.cmq.release, now)
+                broker.after_queue_change(vh, q)
+                raise ApiError(503, "service_unavailable", STOPPING)
             user = request[USER].name
             for receipt in receipts:
                 m = receipt.message
@@ -634,7 +641,10 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                 else:
                     broker.drop_received(q, receipt, user)
             broker.after_queue_change(vh, q)
-        broker.audit_handoff()  # A5: the records of what the answer shows, out of this process first
+        # The settlements' records too. Should a stop come between the two hand-offs, the
+        # messages are settled as asked and the answer says so; the writer counts what it
+        # gives up (audit_dropped), as it does for an AMQP client's acks.
+        broker.audit_handoff()
         return web.json_response(out)
 
     async def queue_bindings(request: web.Request) -> web.Response:

@@ -5,7 +5,6 @@ counted. Both writers: the gateway's writer process and the in-thread one."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from gateway.audit import AuditLog
 from tests.small_disk import fill, free, small_disk
 from tests.support.audit_files import records
+from tests.support.audit_stall import stall
 
 HANG = 60.0  # seconds: a bound on a hang, never a measurement
 
@@ -87,44 +87,8 @@ def test_A5_sigterm_stops_a_gateway_whose_deliveries_wait_for_a_full_disk(tmp_pa
                   "--mqtt-port", "off") as (proc, port):
         params = pika.ConnectionParameters("127.0.0.1", port, blocked_connection_timeout=HANG)
         fill(disk)
-        received = [0]
         done = threading.Event()
-
-        def consume() -> None:
-            conn = pika.BlockingConnection(params)
-            ch = conn.channel()
-            ch.queue_declare("stall")
-            ch.basic_qos(prefetch_count=1000)
-            ch.basic_consume("stall", lambda c, m, p, b: received.__setitem__(0, received[0] + 1),
-                             auto_ack=True)
-            try:
-                while not done.is_set():
-                    conn.process_data_events(time_limit=0.2)
-            except Exception:  # the stop closes it
-                pass
-
-        def publish() -> None:
-            try:
-                conn = pika.BlockingConnection(params)
-                ch = conn.channel()
-                ch.queue_declare("stall")
-                while not done.is_set():
-                    for _ in range(500):
-                        ch.basic_publish("", "stall", b"x" * 16)
-                    conn.process_data_events(time_limit=0)
-            except Exception:  # the stop closes it
-                pass
-
-        threads = [threading.Thread(target=consume, daemon=True), threading.Thread(target=publish, daemon=True)]
-        for t in threads:
-            t.start()
-        # Until deliveries stop: the writer process's pipe is full and the loop waits in a hand-off.
-        deadline, last, still = time.monotonic() + HANG, -1, 0
-        while time.monotonic() < deadline and still < 3:
-            time.sleep(1.0)
-            still = still + 1 if received[0] == last else 0
-            last = received[0]
-        assert still >= 3 and received[0] > 0, received
+        stall(params, done, HANG)  # the loop now waits in a hand-off
         proc.send_signal(signal.SIGTERM)
         try:
             code = proc.wait(timeout=HANG)
