@@ -55,3 +55,59 @@ def test_A7_the_report_records_its_class_archive_once_and_survives_a_damaged_one
     assert "SIGBUS" in (tmp_path / "r3" / "spark.log").read_text()
     assert not archive.exists()  # discarded: the next report records a new one
     assert list(work.iterdir()) == []  # no hs_err file in the user's working directory
+
+
+_USER_SESSION = """
+import sys
+from spark import read_audit
+from spark.class_archive import session_builder
+
+classes = sys.argv[2]
+spark = (session_builder(extra_java_options=f"-Xlog:class+load=info:file={classes}")
+         .master("local[1]").config("spark.ui.enabled", "false").getOrCreate())
+print("records", read_audit(spark, sys.argv[1]).count())
+spark.stop()
+"""
+
+
+def _user_session(root: str, cache: Path, classes: Path) -> subprocess.CompletedProcess[str]:
+    env = {**_without_pyspark_python(), "XDG_CACHE_HOME": str(cache)}
+    env.pop("CMQ_AUDIT_CLASS_ARCHIVE", None)
+    return subprocess.run([sys.executable, "-c", _USER_SESSION, root, str(classes)], env=env,
+                          capture_output=True, text=True, timeout=1400)
+
+
+@pytest.mark.timeout(3000)  # a hang guard: three new JVMs on a loaded machine
+def test_A7_session_builder_records_the_archive_then_starts_user_sessions_from_it(tmp_path: Path) -> None:
+    """A user's own session through ``session_builder``: the first records the class archive
+    as its process ends, the next one's JVM loads classes from it (the JVM's own class-load
+    log says where each class came from; the caller's JVM option is kept beside the
+    archive's), and an archive cut short is recorded anew instead of killing the JVM."""
+    root, cache = str(tmp_path / "audit"), tmp_path / "cache"
+    _write(root, 0, 120)
+    assert _run_compactor(root).returncode == 0
+
+    first = _user_session(root, cache, tmp_path / "classes1.log")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "records 120" in first.stdout
+    assert any(line.startswith(KEEPING) for line in first.stderr.splitlines())
+    archives = list((cache / "cmq-audit").glob("*.jsa"))
+    assert len(archives) == 1 and archives[0].stat().st_size > 0, list((cache / "cmq-audit").iterdir())
+    assert "shared objects file (top)" not in (tmp_path / "classes1.log").read_text()
+
+    second = _user_session(root, cache, tmp_path / "classes2.log")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "records 120" in second.stdout
+    assert not any(line.startswith(KEEPING) for line in second.stderr.splitlines())
+    # "top": the dynamic archive recorded above, on top of the JDK's own base archive.
+    assert "source: shared objects file (top)" in (tmp_path / "classes2.log").read_text()
+
+    archive = archives[0]
+    size = archive.stat().st_size
+    with archive.open("r+b") as f:
+        f.truncate(size // 2)
+    third = _user_session(root, cache, tmp_path / "classes3.log")
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "records 120" in third.stdout
+    assert any(line.startswith(KEEPING) for line in third.stderr.splitlines())  # recorded anew
+    assert archive.is_file() and archive.stat().st_size > size // 2
