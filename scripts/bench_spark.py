@@ -37,6 +37,14 @@ aggregate, a narrow query (count per event) and a filtered one (one hour's acks)
 session) and cold (each run the first query of a new session), and the bytes on disk of both
 forms.
 
+``--class-archive`` (with ``--read-audit``) runs the cold part twice over, interleaved: as
+above, and with both sides' JVMs started from one class archive (``spark.class_archive.
+session_builder``), recorded first by a process that ran one query of each side, so that
+neither side's classes are favoured; the archive lives in a temporary cache directory.
+``--cold-before CHECKOUT`` adds cold runs whose processes import the connector from another
+checkout (``git archive REV | tar -x -C DIR``), interleaved with the others: a before/after
+under the same load.
+
 ``--cluster`` starts a standalone master and one worker (2 cores) from pyspark's own launcher
 for the run, as tests/spark/test_spark_cluster.py does; ``--master URL`` uses a running one;
 the default is local[2].
@@ -225,7 +233,8 @@ READ_AUDIT_CASES = {
 }
 
 
-def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] = tuple(READ_AUDIT_CASES)) -> None:
+def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] = tuple(READ_AUDIT_CASES),
+                   archive: bool = False, before: Path | None = None) -> None:
     """``--read-audit``: spark.read_audit (compacted segments through Spark's Parquet reader)
     against spark.read.json with the explicit schema, on the same records.  Warm: one session,
     a warm-up of each, then ``rounds`` interleaved runs.  Cold: each run the first query of a
@@ -289,32 +298,57 @@ def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] =
         print(f"warm  {label:48s} read_audit {ma:6.2f}s  spark.read.json {mb:6.2f}s  ratio {mb / ma:5.2f}x{rows}",
               flush=True)
     spark.stop()
-    for name in cases:
-        label = READ_AUDIT_CASES[name][0]
-        a, b = [], []
-        for _ in range(rounds):
-            a.append(cold_query(root, master, "read_audit", name))
-            b.append(cold_query(root, master, "json", name))
-        ma, mb = (statistics.median(q for q, _ in side) for side in (a, b))
-        da, db = (statistics.median(d for _, d in side) for side in (a, b))
-        print(f"cold  {label:48s} read_audit {ma:6.2f}s  spark.read.json {mb:6.2f}s  ratio {mb / ma:5.2f}x;  "
-              f"with the DataFrame's making {ma + da:6.2f}s vs {mb + db:6.2f}s (medians of each part), "
-              f"ratio {(mb + db) / (ma + da):5.2f}x", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-spark-archive-") as cache:
+        # (label, the checkout the processes import, the archive's cache directory)
+        kinds = [("", CODE, "")]
+        if before is not None:
+            kinds.append((f" (before: {before})", before, ""))
+        if archive:  # recorded by one process that ran a query of each side
+            kinds.append((" +archive", CODE, cache))
+            cold_query(root, master, "both", cases[0], cache)
+            assert list(Path(cache, "cmq-audit").glob("*.jsa")), "no class archive was recorded"
+        for name in cases:
+            label = READ_AUDIT_CASES[name][0]
+            got: dict[str, tuple[list[tuple[float, float, float, str]], ...]] = {k[0]: ([], []) for k in kinds}
+            for _ in range(rounds):
+                for k, code, cache_dir in kinds:  # interleaved: read_audit, json, then the next kind
+                    got[k][0].append(cold_query(root, master, "read_audit", name, cache_dir, code))
+                    got[k][1].append(cold_query(root, master, "json", name, cache_dir, code))
+            for k, (ca, cb) in got.items():
+                ma, mb = (statistics.median(x[0] for x in side) for side in (ca, cb))
+                da, db = (statistics.median(x[1] for x in side) for side in (ca, cb))
+                sa, sb = (statistics.median(x[2] for x in side) for side in (ca, cb))
+                loads = "; ".join(f"{x[3]}/{y[3]}" for x, y in zip(ca, cb, strict=True))
+                print(f"cold{k}  {label:48s} read_audit {ma:6.2f}s  spark.read.json {mb:6.2f}s  "
+                      f"ratio {mb / ma:5.2f}x;  with the DataFrame's making {ma + da:6.2f}s vs {mb + db:6.2f}s "
+                      f"(medians of each part), ratio {(mb + db) / (ma + da):5.2f}x;  session start {sa:5.2f}s "
+                      f"vs {sb:5.2f}s;  "
+                      f"each run's queries {[round(x[0], 2) for x in ca]} vs {[round(y[0], 2) for y in cb]}, "
+                      f"load {loads}", flush=True)
     print(f"load average {load_average()}", flush=True)
 
 
-def cold_query(root: str, master: str, which: str, case: str) -> tuple[float, float]:
+def cold_query(root: str, master: str, which: str, case: str,
+               archive: str = "", code_dir: Path | None = None) -> tuple[float, float, float, str]:
     """One query as the first of a new process (a new JVM: no JIT-compiled code, no file
-    listing or footer cached): the seconds of the query alone and of making its DataFrame,
-    JVM start excluded."""
+    listing or footer cached): the seconds of the query alone, of making its DataFrame and of
+    the session's start (the JVM's), and the 1-minute load average after it.  ``archive``: a cache
+    directory whose class archive the JVM starts from (``which`` "both": records it);
+    ``code_dir``: the checkout the process imports (CODE by default)."""
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": str(CODE)}
-    code = ["--code", str(CODE)] if CODE != ROOT else []  # a "before" run's processes import it too
+    code_dir = code_dir or CODE
+    env = {**os.environ, "PYTHONPATH": str(code_dir)}
+    if archive:
+        env.update({"XDG_CACHE_HOME": archive, "BENCH_ARCHIVE": "1"})
+        env.pop("CMQ_AUDIT_CLASS_ARCHIVE", None)
+    code = ["--code", str(code_dir)] if code_dir != ROOT else []  # a "before" run's processes import it too
     got = subprocess.run([sys.executable, __file__, "--keep", root, "--master", master, *code,
                           "--cold-query", f"{which}:{case}"], env=env, capture_output=True, text=True, check=True)
-    q, d = got.stdout.strip().splitlines()[-1].split()
-    return float(q), float(d)
+    if which == "both":
+        return 0.0, 0.0, 0.0, load_average().split()[0]
+    q, d, start = got.stdout.strip().splitlines()[-1].split()
+    return float(q), float(d), float(start), load_average().split()[0]
 
 
 def one_cold_query(root: str, master: str, spec: str) -> None:
@@ -328,22 +362,31 @@ def one_cold_query(root: str, master: str, spec: str) -> None:
     from spark.schema import JSON_COLUMNS
 
     which, case = spec.split(":")
-    builder = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+    if os.environ.get("BENCH_ARCHIVE"):
+        from spark.class_archive import session_builder
+
+        builder = session_builder()
+    else:
+        builder = SparkSession.builder
+    builder = (builder.master(master).config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g"))
     if master.startswith("spark://"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "1536m")
+    t0 = time.perf_counter()
     spark = builder.getOrCreate()
+    started = time.perf_counter() - t0
     spark.sparkContext.setLogLevel("ERROR")
     json_schema = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS])
     hour, hour_end = os.environ["BENCH_HOUR"].split(",") if "BENCH_HOUR" in os.environ else ("", "")
-    t0 = time.perf_counter()
-    df = read_audit(spark, root) if which == "read_audit" else json_reader(spark).schema(json_schema).json(root)
-    made = time.perf_counter() - t0
-    df.createOrReplaceTempView("t")
-    t0 = time.perf_counter()
-    spark.sql(READ_AUDIT_CASES[case][1].format(hour=hour, hour_end=hour_end)).collect()
-    print(time.perf_counter() - t0, made)
+    for side in ("read_audit", "json") if which == "both" else (which,):
+        t0 = time.perf_counter()
+        df = read_audit(spark, root) if side == "read_audit" else json_reader(spark).schema(json_schema).json(root)
+        made = time.perf_counter() - t0
+        df.createOrReplaceTempView("t")
+        t0 = time.perf_counter()
+        spark.sql(READ_AUDIT_CASES[case][1].format(hour=hour, hour_end=hour_end)).collect()
+        print(time.perf_counter() - t0, made, started)
     spark.stop()
 
 
@@ -415,6 +458,10 @@ def main() -> None:
     ap.add_argument("--read-audit", action="store_true",
                     help="spark.read_audit over the compacted log against spark.read.json (full, narrow, "
                          "filtered; warm and cold) instead of the cases above; compacts the log first")
+    ap.add_argument("--class-archive", action="store_true",
+                    help="with --read-audit: the cold runs also with both sides' JVMs started from one class archive")
+    ap.add_argument("--cold-before", metavar="CHECKOUT", default=None,
+                    help="with --read-audit: cold runs of this checkout too, interleaved (a before/after in one run)")
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--cold-query", default=None, help=argparse.SUPPRESS)  # WHICH:CASE, one run in this process
     ap.add_argument("--report-time", metavar="DIR", default=None,
@@ -461,7 +508,8 @@ def main() -> None:
 
     def go(master: str) -> None:
         if args.read_audit:
-            run_read_audit(root, master, args.rounds, cases)
+            run_read_audit(root, master, args.rounds, cases, args.class_archive,
+                           Path(args.cold_before).resolve() if args.cold_before else None)
         else:
             run(root, master, cases, cache_states, args.cache_codec)
 
