@@ -9,7 +9,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["read_audit", "register"]
+__all__ = ["read_audit", "register", "session_builder"]
 
 
 def register(spark: SparkSession) -> None:
@@ -25,3 +25,11 @@ def read_audit(session: SparkSession, path_or_paths: str | list[str] | tuple[str
     from spark.read import read_audit as _read_audit
 
     return _read_audit(session, path_or_paths, **options)
+
+
+def session_builder(builder: Any = None, extra_java_options: str = "") -> Any:
+    """``SparkSession.builder`` with the driver's JVM started from this machine's class
+    archive, recorded by the first such session (see ``spark.class_archive``)."""
+    from spark.class_archive import session_builder as _session_builder
+
+    return _session_builder(builder, extra_java_options)

@@ -60,7 +60,7 @@ def test_A7_the_report_records_its_class_archive_once_and_survives_a_damaged_one
 _USER_SESSION = """
 import sys
 from spark import read_audit
-from spark.class_archive import session_builder
+from spark import session_builder
 
 classes = sys.argv[2]
 spark = (session_builder(extra_java_options=f"-Xlog:class+load=info:file={classes}")
