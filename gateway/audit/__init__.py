@@ -4,7 +4,7 @@ See ``gateway/audit/writer.py`` for how records reach the disk and ``spark/SCHEM
 the record schema.
 """
 
-from gateway.audit.record import EVENTS, FIELD_TYPES, SCHEMA_VERSION
+from gateway.audit.record import ADMIN_EVENTS, EVENTS, FIELD_TYPES, SCHEMA_VERSION
 from gateway.audit.writer import AuditLog, NullAudit
 
-__all__ = ["EVENTS", "FIELD_TYPES", "SCHEMA_VERSION", "AuditLog", "NullAudit"]
+__all__ = ["ADMIN_EVENTS", "EVENTS", "FIELD_TYPES", "SCHEMA_VERSION", "AuditLog", "NullAudit"]

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "ADMIN_EVENTS",
     "EVENTS",
     "FIELD_TYPES",
     "SCHEMA_VERSION",
@@ -31,6 +32,10 @@ __all__ = [
 # from the store, gateway.audit.rebuild). Absent: the client's action, recorded as it happened.
 SCHEMA_VERSION = 2
 
+# Administrative changes over the management API (gateway.management.admin_audit).
+ADMIN_EVENTS = ("user_created", "user_deleted", "user_password_changed", "user_tags_set", "vhost_created",
+                "vhost_deleted", "permission_created", "permission_deleted", "policy_set", "policy_cleared")
+
 # The event names of the audit contract (docs/ARCHITECTURE.md), plus ``audit_dropped``, which
 # the writer itself emits when it had to shed records (never silent).
 EVENTS = frozenset(
@@ -39,7 +44,7 @@ EVENTS = frozenset(
         "exchange_declare", "exchange_delete", "queue_declare", "queue_delete", "queue_purge",
         "bind", "unbind", "publish", "route", "discard", "enqueue", "deliver", "ack", "nack",
         "requeue", "visibility_expire", "stale_ack", "retry", "rewind", "dead_letter",
-        "limit_exceeded", "audit_dropped",
+        "limit_exceeded", "audit_dropped", *ADMIN_EVENTS,
     }
 )
 

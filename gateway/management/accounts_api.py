@@ -8,7 +8,8 @@ Shapes as RabbitMQ's: a user is ``{name, password_hash, hashing_algorithm, tags,
 (RabbitMQ shows administrators the hash here too), a permission ``{user, vhost, configure,
 write, read}``; PUT answers 201 when it created, 204 when it changed. Every change goes
 through gateway.accounts into the store and is answered once it is durable (SE4). Deleting a user or a vhost closes
-the AMQP connections that use it (320 CONNECTION_FORCED), as RabbitMQ does.
+the AMQP connections that use it (320 CONNECTION_FORCED), as RabbitMQ does. Every change is
+audited with who made it (gateway.management.admin_audit).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from aiohttp import web
 
 from gateway.accounts import Accounts
 from gateway.auth import Permission, User, hash_password
+from gateway.management.admin_audit import actor
 from gateway.management.app import Management, bad_request, not_found, read_json
 
 __all__ = ["add_routes", "user_json"]
@@ -117,7 +119,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         body = await read_json(request)
         current = acc.users.users.get(name)
         tags = _tags(body.get("tags")) if "tags" in body or current is None else list(current.tags)
-        acc.put_user(name, _password_hash(body, current), tags)
+        after = acc.put_user(name, _password_hash(body, current), tags)
+        actor(request, mgmt.broker.audit).user_changed(current, after)
         await mgmt.broker.flush()
         return web.Response(status=204 if current is not None else 201)
 
@@ -125,6 +128,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         name = request.match_info["user"]
         if not accounts().delete_user(name):
             raise not_found()
+        actor(request, mgmt.broker.audit).emit("user_deleted", "", f"user:{name}")
         await mgmt.broker.flush()
         close_connections(lambda c: c.user == name, "user deleted")
         return web.Response(status=204)
@@ -137,7 +141,10 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     # -- vhosts ------------------------------------------------------------------------------
 
     async def vhost_put(request: web.Request) -> web.Response:
-        created = accounts().put_vhost(request.match_info["vhost"])
+        name = request.match_info["vhost"]
+        created = accounts().put_vhost(name)
+        if created:
+            actor(request, mgmt.broker.audit).emit("vhost_created", name, f"vhost:{name}")
         await mgmt.broker.flush()
         return web.Response(status=201 if created else 204)
 
@@ -153,6 +160,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             vh.delete_exchange(xname, if_unused=False)
         del mgmt.broker.vhosts[name]
         accounts().forget_vhost(name)
+        actor(request, mgmt.broker.audit).emit("vhost_deleted", name, f"vhost:{name}")
         await mgmt.broker.flush()
         return web.Response(status=204)
 
@@ -187,6 +195,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         perm = Permission(_pattern(body, "configure"), _pattern(body, "write"), _pattern(body, "read"))
         existed = (name, v) in acc.users.permissions
         acc.set_permission(name, v, perm)
+        actor(request, mgmt.broker.audit).emit("permission_created", v, f"permission:{name}")
         await mgmt.broker.flush()
         return web.Response(status=204 if existed else 201)
 
@@ -194,6 +203,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         acc, name, v = user_and_vhost(request)
         if not acc.clear_permission(name, v):
             raise not_found()
+        actor(request, mgmt.broker.audit).emit("permission_deleted", v, f"permission:{name}")
         await mgmt.broker.flush()
         return web.Response(status=204)
 

@@ -23,10 +23,12 @@ from typing import Any
 from aiohttp import web
 
 from gateway.accounts import Accounts
+from gateway.admission import http_peer
 from gateway.auth import HASHING_ALGORITHMS, Permission, User, hash_password, hashing_algorithm
 from gateway.broker.arguments import CMQ_ATTRS
 from gateway.broker.exchange import EXCHANGE_TYPES, X_MAX_MESSAGE_SIZE
 from gateway.broker.policies import NOT_APPLIED, Policy, PolicyError
+from gateway.management.admin_audit import Actor, actor
 from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
 from semantics.errors import CMQError
 
@@ -196,21 +198,21 @@ def _export(mgmt: Management, vhosts: list[str], with_users: bool) -> Generator[
 
 
 def import_definitions(mgmt: Management, body: dict[str, Any], only_vhost: str | None = None,
-                       user: str | None = None) -> dict[str, Any]:
+                       user: str | None = None, peer: str | None = None) -> dict[str, Any]:
     """Import ``body`` (see the module docstring); the answer is the report. ``only_vhost``:
     RabbitMQ's per-vhost import (``POST /api/definitions/{vhost}``): every object goes into
     that vhost; vhosts, users and permissions are not imported (noted when present)."""
-    steps = _import(mgmt, body, only_vhost, user)
+    steps = _import(mgmt, body, only_vhost, user, peer)
     while (report := _step(steps)) is None:
         pass
     return report
 
 
 async def import_definitions_in_turns(mgmt: Management, body: dict[str, Any], only_vhost: str | None = None,
-                                      user: str | None = None) -> dict[str, Any]:
+                                      user: str | None = None, peer: str | None = None) -> dict[str, Any]:
     """:func:`import_definitions` IMPORT_PER_TURN objects an event-loop turn: a file of
     thousands of objects lets the clients in between (SE5)."""
-    steps = _import(mgmt, body, only_vhost, user)
+    steps = _import(mgmt, body, only_vhost, user, peer)
     while (report := _step(steps)) is None:
         await asyncio.sleep(0)
     return report
@@ -226,12 +228,12 @@ def _step(steps: Generator[None, None, dict[str, Any]]) -> dict[str, Any] | None
 
 
 def _import(mgmt: Management, body: dict[str, Any], only_vhost: str | None,
-            user: str | None) -> Generator[None, None, dict[str, Any]]:
+            user: str | None, peer: str | None) -> Generator[None, None, dict[str, Any]]:
     for kind in KINDS:
         if not isinstance(body.get(kind, []), list):
             raise bad_request(f"definitions: {kind} must be a list")
     report = ImportReport()
-    run = _Import(mgmt, body, only_vhost, report, user)
+    run = _Import(mgmt, body, only_vhost, report, user, peer)
     if only_vhost is None:
         yield from run.vhosts()
         yield from run.users()
@@ -252,9 +254,12 @@ def _import(mgmt: Management, body: dict[str, Any], only_vhost: str | None,
 
 class _Import:
     def __init__(self, mgmt: Management, body: dict[str, Any], only_vhost: str | None,
-                 report: ImportReport, user: str | None) -> None:
+                 report: ImportReport, user: str | None, peer: str | None = None) -> None:
         self.mgmt = mgmt
         self.user = user  # who imports, for the audit records of the declares
+        # ... and of the administrative changes; a start-up's import of the config file is
+        # no one's action and writes none of those (it would repeat them at every start).
+        self.who = Actor(mgmt.broker.audit, user, peer) if user is not None else None
         self.body = body
         self.only_vhost = only_vhost
         self.report = report
@@ -307,8 +312,8 @@ class _Import:
             broker = self.mgmt.broker
             known = name in broker.vhosts and (self.users_db is None or name in self.users_db.vhosts)
             broker.vhost(name)
-            if self.accounts is not None:
-                self.accounts.put_vhost(name)  # SE4: journaled
+            if self.accounts is not None and self.accounts.put_vhost(name) and self.who is not None:  # SE4: journaled
+                self.who.emit("vhost_created", name, f"vhost:{name}")
             return not known
         yield from self.each("vhosts", lambda raw: {"name": raw.get("name")}, action)
 
@@ -347,6 +352,8 @@ class _Import:
             old = db.users.get(name)
             if old != user:
                 self._accounts().put_user(name, pw, user.tags)  # SE4: journaled
+                if self.who is not None:
+                    self.who.user_changed(old, user)
             return old != user
         yield from self.each("users", lambda raw: {"name": raw.get("name")}, action)
 
@@ -364,6 +371,8 @@ class _Import:
             old = db.permissions.get((user, vhost))
             if old != perm:
                 self._accounts().set_permission(user, vhost, perm)  # SE4: journaled
+                if self.who is not None:
+                    self.who.emit("permission_created", vhost, f"permission:{user}")
             return old != perm
         yield from self.each("permissions", lambda raw: {"user": raw.get("user"), "vhost": raw.get("vhost")}, action)
 
@@ -401,6 +410,8 @@ class _Import:
             if vh.policies.get(policy.name) == policy:
                 return False
             vh.set_policy(policy)
+            if self.who is not None:
+                self.who.emit("policy_set", policy.vhost, f"policy:{policy.name}")
             return True
         yield from self.each("policies", self.named, action)
 
@@ -529,7 +540,8 @@ async def definitions_post(mgmt: Management, request: web.Request) -> web.Respon
     if v is not None:
         mgmt.check_vhost(request, v)
     user = request.get(USER)
-    report = await import_definitions_in_turns(mgmt, body, only_vhost=v, user=None if user is None else user.name)
+    report = await import_definitions_in_turns(mgmt, body, only_vhost=v, user=None if user is None else user.name,
+                                               peer=http_peer(request))
     await mgmt.broker.flush()  # SE4: imported users and permissions are durable when answered
     return web.json_response(report)
 
@@ -559,12 +571,14 @@ def add_policy_routes(app: web.Application, mgmt: Management) -> None:
             raise bad_request(f"policy: {e}")
         existed = name in vh.policies
         vh.set_policy(p)
+        actor(request, mgmt.broker.audit).emit("policy_set", vh.name, f"policy:{name}")
         return web.Response(status=204 if existed else 201)
 
     async def policy_delete(request: web.Request) -> web.Response:
         vh = mgmt.check_vhost(request, request.match_info["vhost"])
         if not vh.delete_policy(request.match_info["name"]):
             raise not_found()
+        actor(request, mgmt.broker.audit).emit("policy_cleared", vh.name, f"policy:{request.match_info['name']}")
         return web.Response(status=204)
 
     r = app.router
