@@ -2,7 +2,7 @@
 on a full disk hands nothing out over HTTP. `cmq-gateway serve` with its audit dir on a real
 full tmpfs: the management API's get messages and the CMQ API's ReceiveMessage answer 503,
 the messages stay queued (unreceived, so not redelivered), and no record says they were
-delivered, acked or requeued."""
+delivered, acked or requeued. HTTP push, which has no client to answer: test_http_push_stop.py."""
 
 from __future__ import annotations
 
