@@ -18,9 +18,13 @@ from datetime import UTC, datetime
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from gateway.audit.record import ADMIN_EVENTS
+
 __all__ = [
+    "ADMIN_EVENTS",
     "DEFAULT_EXCHANGE",
     "DISCARD_REASONS",
+    "admin_changes",
     "auth_failures",
     "busiest_publishers",
     "client_actions",
@@ -28,6 +32,7 @@ __all__ = [
     "funnel",
     "latency_percentiles",
     "limits_exceeded",
+    "refused_operation",
     "retries_by_policy",
     "stale_and_redeliveries",
     "time_span",
@@ -36,6 +41,7 @@ __all__ = [
 # The "topic" of a message published to AMQP's default exchange "" (its records have none).
 DEFAULT_EXCHANGE = "(default exchange)"
 DISCARD_REASONS = ("no_match", "retries_exhausted", "expired", "rejected", "too_large", "max_length")
+
 
 
 def client_actions(df: DataFrame) -> DataFrame:
@@ -190,14 +196,45 @@ def _host(peer: Column) -> Column:
     return F.regexp_extract(peer, r"^(\[[^\]]*\]|[^:]*)", 1)
 
 
+def refused_operation() -> Column:
+    """True on an ``auth_failure`` that refused an operation of a logged-in user (its tags or
+    permissions), false on a refused login (credentials, a vhost it may not open), as each
+    API words them (spark/SCHEMA.md): AMQP's operations say ``protocol: "amqp"`` (its logins
+    say no protocol), MQTT's start ``publish``/``subscribe``, the management API's
+    ``not_authorised:``, the CMQ API's ``access to``."""
+    protocol, reason = F.col("protocol"), F.coalesce(F.col("reason"), F.lit(""))
+    return F.coalesce(
+        (protocol == "amqp")
+        | ((protocol == "mqtt") & reason.rlike(r"^(publish|subscribe) "))
+        | ((protocol == "http") & reason.startswith("not_authorised: "))
+        | ((protocol == "cmq-api") & reason.startswith("access to ")),
+        F.lit(False))
+
+
 def auth_failures(df: DataFrame) -> DataFrame:
-    """Failed logins by user and client host, with first and last time seen."""
+    """Refusals by ``kind`` (``login``: a failed login; ``operation``: an operation the
+    logged-in user's tags or permissions refused), user and client host, with first and last
+    time seen."""
     df = client_actions(df)
+    kind = F.when(refused_operation(), F.lit("operation")).otherwise(F.lit("login"))
     return (
         df.where(F.col("event") == "auth_failure")
-        .groupBy(F.coalesce("user", F.lit("?")).alias("user"), _host(F.col("peer")).alias("host"))
+        .groupBy(kind.alias("kind"), F.coalesce("user", F.lit("?")).alias("user"), _host(F.col("peer")).alias("host"))
         .agg(F.count("*").alias("failures"), F.min("ts").alias("first"), F.max("ts").alias("last"))
-        .orderBy(F.desc("failures"), "user", "host")
+        .orderBy("kind", F.desc("failures"), "user", "host")
+    )
+
+
+def admin_changes(df: DataFrame) -> DataFrame:
+    """Administrative changes over the management API (users, vhosts, permissions,
+    policies; gateway.management.admin_audit): one row per event, changed object and
+    acting user, with how often and first and last time seen."""
+    df = client_actions(df)
+    return (
+        df.where(F.col("event").isin(*ADMIN_EVENTS))
+        .groupBy("event", "vhost", "object", F.coalesce("user", F.lit("?")).alias("user"))
+        .agg(F.count("*").alias("changes"), F.min("ts").alias("first"), F.max("ts").alias("last"))
+        .orderBy("first", "event", "object")
     )
 
 

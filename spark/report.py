@@ -276,28 +276,53 @@ def _redeliveries(p: pd.DataFrame) -> Rendering:
     return fig, words
 
 
+_KIND_WORDS = {"login": ("failed login", "failed logins"), "operation": ("refused operation", "refused operations")}
+
+
 def _auth_failures(p: pd.DataFrame) -> Rendering:
+    """Failed logins and refused operations (of logged-in users) apart: one bar per kind,
+    user and host; the sentence counts each kind."""
     if p.empty:
-        return None, "No failed logins in this range."
-    per_user = (p.groupby("user").agg(failures=("failures", "sum"), hosts=("host", "nunique"),
-                                      host=("host", "first"))
-                .sort_values(["failures", "hosts"], ascending=False))
-    labels = [f"{u} from {r.host}" if r.hosts == 1 else f"{u} from {r.hosts} hosts"
-              for u, r in zip(per_user.index, per_user.itertuples(), strict=True)]
-    words = f"{_plural(int(p['failures'].sum()), 'failed login')}: " + "; ".join(
-        f"{_plural(int(n), 'failure')} for {label}" for n, label in zip(per_user["failures"], labels, strict=True)
-    ) + "."
-    if len(per_user) == 1:  # one bar would say no more than the sentence
+        return None, "No failed logins and no refused operations in this range."
+    per = (p.groupby(["kind", "user"]).agg(failures=("failures", "sum"), hosts=("host", "nunique"),
+                                           host=("host", "first"))
+           .reset_index().sort_values(["failures", "hosts"], ascending=False, kind="stable"))
+    labels = [f"{r.user} from {r.host}" if r.hosts == 1 else f"{r.user} from {r.hosts} hosts"
+              for r in per.itertuples()]
+    said = []
+    for kind, (one, many) in _KIND_WORDS.items():
+        rows = [(int(r.failures), label) for r, label in zip(per.itertuples(), labels, strict=True) if r.kind == kind]
+        total = sum(n for n, _ in rows)
+        if not rows:
+            said.append(f"no {many}")
+            continue
+        said.append(f"{total:,} {one if total == 1 else many} ("
+                    + "; ".join(f"{label}: {n:,}" for n, label in rows) + ")")
+    words = "; ".join(said) + "."
+    if len(per) == 1:  # one bar would say no more than the sentence
         return None, words
-    rows = per_user.head(_MAX_BARS)
+    rows = per.head(_MAX_BARS)
     fig, ax = _figure(len(rows))
-    bars = ax.barh(labels[:len(rows)], rows["failures"], color="#e15554")
+    colors = ["#e15554" if k == "login" else "#f0a202" for k in rows["kind"]]
+    names = [f"{label} ({_KIND_WORDS[str(k)][0]})" for label, k in zip(labels[:len(rows)], rows["kind"], strict=True)]
+    bars = ax.barh(names, rows["failures"], color=colors)
     ax.bar_label(bars, fontsize=8, padding=2)
     ax.invert_yaxis()
-    ax.set_xlabel("failed logins per attempted user")
+    ax.set_xlabel("failed logins and refused operations per user")
     _whole_numbers(ax.xaxis)
     ax.grid(axis="x", alpha=0.3)
     return fig, words
+
+
+def _admin_changes(p: pd.DataFrame) -> Rendering:
+    """The administrative changes in words only: who changed what is a list, not a picture."""
+    if p.empty:
+        return None, "No user, vhost, permission or policy was changed over the management API in this range."
+    by_event = p.groupby("event")["changes"].sum().sort_values(ascending=False, kind="stable")
+    users = sorted({str(u) for u in p["user"]})
+    who = ", ".join(users[:5]) + (f" and {len(users) - 5:,} more users" if len(users) > 5 else "")
+    return None, (f"{_plural(int(p['changes'].sum()), 'change')} by {who}: "
+                  + ", ".join(f"{int(n):,} {str(e).replace('_', ' ')}" for e, n in by_event.items()) + ".")
 
 
 def _annotated_bars(labels: list[str], values: Any, notes: list[str], xlabel: str, color: str) -> Figure:
@@ -405,9 +430,15 @@ def write_report(spark: SparkSession, audit_dir: str, out_dir: str, *, start: st
         ("redeliveries", "Redeliveries and stale acks",
          "Per queue: redeliveries (delivery attempt > 1), requeues, visibility expiries, stale acks.",
          lambda: analyses.stale_and_redeliveries(df), _redeliveries),
-        ("auth_failures", "Authentication failures",
-         "Failed logins per attempted user, and from how many client hosts (the table has each host).",
+        ("auth_failures", "Authentication failures and refused operations",
+         "Failed logins (credentials, a vhost the user may not open) per attempted user, and operations "
+         "a logged-in user's tags or permissions refused (AMQP, MQTT, the management and CMQ APIs) per "
+         "user, each from how many client hosts (the table has each kind, user and host).",
          lambda: analyses.auth_failures(df), _auth_failures),
+        ("admin_changes", "Administrative changes",
+         "Users, vhosts, permissions and policies created, changed or deleted over the management API "
+         "(and its definitions import): per event, object and acting user, with first and last time.",
+         lambda: analyses.admin_changes(df), _admin_changes),
         ("publishers", "Busiest publishers", "Messages published per user and host, with bytes and the peak second.",
          lambda: analyses.busiest_publishers(df), _publishers),
         ("limits", "Migration report: CMQ limits exceeded", "Breaches of a CMQ limit the compatible profile "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def test_A4_funnel_retries_latency_and_auth(spark, tmp_path: Path) -> None:
     assert (q1.queue, q1.deliveries, q1.redeliveries, q1.stale_acks) == ("q1", 4, 1, 1)
 
     (auth,) = analyses.auth_failures(df).collect()
-    assert (auth.user, auth.host, auth.failures) == ("root", "203.0.113.9", 2)
+    assert (auth.kind, auth.user, auth.host, auth.failures) == ("login", "root", "203.0.113.9", 2)
     pubs = [(r.user, r.host, r.messages, r.bytes) for r in analyses.busiest_publishers(df).collect()]
     assert pubs == [("alice", "10.0.0.1", 2, 30), ("bob", "10.0.0.2", 2, 70)]
     df.unpersist()
@@ -123,3 +124,52 @@ def test_PF4_the_report_page_has_the_migration_report(spark, tmp_path: Path) -> 
     [png] = (tmp_path / "out").glob("*limits*.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"src='{png.name}'" in text
     assert "exchange:orders" in text and "queue:big" in text
+
+
+def test_A1_refused_operations_apart_from_failed_logins_and_admin_changes(spark, tmp_path: Path) -> None:
+    """The report's refusals say which are failed logins and which are operations a
+    logged-in user was refused, in the shapes each API writes them (spark/SCHEMA.md); the
+    administrative changes are their own section."""
+    from spark.report import write_report
+
+    ticks = itertools.count()
+    with AuditLog(str(tmp_path / "audit"), clock=lambda: T + next(ticks)) as a:  # one record a second, in order
+        # Failed logins: AMQP (no protocol), an AMQP vhost refused at open, MQTT's CONNECT,
+        # the management API's credentials, a CMQ API key with no access to the vhost.
+        a.emit("auth_failure", "/", user="eve", peer="198.51.100.1:1", reason="wrong password: refused")
+        a.emit("auth_failure", "v", user="bob", peer="10.0.0.2:2", reason="vhost access refused")
+        a.emit("auth_failure", "/", user="eve", peer="198.51.100.1:3", reason="bad user name or password",
+               protocol="mqtt")
+        a.emit("auth_failure", "/", user="eve", peer="198.51.100.1:4", reason="wrong password (GET /api/queues)",
+               protocol="http")
+        a.emit("auth_failure", "v", user="bob", peer="10.0.0.2:5", reason="user 'bob' has no access to vhost 'v' "
+               "(Action SendMessage)", protocol="cmq-api")
+        # Refused operations of logged-in users, one per API.
+        a.emit("auth_failure", "/", user="bob", peer="10.0.0.2:6", reason="write: access refused", protocol="amqp")
+        a.emit("auth_failure", "/", user="bob", peer="10.0.0.2:7", reason="publish refused: write access",
+               protocol="mqtt")
+        a.emit("auth_failure", "/", user="bob", peer="10.0.0.2:8", protocol="http",
+               reason="not_authorised: Not administrator user (PUT /api/users/x)")
+        a.emit("auth_failure", "/", user="bob", peer="10.0.0.2:9", protocol="cmq-api",
+               reason="access to 'q' in vhost '/' refused for user 'bob' (Action SendMessage)")
+        a.emit("user_created", "", object="user:carol", user="admin", peer="10.0.0.9:1", tags=["management"])
+        a.emit("permission_created", "/", object="permission:carol", user="admin", peer="10.0.0.9:1")
+        a.emit("permission_created", "/", object="permission:carol", user="admin", peer="10.0.0.9:1")
+        a.emit("user_deleted", "", object="user:carol", user="admin", peer="10.0.0.9:2")
+    df = spark.read.format("cmq-audit").load(str(tmp_path / "audit")).cache()
+    got = {(r.kind, r.user): r.failures for r in analyses.auth_failures(df).collect()}
+    assert got == {("login", "eve"): 3, ("login", "bob"): 2, ("operation", "bob"): 4}
+    changes = [(r.event, r.vhost, r.object, r.user, r.changes) for r in analyses.admin_changes(df).collect()]
+    assert changes == [("user_created", "", "user:carol", "admin", 1), ("permission_created", "/", "permission:carol",
+                                                                          "admin", 2),
+                       ("user_deleted", "", "user:carol", "admin", 1)]
+
+    write_report(spark, str(tmp_path / "audit"), str(tmp_path / "out"), progress=lambda _: None)
+    import json
+    sections = json.loads((tmp_path / "out" / "report.json").read_text())["sections"]
+    assert sections["auth_failures"]["summary"] == (
+        "5 failed logins (eve from 198.51.100.1: 3; bob from 10.0.0.2: 2); "
+        "4 refused operations (bob from 10.0.0.2: 4).")
+    assert sections["admin_changes"]["summary"] == (
+        "4 changes by admin: 2 permission created, 1 user created, 1 user deleted.")
+    assert len(sections["admin_changes"]["rows"]) == 3

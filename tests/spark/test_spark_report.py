@@ -88,7 +88,7 @@ def test_A4_report_json_holds_the_real_logs_numbers(real_report: Path, real_dir:
     assert s["redeliveries"]["summary"] == (
         f"{sum(W.DELIVERIES.values())} deliveries on 3 queues: {W.NACKED} redeliveries, {W.NACKED} requeues, "
         "all on queue work; no visibility expiries or stale acks.")
-    assert s["auth_failures"]["summary"] == "1 failed login: 1 failure for guest from 127.0.0.1."
+    assert s["auth_failures"]["summary"] == "1 failed login (guest from 127.0.0.1: 1); no refused operations."
     assert s["publishers"]["summary"].startswith(
         f"{W.PUBLISHED} messages published, all by guest @ 127.0.0.1 ({W.BYTES:,} bytes")
 
@@ -174,7 +174,7 @@ def test_A4_demo_report_auth_failures_and_publishers(spark, tmp_path: Path) -> N
     guessed = sum(1 for r in lines if r["event"] == "auth_failure" and r["peer"].startswith("198.51.100.23:"))
     assert guessed == failures["admin"] >= 3
     assert s["auth_failures"]["summary"].startswith(
-        f"{sum(failures.values())} failed logins: {guessed} failures for admin from 198.51.100.23")
+        f"{sum(failures.values())} failed logins (admin from 198.51.100.23: {guessed}")
     assert s["auth_failures"]["png"] is not None
     pubs = Counter((r["user"], r["peer"].rsplit(":", 1)[0]) for r in lines if r["event"] == "publish")
     assert {(r["user"], r["host"]): r["messages"] for r in s["publishers"]["rows"]} == dict(pubs)
@@ -186,9 +186,11 @@ def test_A4_demo_report_auth_failures_and_publishers(spark, tmp_path: Path) -> N
         else:
             funnel_published[r["topic"]] = r["published"]
     assert dict(funnel_published) == dict(published)
-    assert {k for k, v in s.items() if v["png"] is None} == set()  # the demo has something everywhere
+    # The demo has something everywhere; the administrative changes are a sentence and a table.
+    assert {k for k, v in s.items() if v["png"] is None} == {"admin_changes"}
     for v in s.values():
-        assert os.path.getsize(out / v["png"]) > 10_000
+        if v["png"] is not None:
+            assert os.path.getsize(out / v["png"]) > 10_000
 
 
 # -- issue 27: auto-ack, recovery records, wide funnels, long tables ----------------------------
