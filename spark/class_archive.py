@@ -34,6 +34,7 @@ _ENV = "CMQ_AUDIT_CLASS_ARCHIVE"
 # The JDK's own messages about the archive (classes it skips while recording, an archive it
 # cannot map) are for whoever tunes the JVM, not for a report's reader.
 _QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+_recording: set[Path] = set()  # partial archives this process records at its exit
 
 
 def _java() -> str | None:
@@ -124,7 +125,8 @@ def session_builder(builder: Any = None, extra_java_options: str = "") -> Any:
         if path is not None and path.is_file() and not _checked(path):
             discard()
         options, recording = _plan()
-    if recording is not None:
+    if recording is not None and recording[0] not in _recording:  # a second builder before the JVM starts
+        _recording.add(recording[0])
         atexit.register(_record_at_exit, *recording)
     joined = " ".join(o for o in (options, extra_java_options) if o)
     return out.config("spark.driver.extraJavaOptions", joined) if joined else out
