@@ -44,6 +44,9 @@ UNLIMITED_CREDIT = 1000
 LEASED_MAX = 4096  # messages asked for or leased and not yet delivered, per queue, at most
 PULL_WAITING = b'"expires":%d' % int(PULL_WAIT * 1e9)
 NAK_WAIT = 2.0
+# How long deliveries to a withdrawn inbox are handed back: longer than a pull request waits.
+RETIRED_INBOX_SECONDS = 3 * PULL_WAIT
+EXPIRY_MARGIN = 0.1  # the server counts a request's expiry from when it read it
 
 
 class Pulls:
@@ -105,6 +108,8 @@ class Pulls:
         waiting = any(c.has_credit() for c in q.consumers) or q.api_polls > 0 or (
             q.waiters is not None and len(q.waiters) > len(q.plain_gets))
         q.asked_at = self.clock.now()
+        if waiting:
+            q.waiting_until = time.monotonic() + PULL_WAIT
         requests = []
         while extra > 0:
             # Several requests of at most PULL_MAX each, all under way at once: JetStream
@@ -284,6 +289,9 @@ class Pulls:
 
     async def _nak_confirmed(self, q: ClusterQueue, m: Any) -> None:
         try:
+            if q.forgetting is not None:  # behind the UNSUB of the requests withdrawn (_forget_requests)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(q.forgetting), PULL_WAIT + NAK_WAIT)
             await self.link.nc.request(m.reply, b"-NAK", timeout=NAK_WAIT)
         except Exception as e:  # noqa: BLE001 - lost: ack_wait makes it Active anyway
             log.info("nak to JetStream not confirmed: %r", e)
@@ -318,7 +326,9 @@ class Pulls:
 
     def readers_left(self, q: ClusterQueue) -> None:
         """Nobody here takes from ``q`` any more: its pulls are withdrawn, its leases go back."""
-        if not q.consumers and q.waiters is None and q.requested:
+        if not q.consumers and q.waiters is None and q.requested and q.forgetting is None:
+            # Set now, not in the task: naks spawned in this turn (a closing channel's) wait.
+            q.forgetting = self._loop.create_future()
             self.spawn(self._forget_requests(q))
         self._return_surplus(q)
 
@@ -332,19 +342,41 @@ class Pulls:
     async def _forget_requests(self, q: ClusterQueue) -> None:
         """Nobody here takes from the queue any more: its waiting pull requests must not take
         messages that another gateway's consumers would get (JetStream drops a request whose
-        reply subject lost its interest), so the inbox is replaced."""
+        reply subject lost its interest), so the inbox is replaced.
+
+        The naks of a closing channel's deliveries wait (``q.forgetting``) until the old
+        requests have expired at the server: nats-server 2.9 hands a naked message to the
+        oldest waiting request, finds that its interest is gone, and keeps the message
+        pending until ack_wait (the visibility timeout) instead of giving it to the next
+        request; a basic.get right after the close found the first requeued message missing
+        for 30 s (tests/integration/test_ack_multiple.py). What JetStream sent to the old
+        inbox before reading the UNSUB goes back at once (``_hand_back``)."""
         old = q.sub
+        forgetting = q.forgetting
+        expired_at = q.waiting_until  # the old requests': the new ones' come after
         q.sub = q.inbox = None
         q.requested = 0
         q.pulls.clear()
         try:
-            await subscribe(self.link, q, self.pulled)
-        finally:
             if old is not None:
-                Handlers.of(self.link.nc).discard(old)
+                Handlers.of(self.link.nc).retire(old, self._hand_back, RETIRED_INBOX_SECONDS)
                 with contextlib.suppress(Exception):
                     await old.unsubscribe()
-        self.want(q)
+            await subscribe(self.link, q, self.pulled)
+            self.want(q)
+            left = expired_at - time.monotonic()
+            if left > 0:
+                await asyncio.sleep(left + EXPIRY_MARGIN)
+        finally:
+            if q.forgetting is forgetting:
+                q.forgetting = None
+            if forgetting is not None and not forgetting.done():
+                forgetting.set_result(None)
+
+    def _hand_back(self, m: Any) -> None:
+        """A delivery to a withdrawn pull request: Active again at once (a nak)."""
+        if m.reply and not (m.headers and "Status" in m.headers):
+            self.reply(m, b"-NAK")
 
     def get_waits(self, ch: Any, q: ClusterQueue, plain: bool) -> None:
         """basic.get with nothing leased here waits (as a long poll, Q5) for one pull;

@@ -89,9 +89,11 @@ class ClusterQueue(BrokerQueue):
         self.pulls: dict[str, list[int]] = {}
         self.pull_seq = 0
         self.asked_at = 0.0
+        self.waiting_until = 0.0  # monotonic: when the last pull request that waits at the server expires
         self.published_at = 0.0  # the last publish from here (x-expires' last_used ignores those)
         self.slow_writes = 0  # publishes on the one-request-each path (large, before ready, behind those)
         self.in_flight = 0  # publishes to it from here not yet acknowledged by JetStream
+        self.forgetting: asyncio.Future[None] | None = None  # pulls withdrawn, their UNSUB not yet written
         self.naks_pending = 0  # naks sent and not yet confirmed: no pull until they are
         self.want_soon = False  # a pull is to be considered at the end of this loop turn
         self.rewinding = 0  # the shared consumer is being moved (Q6): no pulls meanwhile

@@ -232,6 +232,18 @@ class Handlers:
     def discard(self, sub: Any) -> None:
         self.by_sid.pop(sub._id, None)
 
+    def retire(self, sub: Any, handler: Callable[[Delivery], None], seconds: float) -> None:
+        """``sub``'s messages go to ``handler`` for ``seconds``, also once nats-py has
+        unsubscribed it (nats-py drops what still comes for a sid it no longer knows); then
+        nothing is kept of it. nats-py never reuses a sid."""
+        sid = sub._id
+        self.by_sid[sid] = handler
+        asyncio.get_running_loop().call_later(seconds, self._forget_sid, sid, handler)
+
+    def _forget_sid(self, sid: int, handler: Callable[[Delivery], None]) -> None:
+        if self.by_sid.get(sid) is handler:
+            del self.by_sid[sid]
+
 
 def pub(subject: str, reply: str, payload: bytes) -> tuple[bytes, str, str, bytes, None]:
     """A PUB command (and what ``Client.publish`` takes, for when the connection is down)."""
