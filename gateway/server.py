@@ -676,9 +676,7 @@ def _addresses(addresses: list[tuple[str, int]]) -> str:
 
 def _ask_stop(gw: Gateway) -> Callable[[int, Any], None]:
     def handler(signum: int, frame: Any) -> None:
-        ask = getattr(gw.audit, "ask_stop", None)  # NullAudit: nothing to wait for
-        if ask is not None:
-            ask()
+        gw.audit.ask_stop()
     return handler
 
 

@@ -125,6 +125,9 @@ class NullAudit:
     def handoff(self) -> bool:
         return True
 
+    def ask_stop(self) -> None:  # nothing ever waits for a writer here
+        return None
+
     def close(self) -> None:
         return None
 
