@@ -19,7 +19,15 @@ instead of 1,000 (issue 28's aims). Every scenario also reports
 the window's deliveries (what the consumer owes, the producer's socket buffers included), and
 ``queued p50/max``: the queue's depth as the broker counts it, sampled every 0.25 s from a
 connection of its own, in seconds of the window's deliveries (how far the deliveries are
-behind what the broker took in). For the gateways started here, ``gateway CPU`` and ``NATS
+behind what the broker took in). ``lag`` is the steady state's figure, measured rather than
+inferred from the end: each message carries the producer's clock when its socket took it,
+the consumer reads that clock off each delivery, and per second of the window the runner
+keeps the median and the largest of the deliveries' ages (gateway.perf.runner); ``lag p50``
+and ``lag max`` are the largest of those per-second figures from second STEADY_FROM on (the
+seconds before it are the consumer's start). Every run also prints a line of its own (to
+stderr): the messages received in the window and in all, ``behind``, the per-second lags and
+the load average at its end, so a cap (a count stuck at a round number) shows per run.
+For the gateways started here, ``gateway CPU`` and ``NATS
 CPU`` are µs of CPU per message received (utime + stime of the gateways and their children,
 and of the nats-server, over the run, as scripts/bench_scaling.py reads them): on a shared
 machine a steadier figure than the rates.
@@ -55,6 +63,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from bench_scaling import cpu_seconds  # noqa: E402
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672/%2F"
+STEADY_FROM = 3  # the first per-second row counted as steady state (1-based)
 
 
 def main() -> None:
@@ -185,6 +194,21 @@ def _behind(result: dict[str, Any]) -> float | None:
     return max(0, sent - received) / rate if rate else None
 
 
+def _steady_lag(result: dict[str, Any], key: str) -> float | None:
+    """The largest per-second lag (``lag_p50_s`` or ``lag_max_s``) from STEADY_FROM on."""
+    got = [r[key] for r in result["per_second"][STEADY_FROM - 1:] if key in r]
+    return max(got) if got else None
+
+
+def _per_run(result: dict[str, Any]) -> str:
+    rows = result["per_second"]
+    lags = " ".join(f"{r.get('lag_p50_s', 0):.2f}/{r.get('lag_max_s', 0):.2f}" for r in rows)
+    behind = _behind(result)
+    return (f"   received {result['received']:,} (window {sum(r['received'] for r in rows):,}, "
+            f"sent {result['sent']:,}), behind {behind if behind is None else round(behind, 2)} s, "
+            f"lag p50/max per second (s): {lags}; load {os.getloadavg()[0]:.1f}")
+
+
 def _scenario(scenario: str, targets: dict[str, str], args: argparse.Namespace,
               pids: dict[str, tuple[list[int], list[int]]]) -> None:
     n = {"1n": 1, "7k3": 7}.get(scenario) or int(scenario)
@@ -197,10 +221,13 @@ def _scenario(scenario: str, targets: dict[str, str], args: argparse.Namespace,
             result, depths, used = _run(scenario, uri, args.duration, pids.get(name, ([], [])))
             for e in result["errors"]:
                 print(f"   error: {e}", file=sys.stderr)
+            print(_per_run(result), file=sys.stderr, flush=True)
             rate = result["rates"]["received"]
             held = [d / rate for d in depths] if rate and depths else []
             metrics = metrics_of(n, result) | {
                 "behind": ("s", _behind(result)),
+                "lag p50": ("s, largest second", _steady_lag(result, "lag_p50_s")),
+                "lag max": ("s, largest second", _steady_lag(result, "lag_max_s")),
                 "queued p50": ("s of deliveries", statistics.median(held) if held else None),
                 "queued max": ("s of deliveries", max(held) if held else None)}
             # All the window's and the drain's messages: what the run's CPU was spent on.

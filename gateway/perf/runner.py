@@ -167,6 +167,10 @@ class _Run:
         self.bases: dict[int, dict[int, int]] = {s.worker_id: {} for s in specs}
         self.per_second: list[dict[str, float]] = []
         self.roles = {s.worker_id: s.role for s in specs}
+        # The lag of each second: the latencies of the deliveries that came in that second
+        # (producer's stamp -> consumer's read), their median and their largest.
+        self.second_counts = list(self.hist.counts)
+        self.second_max_us = 0
 
     def total(self, attr: str, role: str | None = None) -> int:
         """Summed over the workers of ``role``; None: the producers and (fast) consumers."""
@@ -187,6 +191,8 @@ class _Run:
             hist = self.slow_hist if self.roles[wid] == "slow" else self.hist
             hist.merge_cumulative(snap.latency, self.bases[wid])
             hist.max_us = max(hist.max_us, snap.latency_max_us)
+            if hist is self.hist:
+                self.second_max_us = max(self.second_max_us, snap.recent_max_us)
             self.snaps[wid] = snap
             if kind == "done":
                 self.done.add(wid)
@@ -207,7 +213,14 @@ class _Run:
 
     def progress(self, t: float, prev: dict[str, int]) -> dict[str, int]:
         now = {a: self.total(a) for a in ("sent", "confirmed", "received")}
-        row = {"t": round(t, 1), **{a: now[a] - prev.get(a, 0) for a in now}}
+        row: dict[str, float] = {"t": round(t, 1), **{a: now[a] - prev.get(a, 0) for a in now}}
+        lag_p50 = self.hist.percentile_since(self.second_counts, 50)
+        if lag_p50 is not None:
+            # A bucket's midpoint may pass the largest value in it.
+            row["lag_p50_s"] = round(min(lag_p50, self.second_max_us) / 1e6, 6)
+            row["lag_max_s"] = self.second_max_us / 1e6
+        self.second_counts = list(self.hist.counts)
+        self.second_max_us = 0
         self.per_second.append(row)
         if self.out is not None:
             p50 = self.hist.percentile(50)

@@ -31,12 +31,26 @@ def bucket_value(index: int) -> float:
     return ((m << e) + ((m + 1) << e) - 1) / 2
 
 
+def _percentile(counts: list[int], p: float) -> float | None:
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = max(1, int(total * p / 100 + 0.999999))
+    seen = 0
+    for i, c in enumerate(counts):
+        seen += c
+        if seen >= rank:
+            return bucket_value(i)
+    return None  # pragma: no cover - rank <= total
+
+
 class LatencyHistogram:
-    __slots__ = ("_dirty", "counts", "max_us")
+    __slots__ = ("_dirty", "counts", "max_us", "recent_max_us")
 
     def __init__(self) -> None:
         self.counts = [0] * _BUCKETS
         self.max_us = 0
+        self.recent_max_us = 0
         self._dirty: set[int] = set()
 
     def record_ns(self, latency_ns: int) -> None:
@@ -44,8 +58,19 @@ class LatencyHistogram:
         i = bucket_index(v)
         self.counts[i] += 1
         self._dirty.add(i)
-        if v > self.max_us:
-            self.max_us = v
+        if v > self.recent_max_us:
+            self.recent_max_us = v
+            if v > self.max_us:
+                self.max_us = v
+
+    def take_recent_max(self) -> int:
+        """The largest value recorded since the last call (0: none)."""
+        v, self.recent_max_us = self.recent_max_us, 0
+        return v
+
+    def percentile_since(self, before: list[int], p: float) -> float | None:
+        """The percentile of what was recorded since ``before`` (a copy of ``counts``)."""
+        return _percentile([c - b for c, b in zip(self.counts, before, strict=True)], p)
 
     def take_delta(self) -> dict[int, int]:
         """The counts of the buckets touched since the last call (cumulative, not differences),
@@ -66,16 +91,8 @@ class LatencyHistogram:
         return sum(self.counts)
 
     def percentile(self, p: float) -> float | None:
-        total = self.count
-        if total == 0:
-            return None
-        rank = max(1, int(total * p / 100 + 0.999999))
-        seen = 0
-        for i, c in enumerate(self.counts):
-            seen += c
-            if seen >= rank:
-                return min(bucket_value(i), float(self.max_us))
-        return float(self.max_us)
+        v = _percentile(self.counts, p)
+        return None if v is None else min(v, float(self.max_us))
 
     def summary(self) -> dict[str, float | int] | None:
         if self.count == 0:

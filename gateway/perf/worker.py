@@ -64,6 +64,9 @@ class Snapshot:
     cpu_total: float = 0.0
     latency: dict[int, int] = field(default_factory=dict)  # cumulative counts of changed buckets
     latency_max_us: int = 0
+    # The largest latency of the deliveries since the previous snapshot (not cumulative): in a
+    # flood, how far this consumer is behind the producer now, for the runner's per-second lag.
+    recent_max_us: int = 0
     error: str | None = None
 
 
@@ -109,6 +112,7 @@ class _Worker:
         self.snap.cpu_total = time.process_time() - self.cpu0
         self.snap.latency = self.hist.take_delta()
         self.snap.latency_max_us = self.hist.max_us
+        self.snap.recent_max_us = self.hist.take_recent_max()
         self.pipe.send((kind, self.spec.worker_id, self.snap))
 
     async def _ticker(self) -> None:
@@ -229,7 +233,9 @@ class _Worker:
                     continue
                 n = min(n, free)
             await client.writable()
-            tsb = now.to_bytes(8, "big")
+            # Stamped once the socket takes it: a wait for room (the broker's flow control)
+            # is not time the message spent in the broker, nor lag of its consumer.
+            tsb = time.monotonic_ns().to_bytes(8, "big")
             if n_tpl == 1:
                 t = templates[0]
                 client.write((t.head + tsb + t.tail) * n)
