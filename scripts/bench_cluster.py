@@ -27,6 +27,10 @@ and ``lag max`` are the largest of those per-second figures from second STEADY_F
 seconds before it are the consumer's start). Every run also prints a line of its own (to
 stderr): the messages received in the window and in all, ``behind``, the per-second lags and
 the load average at its end, so a cap (a count stuck at a round number) shows per run.
+In a flood most of that lag is not the broker's: while a broker reads no faster than it
+delivers, the producer's kernel send buffer (Linux grows it to ``tcp_wmem``'s maximum, 4 MiB)
+and the broker's receive buffer hold megabytes of publishes, ~64,000 of 16 B, that count as
+sent. ``--sndbuf 65536`` caps the producers' send buffer, so the lag measures the broker.
 For the gateways started here, ``gateway CPU`` and ``NATS
 CPU`` are µs of CPU per message received (utime + stime of the gateways and their children,
 and of the nats-server, over the run, as scripts/bench_scaling.py reads them): on a shared
@@ -72,6 +76,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--baseline", help="a checkout whose JetStream gateways are measured too")
+    ap.add_argument("--sndbuf", type=int, default=0,
+                    help="the producers' kernel send buffer in bytes (0: the system's); see the docstring")
     ap.add_argument("--only", help="measure only the targets whose name contains one of these (comma-separated)")
     args = ap.parse_args()
     scenarios = args.scenarios.split(",")
@@ -128,12 +134,14 @@ class BaselineGateway(GatewayProcess):
         return ["env", f"PYTHONPATH={self.code}", cmd[0], "-P", *cmd[1:]]
 
 
-def _config(scenario: str, uri: str, duration: float) -> Any:
+def _config(scenario: str, uri: str, duration: float, sndbuf: int = 0) -> Any:
     if scenario == "1n":
-        return replace(scenario_config(1, uri, duration), multi_ack=0, progress=False)
-    if scenario == "7k3":
-        return replace(scenario_config(7, uri, duration), rate=3000.0, progress=False)
-    return replace(scenario_config(int(scenario), uri, duration), progress=False)
+        cfg = replace(scenario_config(1, uri, duration), multi_ack=0)
+    elif scenario == "7k3":
+        cfg = replace(scenario_config(7, uri, duration), rate=3000.0)
+    else:
+        cfg = scenario_config(int(scenario), uri, duration)
+    return replace(cfg, progress=False, sndbuf=sndbuf)
 
 
 class _Depth(threading.Thread):
@@ -167,8 +175,8 @@ class _Depth(threading.Thread):
                 conn.close()
 
 
-def _run(scenario: str, uri: str, duration: float,
-         pids: tuple[list[int], list[int]]) -> tuple[dict[str, Any], list[int], list[float]]:
+def _run(scenario: str, uri: str, duration: float, pids: tuple[list[int], list[int]],
+         sndbuf: int = 0) -> tuple[dict[str, Any], list[int], list[float]]:
     """One perf run, with the depth of its (first) queue sampled alongside, and the CPU
     seconds its gateways and its nats-server used (each list of ``pids`` summed)."""
     run_id = secrets.token_hex(4)
@@ -177,7 +185,7 @@ def _run(scenario: str, uri: str, duration: float,
     before = [sum(cpu_seconds(p) for p in group) for group in pids]
     depth.start()
     try:
-        result = run(_config(scenario, uri, duration), None)
+        result = run(_config(scenario, uri, duration, sndbuf), None)
     finally:
         runner.secrets = secrets
     depth.join()
@@ -218,7 +226,7 @@ def _scenario(scenario: str, targets: dict[str, str], args: argparse.Namespace,
     for rep in range(args.repeat):
         for name, uri in targets.items():
             print(f"== scenario {scenario}, {name}, run {rep + 1}", file=sys.stderr, flush=True)
-            result, depths, used = _run(scenario, uri, args.duration, pids.get(name, ([], [])))
+            result, depths, used = _run(scenario, uri, args.duration, pids.get(name, ([], [])), args.sndbuf)
             for e in result["errors"]:
                 print(f"   error: {e}", file=sys.stderr)
             print(_per_run(result), file=sys.stderr, flush=True)

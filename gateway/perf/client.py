@@ -16,6 +16,7 @@ confirms) become `on_confirm(delivery_tag, multiple, ok)`. Subclasses or callers
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 import time
 from collections.abc import Callable
@@ -118,11 +119,15 @@ class AmqpClient(asyncio.Protocol):
     # ------------------------------------------------------------------ lifecycle
 
     @classmethod
-    async def connect(cls, address: BrokerAddress, timeout: float = 10.0) -> AmqpClient:
+    async def connect(cls, address: BrokerAddress, timeout: float = 10.0, sndbuf: int = 0) -> AmqpClient:
+        """``sndbuf``: the socket's kernel send buffer in bytes (0: the system's, which Linux
+        grows to ``tcp_wmem``'s maximum, megabytes that a flood fills while the broker holds it)."""
         loop = asyncio.get_running_loop()
-        _, client = await asyncio.wait_for(
+        transport, client = await asyncio.wait_for(
             loop.create_connection(lambda: cls(address), address.host, address.port), timeout
         )
+        if sndbuf:
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
         await asyncio.wait_for(asyncio.shield(client._opened), timeout)
         return client
 

@@ -32,6 +32,10 @@ class RunConfig:
     # Fairness (scenario 8): one more consumer, on a queue of its own with a backlog, prefetch 1,
     # acking each delivery this many ms after it arrived; 0 = none.
     slow_ack_ms: float = 0.0
+    # The producers' kernel send buffer, bytes; 0 = the system's (up to tcp_wmem's maximum, 4 MiB
+    # on Linux): what a flood holds in the kernel while the broker reads no faster, counted as
+    # sent. A small one measures how far behind the broker's deliveries are, not the kernel's.
+    sndbuf: int = 0
     json: bool = False
     progress: bool = True
 

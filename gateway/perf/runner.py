@@ -104,6 +104,7 @@ def _specs(cfg: RunConfig, topo: Topology) -> list[WorkerSpec]:
         rate=cfg.rate,
         prefetch=cfg.prefetch,
         multi_ack=cfg.multi_ack,
+        sndbuf=cfg.sndbuf,
     )
     pp = cfg.producer_processes or min(cfg.producers, cpus)
     producer_uris = [addresses[k] for k in prod_at]

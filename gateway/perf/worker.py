@@ -47,6 +47,7 @@ class WorkerSpec:
     prefetch: int = 1000
     multi_ack: int = 1
     ack_delay: float = 0.0  # role "slow": seconds from a delivery to its ack (prefetch 1)
+    sndbuf: int = 0  # producers: their sockets' kernel send buffer (RunConfig.sndbuf)
 
 
 @dataclass
@@ -133,7 +134,9 @@ class _Worker:
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
         loop.add_reader(self.pipe.fileno(), self._on_pipe)
-        self.clients = list(await asyncio.gather(*(AmqpClient.connect(parse_uri(u)) for u in self.spec.uris)))
+        sndbuf = self.spec.sndbuf if self.spec.role == "producer" else 0
+        self.clients = list(await asyncio.gather(*(AmqpClient.connect(parse_uri(u), sndbuf=sndbuf)
+                                                   for u in self.spec.uris)))
         if self.spec.role == "producer":
             starters = [
                 self._setup_producer(c, r) for c, r in zip(self.clients, self.spec.routes, strict=True)

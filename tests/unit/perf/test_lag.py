@@ -52,3 +52,31 @@ def test_every_second_of_a_run_carries_its_lag() -> None:
     for r in rows:
         assert r["received"] > 0
         assert 0 <= r["lag_p50_s"] <= r["lag_max_s"] <= overall_max_s + 1e-6
+
+
+@pytest.mark.rabbitmq
+async def test_sndbuf_caps_the_producer_sockets_kernel_buffer() -> None:
+    """The lag a flood shows is mostly the kernel's buffers; --sndbuf caps the producer's."""
+    import socket as s
+
+    from gateway.perf.client import AmqpClient, parse_uri
+
+    plain = await AmqpClient.connect(parse_uri(URI))
+    capped = await AmqpClient.connect(parse_uri(URI), sndbuf=65536)
+    try:
+        assert plain.transport is not None and capped.transport is not None
+        size = capped.transport.get_extra_info("socket").getsockopt(s.SOL_SOCKET, s.SO_SNDBUF)
+        assert 65536 <= size <= 4 * 65536  # Linux doubles it for its bookkeeping
+        default = plain.transport.get_extra_info("socket").getsockopt(s.SOL_SOCKET, s.SO_SNDBUF)
+        assert default != size
+    finally:
+        await plain.close()
+        await capped.close()
+
+
+@pytest.mark.rabbitmq
+def test_a_run_with_a_capped_send_buffer_delivers_everything() -> None:
+    result = run(RunConfig(uri=URI, rate=200, duration=1.0, sndbuf=65536, progress=False), None)
+    assert result["errors"] == []
+    assert result["config"]["sndbuf"] == 65536
+    assert result["received"] == result["sent"] > 0
