@@ -21,6 +21,7 @@ from gateway.broker.consumers import Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
 from gateway.broker.limit_report import LimitEntry, LimitReport
+from gateway.broker.membership import EmbeddedMembership, Membership
 from gateway.broker.message import Message
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.recovery import QueueRecords, recover_messages, return_big_buffers
@@ -90,12 +91,14 @@ class Broker:
     emit_fields: Callable[[str, str, dict[str, Any]], None]
     audit_handoff: Callable[[], bool]  # False: a stop is asked and the records are not out
     store: StoreBackend
-    # What vhost() makes: the cluster broker (gateway.jetstream) gives its own subclass, so
-    # that the embedded path runs VHost's methods with no test of which store is behind.
-    vhost_class: type[VHost] = VHost
-    # Where queue messages are kept (gateway.broker.storage): the one seam where the stores
-    # differ; the cluster broker gives the JetStream one.
+    # The seams where the stores differ; the cluster broker (gateway.jetstream) fills each
+    # with its own, so that the embedded path runs one code with no test of the store behind.
+    # Where queue messages are kept (gateway.broker.storage).
     storage_class: Callable[[Any], MessageStorage] = EmbeddedMessages
+    # What a vhost asks of the other gateways (gateway.broker.membership).
+    membership_class: Callable[[Any], Membership] = EmbeddedMembership
+    # What a vhost makes a queue as: the cluster's count messages held in JetStream too.
+    queue_class: type[BrokerQueue] = BrokerQueue
 
     @property
     def audit(self) -> Any:
@@ -136,8 +139,9 @@ class Broker:
                                compact_min_bytes=int(getattr(self.config, "compact_min_bytes", COMPACT_MIN_BYTES)),
                                lock=lock)
         self.store = store
-        # Queue messages: the one seam where the stores differ (gateway.broker.storage).
+        # Queue messages (gateway.broker.storage) and membership (gateway.broker.membership).
         self.messages: MessageStorage = self.storage_class(self)
+        self.membership: Membership = self.membership_class(self)
         self.opened_lsn = int(getattr(store, "last_lsn", 0))  # the last durable write before this start (MQ8)
         self._log_recovery()
         self._upgrade_store()
@@ -219,7 +223,7 @@ class Broker:
     def vhost(self, name: str) -> VHost:
         vh = self.vhosts.get(name)
         if vh is None:
-            vh = self.vhosts[name] = self.vhost_class(self, name, self.profile_of(name))
+            vh = self.vhosts[name] = VHost(self, name, self.profile_of(name))
         return vh
 
     # -- profiles (PF1-PF4) ------------------------------------------------------------------
@@ -696,7 +700,7 @@ class Broker:
             waiters, q.waiters = q.waiters, None
             for ch in waiters.expire(math.inf):
                 self._get_answered(ch, q, None)  # type: ignore[arg-type]
-        # Its record: a durable queue's; on a shared store any queue's (gateway.jetstream.vhost).
+        # Its record: a durable queue's; on a shared store any queue's (VHost.declare_queue).
         self.unpersist(P.queue_key(vh.name, q.name), missing_ok=True)
         self.messages.drop(vh, q)
 

@@ -99,9 +99,9 @@ class PublishOutcome:
 
 
 class VHost:
-    # What _make_queue makes: the cluster vhost (gateway.jetstream) counts messages held in
-    # JetStream too, without a test on the embedded path.
-    queue_class: type[BrokerQueue] = BrokerQueue
+    """What one gateway alone decides is here; what the gateways of a cluster decide together
+    (shared records of transient objects, exclusive queues of other gateways, auto-delete and
+    x-expires) is asked of ``broker.membership`` (gateway.broker.membership)."""
 
     def __init__(self, broker: Broker, name: str, profile: Profile = DEFAULT_PROFILE) -> None:
         self.broker = broker
@@ -191,6 +191,8 @@ class VHost:
         return ex
 
     def queue(self, name: str, session: Session | None = None) -> BrokerQueue:
+        if session is not None and self.broker.membership.locked(self.name, name):
+            raise resource_locked(name, self.name)  # CL4: exclusive to another gateway's connection
         q = self.queues.get(name)
         if q is None:
             raise not_found("queue", name, self.name)
@@ -247,6 +249,10 @@ class VHost:
             self.broker.persist(P.exchange_key(self.name, name), P.encode_json(
                 {"vhost": self.name, "name": name, "type": type, "auto_delete": auto_delete,
                  "internal": internal, "arguments": args}))
+        elif self.broker.membership.shares:
+            self.broker.persist(P.exchange_key(self.name, name), P.encode_json(
+                {"vhost": self.name, "name": name, "type": type, "auto_delete": auto_delete,
+                 "internal": internal, "arguments": ex.arguments, "durable": False}))
         self._emit("exchange_declare", topic=name, user=user, policy=type)
         return ex
 
@@ -268,8 +274,8 @@ class VHost:
         for other in list(self.exchanges.values()):
             if ("x", name) in other.bindings:
                 self._drop_binding(other, ("x", name))
-        if ex.durable:
-            self.broker.unpersist(P.exchange_key(self.name, name))
+        if ex.durable or self.broker.membership.shares:
+            self.broker.unpersist(P.exchange_key(self.name, name), missing_ok=True)
         self._emit("exchange_delete", topic=name, user=user)
 
     # -- queues (M7) -------------------------------------------------------------------------
@@ -280,6 +286,30 @@ class VHost:
                       peer: str | None = None) -> BrokerQueue:
         """``server_name``: the amq.gen-... name to give a queue declared as "" (the session
         picks it first to check the configure permission on it, W2)."""
+        membership = self.broker.membership
+        if not passive and membership.locked(self.name, name):
+            raise resource_locked(name, self.name)  # CL4: exclusive to another gateway's connection
+        new = not passive and name not in self.queues
+        q = self.declare_queue_here(session, name, passive=passive, durable=durable, exclusive=exclusive,
+                                    auto_delete=auto_delete, arguments=arguments, user=user,
+                                    server_name=server_name, peer=peer)
+        if new and membership.shares and not (durable and not exclusive):
+            # The embedded store journals durable queues only (declare_queue_here); a cluster
+            # shares the others too, an exclusive one with the gateway that owns it.
+            record: dict[str, Any] = {"vhost": self.name, "name": q.name, "auto_delete": auto_delete,
+                                      "arguments": q.arguments, "durable": durable}
+            if exclusive:
+                record["exclusive_owner"] = membership.owner
+            self.broker.persist(P.queue_key(self.name, q.name), P.encode_json(record))
+        membership.used(q)
+        return q
+
+    def declare_queue_here(self, session: Session | None, name: str, *, passive: bool, durable: bool,
+                           exclusive: bool, auto_delete: bool, arguments: dict[str, Any] | None,
+                           user: str | None = None, server_name: str | None = None,
+                           peer: str | None = None) -> BrokerQueue:
+        """The declaration as this gateway sees it, before membership shares it: also how a
+        cluster applies a queue another gateway declared (gateway.jetstream.membership)."""
         if passive:
             if not name:
                 raise not_found("queue", name, self.name)
@@ -385,8 +415,8 @@ class VHost:
                     arguments: dict[str, Any], qargs: Any, attrs: QueueAttributes) -> BrokerQueue:
         messages = self.broker.messages
         cmq = messages.new_model(name, attrs, self.profile.enforced.message_size)
-        q = self.queue_class(self.name, name, durable=durable, exclusive_owner=owner,
-                             auto_delete=auto_delete, arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
+        q = self.broker.queue_class(self.name, name, durable=durable, exclusive_owner=owner,
+                                    auto_delete=auto_delete, arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
         q.receive_metadata = self.profile.receive_metadata or qargs.receive_metadata  # M11, PF5
         q.last_used = self.broker.now()
         self.queues[name] = q
@@ -440,14 +470,16 @@ class VHost:
         else:
             durable = ex.durable and self.exchange(dest[1]).durable
         binding, changed = ex.bind(dest, key, arguments)
+        # A cluster shares transient bindings too (membership), and writes one's record again
+        # when it is bound again.
+        if durable and changed or not durable and self.broker.membership.shares:
+            self.broker.persist(P.binding_key(self.name, source, dest[0], dest[1], key), P.encode_json(
+                {"vhost": self.name, "source": source, "kind": dest[0], "dest": dest[1], "key": key,
+                 "arguments": dict(arguments or {})}))
         if not changed:
             return
         if ex.topic is not None and ex.type != "fanout" and self.profile.reported is not None:
             self.report_filters(ex.name, ex.topic, sub_name(dest), binding.key_view, (key,), user, peer)
-        if durable:
-            self.broker.persist(P.binding_key(self.name, source, dest[0], dest[1], key), P.encode_json(
-                {"vhost": self.name, "source": source, "kind": dest[0], "dest": dest[1], "key": key,
-                 "arguments": dict(arguments or {})}))
         self._emit("bind", topic=source, queue=dest[1], subscription=binding.name,
                    routing_key=key, tags=binding.first_keys(BIND_TAGS_LISTED), user=user,
                    policy=binding.notify_strategy, **bind_tags_count(binding.key_count))
@@ -722,13 +754,28 @@ class VHost:
             self._remove_queue(q, user=None, reason="owner_closed")
 
     def consumer_gone(self, q: BrokerQueue) -> None:
+        membership = self.broker.membership
+        if q.auto_delete and not q.consumers and not q.deleted and membership.hold_auto_delete(self, q):
+            return
+        self.last_consumer_left(q)
+        if not q.consumers and not q.deleted:
+            membership.used(q)
+
+    def last_consumer_left(self, q: BrokerQueue) -> None:
+        """What a consumer's leaving does to ``q`` once no other may come (membership)."""
         if q.auto_delete and q.had_consumer and not q.consumers and not q.deleted:
             self._remove_queue(q, user=None, reason="auto_delete")
         elif not q.consumers and not q.deleted:
             self.broker.touch_queue(q)  # x-expires counts from when the last consumer left
 
     def expire_queue(self, q: BrokerQueue) -> None:
-        """x-expires: the queue was unused for that long; deleted as RabbitMQ deletes it."""
+        """x-expires: the queue was unused for that long; deleted as RabbitMQ deletes it
+        (in a cluster, once no gateway used it since: membership)."""
+        if not q.deleted and not q.consumers and not self.broker.membership.hold_expiry(self, q):
+            self._remove_queue(q, user=None, reason="expired")
+
+    def remove_expired(self, q: BrokerQueue) -> None:
+        """x-expires, decided by membership: deleted unless used again meanwhile."""
         if not q.deleted and not q.consumers:
             self._remove_queue(q, user=None, reason="expired")
 

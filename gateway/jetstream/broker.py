@@ -1,11 +1,13 @@
 """The broker on JetStream: one of many gateways sharing one state (docs/CLUSTER.md).
 
-:class:`ClusterBroker` is the embedded :class:`Broker` with its two seams filled: records
-(``StoreBackend``) by :class:`JetStreamStore`, queue messages and the confirms that follow
+:class:`ClusterBroker` is the embedded :class:`Broker` with its three seams filled: records
+(``StoreBackend``) by :class:`JetStreamStore`; queue messages and the confirms that follow
 them (``MessageStorage``, gateway.broker.storage) by :class:`JetStreamMessages`, which owns
-the publishing, pulling, leases, counts and streams (gateway.jetstream.messages). What is left
-here is membership: which gateway owns what (exclusive queues of dead gateways, topic retries,
-the single active consumer, through gateway.jetstream.presence), the declarations of every
+the publishing, pulling, leases, counts and streams (gateway.jetstream.messages); what a vhost
+asks of the other gateways (``Membership``, gateway.broker.membership: shared records of
+transient objects, exclusive queues of other gateways, auto-delete and x-expires) by
+:class:`JetStreamMembership`. What is left here: which gateway owns the topic retries and the
+single active consumer (through gateway.jetstream.presence), the declarations of every
 gateway (applied at start, ``_recover_declarations``, and as they change, ``apply_remote``)
 and joining and leaving the cluster (``open_cluster``, ``close``).
 """
@@ -24,13 +26,13 @@ from gateway.broker.broker import Broker
 from gateway.broker.exchange import Exchange
 from gateway.broker.policies import Policy
 from gateway.jetstream.link import Link, open_link
+from gateway.jetstream.membership import JetStreamMembership
 from gateway.jetstream.messages import JetStreamMessages
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.mqtt_state import MQTTCluster
 from gateway.jetstream.presence import Presence
 from gateway.jetstream.queues import ClusterQueue
 from gateway.jetstream.store import JetStreamStore
-from gateway.jetstream.vhost import ClusterVHost
 from semantics.clock import Clock, SystemClock
 from semantics.store.keys import parse_key
 
@@ -44,9 +46,11 @@ CLOSE_SETTLE_SECONDS = 5.0
 class ClusterBroker(Broker):
     """See the module docstring; open with :meth:`open_cluster`."""
 
-    vhost_class = ClusterVHost
     storage_class = JetStreamMessages
+    membership_class = JetStreamMembership
+    queue_class = ClusterQueue
     messages: JetStreamMessages
+    membership: JetStreamMembership
     store: JetStreamStore
     link: Link
 
@@ -147,12 +151,7 @@ class ClusterBroker(Broker):
             for key in keys:
                 self.retained_owner[key] = ""
             self.spawn(self._take_over(owner, keys))
-        for vh in list(self.vhosts.values()):
-            for name, owner in list(cast(ClusterVHost, vh).remote_exclusive.items()):
-                if not presence.alive(owner):
-                    del cast(ClusterVHost, vh).remote_exclusive[name]
-                    if name in vh.queues:
-                        vh.delete_queue(None, name, if_unused=False, if_empty=False, reason="owner_closed")
+        self.membership.reap_dead(presence.alive)
 
     def single_active_free(self, token: str) -> None:
         from semantics.jetstream.names import queue_token
@@ -237,16 +236,16 @@ class ClusterBroker(Broker):
                                                arguments=r["arguments"], limits=vh.profile.enforced)
 
     def _apply_queue(self, names: tuple[str, ...], value: bytes | None) -> None:
-        vh = cast(ClusterVHost, self.vhost(names[0]))
+        vh = self.vhost(names[0])
         if value is None:
             q = vh.queues.get(names[1])
             if q is not None:
-                vh.forget_remote(q)
+                self.membership.forget_remote(vh, q)
             return
         r = P.decode_json(value)
         q = vh.queues.get(r["name"])
         if q is None:
-            vh.declare_remote(r)
+            self.membership.declare_remote(vh, r)
         elif r["arguments"] != q.arguments:
             with contextlib.suppress(Exception):
                 vh.set_queue_arguments(q, r["arguments"])

@@ -113,8 +113,7 @@ class MQTTCluster:
         # to be (it would be reaped DEAD_AFTER seconds later; the client would find it locked).
         vh = broker.vhosts.get(vhost)
         name = queue_name(vhost, client_id)
-        if vh is not None and name in getattr(vh, "remote_exclusive", {}):
-            del vh.remote_exclusive[name]  # type: ignore[attr-defined]
+        if vh is not None and broker.membership.release(vhost, name):
             broker.begin_batch()
             try:
                 vh.delete_queue(None, name, if_unused=False, if_empty=False, reason="owner_closed")
