@@ -15,15 +15,13 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from pamqp import body as B
 from pamqp import commands as C
 
-from gateway.broker import Broker, BrokerConfig
+from gateway.broker import Broker
 from gateway.protocol.properties import Properties
 from semantics import queue as Q
 from semantics.errors import LimitError
@@ -373,24 +371,15 @@ async def _answer(c: Any, *wanted: type, wait: float = TAKE_WAIT) -> list[Any]:
 
 
 class TestEmbeddedStore(MessageStorageContract):
-    @pytest_asyncio.fixture(loop_scope="function")
-    async def broker(self) -> AsyncIterator[Broker]:
-        b = await Broker.open(None, config=BrokerConfig())
-        try:
-            yield b
-        finally:
-            await b.close()
+    @pytest.fixture
+    def broker(self, embedded_broker: Broker) -> Broker:
+        return embedded_broker
 
 
 class TestJetStreamStore(MessageStorageContract):
-    @pytest_asyncio.fixture(loop_scope="function")
-    async def broker(self, nats_single: Any) -> AsyncIterator[Any]:
-        from gateway.jetstream.broker import ClusterBroker
-        b = await ClusterBroker.open_cluster(nats_single.store_url, config=BrokerConfig())
-        try:
-            yield b
-        finally:
-            await b.close()
+    @pytest.fixture
+    def broker(self, jetstream_broker: Any) -> Any:
+        return jetstream_broker
 
     async def ready(self, q: Any) -> None:
         await asyncio.wait_for(q.ready.wait(), TAKE_WAIT)
