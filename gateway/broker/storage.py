@@ -13,7 +13,9 @@ embedded store's group commit; JetStream's acknowledgements), ``sync``/``flush``
 (a write taken and later refused is a basic.nack) and ``batch_end`` (what one client read made
 leaves together); and what a channel sees of the store: ``getting``/``get_waits`` (basic.get)
 and ``message_count`` (the -ok counts). Which gateway owns what (presence, exclusive queues,
-topic retries) is not message storage: the cluster broker keeps it (gateway.jetstream).
+topic retries) is not message storage: what a vhost asks of the other gateways is the
+``Membership`` seam (gateway.broker.membership), and the rest the cluster broker keeps
+(gateway.jetstream.broker).
 
 The CMQ rules a message meets on its way in (L6, L8, Q4, x-message-ttl, M7) are
 semantics.send_rules, called by each implementation on its own counts.
