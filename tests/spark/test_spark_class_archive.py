@@ -70,10 +70,11 @@ spark.stop()
 """
 
 
-def _user_session(root: str, cache: Path, classes: Path) -> subprocess.CompletedProcess[str]:
+def _user_session(root: str, cache: Path, classes: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**_without_pyspark_python(), "XDG_CACHE_HOME": str(cache)}
     env.pop("CMQ_AUDIT_CLASS_ARCHIVE", None)
-    return subprocess.run([sys.executable, "-c", _USER_SESSION, root, str(classes)], env=env,
+    cwd.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-c", _USER_SESSION, root, str(classes)], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=1400)
 
 
@@ -83,11 +84,11 @@ def test_A7_session_builder_records_the_archive_then_starts_user_sessions_from_i
     as its process ends, the next one's JVM loads classes from it (the JVM's own class-load
     log says where each class came from; the caller's JVM option is kept beside the
     archive's), and an archive cut short is recorded anew instead of killing the JVM."""
-    root, cache = str(tmp_path / "audit"), tmp_path / "cache"
+    root, cache, work = str(tmp_path / "audit"), tmp_path / "cache", tmp_path / "work"
     _write(root, 0, 120)
     assert _run_compactor(root).returncode == 0
 
-    first = _user_session(root, cache, tmp_path / "classes1.log")
+    first = _user_session(root, cache, tmp_path / "classes1.log", work)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "records 120" in first.stdout
     assert any(line.startswith(KEEPING) for line in first.stderr.splitlines())
@@ -95,7 +96,7 @@ def test_A7_session_builder_records_the_archive_then_starts_user_sessions_from_i
     assert len(archives) == 1 and archives[0].stat().st_size > 0, list((cache / "cmq-audit").iterdir())
     assert "shared objects file (top)" not in (tmp_path / "classes1.log").read_text()
 
-    second = _user_session(root, cache, tmp_path / "classes2.log")
+    second = _user_session(root, cache, tmp_path / "classes2.log", work)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "records 120" in second.stdout
     assert not any(line.startswith(KEEPING) for line in second.stderr.splitlines())
@@ -106,8 +107,9 @@ def test_A7_session_builder_records_the_archive_then_starts_user_sessions_from_i
     size = archive.stat().st_size
     with archive.open("r+b") as f:
         f.truncate(size // 2)
-    third = _user_session(root, cache, tmp_path / "classes3.log")
+    third = _user_session(root, cache, tmp_path / "classes3.log", work)
     assert third.returncode == 0, third.stderr[-3000:]
     assert "records 120" in third.stdout
     assert any(line.startswith(KEEPING) for line in third.stderr.splitlines())  # recorded anew
     assert archive.is_file() and archive.stat().st_size > size // 2
+    assert list(work.iterdir()) == []  # the check that found it cut short left no hs_err file here
