@@ -15,7 +15,7 @@ from gateway.broker.errors import NO_ROUTE, NOT_IMPLEMENTED, ConnectionFault, ac
 from gateway.broker.reply_to import REPLY_QUEUE
 from gateway.broker.vhost import new_name
 from gateway.protocol.codec import method as method_of
-from gateway.protocol.events import ChannelClose, ChannelCloseOk, ChannelFlow, ChannelOpen, Content, Method
+from gateway.protocol.events import ChannelClose, ChannelCloseOk, ChannelFlow, ChannelOpen, Content
 from gateway.protocol.properties import REPLY_TO_FLAG, Properties
 from semantics.errors import REPLY_NAMES, CMQError
 
@@ -106,36 +106,6 @@ class Session:
         """ChannelOpen / ChannelClose / ChannelCloseOk / ChannelFlow / Method / Content."""
         cls = type(event)  # told apart by class: a name's string tests cost every message
         number: int = event.channel  # type: ignore[attr-defined]
-        method: Any = None
-        if cls is Content or cls is Method:  # every message's publish and ack come first
-            ch = self.channels.get(number)
-            if ch is None or ch.closing:
-                return  # the core drops frames for a channel we are closing
-            if ch.held is not None:
-                ch.held.append(event)  # Q5: a basic.get waits; what follows on its channel waits too
-                return
-            method = event.method  # type: ignore[attr-defined]
-            try:
-                if cls is Content:
-                    if self.check_access and not self._writable.get(method.exchange, False):
-                        self.authorize("write", "exchange", method.exchange)  # W2; raises when refused
-                        self._writable[method.exchange] = True
-                    if ch.tx:
-                        ch.tx_publishes.append((method, event.properties, event.body))  # type: ignore[attr-defined]
-                    else:
-                        self.publish_now(ch, method, event.properties, event.body)  # type: ignore[attr-defined]
-                elif method.name == "Basic.Ack" and not ch.tx:
-                    # Every delivery's ack: it causes no basic.cancel to hold back (see
-                    # _method), so it skips that bookkeeping.
-                    ch.ack(method.delivery_tag, method.multiple)
-                else:
-                    self._method(ch, method)
-            except ConnectionFault as e:
-                cls_id, mid = _ids(method)
-                self.conn.close(e.reply_code, e.reply_text, cls_id, mid)
-            except CMQError as e:
-                self.channel_error(ch, e, method)
-            return
         if cls is ChannelOpen:
             self.channels[number] = Channel(self, number)
             return
@@ -149,9 +119,9 @@ class Session:
             return
         ch = self.channels.get(number)
         if ch is None or ch.closing:
-            return
+            return  # the core drops frames for a channel we are closing
         if ch.held is not None:
-            ch.held.append(event)
+            ch.held.append(event)  # Q5: a basic.get waits; what follows on its channel waits too
             return
         if cls is ChannelFlow:
             ch.flow_active = bool(event.active)  # type: ignore[attr-defined]
@@ -160,6 +130,28 @@ class Session:
                     self.broker.dispatch_channel(ch)
             except CMQError as e:
                 self.channel_error(ch, e)
+            return
+        method = event.method  # type: ignore[attr-defined]
+        try:
+            if cls is Content:
+                if self.check_access and not self._writable.get(method.exchange, False):
+                    self.authorize("write", "exchange", method.exchange)  # W2; raises when refused
+                    self._writable[method.exchange] = True
+                if ch.tx:
+                    ch.tx_publishes.append((method, event.properties, event.body))  # type: ignore[attr-defined]
+                else:
+                    self.publish_now(ch, method, event.properties, event.body)  # type: ignore[attr-defined]
+            elif method.name == "Basic.Ack" and not ch.tx:
+                # Every delivery's ack: it causes no basic.cancel to hold back (see _method),
+                # so it skips that bookkeeping.
+                ch.ack(method.delivery_tag, method.multiple)
+            else:
+                self._method(ch, method)
+        except ConnectionFault as e:
+            cls_id, mid = _ids(method)
+            self.conn.close(e.reply_code, e.reply_text, cls_id, mid)
+        except CMQError as e:
+            self.channel_error(ch, e, method)
 
     def _method(self, ch: Channel, method: Any) -> None:
         """A method's handler; the basic.cancel notices it causes follow its reply."""
