@@ -245,14 +245,12 @@ class VHost:
                       internal=internal, arguments=args, limits=self.profile.enforced)
         ex.policy = choose(self.policies.values(), "exchange", name)
         self.exchanges[name] = ex
-        if durable:
-            self.broker.persist(P.exchange_key(self.name, name), P.encode_json(
-                {"vhost": self.name, "name": name, "type": type, "auto_delete": auto_delete,
-                 "internal": internal, "arguments": args}))
-        elif self.broker.membership.shares:
-            self.broker.persist(P.exchange_key(self.name, name), P.encode_json(
-                {"vhost": self.name, "name": name, "type": type, "auto_delete": auto_delete,
-                 "internal": internal, "arguments": ex.arguments, "durable": False}))
+        if durable or self.broker.membership.shares:
+            record: dict[str, Any] = {"vhost": self.name, "name": name, "type": type, "auto_delete": auto_delete,
+                                      "internal": internal, "arguments": args}
+            if not durable:
+                record["durable"] = False  # a cluster shares transient exchanges too (membership)
+            self.broker.persist(P.exchange_key(self.name, name), P.encode_json(record))
         self._emit("exchange_declare", topic=name, user=user, policy=type)
         return ex
 
