@@ -93,7 +93,9 @@ def read_compacted(part: FileRange, names: frozenset[str] | None = None) -> Iter
     path = parquet_path(os.path.join(part.root, *part.key.split("/")))
     columns = [f.name for f in json_arrow_schema(names)]
     try:
-        table = pq.read_table(path, columns=[*columns, "_offset"], use_threads=False)
+        # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose import
+        # brings pandas into every fresh Python worker (see constant()).
+        table = pq.ParquetFile(path).read(columns=[*columns, "_offset"], use_threads=False)
         skipped = [Skipped(o, n, t.encode("latin-1")) for o, n, t in info(path)["skipped"]]
     except FileNotFoundError:
         return None
