@@ -120,13 +120,18 @@ def _flood_per_delivery(port: int, prefix: str) -> list[int]:
 
 
 def test_W4_a_flood_does_not_starve_another_connection_s_consumer(tmp_path: Path, unique: str) -> None:
-    """While a burst floods queue A, the prefetch-1 consumer of queue B is served after a
-    fraction of one flood turn: the median number of flood publishes handled per slow delivery
-    stays under a quarter of EVENTS_PER_TURN (unfair scheduling gives it half a turn or more on
-    average, as its input waits for the end of the flood's turn)."""
+    """While a burst floods queue A, the prefetch-1 consumer of queue B is served well inside
+    one flood turn: the median number of flood publishes handled per slow delivery stays under
+    half of EVENTS_PER_TURN. Unfair (no LightPeers check), each delivery waits a whole turn:
+    median 256, measured. Fair, each of the consumer's two inputs a delivery (its ack, then its
+    passive declare, which pika writes apart) is noticed at the next light check, every
+    LIGHT_CHECK_SECONDS: about 40 flood publishes each here, so the median sits near 40 or 80 by
+    whether the two arrive in one read. (The bound was a quarter turn, 64, which fell between
+    those two steps once the common path got faster and more publishes fit a check: CI failed
+    with a median of 76.)"""
     with serve(tmp_path / "data", "--cmq-api-port", "off", "--mqtt-port", "off", niceness=19) as (_proc, port):
         deltas = _flood_per_delivery(port, unique)
     print(f"\nflood publishes per slow delivery: median {statistics.median(deltas)}, {deltas}")
     assert len(deltas) >= CYCLES // 2, f"the flood ended before the slow consumer was measured: {deltas}"
-    assert statistics.median(deltas) < EVENTS_PER_TURN / 4, deltas
+    assert statistics.median(deltas) < EVENTS_PER_TURN / 2, deltas
 
