@@ -304,6 +304,8 @@ class _HttpGuard(asyncio.Protocol):
         self.held = 0  # bytes counted in HELD.partial
         self._tail = b""
         self._timer: asyncio.TimerHandle | None = None
+        self._unsent: int | None = None  # the answers' bytes buffered at the last look (_expire)
+        self._resumed = False  # the transport resumed writing since that look
         # The logins audited on this connection (audit_http_login), closed with it.
         self.logins: dict[tuple[str, str], Callable[[], None]] = {}
 
@@ -332,9 +334,18 @@ class _HttpGuard(asyncio.Protocol):
         transport = self.transport
         if transport is None or self.busy:
             return
-        if transport.get_write_buffer_size():  # a response still going out: not idle yet
-            self._arm(self.policy.idle_timeout)
-            return
+        size = transport.get_write_buffer_size()
+        if size:
+            # A response still going out is not idle while the peer takes it: some of it left
+            # (a smaller buffer, or writing resumed) since the last look. A peer that takes
+            # nothing for a whole period is closed (RabbitMQ's ranch send_timeout, nginx's
+            # send_timeout): else a client that never reads held its socket, and the answers
+            # buffered for it, for ever, and a few of them filled max_connections.
+            if self._unsent is None or self._resumed or size < self._unsent:
+                self._unsent, self._resumed = size, False
+                self._arm(self.policy.idle_timeout)
+                return
+            _note("unread", "HTTP answers on %s unread for %g s: closed", self.gate.name, self.policy.idle_timeout)
         transport.abort()
 
     def data_received(self, data: bytes) -> None:
@@ -374,6 +385,7 @@ class _HttpGuard(asyncio.Protocol):
             self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self._resumed = True
         if self.admitted:
             self.inner.resume_writing()
 
@@ -401,6 +413,7 @@ class _HttpGuard(asyncio.Protocol):
 
     def request_began(self) -> None:
         self.busy += 1
+        self._unsent = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -324,3 +324,46 @@ def test_SE5_sockets_in_their_tls_handshake_count_against_max_connections(tmp_pa
             except (OSError, ssl.SSLError):
                 assert time.monotonic() < deadline, "the closed sockets were never let go"
                 time.sleep(0.2)
+
+
+def _unread(port: int, request: bytes) -> socket.socket:
+    """A client that sends requests and never reads an answer: a small receive buffer, the
+    same request pipelined until the gateway stops taking them (its answers fill both
+    kernels' buffers and then its own)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        for _ in range(20000):
+            sock.send(request)
+    return sock
+
+
+def _get_or_refused(port: int, path: str) -> int:
+    """_get, with a socket refused by max_connections as its 503 (which the reset that follows
+    it may overtake)."""
+    try:
+        return _get(port, path)
+    except (urllib.error.URLError, OSError):
+        return 503
+
+
+def test_SE5_a_client_that_never_reads_its_answers_is_closed_on_every_http_port(tmp_path: Path) -> None:
+    """A socket whose answers stay unread for a whole http_idle_timeout is closed, as
+    RabbitMQ's listener (ranch's send_timeout) and nginx (send_timeout) close one. Before,
+    a response still going out re-armed the idle timer for ever: with max_connections 2, two
+    such clients held a port against everyone else, and their answers stayed in memory."""
+    config = _config(tmp_path, max_connections=2, http_idle_timeout=1, http_body_timeout=1)
+    with serve(tmp_path / "data", "--config", config) as (proc, _port):
+        for name in PORTS:
+            port = proc.operator[name]
+            request = f"GET {PATHS[name]} HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\n\r\n".encode()
+            hogs = [_unread(port, request) for _ in range(2)]
+            deadline = time.monotonic() + HANG
+            while _get_or_refused(port, PATHS[name]) == 503:  # the port's two sockets are the hogs'
+                assert time.monotonic() < deadline, f"{name}: clients that never read hold the port"
+                time.sleep(0.2)
+            for s in hogs:
+                s.close()
+        assert proc.poll() is None
