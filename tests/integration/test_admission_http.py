@@ -367,3 +367,42 @@ def test_SE5_a_client_that_never_reads_its_answers_is_closed_on_every_http_port(
             for s in hogs:
                 s.close()
         assert proc.poll() is None
+
+
+def test_SE5_a_client_that_never_reads_its_answers_is_closed_on_every_https_port(tmp_path: Path) -> None:
+    """The same over TLS, whose transport keeps the unsent answers in its own buffer (before,
+    two such clients held each HTTPS port for ever under max_connections 2)."""
+    import ssl
+
+    certs, config = _tls_config(tmp_path, {"max_connections": 2, "http_idle_timeout": 1}, handshake_timeout=5)
+    ctx = ssl.create_default_context(cafile=str(certs.ca))
+    ctx.check_hostname = False
+    with serve(tmp_path / "data", "--config", str(config)) as (proc, _port):
+        for name in PORTS:
+            port = proc.operator[name]
+            request = f"GET {PATHS[name]} HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\n\r\n".encode()
+            hogs = []
+            for _ in range(2):
+                raw = socket.socket()
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+                raw.connect(("127.0.0.1", port))
+                hog = ctx.wrap_socket(raw)
+                hog.setblocking(False)
+                with contextlib.suppress(ssl.SSLWantWriteError, BlockingIOError):
+                    for _ in range(20000):
+                        hog.send(request)
+                hogs.append(hog)
+            deadline = time.monotonic() + HANG
+            while True:
+                # (a refused socket is reset, in its handshake or after the 503)
+                with contextlib.suppress(OSError, ssl.SSLError), ctx.wrap_socket(_connect(port)) as ok:
+                    ok.sendall(f"GET {PATHS[name]} HTTP/1.1\r\nHost: x\r\nAuthorization: {AUTH}\r\n"
+                               "Connection: close\r\n\r\n".encode())
+                    answer = ok.recv(64)
+                    if answer.startswith(b"HTTP/1.1 ") and not answer.startswith(b"HTTP/1.1 503"):
+                        break
+                assert time.monotonic() < deadline, f"{name}: clients that never read hold the port"
+                time.sleep(0.2)
+            for hog in hogs:
+                hog.close()
+        assert proc.poll() is None
