@@ -62,6 +62,15 @@ class BrokerQueue:
         self.on_tick: Callable[[BrokerQueue, float], None] | None = None
         # Q5: the channels whose basic.get long-polls this queue; None while none waits.
         self.waiters: Waiters | None = None
+        # The message storage's own state of this queue, set by its ``made`` (JetStream's pulls,
+        # leases and writes under way: gateway.jetstream.queues.QueueStream; None on the embedded
+        # store), and the ready messages it holds outside the local model (JetStream's not yet
+        # pulled; 0 on the embedded store, whose model holds every message).
+        self.stored: Any = None
+        self.remote_ready = 0
+        # Told when the consumers here change (set by the store: a cluster's presence counts
+        # every gateway's consumers, gateway.jetstream.presence).
+        self.on_consumers: Callable[[BrokerQueue], None] | None = None
 
     def __repr__(self) -> str:
         return f"BrokerQueue({self.vhost!r}, {self.name!r})"
@@ -81,8 +90,9 @@ class BrokerQueue:
 
     @property
     def message_count(self) -> int:
-        """Ready messages, as queue.declare-ok and basic.get-ok count them."""
-        return self.cmq.active
+        """Ready messages, as queue.declare-ok and basic.get-ok count them: those of the local
+        model and those the store holds outside it."""
+        return self.cmq.active + self.remote_ready
 
     def expires_at(self) -> float | None:
         """x-expires (M7, RabbitMQ's meaning): when the queue is deleted if it stays unused
@@ -116,6 +126,8 @@ class BrokerQueue:
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         self.had_consumer = True
+        if self.on_consumers is not None:
+            self.on_consumers(self)
 
     def remove_consumer(self, consumer: Consumer) -> None:
         try:
@@ -125,6 +137,8 @@ class BrokerQueue:
         del self.consumers[i]
         if i < self._rr:
             self._rr -= 1
+        if self.on_consumers is not None:
+            self.on_consumers(self)
 
     def keep_turn(self) -> None:
         """The consumer next_consumer just gave found no message: it is the next one again."""

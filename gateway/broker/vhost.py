@@ -413,8 +413,8 @@ class VHost:
                     arguments: dict[str, Any], qargs: Any, attrs: QueueAttributes) -> BrokerQueue:
         messages = self.broker.messages
         cmq = messages.new_model(name, attrs, self.profile.enforced.message_size)
-        q = self.broker.queue_class(self.name, name, durable=durable, exclusive_owner=owner,
-                                    auto_delete=auto_delete, arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
+        q = BrokerQueue(self.name, name, durable=durable, exclusive_owner=owner, auto_delete=auto_delete,
+                        arguments=arguments, qargs=qargs, attrs=attrs, cmq=cmq)
         q.receive_metadata = self.profile.receive_metadata or qargs.receive_metadata  # M11, PF5
         q.last_used = self.broker.now()
         self.queues[name] = q

@@ -28,7 +28,7 @@ from semantics.jetstream.names import CONSUMER
 
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
-    from gateway.jetstream.queues import ClusterQueue
+    from gateway.jetstream.queues import QueueStream
 
 __all__ = ["ReceiveDemand", "counts", "demand_for", "queue_counts"]
 
@@ -42,43 +42,43 @@ class ReceiveDemand:
     """One CMQ API receive of up to ``count`` messages from a JetStream queue, from its first
     look to its answer. Use as a context manager; :meth:`pulled` waits for JetStream."""
 
-    def __init__(self, broker: ClusterBroker, q: ClusterQueue, count: int, long_poll: bool) -> None:
+    def __init__(self, broker: ClusterBroker, s: QueueStream, count: int, long_poll: bool) -> None:
         self.broker = broker
-        self.q = q
+        self.s = s
         self.count = count
         self.long_poll = long_poll
         self.polling = False  # a long poll whose first (no_wait) pull found nothing
 
     def __enter__(self) -> ReceiveDemand:
-        self.q.api_demand += self.count
+        self.s.api_demand += self.count
         return self
 
     def __exit__(self, *exc: object) -> None:
-        q = self.q
-        q.api_demand -= self.count
-        q.api_polls -= self.polling
-        if not q.api_demand and not q.deleted:
-            self.broker.messages.pulls.api_demand_ended(q)
+        s = self.s
+        s.api_demand -= self.count
+        s.api_polls -= self.polling
+        if not s.api_demand and not s.q.deleted:
+            self.broker.messages.pulls.api_demand_ended(s)
 
     async def pulled(self, timeout: float) -> bool:
         """Ask JetStream for what the receive still lacks, and wait until a pull answered
         (messages came, or none was there: True) or ``timeout`` seconds passed (False)."""
-        q = self.q
-        if q.deleted or timeout <= 0:
+        s = self.s
+        if s.q.deleted or timeout <= 0:
             return False
         signal: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        q.api_signals.append(signal)
+        s.api_signals.append(signal)
         try:
-            self.broker.messages.pulls.want(q)
+            self.broker.messages.pulls.want(s)
             await asyncio.wait_for(signal, timeout)
         except TimeoutError:
             return False
         finally:
             with contextlib.suppress(ValueError):
-                q.api_signals.remove(signal)
+                s.api_signals.remove(signal)
         if self.long_poll and not self.polling:
             self.polling = True  # nothing there now: from here on, pulls that wait at the server
-            q.api_polls += 1
+            s.api_polls += 1
         return True
 
 
@@ -89,26 +89,27 @@ def demand_for(broker: Any, q: Any, count: int, long_poll: bool) -> ReceiveDeman
     return demand
 
 
-def answer_receives(q: ClusterQueue, *, status: bool) -> None:
+def answer_receives(s: QueueStream, *, status: bool) -> None:
     """Deliveries were taken (``status`` False) or a pull ended (True): the receives waiting
     look again once their pull is complete, or at once for a long poll's waiting pulls."""
-    if not q.api_signals:
+    q = s.q
+    if not s.api_signals:
         return
-    if not status and q.requested and q.cmq.active < q.api_demand and not q.api_polls:
+    if not status and s.requested and q.cmq.active < s.api_demand and not s.api_polls:
         return  # more of the batch is on its way (JetStream sends it message by message)
-    signals, q.api_signals = q.api_signals, []
-    for s in signals:
-        if not s.done():
-            s.set_result(None)
+    signals, s.api_signals = s.api_signals, []
+    for signal in signals:
+        if not signal.done():
+            signal.set_result(None)
 
 
-async def _acks_applied(broker: ClusterBroker, q: ClusterQueue) -> None:
-    """The acks this gateway sent for ``q`` are applied by JetStream: they go without waiting
+async def _acks_applied(broker: ClusterBroker, s: QueueStream) -> None:
+    """The acks this gateway sent for the queue are applied by JetStream: they go without waiting
     for an answer (gateway.jetstream.pulls), and JetStream applies them apart from its API
     requests, so a count right after a delete could still show it Inactive. The latest one is
     sent again as a request, which JetStream answers once it applied it, and the acks of one
     consumer are applied in order. A second ack of a message changes nothing."""
-    reply, q.last_ack = q.last_ack, None
+    reply, s.last_ack = s.last_ack, None
     if reply is not None:
         with contextlib.suppress(Exception):
             await broker.link.nc.request(reply, b"+ACK", timeout=ACK_WAIT)
@@ -120,7 +121,7 @@ async def counts(broker: Any, q: Any) -> tuple[int, int, int, int] | None:
     return found
 
 
-async def queue_counts(broker: ClusterBroker, q: ClusterQueue) -> tuple[int, int, int, int] | None:
+async def queue_counts(broker: ClusterBroker, s: QueueStream) -> tuple[int, int, int, int] | None:
     """(Active, Inactive, Delayed, rewindable) of a JetStream queue from its consumer and
     stream, after this gateway's own publishes landed; None when
     JetStream does not answer. Delayed messages are those this gateway sent or pulled (a
@@ -128,23 +129,24 @@ async def queue_counts(broker: ClusterBroker, q: ClusterQueue) -> tuple[int, int
     gateway pulls it). Rewindable (Q6): what a queue with rewind keeps after its deletion, i.e.
     the stream's messages neither undelivered nor leased (all of them, not only those of the
     last rewindSeconds: the stream keeps them for the retention)."""
+    q = s.q
     js = broker.link.js
     try:
-        await asyncio.wait_for(q.ready.wait(), COUNT_WAIT)
-        await broker.messages.writes.landed(q)
-        await _acks_applied(broker, q)
-        info = await asyncio.wait_for(js.consumer_info(q.stream, CONSUMER), COUNT_WAIT)
-        rewinds = getattr(q.cmq, "rewind_range", 0) > 0
-        stored = (await asyncio.wait_for(js.stream_info(q.stream), COUNT_WAIT)).state.messages if rewinds else 0
+        await asyncio.wait_for(s.ready.wait(), COUNT_WAIT)
+        await broker.messages.writes.landed(s)
+        await _acks_applied(broker, s)
+        info = await asyncio.wait_for(js.consumer_info(s.stream, CONSUMER), COUNT_WAIT)
+        rewinds = q.attrs.rewind_seconds > 0
+        stored = (await asyncio.wait_for(js.stream_info(s.stream), COUNT_WAIT)).state.messages if rewinds else 0
     except Exception as e:  # noqa: BLE001 - NATS away: the local estimate answers
-        log.info("count of %s not read: %r", q.stream, e)
+        log.info("count of %s not read: %r", s.stream, e)
         return None
     q.remote_ready = pending = info.num_pending or 0
     leased = info.num_ack_pending or 0
     now = broker.clock.now()
-    for msg_id in [m for m, (at, _) in q.delays.items() if at <= now]:
-        del q.delays[msg_id]
-    naked = sum(pulled for _, pulled in q.delays.values())
+    for msg_id in [m for m, (at, _) in s.delays.items() if at <= now]:
+        del s.delays[msg_id]
+    naked = sum(pulled for _, pulled in s.delays.values())
     held_here = q.cmq.active  # pulled (ack-pending there) but Active here
-    return (max(0, pending - (len(q.delays) - naked)) + held_here, max(0, leased - held_here - naked),
-            len(q.delays), max(0, (stored or 0) - pending - leased))
+    return (max(0, pending - (len(s.delays) - naked)) + held_here, max(0, leased - held_here - naked),
+            len(s.delays), max(0, (stored or 0) - pending - leased))

@@ -19,19 +19,19 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from gateway.broker import persistence as P
 from gateway.broker.broker import Broker
 from gateway.broker.exchange import Exchange
 from gateway.broker.policies import Policy
+from gateway.broker.queue import BrokerQueue
 from gateway.jetstream.link import Link, open_link
 from gateway.jetstream.membership import JetStreamMembership
 from gateway.jetstream.messages import JetStreamMessages
 from gateway.jetstream.meta import ORIGIN, MetaWatch, value_of
 from gateway.jetstream.mqtt_state import MQTTCluster
 from gateway.jetstream.presence import Presence
-from gateway.jetstream.queues import ClusterQueue
 from gateway.jetstream.store import JetStreamStore
 from semantics.clock import Clock, SystemClock
 from semantics.store.keys import parse_key
@@ -48,7 +48,6 @@ class ClusterBroker(Broker):
 
     storage_class = JetStreamMessages
     membership_class = JetStreamMembership
-    queue_class = ClusterQueue
     messages: JetStreamMessages
     membership: JetStreamMembership
     store: JetStreamStore
@@ -105,9 +104,6 @@ class ClusterBroker(Broker):
         await super().close()  # cancels the tasks it runs (spawn)
         await self.link.close()
 
-    def cluster_queues(self) -> list[ClusterQueue]:
-        return [cast(ClusterQueue, q) for vh in self.vhosts.values() for q in vh.queues.values()]
-
     # -- CL4: exclusive, auto-delete and single active consumer across gateways --------------
 
     def note_owner(self, key: str, msg: Any) -> None:
@@ -155,11 +151,12 @@ class ClusterBroker(Broker):
 
     def single_active_free(self, token: str) -> None:
         from semantics.jetstream.names import queue_token
-        for q in self.cluster_queues():
-            if q.consumers and not q.sac_active and queue_token(q.vhost, q.name) == token:
+        for s in self.messages.queue_streams():
+            q = s.q
+            if q.consumers and not s.sac_active and queue_token(q.vhost, q.name) == token:
                 self.spawn(self.presence.claim(q))
 
-    def single_active_won(self, q: ClusterQueue) -> None:
+    def single_active_won(self, q: BrokerQueue) -> None:
         self.dispatch(q)
 
     # -- declarations of every gateway (CL1) -------------------------------------------------

@@ -23,7 +23,7 @@ from semantics.jetstream.names import CONSUMER
 
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
-    from gateway.jetstream.queues import ClusterQueue
+    from gateway.jetstream.queues import QueueStream
 
 __all__ = ["EXPIRES_AT", "MSG_ID", "VISIBLE_AT", "count", "end", "first_undelivered", "removed", "stored_message"]
 
@@ -32,14 +32,15 @@ EXPIRES_AT = "Cmq-Expires-At"  # RabbitMQ TTL (x-message-ttl, expiration), absol
 VISIBLE_AT = "Cmq-Visible-At"  # Q4: not before (epoch seconds), honoured by the puller
 
 
-async def count(js: Any, q: ClusterQueue) -> Any:
+async def count(js: Any, s: QueueStream) -> Any:
     """The consumer's info; the queue's estimate of undelivered messages follows it."""
-    info = await js.consumer_info(q.stream, CONSUMER)
+    q = s.q
+    info = await js.consumer_info(s.stream, CONSUMER)
     q.remote_ready = info.num_pending or 0
     return info
 
 
-async def first_undelivered(js: Any, q: ClusterQueue, info: Any) -> tuple[Any, Any]:
+async def first_undelivered(js: Any, s: QueueStream, info: Any) -> tuple[Any, Any]:
     """(a fresh count, the oldest message JetStream had not delivered at that count or None),
     from ``info``, an earlier count. The head is read first and the count after it, so that
     the count says how many are over a limit *with* that head still there: read the other
@@ -47,22 +48,22 @@ async def first_undelivered(js: Any, q: ClusterQueue, info: Any) -> tuple[Any, A
     """
     while info.num_pending:
         try:
-            raw = await js.get_msg(q.stream, seq=info.delivered.stream_seq + 1, subject=q.subject, next=True)
+            raw = await js.get_msg(s.stream, seq=info.delivered.stream_seq + 1, subject=s.subject, next=True)
         except NotFoundError:
-            return await count(js, q), None
-        info = await count(js, q)
+            return await count(js, s), None
+        info = await count(js, s)
         if info.delivered.stream_seq < raw.seq:
             return info, raw
         # pulled meanwhile (now a delivery of some gateway): the next one is the head
     return info, None
 
 
-async def removed(js: Any, q: ClusterQueue, seq: int | None) -> bool:
+async def removed(js: Any, s: QueueStream, seq: int | None) -> bool:
     """The message at ``seq`` deleted from the stream by this call (False: by someone else)."""
     if seq is None:
         return False
     try:
-        await js.delete_msg(q.stream, seq)
+        await js.delete_msg(s.stream, seq)
     except APIError:
         return False
     return True
@@ -77,9 +78,10 @@ def stored_message(record: dict[str, Any], body: bytes, msg_id: str) -> Message:
     return msg
 
 
-async def end(broker: ClusterBroker, q: ClusterQueue, raw: Any, event: Any, *args: Any) -> None:
+async def end(broker: ClusterBroker, s: QueueStream, raw: Any, event: Any, *args: Any) -> None:
     """``raw`` (deleted from the stream by this gateway) ends as ``event(message, *args)``
     would end a message of the local model."""
+    q = s.q
     headers = raw.headers or {}
     r = P.decode_message(raw.data)
     body = r["body"]

@@ -31,7 +31,7 @@ from semantics.queue_attrs import OVERFLOW_DROP_HEAD
 
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
-    from gateway.jetstream.queues import ClusterQueue
+    from gateway.jetstream.queues import QueueStream
 
 __all__ = ["trim_after_publish"]
 
@@ -40,7 +40,7 @@ log = logging.getLogger("cmq_gateway.jetstream")
 LANDED_WAIT = 5.0
 
 
-def trim_after_publish(broker: ClusterBroker, q: ClusterQueue) -> int:
+def trim_after_publish(broker: ClusterBroker, s: QueueStream) -> int:
     """drop-head: a trim once this publish has landed (one at a time per queue; a publish during
     a trim has it count again). Pulls wait for it as they wait for a rewind.
 
@@ -49,70 +49,74 @@ def trim_after_publish(broker: ClusterBroker, q: ClusterQueue) -> int:
     trim's window takes a hold on the store's confirms (returned, 0 when the window already
     has one; its confirm waits for it, and every later publish is behind it), released when
     the trim that covers the window ends."""
+    q = s.q
     if q.attrs.max_length is None or q.attrs.overflow != OVERFLOW_DROP_HEAD:
         return 0
     hold = 0
-    if not q.trim_hold:
-        q.trim_hold = hold = broker.store.hold()
-    if q.trimming:
-        q.trim_again = True
+    if not s.trim_hold:
+        s.trim_hold = hold = broker.store.hold()
+    if s.trimming:
+        s.trim_again = True
         return hold
-    q.trimming = True
-    q.rewinding += 1
-    q.in_flight += 1  # counts (declare-ok, purge-ok) and basic.gets wait for it as for a publish
-    broker.spawn(_trim(broker, q))
+    s.trimming = True
+    s.rewinding += 1
+    s.in_flight += 1  # counts (declare-ok, purge-ok) and basic.gets wait for it as for a publish
+    broker.spawn(_trim(broker, s))
     return hold
 
 
-async def _trim(broker: ClusterBroker, q: ClusterQueue) -> None:
+async def _trim(broker: ClusterBroker, s: QueueStream) -> None:
+    q = s.q
     js = broker.link.js
     covered = 0
     try:
         again = True
         while again and not q.deleted:
-            q.trim_again = False
-            covered, q.trim_hold = q.trim_hold, 0
-            await _landed(broker, q)
+            s.trim_again = False
+            covered, s.trim_hold = s.trim_hold, 0
+            await _landed(broker, s)
             refused = None
-            info = await count(js, q)
-            while not q.deleted and _over(q):
-                info, raw = await first_undelivered(js, q, info)
-                if raw is None or not _over(q) or raw.seq == refused:
+            info = await count(js, s)
+            while not q.deleted and _over(s):
+                info, raw = await first_undelivered(js, s, info)
+                if raw is None or not _over(s) or raw.seq == refused:
                     break
-                if await removed(js, q, raw.seq):
-                    await end(broker, q, raw, Q.MaxLengthDropped)
+                if await removed(js, s, raw.seq):
+                    await end(broker, s, raw, Q.MaxLengthDropped)
                 else:
                     refused = raw.seq  # another gateway dropped it (count again), unless it stays
             broker.store.release(covered)
-            again = q.trim_again
+            again = s.trim_again
     except Exception as e:  # noqa: BLE001 - NATS away: the next publish trims again
         log.warning("x-max-length trim of queue %r failed: %r", q.name, e)
     finally:
         # The messages are stored: a trim that failed (or a queue deleted) holds no confirm.
-        for hold in (covered, q.trim_hold):
+        for hold in (covered, s.trim_hold):
             if hold:
                 broker.store.release(hold)
-        q.trim_hold = 0
-        q.trimming = False
-        q.rewinding -= 1
-        broker.messages.writes.published(q)
+        s.trim_hold = 0
+        s.trimming = False
+        s.rewinding -= 1
+        broker.messages.writes.published(s)
         broker.dispatch(q)
 
 
-def _over(q: ClusterQueue) -> bool:
+def _over(s: QueueStream) -> bool:
+    q = s.q
     limit = q.attrs.max_length
     return limit is not None and q.remote_ready + q.cmq.active > limit
 
 
-async def _landed(broker: ClusterBroker, q: ClusterQueue) -> None:
+async def _landed(broker: ClusterBroker, s: QueueStream) -> None:
     """The publishes before this trim acknowledged by JetStream (the trim is one in_flight):
     woken by ``Writes.published`` (gateway.jetstream.writes) as the last one lands."""
-    if q.in_flight > 1:
-        q.landed = asyncio.get_running_loop().create_future()
+    q = s.q
+    if s.in_flight > 1:
+        s.landed = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(q.landed, LANDED_WAIT)
+            await asyncio.wait_for(s.landed, LANDED_WAIT)
         except TimeoutError:
             log.warning("x-max-length trim of queue %r: publishes not acknowledged after %.0f s, "
                         "counting anyway", q.name, LANDED_WAIT)
         finally:
-            q.landed = None
+            s.landed = None

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from gateway.broker.queue import BrokerQueue
     from gateway.broker.vhost import VHost
     from gateway.jetstream.broker import ClusterBroker
-    from gateway.jetstream.queues import ClusterQueue
 
 __all__ = ["JetStreamMembership"]
 
@@ -47,7 +46,7 @@ class JetStreamMembership:
         return held is not None and held.pop(name, None) is not None
 
     def used(self, q: BrokerQueue) -> None:
-        self.broker.presence.note_use(q, q.last_used)  # type: ignore[arg-type]
+        self.broker.presence.note_use(q, q.last_used)
 
     # -- declarations of other gateways ------------------------------------------------------
 
@@ -87,7 +86,7 @@ class JetStreamMembership:
 
     async def _auto_delete_later(self, vh: VHost, q: BrokerQueue) -> None:
         await asyncio.sleep(AUTO_DELETE_GRACE)
-        if not q.consumers and not q.deleted and not self.broker.presence.others_consume(q):  # type: ignore[arg-type]
+        if not q.consumers and not q.deleted and not self.broker.presence.others_consume(q):
             vh.last_consumer_left(q)
 
     def hold_expiry(self, vh: VHost, q: BrokerQueue) -> bool:
@@ -98,14 +97,13 @@ class JetStreamMembership:
             return False
         broker = self.broker
         presence = broker.presence
-        cq: ClusterQueue = q  # type: ignore[assignment]
         now = broker.now()
         ttl = q.qargs.expires_ms / 1000.0
-        if presence.others_consume(cq):
+        if presence.others_consume(q):
             q.last_used = now - ttl + EXPIRES_RECHECK  # looked at again when they may have gone
             broker.scheduler.reschedule(q)
             return True
-        last = presence.last_use(cq)
+        last = presence.last_use(q)
         if last + ttl > now:
             q.last_used = max(q.last_used, last)
             broker.scheduler.reschedule(q)
@@ -114,9 +112,9 @@ class JetStreamMembership:
         # (once); the others follow the watch, or look again after x-expires if it did not.
         q.last_used = now
         broker.scheduler.reschedule(q)
-        broker.spawn(self._expire_once(vh, cq, last))
+        broker.spawn(self._expire_once(vh, q, last))
         return True
 
-    async def _expire_once(self, vh: VHost, q: ClusterQueue, last: float) -> None:
+    async def _expire_once(self, vh: VHost, q: BrokerQueue, last: float) -> None:
         if await self.broker.presence.claim_expiry(q, last):
             vh.remove_expired(q)

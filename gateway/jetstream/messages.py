@@ -26,7 +26,7 @@ from gateway.jetstream.api_receive import ReceiveDemand, queue_counts
 from gateway.jetstream.bodies import Bodies
 from gateway.jetstream.maxlength import trim_after_publish
 from gateway.jetstream.pulls import Pulls
-from gateway.jetstream.queues import LeasedCmqQueue
+from gateway.jetstream.queues import LeasedCmqQueue, QueueStream
 from gateway.jetstream.streams import Streams
 from gateway.jetstream.sweeper import Sweeper, settle_once
 from gateway.jetstream.writes import Writes
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from gateway.broker.queue import BrokerQueue
     from gateway.broker.vhost import VHost
     from gateway.jetstream.broker import ClusterBroker
-    from gateway.jetstream.queues import ClusterQueue
     from semantics.queue_attrs import QueueAttributes
 
 __all__ = ["JetStreamMessages"]
@@ -52,17 +51,18 @@ LAG_WEIGHT = 3
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
 
 
-def held(q: ClusterQueue) -> int:
+def held(q: BrokerQueue, s: QueueStream) -> int:
     """L8's count on JetStream: undelivered in the stream, leased here (Active, received,
     delayed) and naked here for the rest of a delay. Leases other gateways hold are not in it;
     for those the stream's own max_msgs refuses (a basic.nack, M14)."""
     cmq = q.cmq
     return (q.remote_ready + cmq.active + cmq.inactive + cmq.delayed
-            + sum(naked for _, naked in q.delays.values()))
+            + sum(naked for _, naked in s.delays.values()))
 
 
 class JetStreamMessages:
-    """See the module docstring. Every queue of a ClusterBroker is a ClusterQueue."""
+    """See the module docstring. Each queue's own state here is its QueueStream (``q.stored``,
+    made by :meth:`made`)."""
 
     def __init__(self, broker: ClusterBroker) -> None:
         self.broker = broker
@@ -103,21 +103,21 @@ class JetStreamMessages:
         PubAck (the LSN). L8 is checked here before the message is routed, so SendMessage is
         answered 4410 and a topic keeps the message for the subscription whose queue is full
         (D2), rather than learning it from JetStream's nack after the fact."""
-        cq: ClusterQueue = q  # type: ignore[assignment]
+        s: QueueStream = q.stored
         broker = self.broker
-        attrs = cq.attrs
+        attrs = q.attrs
         size = len(msg.body)
-        check_size(cq.name, size, attrs.max_msg_size, cq.cmq.refuse_size)
-        check_heap(cq.name, held(cq), int(attrs.max_msg_heap_num))
+        check_size(q.name, size, attrs.max_msg_size, q.cmq.refuse_size)
+        check_heap(q.name, held(q, s), int(attrs.max_msg_heap_num))
         delay = send_delay(delay, float(attrs.delay_seconds))
         # x-max-length on JetStream's count of ready messages (gateway.jetstream.maxlength).
-        check_room(cq.name, delay, cq.remote_ready + cq.cmq.active, attrs.max_length, attrs.overflow)
+        check_room(q.name, delay, q.remote_ready + q.cmq.active, attrs.max_length, attrs.overflow)
         expires_at = send_expiry(now, delay, attrs.message_ttl, expires_at)
         if expires_at is not None and attrs.message_ttl is None:
-            self.sweeper.note_expiring(cq)  # a message's own TTL: the sweeper looks at this queue
-        broker.emit_row(ENQUEUE, vh.name, (cq.name, msg.msg_id, size, via, subscription))
-        lsn = self.writes.publish(cq, msg, now, delay or None, expires_at)
-        hold = trim_after_publish(broker, cq)
+            self.sweeper.note_expiring(q)  # a message's own TTL: the sweeper looks at this queue
+        broker.emit_row(ENQUEUE, vh.name, (q.name, msg.msg_id, size, via, subscription))
+        lsn = self.writes.publish(s, msg, now, delay or None, expires_at)
+        hold = trim_after_publish(broker, s)
         store = broker.store
         if hold:
             store.fanout_next[lsn] = hold  # a refusal still nacks
@@ -133,32 +133,37 @@ class JetStreamMessages:
     def settle(self, q: BrokerQueue, m: Q.QueueMessage, body_needed: bool = True) -> None:
         """Deleted here (ack, no-ack delivery, reject, expiry, dead-letter): acked there,
         the queue durable or not (a transient queue's acks must reach its stream too)."""
-        cq: ClusterQueue = q  # type: ignore[assignment]
-        lease = cq.leases.pop(m.msg_id, None)
+        s: QueueStream = q.stored
+        lease = s.leases.pop(m.msg_id, None)
         if lease is not None:
             self.pulls.ack_lease(lease)
-            cq.last_ack = lease.reply  # a count confirms it first (gateway.jetstream.api_receive)
+            s.last_ack = lease.reply  # a count confirms it first (gateway.jetstream.api_receive)
 
     def release(self, q: BrokerQueue, receipt: Q.Receipt, now: float) -> bool:
         """M13 requeue: Active again for every gateway (a nak), not only here. A message at
         its maxReceiveCount is released into the local model, which dead-letters it (Q8)."""
-        cq: ClusterQueue = q  # type: ignore[assignment]
-        limit = cq.attrs.max_receive_count
+        s: QueueStream = q.stored
+        limit = q.attrs.max_receive_count
         if limit is not None and receipt.message.receive_count >= limit:
-            return cq.cmq.release(receipt, now)
-        m = cq.cmq.drop(receipt, now)
+            return q.cmq.release(receipt, now)
+        m = q.cmq.drop(receipt, now)
         if m is None:
             return False
-        lease = cq.leases.pop(m.msg_id, None)
+        lease = s.leases.pop(m.msg_id, None)
         if lease is not None:
-            self.pulls.nak(cq, lease)
+            self.pulls.nak(s, lease)
         return True
 
     def new_model(self, name: str, attrs: QueueAttributes, refuse_size: bool) -> Q.CmqQueue:
         return LeasedCmqQueue(name, attrs, refuse_size=refuse_size)
 
     def made(self, vh: VHost, q: BrokerQueue) -> None:
-        self.streams.made(q)  # type: ignore[arg-type]
+        q.stored = s = QueueStream(q)
+        self.streams.made(s)
+
+    def queue_streams(self) -> list[QueueStream]:
+        """The state here of every queue this gateway knows."""
+        return [q.stored for vh in self.broker.vhosts.values() for q in vh.queues.values()]
 
     def backlog(self) -> int:
         """JetStream's unanswered writes, and the messages JetStream holds for consumers of
@@ -177,74 +182,74 @@ class JetStreamMessages:
         pulls = self.pulls
         taking = pulls.taking
         lag = 0
-        for q in list(taking):
-            if q.deleted or now - q.took_at > LAG_STALE:
-                taking.discard(q)  # nothing came for a while (NATS away?): no pause for it
-            elif q.remote_ready > 0 and any(c.has_credit() for c in pulls.pullers(q)):
+        for s in list(taking):
+            q = s.q
+            if q.deleted or now - s.took_at > LAG_STALE:
+                taking.discard(s)  # nothing came for a while (NATS away?): no pause for it
+            elif q.remote_ready > 0 and any(c.has_credit() for c in pulls.pullers(s)):
                 lag += q.remote_ready
         return lag
 
     def want(self, q: BrokerQueue) -> None:
-        self.pulls.want_soon(q)  # type: ignore[arg-type]
+        self.pulls.want_soon(q.stored)
 
     def readers_left(self, q: BrokerQueue) -> None:
-        self.pulls.readers_left(q)  # type: ignore[arg-type]
+        self.pulls.readers_left(q.stored)
 
     def timed(self, vh: VHost, q: BrokerQueue, events: list[Q.QueueEvent]) -> list[Q.QueueEvent]:
         """Q1: a visibility timeout that ends here hands the message back to JetStream (nak),
         so that any gateway receives it next, instead of keeping it Active here; a TTL or
         maxTimeToLive ends a leased message once across gateways (the sweeper's too)."""
-        cq: ClusterQueue = q  # type: ignore[assignment]
+        s: QueueStream = q.stored
         broker = self.broker
         now = broker.clock.now()
         for e in events:
             if isinstance(e, Q.VisibilityExpired):
                 m = e.message
-                lease = cq.leases.pop(m.msg_id, None)
-                if lease is not None and cq.cmq.delete(Q.Receipt(m, m.handle), now):
-                    self.pulls.nak(cq, lease)
-        return settle_once(broker, vh, cq, events)
+                lease = s.leases.pop(m.msg_id, None)
+                if lease is not None and q.cmq.delete(Q.Receipt(m, m.handle), now):
+                    self.pulls.nak(s, lease)
+        return settle_once(broker, vh, s, events)
 
     def drop(self, vh: VHost, q: BrokerQueue) -> None:
         """The queue was deleted: here, its stream goes too; by another gateway (a change
         applied from the bucket), that gateway deletes it."""
-        cq: ClusterQueue = q  # type: ignore[assignment]
-        cq.leases.clear()
+        s: QueueStream = q.stored
+        s.leases.clear()
         if not self.broker.store.applying:
-            self.streams.drop(cq)
+            self.streams.drop(s)
 
     def demand(self, q: BrokerQueue, count: int, long_poll: bool) -> ReceiveDemand:
-        return ReceiveDemand(self.broker, q, count, long_poll)  # type: ignore[arg-type]
+        return ReceiveDemand(self.broker, q.stored, count, long_poll)
 
     async def counts(self, q: BrokerQueue) -> tuple[int, int, int, int] | None:
-        return await queue_counts(self.broker, q)  # type: ignore[arg-type]
+        return await queue_counts(self.broker, q.stored)
 
     def purge(self, vh: VHost, q: BrokerQueue) -> int:
         """What is leased here and ready goes at once; the stream's purge removes the rest
         (counted: the -ok's count is JetStream's, gateway.jetstream.streams)."""
-        cq: ClusterQueue = q  # type: ignore[assignment]
-        count = len(cq.cmq.purge(self.broker.now())) + cq.remote_ready
-        self.streams.purge(cq)
+        s: QueueStream = q.stored
+        count = len(q.cmq.purge(self.broker.now())) + q.remote_ready
+        self.streams.purge(s)
         return count
 
     def message_count(self, q: BrokerQueue, count: int) -> Coroutine[Any, Any, int]:
         """The -ok waits for JetStream's count of undelivered messages, which replaces this
         gateway's estimate of them in ``count`` (after a purge or delete: the count read
         before the stream's purge or deletion)."""
-        cq: ClusterQueue = q  # type: ignore[assignment]
-        done, cq.count_done = cq.count_done, None
-        local = max(0, count - (cq.stale_remote if done is not None else cq.remote_ready))
-        return self.streams.counted(cq, local, done)
+        s: QueueStream = q.stored
+        done, s.count_done = s.count_done, None
+        local = max(0, count - (s.stale_remote if done is not None else q.remote_ready))
+        return self.streams.counted(s, local, done)
 
     def getting(self, q: BrokerQueue, now: float) -> float:
         """A use on any gateway counts (x-expires); with nothing leased here the get waits
         for one pull (answered get-empty by the first that finds nothing, get_waits)."""
-        cq: ClusterQueue = q  # type: ignore[assignment]
-        self.broker.presence.note_use(cq, now)
-        return 0.0 if cq.cmq.active else GET_WAIT
+        self.broker.presence.note_use(q, now)
+        return 0.0 if q.cmq.active else GET_WAIT
 
     def get_waits(self, q: BrokerQueue, ch: Channel, plain: bool) -> None:
-        self.pulls.get_waits(ch, q, plain)  # type: ignore[arg-type]
+        self.pulls.get_waits(ch, q.stored, plain)
 
     # -- confirms (M14): JetStream acknowledges each write as it comes (no group commit) --
 

@@ -37,8 +37,8 @@ from gateway.jetstream.meta import stop_watching
 from semantics.jetstream.names import LEASE_BUCKET, queue_token
 
 if TYPE_CHECKING:
+    from gateway.broker.queue import BrokerQueue
     from gateway.jetstream.broker import ClusterBroker
-    from gateway.jetstream.queues import ClusterQueue
 
 __all__ = ["Presence"]
 
@@ -163,7 +163,7 @@ class Presence:
             return now - self.started < DEAD_AFTER  # not heard of yet: give it the time to speak
         return now - last < DEAD_AFTER
 
-    def others_consume(self, q: ClusterQueue) -> bool:
+    def others_consume(self, q: BrokerQueue) -> bool:
         """Some other live gateway has a consumer on ``q`` (auto-delete waits for it)."""
         per = self.counts.get(queue_token(q.vhost, q.name), {})
         return any(n > 0 and gw != self.me and self.alive(gw) for gw, n in per.items())
@@ -171,13 +171,13 @@ class Presence:
     def holds_sweep(self) -> bool:
         return self.sweeper_id == self.me
 
-    def last_use(self, q: ClusterQueue) -> float:
+    def last_use(self, q: BrokerQueue) -> float:
         """x-expires: the last use of ``q`` on any gateway (0 when none is known)."""
         return self.used.get(queue_token(q.vhost, q.name), 0.0)
 
     # -- what this gateway says --------------------------------------------------------------
 
-    def note_use(self, q: ClusterQueue, when: float) -> None:
+    def note_use(self, q: BrokerQueue, when: float) -> None:
         """x-expires: ``q`` was used here at ``when``; the other gateways learn it."""
         if q.qargs.expires_ms is None or self.kv is None:
             return
@@ -188,7 +188,7 @@ class Presence:
         self.my_use[token] = (when, time.monotonic(), q.qargs.expires_ms / 1000.0)
         self.broker.spawn(self._put_use(token, when))
 
-    async def claim_expiry(self, q: ClusterQueue, last: float) -> bool:
+    async def claim_expiry(self, q: BrokerQueue, last: float) -> bool:
         """x-expires: this gateway deletes ``q``, unused since ``last`` (``xp.<token>.<last
         in ms>`` created here: the other gateways whose timer ran out with it do not)."""
         try:
@@ -213,16 +213,17 @@ class Presence:
                 self.my_use[token] = (when, now, expires)
                 await self._put_use(token, when)
 
-    def consumers_changed(self, q: ClusterQueue) -> None:
+    def consumers_changed(self, q: BrokerQueue) -> None:
         token = queue_token(q.vhost, q.name)
         n = 0 if q.deleted else len(q.consumers)
         self.counts.setdefault(token, {})[self.me] = n
         self.broker.spawn(self._put_count(token, n))
         if q.qargs.single_active_consumer:
-            if n and not q.sac_active:
+            s = q.stored
+            if n and not s.sac_active:
                 self.broker.spawn(self.claim(q))
-            elif not n and q.sac_active:
-                q.sac_active = False
+            elif not n and s.sac_active:
+                s.sac_active = False
                 self.sac.pop(token, None)
                 self.broker.spawn(self._release(token))
 
@@ -237,7 +238,7 @@ class Presence:
         with contextlib.suppress(Exception):
             await self.kv.delete(f"sac.{token}")
 
-    async def claim(self, q: ClusterQueue) -> None:
+    async def claim(self, q: BrokerQueue) -> None:
         """x-single-active-consumer: this gateway's consumers become the queue's active one
         when no live gateway holds the lease (the first to ask gets it)."""
         token = queue_token(q.vhost, q.name)
@@ -252,7 +253,7 @@ class Presence:
             return
         if q.consumers and not q.deleted:
             self.sac[token] = self.me
-            q.sac_active = True
+            q.stored.sac_active = True
             self.broker.single_active_won(q)
         else:
             await self._release(token)
@@ -268,12 +269,13 @@ class Presence:
     async def _heartbeat(self) -> None:
         kv = self.kv
         await kv.put(f"gw.{self.me}", b"1")
-        for q in self.broker.cluster_queues():
+        for s in self.broker.messages.queue_streams():
+            q = s.q
             token = queue_token(q.vhost, q.name)
             if q.consumers:
                 await kv.put(f"c.{token}.{self.me}", str(len(q.consumers)).encode())
             if q.qargs.single_active_consumer:
-                if q.sac_active:
+                if s.sac_active:
                     await kv.put(f"sac.{token}", self.me.encode())
                 elif q.consumers:
                     await self.claim(q)

@@ -22,7 +22,7 @@ from gateway.jetstream import wire
 from gateway.jetstream.api_receive import answer_receives
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.head import EXPIRES_AT, MSG_ID, VISIBLE_AT, stored_message
-from gateway.jetstream.queues import ClusterQueue, delivery_counts, rewind_consumer, subscribe
+from gateway.jetstream.queues import QueueStream, delivery_counts, rewind_consumer, subscribe
 from gateway.jetstream.streams import STARTUP_STREAMS_SECONDS
 from gateway.jetstream.wire import Handlers
 from semantics import queue as Q
@@ -60,68 +60,71 @@ class Pulls:
         self.spawn = broker.spawn
         self._loop = asyncio.get_running_loop()
         self._replies: list[tuple[str, bytes]] = []
-        self.taking: set[ClusterQueue] = set()  # queues that got deliveries lately (JetStreamMessages.backlog)
+        self.taking: set[QueueStream] = set()  # queues that got deliveries lately (JetStreamMessages.backlog)
 
-    def want_soon(self, q: ClusterQueue) -> None:
+    def want_soon(self, s: QueueStream) -> None:
         """After the rest of this turn: the acks read with this one free credit too, and
         one pull asks for all of it."""
-        if not q.want_soon:
-            q.want_soon = True
-            self._loop.call_soon(self._want_soon, q)
+        if not s.want_soon:
+            s.want_soon = True
+            self._loop.call_soon(self._want_soon, s)
 
-    def _want_soon(self, q: ClusterQueue) -> None:
-        q.want_soon = False
-        self.want(q)
+    def _want_soon(self, s: QueueStream) -> None:
+        s.want_soon = False
+        self.want(s)
 
     @staticmethod
-    def pullers(q: ClusterQueue) -> Any:
-        return q.consumers if q.sac_active or not q.qargs.single_active_consumer else ()
+    def pullers(s: QueueStream) -> Any:
+        q = s.q
+        return q.consumers if s.sac_active or not q.qargs.single_active_consumer else ()
 
-    def _need(self, q: ClusterQueue) -> int:
+    def _need(self, s: QueueStream) -> int:
+        q = s.q
         need = 0
-        for c in self.pullers(q):
+        for c in self.pullers(s):
             if c.has_credit():
                 need += c.prefetch - c.unacked if c.prefetch and not c.no_ack else UNLIMITED_CREDIT
         if q.waiters is not None:
             need += len(q.waiters)
-        need += q.api_demand  # CMQ API receives (gateway.jetstream.api_receive)
-        return min(need, LEASED_MAX) - q.cmq.active - len(q.held_back)
+        need += s.api_demand  # CMQ API receives (gateway.jetstream.api_receive)
+        return min(need, LEASED_MAX) - q.cmq.active - len(s.held_back)
 
-    def want(self, q: Any) -> None:
+    def want(self, s: QueueStream) -> None:
         """Ask JetStream for what this gateway can take and has not asked for yet: a pull
         request (batch, and for consumers a wait of PULL_WAIT at the server; for plain
         basic.gets no wait, so that "no messages" is JetStream's answer, not a timer's)."""
-        if (q.inbox is None or q.deleted or self.broker._closed or q.naks_pending
-                or q.rewinding):
+        q = s.q
+        if (s.inbox is None or q.deleted or self.broker._closed or s.naks_pending
+                or s.rewinding):
             return
-        q.plain_gets = [ch for ch in q.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
-        if q.in_flight and q.plain_gets:
+        s.plain_gets = [ch for ch in s.plain_gets if ch.waiting_get is not None and ch.waiting_get[0] is q]
+        if s.in_flight and s.plain_gets:
             return  # a basic.get follows the publishes before it (asked again when they land)
-        need = self._need(q)
-        extra = need - q.requested
+        need = self._need(s)
+        extra = need - s.requested
         if extra <= 0:
             return
-        if q.requested and q.waiters is None and extra < min(PULL_MIN, need):
+        if s.requested and q.waiters is None and extra < min(PULL_MIN, need):
             # A pull is under way: the next one waits until a batch's worth of credit is free
             # (an ack frees one), not one pull request per ack.
             return
-        waiting = any(c.has_credit() for c in q.consumers) or q.api_polls > 0 or (
-            q.waiters is not None and len(q.waiters) > len(q.plain_gets))
-        q.asked_at = self.clock.now()
+        waiting = any(c.has_credit() for c in q.consumers) or s.api_polls > 0 or (
+            q.waiters is not None and len(q.waiters) > len(s.plain_gets))
+        s.asked_at = self.clock.now()
         if waiting:
-            q.waiting_until = time.monotonic() + PULL_WAIT
+            s.waiting_until = time.monotonic() + PULL_WAIT
         requests = []
         while extra > 0:
             # Several requests of at most PULL_MAX each, all under way at once: JetStream
             # delivers a batch while the next one's request is already there.
             batch = min(extra, PULL_MAX)
             extra -= batch
-            q.pull_seq += 1
-            reply = f"{q.inbox}.{q.pull_seq}"
-            q.pulls[reply] = [batch, not waiting]
-            q.requested += batch
+            s.pull_seq += 1
+            reply = f"{s.inbox}.{s.pull_seq}"
+            s.pulls[reply] = [batch, not waiting]
+            s.requested += batch
             requests.append((reply, b'{"batch":%d,%s}' % (batch, PULL_WAITING if waiting else b'"no_wait":true')))
-        self._send(self.link.nc, [wire.pub(q.next_subject, reply, request) for reply, request in requests])
+        self._send(self.link.nc, [wire.pub(s.next_subject, reply, request) for reply, request in requests])
 
     def _send(self, nc: Any, commands: list[Any]) -> None:
         """Pull requests, acks, naks: on the socket in this turn (gateway.jetstream.wire.send),
@@ -136,69 +139,71 @@ class Pulls:
         except Exception as e:  # noqa: BLE001 - lost: JetStream's ack_wait redelivers, unstick asks again
             log.info("write to JetStream lost: %r", e)
 
-    def pulled(self, q: ClusterQueue, m: Any) -> None:
+    def pulled(self, s: QueueStream, m: Any) -> None:
         """One message on the queue's inbox: a delivery, or a status ending a pull request."""
         status = m.headers.get("Status") if m.headers else None
         if status is None:
-            q.requested = max(0, q.requested - 1)
+            s.requested = max(0, s.requested - 1)
             # A delivery's subject is its stream's, not the request's: JetStream (2.9) fills
             # waiting requests in the order they came, so it counts against the oldest one.
-            for reply, oldest in q.pulls.items():
+            for reply, oldest in s.pulls.items():
                 oldest[0] -= 1
                 if oldest[0] <= 0:
-                    del q.pulls[reply]  # its whole batch came: JetStream says no more of it
+                    del s.pulls[reply]  # its whole batch came: JetStream says no more of it
                 break
-            if not q.requested:
-                q.pulls.clear()
-            q.arrived.append(m)
-            if len(q.arrived) == 1:
+            if not s.requested:
+                s.pulls.clear()
+            s.arrived.append(m)
+            if len(s.arrived) == 1:
                 # Taken once the read that brought it is parsed, in the same turn: together
                 # with the rest of that read, not a loop turn later (issue 28, latency).
-                Handlers.of(self.link.nc).at_read_end(partial(self._take_arrived, q))
+                Handlers.of(self.link.nc).at_read_end(partial(self._take_arrived, s))
             return
         if status == "100":
             return  # a heartbeat
-        self._take_arrived(q)  # what came before the status first: a get waits for it
+        self._take_arrived(s)  # what came before the status first: a get waits for it
         if status in ("404", "408"):
             # 404: a no_wait request found nothing; 408: a waiting request expired, or a
             # no_wait one ran dry after some messages. What it did not bring is not coming.
-            pull = q.pulls.pop(m.subject, None)
+            pull = s.pulls.pop(m.subject, None)
             # What it did not bring, as JetStream counts it (exact whichever request the
             # deliveries before were counted against), else as counted here.
             left = m.headers.get("Nats-Pending-Messages")
             if left is not None and left.isdigit():
-                q.requested = max(0, q.requested - int(left))
+                s.requested = max(0, s.requested - int(left))
             elif pull is not None:
-                q.requested = max(0, q.requested - pull[0])
+                s.requested = max(0, s.requested - pull[0])
             if pull is not None and (pull[1] or status == "404"):
-                self._nothing_to_get(q)
+                self._nothing_to_get(s)
         else:  # 409 and others (leader change, too many waiting): start over
-            q.requested = 0
-            q.pulls.clear()
-            self._nothing_to_get(q)
-        if not q.held_back:
-            answer_receives(q, status=True)  # a pull ended: CMQ API receives look again (or answer 7000)
-        self.want(q)
+            s.requested = 0
+            s.pulls.clear()
+            self._nothing_to_get(s)
+        if not s.held_back:
+            answer_receives(s, status=True)  # a pull ended: CMQ API receives look again (or answer 7000)
+        self.want(s)
 
-    def _take_arrived(self, q: ClusterQueue) -> None:
-        msgs, q.arrived = q.arrived, []
+    def _take_arrived(self, s: QueueStream) -> None:
+        q = s.q
+        msgs, s.arrived = s.arrived, []
         if msgs and not q.deleted:
-            self._take(q, msgs)
+            self._take(s, msgs)
 
-    def unstick(self, q: ClusterQueue, now: float) -> None:
+    def unstick(self, s: QueueStream, now: float) -> None:
         """A pull request whose end never came (NATS restarted meanwhile): asked anew."""
-        if q.requested and now - q.asked_at > 3 * PULL_WAIT:
-            q.requested = 0
-            q.pulls.clear()
-            self._nothing_to_get(q)
-            self.want(q)
+        if s.requested and now - s.asked_at > 3 * PULL_WAIT:
+            s.requested = 0
+            s.pulls.clear()
+            self._nothing_to_get(s)
+            self.want(s)
 
-    def _nothing_to_get(self, q: ClusterQueue) -> None:
+    def _nothing_to_get(self, s: QueueStream) -> None:
         """A pull found nothing: the plain basic.gets waiting for it get get-empty (M11),
         those with a polling wait keep waiting (Q5)."""
-        if q.held_back:
+        q = s.q
+        if s.held_back:
             return  # a message is on its way (its large body being read): it answers a get
-        gets, q.plain_gets = q.plain_gets, []
+        gets, s.plain_gets = s.plain_gets, []
         for ch in gets:
             if ch.waiting_get is not None and ch.waiting_get[0] is q and q.waiters is not None:
                 q.waiters.cancel(ch)
@@ -206,19 +211,20 @@ class Pulls:
                     q.waiters = None
                 self.broker._get_answered(ch, q, None)
 
-    def _take(self, q: ClusterQueue, msgs: list[Any]) -> None:
+    def _take(self, s: QueueStream, msgs: list[Any]) -> None:
         """Pulled deliveries into the local model (leases), then delivered as usual."""
-        if q.held_back:
-            q.held_back.extend(msgs)  # behind a large body being read: in order (M11)
+        q = s.q
+        if s.held_back:
+            s.held_back.extend(msgs)  # behind a large body being read: in order (M11)
             return
         now = self.clock.now()
-        q.took_at = time.monotonic()
-        self.taking.add(q)
+        s.took_at = time.monotonic()
+        self.taking.add(s)
         cmq = q.cmq
         for i, m in enumerate(msgs):
             delivered, consumer_seq, pending = delivery_counts(m.reply)
-            if consumer_seq > q.last_delivery:
-                q.last_delivery = consumer_seq
+            if consumer_seq > s.last_delivery:
+                s.last_delivery = consumer_seq
                 q.remote_ready = pending
             headers = m.headers or {}
             visible_at = headers.get(VISIBLE_AT)
@@ -226,21 +232,21 @@ class Pulls:
             if visible_at is not None and float(visible_at) > now:
                 # Q4: too early; JetStream keeps it for the rest of the delay, for every gateway.
                 self.reply(m, b"-NAK {\"delay\": %d}" % int((float(visible_at) - now) * 1e9))
-                q.delays[msg_id] = (float(visible_at), True)
+                s.delays[msg_id] = (float(visible_at), True)
                 continue
-            q.delays.pop(msg_id, None)
+            s.delays.pop(msg_id, None)
             if cmq.get(msg_id) is not None:
-                q.leases[msg_id] = m
+                s.leases[msg_id] = m
                 continue  # JetStream's delivery of a message leased here already: the newer lease
             r = P.decode_message(m.data)
             body = r["body"]
             if BODY_HEADER in headers:
-                body = q.fetched.pop(msg_id, None)
+                body = s.fetched.pop(msg_id, None)
                 if body is None:
-                    q.held_back = msgs[i:]  # this one and those after it wait for its body
-                    self.spawn(self._fetch_body(q, m, headers[BODY_HEADER], msg_id))
+                    s.held_back = msgs[i:]  # this one and those after it wait for its body
+                    self.spawn(self._fetch_body(s, m, headers[BODY_HEADER], msg_id))
                     break
-            q.leases[msg_id] = m
+            s.leases[msg_id] = m
             msg = stored_message(r, body, msg_id)
             count = delivered - 1
             if visible_at is not None and count > 0:
@@ -252,53 +258,55 @@ class Pulls:
                         receive_count=max(0, count), expires_at=None if exp is None else float(exp))
         vh = self.broker.vhosts[q.vhost]
         self.broker.after_queue_change(vh, q)
-        self._return_surplus(q)
-        if not q.held_back:
-            answer_receives(q, status=False)
-        self.want(q)  # what was naked for its delay (Q4) left a get or a credit unserved
+        self._return_surplus(s)
+        if not s.held_back:
+            answer_receives(s, status=False)
+        self.want(s)  # what was naked for its delay (Q4) left a get or a credit unserved
 
-    async def _fetch_body(self, q: ClusterQueue, m: Any, name: str, msg_id: str) -> None:
+    async def _fetch_body(self, s: QueueStream, m: Any, name: str, msg_id: str) -> None:
         """A large body (gateway.jetstream.bodies) read back, then the message taken."""
+        q = s.q
         try:
-            q.fetched[msg_id] = await self.bodies.get(name)
+            s.fetched[msg_id] = await self.bodies.get(name)
         except Exception as e:  # noqa: BLE001 - back to JetStream; another pull tries again
             log.warning("body %s of queue %r not read: %r", name, q.name, e)
-            q.held_back.pop(0)
-            self.nak(q, m)
-        held, q.held_back = q.held_back, []
+            s.held_back.pop(0)
+            self.nak(s, m)
+        held, s.held_back = s.held_back, []
         if not q.deleted and held:
-            self._take(q, held)
+            self._take(s, held)
 
-    def _return_surplus(self, q: ClusterQueue) -> None:
+    def _return_surplus(self, s: QueueStream) -> None:
         """Leases pulled for consumers that went meanwhile go back to JetStream at once."""
-        if q.consumers or q.waiters is not None or q.api_demand:
+        q = s.q
+        if q.consumers or q.waiters is not None or s.api_demand:
             return
         now = self.clock.now()
         while (r := q.cmq.receive(now)) is not None:
             q.cmq.delete(r, now)
-            lease = q.leases.pop(r.message.msg_id, None)
+            lease = s.leases.pop(r.message.msg_id, None)
             if lease is not None:
-                self.nak(q, lease)
+                self.nak(s, lease)
 
-    def nak(self, q: ClusterQueue, m: Any) -> None:
+    def nak(self, s: QueueStream, m: Any) -> None:
         """Active again for every gateway (M13, Q1). Confirmed by JetStream before this
         gateway pulls again: its next pull (a basic.get right after a requeue) must find it,
         and JetStream applies acks and pull requests on separate queues."""
-        q.naks_pending += 1
-        self.spawn(self._nak_confirmed(q, m))
+        s.naks_pending += 1
+        self.spawn(self._nak_confirmed(s, m))
 
-    async def _nak_confirmed(self, q: ClusterQueue, m: Any) -> None:
+    async def _nak_confirmed(self, s: QueueStream, m: Any) -> None:
         try:
-            if q.forgetting is not None:  # behind the UNSUB of the requests withdrawn (_forget_requests)
+            if s.forgetting is not None:  # behind the UNSUB of the requests withdrawn (_forget_requests)
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(q.forgetting), PULL_WAIT + NAK_WAIT)
+                    await asyncio.wait_for(asyncio.shield(s.forgetting), PULL_WAIT + NAK_WAIT)
             await self.link.nc.request(m.reply, b"-NAK", timeout=NAK_WAIT)
         except Exception as e:  # noqa: BLE001 - lost: ack_wait makes it Active anyway
             log.info("nak to JetStream not confirmed: %r", e)
         finally:
-            q.naks_pending -= 1
-            if not q.naks_pending:
-                self.want(q)
+            s.naks_pending -= 1
+            if not s.naks_pending:
+                self.want(s)
 
     def reply(self, m: Any, payload: bytes) -> None:
         """An ack, nak or term of one delivery; sent in order, batched per loop turn."""
@@ -324,52 +332,53 @@ class Pulls:
         if name is not None:
             self.spawn(self.bodies.delete(name))
 
-    def readers_left(self, q: ClusterQueue) -> None:
-        """Nobody here takes from ``q`` any more: its pulls are withdrawn, its leases go back."""
-        if not q.consumers and q.waiters is None and q.requested and q.forgetting is None:
+    def readers_left(self, s: QueueStream) -> None:
+        """Nobody here takes from the queue any more: its pulls are withdrawn, its leases go back."""
+        q = s.q
+        if not q.consumers and q.waiters is None and s.requested and s.forgetting is None:
             # Set now, not in the task: naks spawned in this turn (a closing channel's) wait.
-            q.forgetting = self._loop.create_future()
-            self.spawn(self._forget_requests(q))
-        self._return_surplus(q)
+            s.forgetting = self._loop.create_future()
+            self.spawn(self._forget_requests(s))
+        self._return_surplus(s)
 
-    def api_demand_ended(self, q: ClusterQueue) -> None:
-        """The last CMQ API receive of ``q`` answered: what was pulled for it and not
+    def api_demand_ended(self, s: QueueStream) -> None:
+        """The last CMQ API receive of the queue answered: what was pulled for it and not
         received goes back. Its pulls are not withdrawn (_forget_requests), as a consumer's
         are: what they are delivering meanwhile would be held by JetStream until ack_wait (the
         visibility timeout); a pull ends within PULL_WAIT, and what it brings goes back at once."""
-        self._return_surplus(q)
+        self._return_surplus(s)
 
-    async def _forget_requests(self, q: ClusterQueue) -> None:
+    async def _forget_requests(self, s: QueueStream) -> None:
         """Nobody here takes from the queue any more: its waiting pull requests must not take
         messages that another gateway's consumers would get (JetStream drops a request whose
         reply subject lost its interest), so the inbox is replaced.
 
-        The naks of a closing channel's deliveries wait (``q.forgetting``) until the old
+        The naks of a closing channel's deliveries wait (``s.forgetting``) until the old
         requests have expired at the server: nats-server 2.9 hands a naked message to the
         oldest waiting request, finds that its interest is gone, and keeps the message
         pending until ack_wait (the visibility timeout) instead of giving it to the next
         request; a basic.get right after the close found the first requeued message missing
         for 30 s (tests/integration/test_ack_multiple.py). What JetStream sent to the old
         inbox before reading the UNSUB goes back at once (``_hand_back``)."""
-        old = q.sub
-        forgetting = q.forgetting
-        expired_at = q.waiting_until  # the old requests': the new ones' come after
-        q.sub = q.inbox = None
-        q.requested = 0
-        q.pulls.clear()
+        old = s.sub
+        forgetting = s.forgetting
+        expired_at = s.waiting_until  # the old requests': the new ones' come after
+        s.sub = s.inbox = None
+        s.requested = 0
+        s.pulls.clear()
         try:
             if old is not None:
                 Handlers.of(self.link.nc).retire(old, self._hand_back, RETIRED_INBOX_SECONDS)
                 with contextlib.suppress(Exception):
                     await old.unsubscribe()
-            await subscribe(self.link, q, self.pulled)
-            self.want(q)
+            await subscribe(self.link, s, self.pulled)
+            self.want(s)
             left = expired_at - time.monotonic()
             if left > 0:
                 await asyncio.sleep(left + EXPIRY_MARGIN)
         finally:
-            if q.forgetting is forgetting:
-                q.forgetting = None
+            if s.forgetting is forgetting:
+                s.forgetting = None
             if forgetting is not None and not forgetting.done():
                 forgetting.set_result(None)
 
@@ -378,33 +387,34 @@ class Pulls:
         if m.reply and not (m.headers and "Status" in m.headers):
             self.reply(m, b"-NAK")
 
-    def get_waits(self, ch: Any, q: ClusterQueue, plain: bool) -> None:
+    def get_waits(self, ch: Any, s: QueueStream, plain: bool) -> None:
         """basic.get with nothing leased here waits (as a long poll, Q5) for one pull;
         ``plain`` (no polling wait): answered get-empty by the first pull that finds nothing."""
         if plain:
-            q.plain_gets.append(ch)
-        self.want(q)
+            s.plain_gets.append(ch)
+        self.want(s)
 
-    def start_rewind(self, q: ClusterQueue, to_time: float) -> None:
-        q.rewinding += 1
-        self.spawn(self._rewind(q, to_time))
+    def start_rewind(self, s: QueueStream, to_time: float) -> None:
+        s.rewinding += 1
+        self.spawn(self._rewind(s, to_time))
 
-    async def _rewind(self, q: ClusterQueue, to_time: float) -> None:
+    async def _rewind(self, s: QueueStream, to_time: float) -> None:
         """M15/Q6: the queue's consumer starts again at ``to_time`` for every gateway; what
         this gateway leased from the old one is dropped (the new one delivers it again)."""
+        q = s.q
         try:
-            await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
-            await rewind_consumer(self.link.js, q, to_time)
+            await asyncio.wait_for(s.ready.wait(), STARTUP_STREAMS_SECONDS)
+            await rewind_consumer(self.link.js, s, to_time)
         except Exception as e:  # noqa: BLE001 - the queue keeps its consumer as it was
             log.warning("rewind of queue %r failed: %r", q.name, e)
         finally:
-            q.rewinding -= 1
+            s.rewinding -= 1
         now = self.clock.now()
-        for msg_id in list(q.leases):
+        for msg_id in list(s.leases):
             m = q.cmq.get(msg_id)
             if m is not None and m.state is Q.MessageState.ACTIVE:
                 q.cmq.delete(Q.Receipt(m, m.handle), now)
-        q.leases.clear()
-        q.requested = 0
-        q.pulls.clear()
-        self.want(q)
+        s.leases.clear()
+        s.requested = 0
+        s.pulls.clear()
+        self.want(s)

@@ -1,10 +1,12 @@
 """A CMQ queue whose messages live in a JetStream stream (docs/CLUSTER.md, "Queue messages").
 
-:class:`ClusterQueue` is the broker's queue with what this gateway holds of the shared one:
-the deliveries it pulled from the queue's durable consumer (its *leases*: JetStream message ->
-its reply subject for ack/nak) and the count of messages still in JetStream. The local CMQ
-model (``semantics.queue.CmqQueue``) holds only the leased messages: it delivers them to this
-gateway's consumers and counts their receives, restored from JetStream's ``num_delivered``.
+:class:`QueueStream` is what this gateway holds of the shared queue, beside the broker's one
+queue class (``BrokerQueue``, whose ``stored`` it is): the deliveries it pulled from the queue's
+durable consumer (its *leases*: JetStream message -> its reply subject for ack/nak), its pulls
+and writes under way; the count of messages still in JetStream is the queue's
+``remote_ready``. The local CMQ model (``semantics.queue.CmqQueue``) holds only the leased
+messages: it delivers them to this gateway's consumers and counts their receives, restored
+from JetStream's ``num_delivered``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from semantics.jetstream.names import CONSUMER
 from semantics.queue import CmqQueue
 from semantics.queue_attrs import QueueAttributes
 
-__all__ = ["ClusterQueue", "LeasedCmqQueue", "delivery_counts", "ensure_stream", "rewind_consumer",
+__all__ = ["LeasedCmqQueue", "QueueStream", "delivery_counts", "ensure_stream", "rewind_consumer",
            "subscribe"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
@@ -71,9 +73,13 @@ class LeasedCmqQueue(CmqQueue):
         return count
 
 
-class ClusterQueue(BrokerQueue):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+class QueueStream:
+    """What this gateway holds of one queue's stream: its pulls, leases, writes under way and
+    counts. Owned by the broker's JetStreamMessages (made by ``made``, reached from the queue as
+    ``q.stored``); the queue itself is the broker's one BrokerQueue."""
+
+    def __init__(self, q: BrokerQueue) -> None:
+        self.q = q
         self.stream = ""
         self.subject = ""
         self.ready: asyncio.Event = asyncio.Event()  # the stream and its consumer exist
@@ -100,7 +106,6 @@ class ClusterQueue(BrokerQueue):
         self.arrived: list[Any] = []  # deliveries come on the inbox, taken once per loop turn
         self.took_at = 0.0  # monotonic time of the last deliveries taken (JetStreamMessages.backlog)
         self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
-        self.on_consumers: Callable[[ClusterQueue], None] | None = None  # presence.consumers_changed
         self.chain = Chain()  # its publishes, in order across retries (CL3)
         self.held_back: list[Any] = []  # pulled behind a large body still being read
         self.last_delivery = 0  # the consumer sequence of the newest delivery seen (its counts)
@@ -116,7 +121,6 @@ class ClusterQueue(BrokerQueue):
         # for the rest of the delay, i.e. ack-pending in JetStream, rather than not delivered yet).
         self.delays: dict[str, tuple[float, bool]] = {}
         self.last_ack: str | None = None  # the reply subject of the latest ack sent, unconfirmed
-        self.remote_ready = 0  # messages JetStream has not delivered yet (num_pending)
         # A purge or delete under way: JetStream's count just before it, and the estimate the
         # broker's own count included (replaced by the former in the -ok's count).
         self.count_done: asyncio.Future[int] | None = None
@@ -125,21 +129,6 @@ class ClusterQueue(BrokerQueue):
         self.trim_again = False
         self.landed: asyncio.Future[None] | None = None  # a trim waiting for the publishes before it
         self.trim_hold = 0  # the store's hold on the confirms of publishes the next trim covers
-
-    def add_consumer(self, consumer: Any) -> None:
-        super().add_consumer(consumer)
-        if self.on_consumers is not None:
-            self.on_consumers(self)
-
-    def remove_consumer(self, consumer: Any) -> None:
-        super().remove_consumer(consumer)
-        if self.on_consumers is not None:
-            self.on_consumers(self)
-
-    @property
-    def message_count(self) -> int:
-        """Ready messages: those leased here and Active, and those JetStream still holds."""
-        return self.cmq.active + self.remote_ready
 
 
 def delivery_counts(reply: str) -> tuple[int, int, int]:
@@ -152,58 +141,59 @@ def delivery_counts(reply: str) -> tuple[int, int, int]:
     return int(t[at]), int(t[at + 2]), int(t[at + 4])
 
 
-async def ensure_stream(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQueue, Any], None],
+async def ensure_stream(link: Link, s: QueueStream, pulled: Callable[[QueueStream, Any], None],
                         create: bool = True) -> None:
     """The queue's stream and durable consumer, created if missing (every gateway may try:
     the same configuration is accepted again), then this gateway's pull subscription."""
     js = link.js
-    s = stream_config(q.vhost, q.name, q.attrs, replicas=link.replicas, durable=q.durable)
-    q.stream, q.subject = s["name"], s["subjects"][0]
+    q = s.q
+    c = stream_config(q.vhost, q.name, q.attrs, replicas=link.replicas, durable=q.durable)
+    s.stream, s.subject = c["name"], c["subjects"][0]
     if not create:
         # Declared by another gateway, which creates the stream: wait for it a little rather
         # than have every gateway ask for the same stream at once (slow in a loaded cluster).
         for _ in range(OTHERS_STREAM_TRIES):
             try:
-                await js.consumer_info(s["name"], CONSUMER)
+                await js.consumer_info(c["name"], CONSUMER)
                 break
             except NotFoundError:
                 await asyncio.sleep(0.2)
         else:
             create = True
     if create:
-        await _create(js, s, q)
-    await subscribe(link, q, pulled)
-    info = await js.consumer_info(s["name"], CONSUMER)
+        await _create(js, c, q)
+    await subscribe(link, s, pulled)
+    info = await js.consumer_info(c["name"], CONSUMER)
     # The publishes made from here meanwhile wait for ``ready``: not in JetStream's count yet.
-    q.remote_ready = (info.num_pending or 0) + q.in_flight
-    q.ready.set()
+    q.remote_ready = (info.num_pending or 0) + s.in_flight
+    s.ready.set()
 
 
-def _consumer(q: ClusterQueue, **start: Any) -> ConsumerConfig:
+def _consumer(q: BrokerQueue, **start: Any) -> ConsumerConfig:
     c = consumer_config(q.attrs)
     return ConsumerConfig(durable_name=CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=c["ack_wait"],
                           max_deliver=c["max_deliver"], max_ack_pending=c["max_ack_pending"],
                           **(start or {"deliver_policy": DeliverPolicy.ALL}))
 
 
-async def rewind_consumer(js: Any, q: ClusterQueue, to_time: float) -> None:
+async def rewind_consumer(js: Any, s: QueueStream, to_time: float) -> None:
     """Q6 on JetStream: the shared consumer recreated to start at ``to_time``, or earlier at
     the oldest message not yet acknowledged (which must still be received: a consumer started
     by time alone would skip it), so acked messages between the two are received again."""
     start: dict[str, Any] = {"deliver_policy": DeliverPolicy.BY_START_TIME,
                              "opt_start_time": datetime.fromtimestamp(to_time, UTC)}
     with contextlib.suppress(Exception):
-        info = await js.consumer_info(q.stream, CONSUMER)
+        info = await js.consumer_info(s.stream, CONSUMER)
         floor = info.ack_floor.stream_seq + 1
-        oldest = await js.get_msg(q.stream, seq=floor)
+        oldest = await js.get_msg(s.stream, seq=floor)
         if oldest.data and decode_message(oldest.data)["enqueue_time"] < to_time:
             start = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": floor}
     with contextlib.suppress(NotFoundError):
-        await js.delete_consumer(q.stream, CONSUMER)
-    await js.add_consumer(q.stream, _consumer(q, **start))
+        await js.delete_consumer(s.stream, CONSUMER)
+    await js.add_consumer(s.stream, _consumer(s.q, **start))
 
 
-async def _create(js: Any, s: dict[str, Any], q: ClusterQueue) -> None:
+async def _create(js: Any, s: dict[str, Any], q: BrokerQueue) -> None:
     config = StreamConfig(
         name=s["name"], subjects=s["subjects"],
         retention=RetentionPolicy.LIMITS if s["retention"] == "limits" else RetentionPolicy.WORK_QUEUE,
@@ -222,13 +212,13 @@ async def _create(js: Any, s: dict[str, Any], q: ClusterQueue) -> None:
         log.info("consumer of %s kept as it is: %s", s["name"], e)
 
 
-async def subscribe(link: Link, q: ClusterQueue, pulled: Callable[[ClusterQueue, Any], None]) -> None:
-    if q.sub is None:
+async def subscribe(link: Link, s: QueueStream, pulled: Callable[[QueueStream, Any], None]) -> None:
+    if s.sub is None:
         async def on_message(m: Any) -> None:
-            pulled(q, m)
+            pulled(s, m)
 
         inbox = link.nc.new_inbox()
-        q.sub = await link.nc.subscribe(inbox + ".*", cb=on_message, pending_msgs_limit=-1, pending_bytes_limit=-1)
-        Handlers.of(link.nc).add(q.sub, lambda m: pulled(q, m))  # in the read loop's turn (wire)
-        q.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{q.stream}.{CONSUMER}"
-        q.inbox = inbox
+        s.sub = await link.nc.subscribe(inbox + ".*", cb=on_message, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        Handlers.of(link.nc).add(s.sub, lambda m: pulled(s, m))  # in the read loop's turn (wire)
+        s.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{s.stream}.{CONSUMER}"
+        s.inbox = inbox

@@ -15,7 +15,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
-from gateway.jetstream.queues import ClusterQueue, LeasedCmqQueue, ensure_stream
+from gateway.jetstream.queues import LeasedCmqQueue, QueueStream, ensure_stream
 from semantics.jetstream.names import CONSUMER
 
 if TYPE_CHECKING:
@@ -51,12 +51,13 @@ class Streams:
         if self.ensuring:
             await asyncio.wait(list(self.ensuring), timeout=STARTUP_STREAMS_SECONDS)
 
-    def made(self, q: ClusterQueue) -> None:
+    def made(self, s: QueueStream) -> None:
+        q = s.q
         # Presence (membership) learns of its consumers; the stream is this module's.
         q.on_consumers = self.broker.presence.consumers_changed
-        cast(LeasedCmqQueue, q.cmq).on_rewind = lambda to_time: self.pulls.start_rewind(q, to_time)
+        cast(LeasedCmqQueue, q.cmq).on_rewind = lambda to_time: self.pulls.start_rewind(s, to_time)
         # The declaring gateway creates the stream; those that learn of it wait for it first.
-        task = asyncio.get_running_loop().create_task(self._ensure(q, create=not self.broker.store.applying))
+        task = asyncio.get_running_loop().create_task(self._ensure(s, create=not self.broker.store.applying))
         self.broker._tasks.add(task)
         self.ensuring.add(task)
         task.add_done_callback(self.broker._tasks.discard)
@@ -70,19 +71,21 @@ class Streams:
             await asyncio.sleep(COUNT_EVERY)
             now = self.broker.clock.now()
             for vh in list(self.broker.vhosts.values()):
-                for q in cast(list[ClusterQueue], list(vh.queues.values())):
-                    if not q.ready.is_set() or q.deleted:
+                for q in list(vh.queues.values()):
+                    s: QueueStream = q.stored
+                    if not s.ready.is_set() or q.deleted:
                         continue
-                    self.pulls.unstick(q, now)
-                    if now - max(q.last_used, q.published_at) > COUNT_RECENT and not q.consumers:
+                    self.pulls.unstick(s, now)
+                    if now - max(q.last_used, s.published_at) > COUNT_RECENT and not q.consumers:
                         continue
                     try:
-                        info = await js.consumer_info(q.stream, CONSUMER)
+                        info = await js.consumer_info(s.stream, CONSUMER)
                     except Exception:  # noqa: BLE001 - deleted meanwhile, or NATS away
                         continue
                     q.remote_ready = info.num_pending or 0
 
-    async def _ensure(self, q: ClusterQueue, create: bool) -> None:
+    async def _ensure(self, s: QueueStream, create: bool) -> None:
+        q = s.q
         gone = self.deleting.get((q.vhost, q.name))
         if gone is not None:
             # Declared again while its stream (same name) was being deleted here: after the
@@ -91,68 +94,72 @@ class Streams:
                 await asyncio.wait_for(asyncio.shield(gone), STARTUP_STREAMS_SECONDS)
         while not q.deleted and not self.broker._closed:
             try:
-                await ensure_stream(self.link, q, self.pulls.pulled, create)
+                await ensure_stream(self.link, s, self.pulls.pulled, create)
                 break
             except Exception as e:  # noqa: BLE001 - no JetStream for now: try again
                 log.warning("stream of queue %r not ready: %r", q.name, e)
                 await asyncio.sleep(1.0)
-        self.pulls.want(q)
+        self.pulls.want(s)
 
-    async def _counted(self, q: ClusterQueue, done: asyncio.Future[int], change: Any) -> None:
+    async def _counted(self, s: QueueStream, done: asyncio.Future[int], change: Any) -> None:
         """``change`` (a purge or delete of the stream), after reading how many messages
         JetStream held undelivered, the count its -ok reports."""
-        remote = q.stale_remote
+        remote = s.stale_remote
         try:
-            await self.writes.landed(q)
-            if not q.ready.is_set():
-                await asyncio.wait_for(q.ready.wait(), 5)
-            remote = (await self.link.js.consumer_info(q.stream, CONSUMER)).num_pending or 0
+            await self.writes.landed(s)
+            if not s.ready.is_set():
+                await asyncio.wait_for(s.ready.wait(), 5)
+            remote = (await self.link.js.consumer_info(s.stream, CONSUMER)).num_pending or 0
         except Exception as e:  # noqa: BLE001 - the estimate stands
-            log.info("count of %s not read: %r", q.stream, e)
+            log.info("count of %s not read: %r", s.stream, e)
         finally:
             if not done.done():
                 done.set_result(remote)
         try:
-            await change(q.stream)
+            await change(s.stream)
         except Exception as e:  # noqa: BLE001 - already gone (deleted by another gateway too)
-            log.info("stream %s not changed: %r", q.stream, e)
+            log.info("stream %s not changed: %r", s.stream, e)
 
-    def drop(self, q: ClusterQueue) -> None:
+    def drop(self, s: QueueStream) -> None:
         """The queue was deleted here: its stream goes, after JetStream's count for the -ok."""
-        q.stale_remote = q.remote_ready
-        q.count_done = asyncio.get_running_loop().create_future()
+        q = s.q
+        s.stale_remote = q.remote_ready
+        s.count_done = asyncio.get_running_loop().create_future()
         gone = self.deleting[q.vhost, q.name] = asyncio.get_running_loop().create_future()
-        self.spawn(self._delete_stream(q, q.count_done, gone))
+        self.spawn(self._delete_stream(s, s.count_done, gone))
 
-    async def _delete_stream(self, q: ClusterQueue, done: asyncio.Future[int], gone: asyncio.Future[None]) -> None:
+    async def _delete_stream(self, s: QueueStream, done: asyncio.Future[int], gone: asyncio.Future[None]) -> None:
+        q = s.q
         try:
-            await self._counted(q, done, self.link.js.delete_stream)
+            await self._counted(s, done, self.link.js.delete_stream)
         finally:
             if self.deleting.get((q.vhost, q.name)) is gone:
                 del self.deleting[q.vhost, q.name]
             gone.set_result(None)
 
-    def purge(self, q: ClusterQueue) -> None:
-        for msg_id in [m for m in q.leases if q.cmq.get(m) is None]:
-            del q.leases[msg_id]  # purged here; the stream's purge removes it there
-        q.stale_remote, q.remote_ready = q.remote_ready, 0
-        q.count_done = asyncio.get_running_loop().create_future()
-        self.spawn(self._counted(q, q.count_done, self.link.js.purge_stream))
+    def purge(self, s: QueueStream) -> None:
+        q = s.q
+        for msg_id in [m for m in s.leases if q.cmq.get(m) is None]:
+            del s.leases[msg_id]  # purged here; the stream's purge removes it there
+        s.stale_remote, q.remote_ready = q.remote_ready, 0
+        s.count_done = asyncio.get_running_loop().create_future()
+        self.spawn(self._counted(s, s.count_done, self.link.js.purge_stream))
 
-    async def counted(self, q: ClusterQueue, local: int, done: asyncio.Future[int] | None) -> int:
+    async def counted(self, s: QueueStream, local: int, done: asyncio.Future[int] | None) -> int:
         """A -ok's count (JetStreamMessages.message_count): ``local`` (leased here) and
         JetStream's count of undelivered messages; ``done``: the one read before a purge or
         delete of the stream."""
+        q = s.q
         remote = q.remote_ready
         try:
             if done is not None:
                 remote = await asyncio.wait_for(done, 5)
             else:
                 # Not before its stream is there: an -ok means this gateway can serve it.
-                await asyncio.wait_for(q.ready.wait(), STARTUP_STREAMS_SECONDS)
-                await self.writes.landed(q)
-                remote = (await asyncio.wait_for(self.link.js.consumer_info(q.stream, CONSUMER), 2)).num_pending or 0
+                await asyncio.wait_for(s.ready.wait(), STARTUP_STREAMS_SECONDS)
+                await self.writes.landed(s)
+                remote = (await asyncio.wait_for(self.link.js.consumer_info(s.stream, CONSUMER), 2)).num_pending or 0
                 q.remote_ready = remote
         except Exception as e:  # noqa: BLE001 - the estimate stands
-            log.info("count of %s not read: %r", q.stream, e)
+            log.info("count of %s not read: %r", s.stream, e)
         return local + remote

@@ -36,8 +36,9 @@ from semantics import queue as Q
 from semantics.jetstream.names import queue_token
 
 if TYPE_CHECKING:
+    from gateway.broker.queue import BrokerQueue
     from gateway.jetstream.broker import ClusterBroker
-    from gateway.jetstream.queues import ClusterQueue
+    from gateway.jetstream.queues import QueueStream
 
 __all__ = ["Sweeper"]
 
@@ -57,7 +58,7 @@ class Sweeper:
 
     # -- which queues --------------------------------------------------------------------
 
-    def note_expiring(self, q: ClusterQueue) -> None:
+    def note_expiring(self, q: BrokerQueue) -> None:
         """A message with its own expiration was published to ``q`` (no x-message-ttl)."""
         token = queue_token(q.vhost, q.name)
         now = time.monotonic()
@@ -74,7 +75,7 @@ class Sweeper:
         """Another gateway published a message with an expiration to the queue ``token``."""
         self.expiring[token] = time.monotonic()
 
-    def _looked_at(self, q: ClusterQueue) -> bool:
+    def _looked_at(self, q: BrokerQueue) -> bool:
         a = q.attrs
         if a.message_ttl is not None or (a.dead_letter_queue is not None and a.max_time_to_live is not None):
             return True
@@ -97,11 +98,12 @@ class Sweeper:
 
     async def _sweep(self) -> float | None:
         soonest: float | None = None
-        for q in self.broker.cluster_queues():
-            if q.deleted or not q.ready.is_set() or not self._looked_at(q):
+        for s in self.broker.messages.queue_streams():
+            q = s.q
+            if q.deleted or not s.ready.is_set() or not self._looked_at(q):
                 continue
             try:
-                due = await self._sweep_queue(q)
+                due = await self._sweep_queue(s)
             except Exception as e:  # noqa: BLE001 - its stream just deleted, or NATS away: the others go on
                 log.info("TTL sweep of queue %r failed: %r", q.name, e)
                 continue
@@ -109,13 +111,14 @@ class Sweeper:
                 soonest = due
         return soonest
 
-    async def _sweep_queue(self, q: ClusterQueue) -> float | None:
+    async def _sweep_queue(self, s: QueueStream) -> float | None:
         """End the queue's due heads; the time the next head falls due (None: never)."""
+        q = s.q
         js = self.broker.link.js
         refused = None
-        info = await count(js, q)
+        info = await count(js, s)
         while not q.deleted:
-            info, raw = await first_undelivered(js, q, info)
+            info, raw = await first_undelivered(js, s, info)
             if raw is None:
                 token = queue_token(q.vhost, q.name)
                 if time.monotonic() - self.expiring.get(token, 0.0) > FORGET_AFTER:
@@ -126,14 +129,14 @@ class Sweeper:
             due, event = _due(q, raw)
             if due is None or due > self.broker.clock.now():
                 return due
-            if await removed(js, q, raw.seq):
-                await end(self.broker, q, raw, *event)
+            if await removed(js, s, raw.seq):
+                await end(self.broker, s, raw, *event)
             else:
                 refused = raw.seq  # ended by its puller (the next head), unless it stays
         return None
 
 
-def _due(q: ClusterQueue, raw: Any) -> tuple[float | None, tuple[Any, ...]]:
+def _due(q: BrokerQueue, raw: Any) -> tuple[float | None, tuple[Any, ...]]:
     """When the stored message ``raw`` falls due, and the local model's event that ends it
     (the TTL first, as CmqQueue judges it)."""
     exp = (raw.headers or {}).get(EXPIRES_AT)
@@ -146,24 +149,24 @@ def _due(q: ClusterQueue, raw: Any) -> tuple[float | None, tuple[Any, ...]]:
     return expires, (Q.Expired, "ttl")
 
 
-def settle_once(broker: ClusterBroker, vh: Any, q: ClusterQueue, events: list[Q.QueueEvent]) -> list[Q.QueueEvent]:
+def settle_once(broker: ClusterBroker, vh: Any, s: QueueStream, events: list[Q.QueueEvent]) -> list[Q.QueueEvent]:
     """The pulling gateway's side: a leased message that its TTL or maxTimeToLive ended is
     ended only once its delete from the stream succeeded (the sweeper may have ended it)."""
     keep: list[Q.QueueEvent] = []
     for e in events:
         timed = (isinstance(e, Q.Expired) and e.reason == "ttl") or (
             isinstance(e, Q.DeadLettered) and e.reason == "max_time_to_live")
-        lease = q.leases.pop(e.message.msg_id, None) if timed else None
+        lease = s.leases.pop(e.message.msg_id, None) if timed else None
         if lease is None:
             keep.append(e)
         else:
-            broker.spawn(_end_pulled(broker, vh, q, e, lease))
+            broker.spawn(_end_pulled(broker, vh, s, e, lease))
     return keep
 
 
-async def _end_pulled(broker: ClusterBroker, vh: Any, q: ClusterQueue, e: Q.QueueEvent, lease: Any) -> None:
+async def _end_pulled(broker: ClusterBroker, vh: Any, s: QueueStream, e: Q.QueueEvent, lease: Any) -> None:
     try:
-        mine = await removed(broker.link.js, q, lease.metadata.sequence.stream)
+        mine = await removed(broker.link.js, s, lease.metadata.sequence.stream)
     except Exception:  # noqa: BLE001 - NATS away: ended here, at least once
         mine = True
     broker.messages.pulls.reply(lease, b"+ACK")  # the consumer forgets its delivery (not held until ack_wait)
@@ -171,4 +174,4 @@ async def _end_pulled(broker: ClusterBroker, vh: Any, q: ClusterQueue, e: Q.Queu
         name = (lease.headers or {}).get(BODY_HEADER)
         if name is not None:
             broker.spawn(broker.messages.bodies.delete(name))
-        broker._queue_events(vh, q, [e])
+        broker._queue_events(vh, s.q, [e])

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from gateway.broker.message import Message
     from gateway.jetstream.broker import ClusterBroker
     from gateway.jetstream.pulls import Pulls
-    from gateway.jetstream.queues import ClusterQueue
+    from gateway.jetstream.queues import QueueStream
 
 __all__ = ["NotStoredYet", "Writes"]
 
@@ -49,63 +49,65 @@ class Writes:
         self.pub_js = link.publishing.jetstream(timeout=5.0)
         self._durable_scheduled = False
 
-    def publish(self, q: ClusterQueue, msg: Message, now: float, delay: float | None, expires_at: float | None) -> int:
+    def publish(self, s: QueueStream, msg: Message, now: float, delay: float | None, expires_at: float | None) -> int:
+        q = s.q
         big = len(msg.body) > self.bodies.limit
         payload = P.encode_message(q.vhost, q.name, msg.msg_id, now, msg.exchange, msg.routing_key,
                                    msg.properties.raw, b"" if big else msg.body)
         headers = {MSG_ID: msg.msg_id}
         if big:
-            headers[BODY_HEADER] = f"{q.stream or q.name}.{msg.msg_id}"
+            headers[BODY_HEADER] = f"{s.stream or q.name}.{msg.msg_id}"
         if delay:
             headers[VISIBLE_AT] = repr(now + delay)
-            q.delays[msg.msg_id] = (now + delay, False)  # delayMsgNum (gateway.jetstream.api_receive)
+            s.delays[msg.msg_id] = (now + delay, False)  # delayMsgNum (gateway.jetstream.api_receive)
         if expires_at is not None:
             headers[EXPIRES_AT] = repr(expires_at)
         q.remote_ready += 1
-        q.in_flight += 1
-        q.published_at = now  # counted (COUNT_RECENT), but not a use: x-expires ignores publishes
-        if big or not q.ready.is_set() or q.slow_writes or q.chain.waiting:
+        s.in_flight += 1
+        s.published_at = now  # counted (COUNT_RECENT), but not a use: x-expires ignores publishes
+        if big or not s.ready.is_set() or s.slow_writes or s.chain.waiting:
             # One request each, in the queue's chain: a large body goes to the object store
             # first, a queue not ready waits for its stream; and while any of these is under
             # way, the queue's later messages follow them there, so their order holds.
-            q.slow_writes += 1
-            return self.broker.store.track(self._publish, q, payload, headers, msg.body if big else None, chain=q.chain)
-        return self.broker.store.track_message(self.publisher, q.subject, payload, headers,
-                                               lambda: self.published(q), lambda: q.deleted)
+            s.slow_writes += 1
+            return self.broker.store.track(self._publish, s, payload, headers, msg.body if big else None, chain=s.chain)
+        return self.broker.store.track_message(self.publisher, s.subject, payload, headers,
+                                               lambda: self.published(s), lambda: q.deleted)
 
-    async def _publish(self, q: ClusterQueue, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
-        while not q.ready.is_set() and not q.deleted:
+    async def _publish(self, s: QueueStream, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
+        q = s.q
+        while not s.ready.is_set() and not q.deleted:
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(q.ready.wait(), 1.0)
+                await asyncio.wait_for(s.ready.wait(), 1.0)
         if q.deleted:
             # Deleted since it was routed there (here, or through another gateway, which deleted
             # its stream): the message goes with the queue, as on one broker. Retried, a publish
             # to a stream that is gone would hold every later confirm of this gateway.
-            q.slow_writes -= 1
-            self.published(q)
+            s.slow_writes -= 1
+            self.published(s)
             return
         try:
             if body is not None:
                 await self.bodies.put(headers[BODY_HEADER], body)
             # On the publisher's connection: behind the queue's pipelined messages sent before it.
-            ack = await self.pub_js.publish(q.subject, payload, headers=headers)
+            ack = await self.pub_js.publish(s.subject, payload, headers=headers)
         except (APIError, MaxPayloadError):
-            q.slow_writes -= 1
-            self.published(q)  # refused for good (the store nacks it)
+            s.slow_writes -= 1
+            self.published(s)  # refused for good (the store nacks it)
             raise
         if not ack.seq:
             # CL3: a duplicate whose first attempt is staged, not stored (gateway.jetstream.
             # publisher): not an acknowledgement; the store sends it again.
-            raise NotStoredYet(f"{q.stream}: duplicate of a publish not yet stored")
-        q.slow_writes -= 1
-        self.published(q)
+            raise NotStoredYet(f"{s.stream}: duplicate of a publish not yet stored")
+        s.slow_writes -= 1
+        self.published(s)
 
-    def published(self, q: ClusterQueue) -> None:
-        q.in_flight -= 1
-        if q.in_flight == 1 and q.landed is not None and not q.landed.done():
-            q.landed.set_result(None)  # only the trim's own count is left (gateway.jetstream.maxlength)
-        if not q.in_flight and q.plain_gets:
-            self.pulls.want(q)
+    def published(self, s: QueueStream) -> None:
+        s.in_flight -= 1
+        if s.in_flight == 1 and s.landed is not None and not s.landed.done():
+            s.landed.set_result(None)  # only the trim's own count is left (gateway.jetstream.maxlength)
+        if not s.in_flight and s.plain_gets:
+            self.pulls.want(s)
 
     def durable_soon(self, durable: int) -> None:
         """JetStream acknowledges each write on its own: the confirms they release go out
@@ -119,8 +121,8 @@ class Writes:
         self._durable_scheduled = False
         self.broker._on_durable(self.broker.store.durable_lsn)
 
-    async def landed(self, q: ClusterQueue) -> None:
+    async def landed(self, s: QueueStream) -> None:
         """A count follows the publishes before it on this gateway (as on one broker)."""
         deadline = self.broker.clock.now() + LANDED_WAIT
-        while q.in_flight and self.broker.clock.now() < deadline:
+        while s.in_flight and self.broker.clock.now() < deadline:
             await asyncio.sleep(0.005)

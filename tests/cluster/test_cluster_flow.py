@@ -58,12 +58,13 @@ def _consume(gw: Any, name: str, n: int, *, no_ack: bool, deadline_s: float = 30
 def _pulls_settle(q: Any) -> None:
     """With nothing left to deliver, the requests under way expire (PULL_WAIT) and are
     renewed: what this gateway thinks it asked for is what its live requests ask for."""
+    s = q.stored  # the queue's pulls and leases here (gateway.jetstream.queues.QueueStream)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if q.requested == sum(p[0] for p in q.pulls.values()) and len(q.pulls) <= 16:
+        if s.requested == sum(p[0] for p in s.pulls.values()) and len(s.pulls) <= 16:
             return
         time.sleep(0.2)
-    raise AssertionError(f"requested {q.requested}, pulls {q.pulls}")
+    raise AssertionError(f"requested {s.requested}, pulls {s.pulls}")
 
 
 def test_M12_acking_consumer_gets_more_than_max_ack_pending(js_gateways: Callable[..., Any]) -> None:
@@ -74,7 +75,7 @@ def test_M12_acking_consumer_gets_more_than_max_ack_pending(js_gateways: Callabl
     got = _consume(gw, name, n, no_ack=False)
     assert len(got) == n and sorted(got) == list(range(n))
     q = gw.broker.vhosts["/"].queues[name]
-    assert q.cmq.active == 0 and not q.leases
+    assert q.cmq.active == 0 and not q.stored.leases
     _pulls_settle(q)
 
 
@@ -88,7 +89,7 @@ def test_M11_no_ack_consumer_gets_each_message_once(js_gateways: Callable[..., A
     assert sorted(got) == list(range(n))
     q = gw.broker.vhosts["/"].queues[name]
     _pulls_settle(q)
-    assert q.cmq.active == 0 and not q.leases
+    assert q.cmq.active == 0 and not q.stored.leases
 
 
 def test_wire_headers_as_nats_py_reads_them() -> None:

@@ -382,4 +382,4 @@ class TestJetStreamStore(MessageStorageContract):
         return jetstream_broker
 
     async def ready(self, q: Any) -> None:
-        await asyncio.wait_for(q.ready.wait(), TAKE_WAIT)
+        await asyncio.wait_for(q.stored.ready.wait(), TAKE_WAIT)  # its stream is there
