@@ -25,6 +25,9 @@
  *       caller marshalled (add_item), in emission order. add(row_id, vhost, values) never
  *       raises for a value: one it cannot pack goes as marshal of plain(value).
  *       len() is the number of records, take() the packed bytes (and empties it).
+ *       emit_row(row, vhost, values) is AuditLog's emit_row, checks included (watch(limit,
+ *       wake_at, shed, wake)): the loop calls it 4 times a message, and as a Python closure
+ *       around add it was 4 of scenario 1's ~37 Python frames a message.
  *   unpack(data) -> the list of (time, row id or event, vhost, values or fields) items.
  *       Why: marshal of the queued tuples on the loop at each hand-off cost ~0.66 us a
  *       record of the loop's CPU (thread_time, scenario 1), the tuple and the clock() call
@@ -515,6 +518,12 @@ typedef struct {
     Buf scratch;  /* one record, while plain() (Python code) may run: then appended whole */
     Py_ssize_t count;
     PyObject *plain;
+    /* emit_row's checks (watch): past `limit` records shed() is called instead of packing;
+     * wake() when the count reaches wake_at. */
+    Py_ssize_t limit;
+    Py_ssize_t wake_at;
+    PyObject *shed;
+    PyObject *wake;
     PyObject *last[SLOT_ROWS][SLOTS];  /* strong references: an address is never reused */
 } Records;
 
@@ -586,17 +595,17 @@ static double now(void) {
 }
 
 /* add(row_id, vhost, values): 'R', time, id (u16), vhost, the number of values (u8), values. */
-static PyObject *records_add(Records *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyLong_CheckExact(args[0]) || !PyUnicode_CheckExact(args[1])
-        || (!PyTuple_CheckExact(args[2]) && !PyList_CheckExact(args[2]))) {
+static int add_row(Records *self, PyObject *row_id, PyObject *vhost, PyObject *vals) {
+    if (!PyLong_CheckExact(row_id) || !PyUnicode_CheckExact(vhost)
+        || (!PyTuple_CheckExact(vals) && !PyList_CheckExact(vals))) {
         PyErr_SetString(PyExc_TypeError, "add(row_id: int, vhost: str, values: tuple)");
-        return NULL;
+        return -1;
     }
-    long rid = PyLong_AsLong(args[0]);
-    Py_ssize_t nv = PySequence_Fast_GET_SIZE(args[2]);
+    long rid = PyLong_AsLong(row_id);
+    Py_ssize_t nv = PySequence_Fast_GET_SIZE(vals);
     if (rid < 0 || rid > 0xFFFF || nv > 255) {
         PyErr_SetString(PyExc_ValueError, "add: row id or values out of range");
-        return NULL;
+        return -1;
     }
     Buf *b = &self->scratch;
     b->len = 0;
@@ -606,18 +615,70 @@ static PyObject *records_add(Records *self, PyObject *const *args, Py_ssize_t na
     if (buf_put(b, "R", 1) < 0 || buf_put(b, (const char *)&t, 8) < 0 || buf_put(b, (const char *)&r16, 2) < 0)
         goto fail;
     PyObject **slots = rid < SLOT_ROWS ? self->last[rid] : NULL;
-    if (pack_value(self, b, args[1], slots ? &slots[0] : NULL) < 0 || buf_put(b, (const char *)&n8, 1) < 0)
+    if (pack_value(self, b, vhost, slots ? &slots[0] : NULL) < 0 || buf_put(b, (const char *)&n8, 1) < 0)
         goto fail;
-    PyObject **values = PySequence_Fast_ITEMS(args[2]);
+    PyObject **values = PySequence_Fast_ITEMS(vals);
     for (Py_ssize_t i = 0; i < nv; i++) {
         if (pack_value(self, b, values[i], slots && i + 1 < SLOTS ? &slots[i + 1] : NULL) < 0) goto fail;
     }
     if (buf_put(&self->buf, b->p, b->len) < 0) goto fail;
     self->count++;
-    Py_RETURN_NONE;
+    return 0;
 fail:
     forget_row(self, rid);  /* the unpacker never saw what this record put there */
-    return NULL;
+    return -1;
+}
+
+static PyObject *records_add(Records *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "add(row_id: int, vhost: str, values: tuple)");
+        return NULL;
+    }
+    if (add_row(self, args[0], args[1], args[2]) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* emit_row(row, vhost, values): AuditLog's emit_row for the packed records, so the broker's
+ * four records a message (publish, enqueue, deliver, ack) cost no Python frame each: add of
+ * row.id, shed() instead past the limit, wake() when the count reaches wake_at. */
+static PyObject *str_id;
+
+static PyObject *records_emit_row(Records *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "emit_row(row, vhost, values)");
+        return NULL;
+    }
+    Py_ssize_t n = self->count;
+    if (n >= self->limit) {
+        if (self->shed == NULL) Py_RETURN_NONE;
+        PyObject *r = PyObject_CallNoArgs(self->shed);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    PyObject *rid = PyObject_GetAttr(args[0], str_id);
+    if (rid == NULL) return NULL;
+    int rc = add_row(self, rid, args[1], args[2]);
+    Py_DECREF(rid);
+    if (rc < 0) return NULL;
+    if (n == self->wake_at && self->wake != NULL) {
+        PyObject *r = PyObject_CallNoArgs(self->wake);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_NONE;
+}
+
+/* watch(limit, wake_at, shed, wake): emit_row's checks (None: no call). */
+static PyObject *records_watch(Records *self, PyObject *args) {
+    Py_ssize_t limit, wake_at;
+    PyObject *shed, *wake;
+    if (!PyArg_ParseTuple(args, "nnOO:watch", &limit, &wake_at, &shed, &wake)) return NULL;
+    self->limit = limit;
+    self->wake_at = wake_at;
+    Py_XSETREF(self->shed, shed == Py_None ? NULL : Py_NewRef(shed));
+    Py_XSETREF(self->wake, wake == Py_None ? NULL : Py_NewRef(wake));
+    Py_RETURN_NONE;
 }
 
 /* add_item(marshalled): a whole (time, event, vhost, fields) item, marshalled by the caller. */
@@ -656,14 +717,32 @@ static int records_init(Records *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTuple(args, "O:Records", &plain)) return -1;
     Py_INCREF(plain);
     Py_XSETREF(self->plain, plain);
+    self->limit = PY_SSIZE_T_MAX;
+    self->wake_at = -1;
+    return 0;
+}
+
+/* shed is the AuditLog's bound method, and the AuditLog holds this object: a cycle. */
+static int records_traverse(Records *self, visitproc visit, void *arg) {
+    Py_VISIT(self->plain);
+    Py_VISIT(self->shed);
+    Py_VISIT(self->wake);
+    return 0;
+}
+
+static int records_clear(Records *self) {
+    Py_CLEAR(self->plain);
+    Py_CLEAR(self->shed);
+    Py_CLEAR(self->wake);
     return 0;
 }
 
 static void records_dealloc(Records *self) {
+    PyObject_GC_UnTrack(self);
     PyMem_Free(self->buf.p);
     PyMem_Free(self->scratch.p);
     for (long r = 0; r < SLOT_ROWS; r++) forget_row(self, r);
-    Py_XDECREF(self->plain);
+    records_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -671,6 +750,9 @@ static PyMethodDef records_methods[] = {
     {"add", (PyCFunction)(void (*)(void))records_add, METH_FASTCALL, "add(row_id, vhost, values): one row, now."},
     {"add_item", (PyCFunction)records_add_item, METH_O, "add_item(marshal of (time, event, vhost, fields))."},
     {"take", (PyCFunction)records_take, METH_NOARGS, "The packed records, and none left."},
+    {"emit_row", (PyCFunction)(void (*)(void))records_emit_row, METH_FASTCALL,
+     "emit_row(row, vhost, values): add(row.id, ...) under watch's limit and wake."},
+    {"watch", (PyCFunction)records_watch, METH_VARARGS, "watch(limit, wake_at, shed, wake): emit_row's checks."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -680,8 +762,10 @@ static PyTypeObject RecordsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "gateway.audit._format.Records",
     .tp_basicsize = sizeof(Records),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)records_traverse,
+    .tp_clear = (inquiry)records_clear,
     .tp_init = (initproc)records_init,
     .tp_dealloc = (destructor)records_dealloc,
     .tp_methods = records_methods,
@@ -856,6 +940,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_format", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__format(void) {
+    if (str_id == NULL && (str_id = PyUnicode_InternFromString("id")) == NULL) return NULL;
     if (PyType_Ready(&RecordsType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -65,6 +65,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from types import FunctionType
 from typing import IO, Any
 
 from gateway.audit import fastformat, layout
@@ -293,7 +294,7 @@ class AuditLog:
     def _packed_emit(self, recs: Any) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
         """``_fast_emit``'s closures for process mode: records packed by ``recs`` (in emission
         order, a dict record as its marshal), not queued as tuples."""
-        add, add_item = recs.add, recs.add_item
+        add_item = recs.add_item
         clock = self._clock
         max_pending = self.max_pending
         wake_at = self._wake_at
@@ -311,15 +312,10 @@ class AuditLog:
             if n == wake_at:
                 wake()
 
-        def emit_row(row: Row, vhost: str, values: tuple[Any, ...]) -> None:
-            n = len(recs)
-            if n >= max_pending or self._closed:
-                return self._shed()
-            add(row.id, vhost, values)
-            if n == wake_at:
-                wake()
-
-        return _emitters(emit_fields, emit_row)
+        # emit_row is the Records' own, in C: the same checks as emit_fields' (close() sets
+        # its limit to 0), without a Python frame for each of a message's four records.
+        recs.watch(max_pending, wake_at, self._shed, wake)
+        return _emitters(emit_fields, recs.emit_row)
 
     def _take_packed(self) -> None:
         """The packed records into ``_queue`` as items (after the writer process failed,
@@ -434,6 +430,8 @@ class AuditLog:
         if self._closed:
             return
         self._closed = True
+        if self._records is not None:
+            self._records.watch(0, -1, self._shed, None)  # emit_row sheds from now on
         self._stopping = True
         self._stop_asked = True
         self.space_final = True
@@ -960,7 +958,8 @@ def _emitters(emit_fields: Callable[..., None], emit_row: Callable[..., None]
 
     emit.__doc__ = AuditLog.emit.__doc__
     emit_fields.__doc__ = AuditLog.emit_fields.__doc__
-    emit_row.__doc__ = AuditLog.emit_row.__doc__
+    if isinstance(emit_row, FunctionType):  # Records.emit_row (C) has its own
+        emit_row.__doc__ = AuditLog.emit_row.__doc__
     return emit, emit_fields, emit_row
 
 

@@ -1,0 +1,76 @@
+"""Records.emit_row: the audit log's emit_row in C for the packed records (process mode).
+
+It stands for the Python closure that checked the pending limit and the closed flag, called
+``add(row.id, vhost, values)`` and woke the writer at ``wake_at``: these tests hold it to the
+same packing as ``add`` and to the same shed / wake decisions (SPEC A1: bounded memory, every
+shed record counted)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.audit import fastformat
+from gateway.audit.rows import ACK, DELIVER, ENQUEUE, PUBLISH_QUEUE, ROWS
+from gateway.audit.writer import AuditLog, _plain
+
+pytestmark = pytest.mark.skipif(fastformat.Records is None, reason="the compiled module is not built")
+
+_VALUE = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
+                   st.text(max_size=5), st.lists(st.text(max_size=3), max_size=2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(ROWS), st.sampled_from(["/", "v", "é"]),
+                          st.lists(_VALUE, max_size=8).map(tuple)), max_size=20))
+def test_A1_emit_row_packs_what_add_of_the_row_id_packs(records: list[Any]) -> None:
+    by_add, by_emit = fastformat.Records(_plain), fastformat.Records(_plain)
+    for row, vhost, values in records:
+        by_add.add(row.id, vhost, values)
+        by_emit.emit_row(row, vhost, values)
+    assert len(by_emit) == len(by_add) == len(records)
+    got = [item[1:] for item in fastformat.unpack(by_emit.take())]
+    assert got == [item[1:] for item in fastformat.unpack(by_add.take())]
+
+
+def test_A1_emit_row_sheds_past_its_limit_and_wakes_the_writer_once() -> None:
+    calls: list[str] = []
+    recs = fastformat.Records(_plain)
+    recs.watch(3, 1, lambda: calls.append("shed"), lambda: calls.append("wake"))
+    for i in range(5):
+        recs.emit_row(ENQUEUE, "/", ("q", f"m-{i}", 16, None, None))
+    assert len(recs) == 3
+    assert calls == ["wake", "shed", "shed"]  # woken as the second record went in
+    assert [item[3][1] for item in fastformat.unpack(recs.take())] == ["m-0", "m-1", "m-2"]
+    recs.emit_row(ACK, "/", ("guest", "peer", "q", "m-0", 0.5))  # room again after a take
+    assert len(recs) == 1 and calls == ["wake", "shed", "shed"]
+
+
+def test_A1_emit_row_refuses_a_row_without_an_id_and_packs_nothing() -> None:
+    recs = fastformat.Records(_plain)
+    with pytest.raises(AttributeError):
+        recs.emit_row(object(), "/", ())
+    with pytest.raises(TypeError):
+        recs.emit_row(DELIVER, b"/", ())
+    assert len(recs) == 0
+
+
+def test_A1_a_closed_log_counts_what_emit_row_sheds_and_is_collected(tmp_path: Path) -> None:
+    audit = AuditLog(str(tmp_path / "audit"))
+    assert audit._records is not None, "process mode packs in C"
+    audit.emit_row(PUBLISH_QUEUE, "/", ("q", "q", "m-1", 16, "guest", "peer"))
+    audit.close()
+    dropped = audit.dropped
+    audit.emit_row(PUBLISH_QUEUE, "/", ("q", "q", "m-2", 16, "guest", "peer"))
+    assert audit.dropped == dropped + 1
+    # The records hold the log's _shed, the log holds the records: the collector frees both.
+    ref = weakref.ref(audit)
+    del audit
+    gc.collect()
+    assert ref() is None
