@@ -14,7 +14,9 @@ of a random kind:
 * huge-headers: 100-400 KB of headers sent at once;
 * keepalive-idle: one well-formed request, then silence on the kept-alive socket;
 * garbage: random bytes (sometimes a random request line, a bad Content-Length, chunked
-  encoding that never ends, a NUL), then silence.
+  encoding that never ends, a NUL), then silence;
+* unread: well-formed requests pipelined for ever, no answer read (closed once the answers
+  have waited a whole http_idle_timeout unread).
 
 A session ends when the gateway closes its socket or at ``--cap`` seconds (then counted "held
 at cap": the policy should have closed it). Reported: sessions by kind, how each ended (by the
@@ -55,7 +57,7 @@ OPERATOR = re.compile(r"(management API|metrics|CMQ API) on https?://127\.0\.0\.
 PORTS = ("CMQ API", "management API", "metrics")
 PATHS = {"CMQ API": "/v2/index.php?Action=ListQueue", "management API": "/api/overview", "metrics": "/metrics"}
 AUTH = "Basic Z3Vlc3Q6Z3Vlc3Q="  # guest:guest
-KINDS = ("idle", "slow-headers", "slow-body", "huge-headers", "keepalive-idle", "garbage")
+KINDS = ("idle", "slow-headers", "slow-body", "huge-headers", "keepalive-idle", "garbage", "unread")
 
 
 class Gateway:
@@ -196,7 +198,10 @@ async def session(kind: str, name: str, port: int, rng: random.Random, cap: floa
     st.sessions[kind] += 1
     t0 = time.monotonic()
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 10)
+        # An unread session's reader stops taking the answers past twice its limit (asyncio
+        # pauses the socket), so both kernels' buffers and then the gateway's fill.
+        limit = {"limit": 2048} if kind == "unread" else {}
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, **limit), 10)
     except (OSError, TimeoutError) as e:
         st.connect_failed[type(e).__name__] += 1
         return
@@ -229,10 +234,17 @@ async def session(kind: str, name: str, port: int, rng: random.Random, cap: floa
         elif kind == "garbage":
             writer.write(_garbage(rng))
             await writer.drain()
+        elif kind == "unread":  # requests pipelined for ever, no answer read: the write fails once closed
+            while True:
+                writer.write(_request(PATHS[name]) * 100)
+                await writer.drain()
         await asyncio.sleep(cap)
 
     async def read() -> None:
         nonlocal answer
+        if kind == "unread":
+            await asyncio.sleep(cap + 1)
+            return
         while True:
             data = await reader.read(65536)
             if not data:
