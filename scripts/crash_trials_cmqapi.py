@@ -17,7 +17,10 @@ it kills the gateway with SIGKILL, starts it again on the same data dir, drains 
   timeout, as CMQ's at-least-once delivery allows, so the drain receives with a short one.
 
 The client is Tencent's CMQ SDK (``cmq`` package) when installed, else the repository's
-tests/integration/cmq_client.py. Exit 1 if anything was lost or a phantom appeared.
+tests/integration/cmq_client.py. Once the restarted gateway has stopped, the audit log (its
+``DATA_DIR/audit``) must hold a ``publish`` and an ``enqueue`` record of every msgId a send
+was answered with (A5; ``audit_missing`` counts those without). Exit 1 if anything was lost,
+a phantom appeared or a record is missing.
 
     .venv/bin/python scripts/crash_trials_cmqapi.py --trials 10 --seconds 6 [--nats nats://127.0.0.1:PORT]
 """
@@ -44,6 +47,7 @@ from tests.integration.cmq_client import CmqClient  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from crash_trials import Gateway as AmqpGateway  # noqa: E402
+from crash_trials import read_audit  # noqa: E402
 
 LISTENING = re.compile(r"CMQ API on http://127\.0\.0\.1:(\d+)")
 KEY_ID, SECRET = "AKIDcrash0000000000000000000000000000", "crash-secret-0123456789abcdef0123"
@@ -81,18 +85,19 @@ class Client:
         except ImportError:
             self.sdk_queue = None
 
-    def send(self, bodies: list[str]) -> bool:
+    def send(self, bodies: list[str]) -> list[str] | None:
+        """The msgIds of the bodies sent (None: not code 0)."""
         if self.sdk_queue is not None:
             from cmq.queue import Message
 
             if len(bodies) == 1:
-                self.sdk_queue.send_message(Message(bodies[0]))
-            else:
-                self.sdk_queue.batch_send_message([Message(b) for b in bodies])
-            return True
+                return [self.sdk_queue.send_message(Message(bodies[0])).msgId]
+            return [m.msgId for m in self.sdk_queue.batch_send_message([Message(b) for b in bodies])]
         if len(bodies) == 1:
-            return self.ours.call("SendMessage", queueName=self.queue, msgBody=bodies[0])["code"] == 0
-        return self.ours.call("BatchSendMessage", queueName=self.queue, msgBody=bodies)["code"] == 0
+            answer = self.ours.call("SendMessage", queueName=self.queue, msgBody=bodies[0])
+            return [answer["msgId"]] if answer["code"] == 0 else None
+        answer = self.ours.call("BatchSendMessage", queueName=self.queue, msgBody=bodies)
+        return [m["msgId"] for m in answer["msgList"]] if answer["code"] == 0 else None
 
     def receive(self, n: int, wait: int = 1) -> list[tuple[str, str]]:
         answer = self.ours.call("BatchReceiveMessage", queueName=self.queue, numOfMsg=n, pollingWaitSeconds=wait)
@@ -112,6 +117,7 @@ class Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
     sent: set[str] = field(default_factory=set)  # every body a send carried
     confirmed: set[str] = field(default_factory=set)  # answered code 0
+    ids: set[str] = field(default_factory=set)  # the msgIds of the confirmed sends (A5)
     deleted: set[str] = field(default_factory=set)  # its delete answered code 0
 
 
@@ -124,12 +130,13 @@ def sender(endpoint: str, queue: str, name: str, ledger: Ledger, stop: threading
         with ledger.lock:
             ledger.sent.update(bodies)
         try:
-            ok = client.send(bodies)
+            ids = client.send(bodies)
         except Exception:  # noqa: BLE001 - the gateway died under the call: unanswered
             return
-        if ok:
+        if ids is not None:
             with ledger.lock:
                 ledger.confirmed.update(bodies)
+                ledger.ids.update(ids)
 
 
 def receiver(endpoint: str, queue: str, ledger: Ledger, stop: threading.Event, rng: random.Random) -> None:
@@ -187,12 +194,19 @@ def run_trial(trial: int, work: Path, args: argparse.Namespace, rng: random.Rand
         gw.stop()
     seen = set(back)
     lost = ledger.confirmed - ledger.deleted - seen
+    # A5: every answered send has its publish and enqueue records, the gateway stopped (a
+    # kill -9 loses no record of a message a client saw confirmed).
+    published, enqueued, _rebuilt = read_audit(data / "audit")
+    missing = sorted(i for i in ledger.ids if i not in published or (queue, i) not in enqueued)
     result = {"confirmed": len(ledger.confirmed), "deleted": len(ledger.deleted), "back": len(back),
-              "lost": len(lost), "duplicates": len(back) - len(seen), "phantoms": len(seen - ledger.sent)}
-    if lost or result["phantoms"]:
+              "lost": len(lost), "duplicates": len(back) - len(seen), "phantoms": len(seen - ledger.sent),
+              "audit_checked": len(ledger.ids), "audit_missing": len(missing)}
+    if lost or result["phantoms"] or missing:
         keep = Path(args.keep) / f"trial-{trial}"
         keep.mkdir(parents=True, exist_ok=True)
         (keep / "lost.txt").write_text("\n".join(sorted(lost)))
+        (keep / "audit_missing.txt").write_text("\n".join(missing))
+        shutil.copytree(data / "audit", keep / "audit", dirs_exist_ok=True)
         shutil.copy(work / f"gw-{trial}.log", keep / "gateway.log")
     elif args.nats is None:
         shutil.rmtree(data, ignore_errors=True)
@@ -225,7 +239,7 @@ def main() -> int:
                 total[k] = total.get(k, 0) + v
     store = args.nats or "embedded"
     print(f"{args.trials} trials ({store}, seed {seed}): {total}")
-    return 1 if total.get("lost") or total.get("phantoms") else 0
+    return 1 if total.get("lost") or total.get("phantoms") or total.get("audit_missing") else 0
 
 
 if __name__ == "__main__":
