@@ -22,6 +22,7 @@ from pamqp import body as B
 from pamqp import commands as C
 
 from gateway.broker import Broker
+from gateway.broker.queue import BrokerQueue
 from gateway.protocol.properties import Properties
 from semantics import queue as Q
 from semantics.errors import LimitError
@@ -89,6 +90,15 @@ class MessageStorageContract:
         ids = [self.publish(broker, q, b"%s%d" % (prefix, i)).msg_id for i in range(count)]
         await asyncio.wait_for(broker.flush(), TAKE_WAIT)
         return ids
+
+    async def test_every_store_makes_the_brokers_one_queue_class(self, broker: Any) -> None:
+        """Issue 28 aim 4, the store the only seam: what a store keeps of a queue is its own
+        object, ``q.stored`` (None where the local model holds every message), not a subclass
+        of the queue; and ``message_count`` counts what it holds outside the local model."""
+        q = await self.declare(broker)
+        assert type(q) is BrokerQueue
+        await self.stored(broker, q, b"m", 2)
+        assert q.message_count == q.cmq.active + q.remote_ready == 2
 
     async def test_M10_an_enqueued_message_is_received_with_its_body(self, broker: Any) -> None:
         q = await self.declare(broker)
