@@ -51,7 +51,8 @@ from gateway.admission import tcp_keepalive
 from gateway.auth import AuthError, UserDB
 from gateway.memory import HELD
 from gateway.protocol import events as ev
-from gateway.protocol.connection import ServerConnection
+from gateway.protocol import fastpath
+from gateway.protocol.connection import ConnState, ServerConnection
 from gateway.protocol.sasl import EXTERNAL, offered
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ CLOSE_TIMEOUT = 3.0
 # CLOSING_TIMEOUT).
 LINGER_TIMEOUT = 30.0
 _CONTENT, _METHOD = ev.Content, ev.Method
+_OPEN = ConnState.OPEN
 _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk, ev.ChannelFlow, ev.Method,
                              ev.Content))
 # Events (a publish is one) handled per loop turn before the other connections get theirs,
@@ -299,7 +301,9 @@ class AMQPConnection(ClientProtocol):
         more = False
         budget = EVENTS_PER_TURN
         if not self._lost:
-            next_event = self.conn.next_event
+            conn = self.conn
+            next_event = conn.next_event
+            fast_event = fastpath.fast_event
             dispatch = self._dispatch
             clock = time.perf_counter
             start = clock()
@@ -311,9 +315,16 @@ class AMQPConnection(ClientProtocol):
             broker.begin_batch()  # deliveries caused by this turn: one dispatch per queue
             try:
                 while not self._lost:
-                    event = next_event()
-                    if event is None:
-                        break
+                    # next_event's first step (a publish or an ack, well-formed and whole),
+                    # without its frame: two a message.
+                    got = fast_event(conn._in, conn._pos, conn.frame_max, conn.max_message_size,
+                                     conn._channels) if conn.state is _OPEN else None
+                    if got is not None:
+                        event, conn._pos = got
+                    else:
+                        event = next_event()
+                        if event is None:
+                            break
                     kind = type(event)
                     # Every message's publish and ack go straight to the session (what
                     # _dispatch does for them, without its frame: two a message).

@@ -270,7 +270,9 @@ class CmqQueue:
         self._vis_limit = self._dl_limit = self._heap_limit = _MIN_COMPACT
         self._next_due = _INF
         self._handles = itertools.count(1)
-        self._events: list[QueueEvent] = []
+        # The events since the last drain_events(); read-only to callers: the gateway tests
+        # it for emptiness after every send and delete (a property's frame each, 2 a message).
+        self.outbox: list[QueueEvent] = []
         self._next_pos = 0
         self._next_seq = 0
         self._n_active = 0
@@ -893,7 +895,7 @@ class CmqQueue:
             head.state = REMOVED
             head.handle = 0
             del self._messages[head.msg_id]
-            self._events.append(MaxLengthDropped(head))
+            self.outbox.append(MaxLengthDropped(head))
 
     def _compact_active(self) -> None:
         self._active = deque(m for m in self._active if m.state is ACTIVE)
@@ -942,7 +944,7 @@ class CmqQueue:
         msg.state = REMOVED
         msg.handle = 0
         if event is not None:
-            self._events.append(event)
+            self.outbox.append(event)
         if not self._messages and not self._n_cold:
             self._emptied()
 
@@ -1080,12 +1082,12 @@ class CmqQueue:
             if state is INACTIVE and msg.handle == token:
                 # Q1: not deleted in time: Active again, at its original position.
                 self._uncount(msg)
-                self._events.append(VisibilityExpired(msg))
+                self.outbox.append(VisibilityExpired(msg))
                 self._make_active(msg, now, True)
         elif kind == _DELAY_END:
             if state is DELAYED and msg.next_visible_time == when:
                 self._uncount(msg)
-                self._events.append(DelayEnded(msg))
+                self.outbox.append(DelayEnded(msg))
                 self._make_active(msg, now, False)
                 self._admit_parked(now)
         elif state is not REMOVED and msg.deadline == when:
@@ -1129,7 +1131,7 @@ class CmqQueue:
                 continue
             self._uncount(msg)
             if msg.next_visible_time <= now:
-                self._events.append(DelayEnded(msg))
+                self.outbox.append(DelayEnded(msg))
                 self._make_active(msg, now, False)
             else:
                 msg.state = DELAYED
@@ -1143,15 +1145,11 @@ class CmqQueue:
 
     def drain_events(self) -> list[QueueEvent]:
         """The events of the outbox (also those caused by send/receive/release), emptied."""
-        events = self._events
+        events = self.outbox
         if not events:
             return []
-        self._events = []
+        self.outbox = []
         return events
-
-    @property
-    def events_pending(self) -> int:
-        return len(self._events)
 
     def next_wakeup(self) -> float | None:
         """The earliest time a timed change is due, for the gateway's scheduler."""

@@ -141,6 +141,9 @@ class Broker:
         self.store = store
         # Queue messages (gateway.broker.storage) and membership (gateway.broker.membership).
         self.messages: MessageStorage = self.storage_class(self)
+        # The embedded store keeps nothing of a transient queue's message: its settle of one
+        # returns at once, and ack (once a message) skips the call.
+        self._settles_transient = type(self.messages) is not EmbeddedMessages
         self.membership: Membership = self.membership_class(self)
         self.opened_lsn = int(getattr(store, "last_lsn", 0))  # the last durable write before this start (MQ8)
         self._log_recovery()
@@ -569,11 +572,14 @@ class Broker:
     # -- queues ------------------------------------------------------------------------------
 
     def after_queue_change(self, vh: VHost, q: BrokerQueue, dispatch: bool = True) -> None:
+        # Its common case in a transport's read (a queue with consumers and nothing else to
+        # do: marked for end_batch) is inlined in ack and EmbeddedMessages.enqueue; a change
+        # here is a change there.
         if q.on_tick is None:
             q.on_tick = lambda qq, now: self._queue_tick(vh, qq, now)
         if q.waiters is not None:
             self._serve_waiters(q, self.clock.now())  # Q5: long polls first, in arrival order
-        if q.cmq.events_pending:
+        if q.cmq.outbox:
             self._queue_events(vh, q, q.cmq.drain_events())
         if dispatch and q.consumers and not q.deleted:
             if self._batch_depth:
@@ -632,7 +638,7 @@ class Broker:
         self._queue_events(vh, q, q.cmq.tick(now))
         if q.waiters is not None:
             self._serve_waiters(q, now)  # Q5: what turned Active, and the waits that ended
-            if q.cmq.events_pending:
+            if q.cmq.outbox:
                 self._queue_events(vh, q, q.cmq.drain_events())
         if q.consumers:
             self.dispatch(q)
@@ -729,7 +735,7 @@ class Broker:
             consumer.channel.deliver(consumer, q, receipt)
             touched.add(consumer.channel.session)
         vh = self.vhosts[q.vhost]
-        if q.cmq.events_pending:
+        if q.cmq.outbox:
             self._queue_events(vh, q, q.cmq.drain_events())
         self.scheduler.reschedule(q)
         for s in touched:
@@ -878,9 +884,11 @@ class Broker:
         if q.deleted:
             return
         now = self.clock.now()
-        if q.cmq.delete(u.handle, now):
-            m = u.handle.message
-            self.messages.settle(q, m, body_needed=False)  # durable or not (issue 28)
+        handle = u.handle
+        if q.cmq.delete(handle, now):
+            m = handle.message
+            if q.durable or self._settles_transient:
+                self.messages.settle(q, m, body_needed=False)  # durable or not (issue 28)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
             if session.protocol is None:
@@ -890,7 +898,11 @@ class Broker:
                               (session.user, session.peer, q.name, u.msg_id, latency, session.protocol))
         else:
             session.emit("stale_ack", queue=q.name, msg_id=u.msg_id)
-        self.after_queue_change(self.vhosts[q.vhost], q)
+        if self._batch_depth and q.consumers and q.on_tick is not None and q.waiters is None \
+                and not q.cmq.outbox:
+            self._to_dispatch[q] = None  # after_queue_change's case in a read's acks, without its frame
+        else:
+            self.after_queue_change(self.vhosts[q.vhost], q)
 
     def reject(self, session: Session, u: Unacked, requeue: bool) -> None:
         """M13: requeue: Active at once; otherwise deleted or dead-lettered."""

@@ -9,7 +9,7 @@ from pamqp import commands as C
 
 from gateway.audit.rows import DELIVER, DELIVER_AUTO, DELIVER_MQTT, DELIVER_MQTT_AUTO
 from gateway.broker import persistence as P
-from gateway.broker.consumers import Consumer, Unacked
+from gateway.broker.consumers import Consumer, Unacked, new_unacked
 from gateway.broker.errors import precondition
 from gateway.broker.message import Message
 from semantics.queue import Receipt
@@ -105,7 +105,7 @@ class Channel:
         if no_ack:
             s.broker.settle_deleted(q, receipt)
             return
-        self.unacked[tag] = Unacked(q, receipt, msg_id, consumer)
+        self.unacked[tag] = new_unacked(Unacked, (q, receipt, msg_id, consumer))
         if consumer is not None:
             consumer.unacked += 1
 

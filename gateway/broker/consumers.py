@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from gateway.broker.channel import Channel
     from gateway.broker.queue import BrokerQueue
 
-__all__ = ["Consumer", "Unacked"]
+__all__ = ["Consumer", "Unacked", "new_unacked"]
 
 
 class Consumer:
@@ -46,14 +46,15 @@ class Consumer:
         return not limit or len(ch.unacked) + len(ch.tx_acks) < limit
 
 
-class Unacked:
+class Unacked(NamedTuple):
     """A delivery waiting for basic.ack/nack/reject: the receipt handle is the CMQ one of
-    this receive (Q3: only the latest handle deletes)."""
+    this receive (Q3: only the latest handle deletes). Made with ``new_unacked`` on the hot
+    path (one a delivery): tuple.__new__ runs no Python frame, a class's __init__ did."""
 
-    __slots__ = ("queue", "handle", "msg_id", "consumer")
+    queue: BrokerQueue
+    handle: Any
+    msg_id: str
+    consumer: Consumer | None
 
-    def __init__(self, queue: BrokerQueue, handle: Any, msg_id: str, consumer: Consumer | None) -> None:
-        self.queue = queue
-        self.handle = handle
-        self.msg_id = msg_id
-        self.consumer = consumer
+
+new_unacked = tuple.__new__  # new_unacked(Unacked, (queue, handle, msg_id, consumer))

@@ -137,10 +137,16 @@ class Session:
                 if self.check_access and not self._writable.get(method.exchange, False):
                     self.authorize("write", "exchange", method.exchange)  # W2; raises when refused
                     self._writable[method.exchange] = True
+                properties = event.properties  # type: ignore[attr-defined]
                 if ch.tx:
-                    ch.tx_publishes.append((method, event.properties, event.body))  # type: ignore[attr-defined]
-                else:
-                    self.publish_now(ch, method, event.properties, event.body)  # type: ignore[attr-defined]
+                    ch.tx_publishes.append((method, properties, event.body))  # type: ignore[attr-defined]
+                elif ch.confirm or method.mandatory or type(properties) is not Properties \
+                        or properties._flags & REPLY_TO_FLAG:
+                    self.publish_now(ch, method, properties, event.body)  # type: ignore[attr-defined]
+                else:  # publish_now with nothing for it to do after: no confirm, return or reply-to
+                    self.vhost.publish(method.exchange, method.routing_key, properties, event.body,  # type: ignore[attr-defined]
+                                       immediate=method.immediate, user=self.user, peer=self.peer,
+                                       protocol=self.protocol)
             elif method.name == "Basic.Ack" and not ch.tx:
                 # Every delivery's ack: it causes no basic.cancel to hold back (see _method),
                 # so it skips that bookkeeping.

@@ -224,7 +224,11 @@ class EmbeddedMessages:
                 msg.key = ""
         else:
             msg.key = ""
-        broker.after_queue_change(vh, q)
+        if broker._batch_depth and q.consumers and q.on_tick is not None and q.waiters is None \
+                and not q.cmq.outbox and not q.deleted:
+            broker._to_dispatch[q] = None  # after_queue_change's case in a read's publishes, without its frame
+        else:
+            broker.after_queue_change(vh, q)
         return out_lsn
 
     def settle(self, q: BrokerQueue, m: Q.QueueMessage, body_needed: bool = True) -> None:
