@@ -20,10 +20,14 @@ publisher: from then on the gateway owes its delivery):
   another (the subscriber drops it as a resend: a loss the gateway caused, MQ8);
 * ``no DUP``: a resend without DUP (QoS 2: a PUBLISH under a held identifier; QoS 1: a second
   copy of a message), and ``unreleased``: a QoS 2 identifier whose PUBREL never came;
-* ``unfinished``: published messages never taken (the publisher could not finish).
+* ``unfinished``: published messages never taken (the publisher could not finish);
+* ``audit missing`` (A5, counted: an MQTT client never sees a message's msg_id): how many
+  fewer messages have a ``publish`` record on the trial's topics, or an ``enqueue`` record into
+  the subscriber's queue, than were taken. More is allowed: a PUBLISH whose store write the
+  kill took before its PUBREC is recorded, and its resend is a message of its own.
 
-The script exits 1 if anything was lost, reused, unfinished, sent again without DUP or (QoS 2)
-duplicated.
+The script exits 1 if anything was lost, reused, unfinished, sent again without DUP, (QoS 2)
+duplicated, or short of audit records.
 
     .venv/bin/python scripts/crash_trials_mqtt.py --qos 2 --trials 20 --seconds 4
     .venv/bin/python scripts/crash_trials_mqtt.py --qos 1 --trials 10 --store jetstream
@@ -61,6 +65,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import crash_trials  # noqa: E402
 
 from gateway.mqtt import codec as P  # noqa: E402
+from gateway.mqtt.session import queue_name  # noqa: E402
 from tests.integration.mqtt_client import AsyncRawClient  # noqa: E402
 
 MQTT_LISTENING = re.compile(r"MQTT on 127\.0\.0\.1:(\d+)")
@@ -309,9 +314,16 @@ class Result:
     unfinished: int
     sessions_lost: int
     foreign: int
+    # A5, counted (an MQTT client never sees a message's msg_id): the messages with a publish
+    # record on the trial's topics and with an enqueue record into the subscriber's queue,
+    # and how many fewer of either there are than messages the gateway took.
+    audit_published: int = 0
+    audit_enqueued: int = 0
+    audit_missing: int = 0
 
     def ok(self) -> bool:
-        bad = self.lost or self.reused or self.no_dup or self.unfinished or self.sessions_lost or self.foreign
+        bad = (self.lost or self.reused or self.no_dup or self.unfinished or self.sessions_lost or self.foreign
+               or self.audit_missing)
         return not bad and not (self.qos == 2 and (self.duplicated or self.unreleased))
 
 
@@ -364,6 +376,27 @@ async def trial_load(trial: int, args: argparse.Namespace, rng: random.Random, w
     return ledger, kills, set(sub.held)
 
 
+def audit_counts(audit_dir: Path, trial: int, queue: str) -> tuple[int, int]:
+    """The msg_ids with a publish record on crash/t<trial>/..., and with an enqueue record into
+    ``queue`` (every whole line of every segment of the trial's gateway)."""
+    published: set[str] = set()
+    enqueued: set[str] = set()
+    topics = (f"crash.t{trial}.", f"crash/t{trial}/")
+    for path in sorted(audit_dir.glob("dt=*/hour=*/*.jsonl")) + sorted(audit_dir.glob("dt=*/hour=*/.*.open")):
+        for line in path.read_bytes().split(b"\n"):
+            if b'"event":"publish"' not in line and b'"event":"enqueue"' not in line:
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue  # a torn last line (A3)
+            if r["event"] == "publish" and str(r.get("routing_key", "")).startswith(topics):
+                published.add(r["msg_id"])
+            elif r["event"] == "enqueue" and r.get("queue") == queue:
+                enqueued.add(r["msg_id"])
+    return len(published), len(enqueued)
+
+
 def run_trial(trial: int, args: argparse.Namespace, rng: random.Random, store: str | None) -> tuple[Result, Path, Ledger]:
     work = Path(tempfile.mkdtemp(prefix=f"crash-mqtt-{trial}-"))
     ledger, kills, held = asyncio.run(trial_load(trial, args, rng, work, free_port(), store))
@@ -372,6 +405,9 @@ def run_trial(trial: int, args: argparse.Namespace, rng: random.Random, store: s
                len(delivered), len(ledger.taken - delivered), sum(n - 1 for n in ledger.received.values()),
                ledger.reused, ledger.no_dup if args.qos == 2 else ledger.no_dup_qos1(), len(held), len(ledger.published - ledger.taken),
                ledger.sessions_lost, ledger.foreign)
+    r.audit_published, r.audit_enqueued = audit_counts(work / "data" / "audit", trial,
+                                                       queue_name("/", f"{args.run}-t{trial}-sub"))
+    r.audit_missing = max(0, r.taken - min(r.audit_published, r.audit_enqueued))
     return r, work, ledger
 
 
@@ -418,7 +454,9 @@ def main() -> int:
                   f"completed {r.completed}, delivered {r.delivered}, lost {r.lost}, duplicated {r.duplicated}, "
                   f"reused {r.reused}, no DUP {r.no_dup}, unreleased {r.unreleased}, unfinished {r.unfinished}"
                   + (f", sessions lost {r.sessions_lost}" if r.sessions_lost else "")
-                  + (f", foreign {r.foreign}" if r.foreign else ""), flush=True)
+                  + (f", foreign {r.foreign}" if r.foreign else "")
+                  + f"; audit: {r.audit_published} published, {r.audit_enqueued} enqueued, missing {r.audit_missing}",
+                  flush=True)
             if r.ok():
                 shutil.rmtree(work, ignore_errors=True)
                 continue
@@ -436,7 +474,7 @@ def main() -> int:
         if nats is not None:
             nats.stop()
     names = ("published", "taken", "completed", "delivered", "lost", "duplicated", "reused", "no_dup",
-             "unreleased", "unfinished")
+             "unreleased", "unfinished", "audit_published", "audit_enqueued", "audit_missing")
     total = {k: sum(getattr(r, k) for r in results) for k in names}
     print(f"total: {len(results)} trials, QoS {args.qos}, store {'jetstream' if store else 'embedded'}, "
           + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in total.items()), flush=True)
