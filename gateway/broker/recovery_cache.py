@@ -114,7 +114,7 @@ class CachedQueue:
         """``refs`` into another list of (Properties, exchange, routing key), as this one's."""
         table = {r: self.ref((combos[r][0].raw, combos[r][1], combos[r][2])) for r in sorted(set(refs))}
         if all(old == new for old, new in table.items()):
-            self.refs += refs
+            self.refs += refs if refs.typecode == "Q" else array("Q", refs)  # a LiveRun's are narrower
         else:
             self.refs += array("Q", map(table.__getitem__, refs))
 
@@ -145,7 +145,8 @@ class CachedQueue:
             ids[at + k::width] = digits[k::16]
         self.ids += ids
         self.times += run.enqueue_times[start:end]
-        self.sizes += run.sizes[start:end]
+        sizes = run.sizes[start:end]
+        self.sizes += sizes if sizes.typecode == "Q" else array("Q", sizes)  # 4 bytes in a LiveRun
         self.add_refs(run.refs[start:end], freezer.combos)
 
 
