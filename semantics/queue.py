@@ -255,10 +255,16 @@ class CmqQueue:
     """A CMQ queue (SPEC "Queue model"); see the module docstring."""
 
     def __init__(self, name: str, attributes: QueueAttributes | None = None, *,
-                 refuse_size: bool = True) -> None:
+                 refuse_size: bool = True, leased: bool = False) -> None:
         self.name = name
         # L6: MaxMsgSize refuses a larger body (cmq), or only the gateway reports it (PF3).
         self.refuse_size = refuse_size
+        # The model holds only what this gateway leased from a store several gateways share
+        # (gateway.jetstream): x-max-length and Q6's deleted copies are the store's, applied on
+        # its counts and kept in it; a rewind is checked here as on one gateway, then
+        # ``on_rewind`` moves the store's consumer.
+        self.leased = leased
+        self.on_rewind: Callable[[float], None] | None = None
         self._messages: dict[str, QueueMessage] = {}
         self._active: deque[QueueMessage] = deque()
         self._returned: list[tuple[int, QueueMessage]] = []
@@ -315,12 +321,12 @@ class CmqQueue:
         self._heap_num = a.max_msg_heap_num
         self._default_delay = float(a.delay_seconds)
         self._ttl = a.message_ttl
-        self._max_length = a.max_length
+        self._max_length = None if self.leased else a.max_length
         self._overflow = a.overflow
         self._dlq = a.dead_letter_queue
         self._max_receive = a.max_receive_count
         self._dlq_ttl = None if a.max_time_to_live is None else float(a.max_time_to_live)
-        self._rewind = float(a.rewind_seconds)
+        self._rewind = 0.0 if self.leased else float(a.rewind_seconds)
 
     def set_attributes(self, attributes: QueueAttributes, now: float) -> None:
         """CMQ SetQueueAttributes. New limits apply to new messages; new deadlines to all."""
@@ -1179,9 +1185,10 @@ class CmqQueue:
     def rewind(self, to_time: float, now: float) -> int:
         """Q6: from now on, receive every message produced at or after ``to_time``, in
         production order. Returns how many deleted messages became Active again."""
-        if self._rewind <= 0:
+        rewind_range = float(self.attributes.rewind_seconds)  # a leased model keeps no copies (_rewind 0)
+        if rewind_range <= 0:
             raise CMQError("Q6", f"queue '{self.name}' has rewind off (rewind_seconds=0)", value=to_time)
-        oldest = now - self._rewind
+        oldest = now - rewind_range
         if to_time < oldest:
             raise CMQError("Q6", f"cannot rewind queue '{self.name}' to {to_time!r}: older than now - "
                            f"rewind_seconds ({oldest!r})", value=to_time)
@@ -1206,6 +1213,8 @@ class CmqQueue:
                     msg.deadline = retention_end
                     self._push_timer(retention_end, _DEADLINE, msg, 0)
         self._rebuild_active()
+        if self.on_rewind is not None:
+            self.on_rewind(to_time)
         return count
 
     def __repr__(self) -> str:

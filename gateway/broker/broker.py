@@ -97,8 +97,6 @@ class Broker:
     storage_class: Callable[[Any], MessageStorage] = EmbeddedMessages
     # What a vhost asks of the other gateways (gateway.broker.membership).
     membership_class: Callable[[Any], Membership] = EmbeddedMembership
-    # What a vhost makes a queue as: the cluster's count messages held in JetStream too.
-    queue_class: type[BrokerQueue] = BrokerQueue
 
     @property
     def audit(self) -> Any:

@@ -26,7 +26,7 @@ from gateway.jetstream.api_receive import ReceiveDemand, queue_counts
 from gateway.jetstream.bodies import Bodies
 from gateway.jetstream.maxlength import trim_after_publish
 from gateway.jetstream.pulls import Pulls
-from gateway.jetstream.queues import LeasedCmqQueue, QueueStream
+from gateway.jetstream.queues import QueueStream
 from gateway.jetstream.streams import Streams
 from gateway.jetstream.sweeper import Sweeper, settle_once
 from gateway.jetstream.writes import Writes
@@ -155,7 +155,9 @@ class JetStreamMessages:
         return True
 
     def new_model(self, name: str, attrs: QueueAttributes, refuse_size: bool) -> Q.CmqQueue:
-        return LeasedCmqQueue(name, attrs, refuse_size=refuse_size)
+        # Leased: x-max-length is applied on JetStream's count (gateway.jetstream.maxlength) and
+        # Q6's deleted messages are kept by the stream; a rewind moves the shared consumer (made).
+        return Q.CmqQueue(name, attrs, refuse_size=refuse_size, leased=True)
 
     def made(self, vh: VHost, q: BrokerQueue) -> None:
         q.stored = s = QueueStream(q)

@@ -36,41 +36,14 @@ from gateway.jetstream.store import Chain
 from gateway.jetstream.wire import Handlers
 from semantics.jetstream.config import consumer_config, stream_config
 from semantics.jetstream.names import CONSUMER
-from semantics.queue import CmqQueue
-from semantics.queue_attrs import QueueAttributes
 
-__all__ = ["LeasedCmqQueue", "QueueStream", "delivery_counts", "ensure_stream", "rewind_consumer",
+__all__ = ["QueueStream", "delivery_counts", "ensure_stream", "rewind_consumer",
            "subscribe"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
 OTHERS_STREAM_TRIES = 15  # 3 s of 0.2 s waits for the declaring gateway's stream
 STREAM_IN_USE = 10058  # "stream name already in use with a different configuration"
-
-
-class LeasedCmqQueue(CmqQueue):
-    """The local model of a JetStream queue. Rewind (Q6) lives in JetStream (a limits stream
-    keeps deleted messages until their retention), so the model never keeps rewindable copies
-    of its own; a rewind is checked here as on one gateway, then ``on_rewind`` moves the shared
-    consumer (gateway.jetstream.pulls)."""
-
-    on_rewind: Callable[[float], None] | None = None
-
-    def _apply(self, a: QueueAttributes) -> None:
-        super()._apply(a)
-        self.rewind_range = self._rewind
-        self._rewind = 0.0
-        self._max_length = None  # applied on JetStream's count, not on the leases (jetstream.maxlength)
-
-    def rewind(self, to_time: float, now: float) -> int:
-        self._rewind = self.rewind_range  # the checks of one gateway: range, forward only
-        try:
-            count = super().rewind(to_time, now)
-        finally:
-            self._rewind = 0.0
-        if self.on_rewind is not None:
-            self.on_rewind(to_time)
-        return count
 
 
 class QueueStream:

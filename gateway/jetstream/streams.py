@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
-from gateway.jetstream.queues import LeasedCmqQueue, QueueStream, ensure_stream
+from gateway.jetstream.queues import QueueStream, ensure_stream
 from semantics.jetstream.names import CONSUMER
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class Streams:
         q = s.q
         # Presence (membership) learns of its consumers; the stream is this module's.
         q.on_consumers = self.broker.presence.consumers_changed
-        cast(LeasedCmqQueue, q.cmq).on_rewind = lambda to_time: self.pulls.start_rewind(s, to_time)
+        q.cmq.on_rewind = lambda to_time: self.pulls.start_rewind(s, to_time)
         # The declaring gateway creates the stream; those that learn of it wait for it first.
         task = asyncio.get_running_loop().create_task(self._ensure(s, create=not self.broker.store.applying))
         self.broker._tasks.add(task)

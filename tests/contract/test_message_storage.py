@@ -97,6 +97,7 @@ class MessageStorageContract:
         of the queue; and ``message_count`` counts what it holds outside the local model."""
         q = await self.declare(broker)
         assert type(q) is BrokerQueue
+        assert type(q.cmq) is Q.CmqQueue  # one CMQ queue model too (leased on JetStream)
         await self.stored(broker, q, b"m", 2)
         assert q.message_count == q.cmq.active + q.remote_ready == 2
 
