@@ -145,9 +145,12 @@ class Publisher:
             self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
-        """What is queued, handed to the connection now (in window)."""
+        """What is queued, written now (in window). The publishes have a connection of
+        their own (gateway.jetstream.link), so this write holds only them: the acks and pull
+        requests of the turn still leave together at the start of the next."""
         self._scheduled = False
         self._kick()
+        wire.send_now(self.nc)
 
     def _kick(self) -> None:
         if not self._sending and self._outbox:

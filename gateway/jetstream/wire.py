@@ -24,7 +24,7 @@ from typing import Any
 
 from nats.protocol.parser import AWAITING_CONTROL_LINE, MAX_CONTROL_LINE_SIZE
 
-__all__ = ["Delivery", "Handlers", "hpub", "parse_headers", "pub", "send", "write"]
+__all__ = ["Delivery", "Handlers", "hpub", "parse_headers", "pub", "send", "send_now", "write"]
 
 log = logging.getLogger("cmq_gateway.jetstream")
 
@@ -285,6 +285,14 @@ def send(nc: Any, commands: list[tuple[bytes, str, str, bytes, dict[str, str] | 
         nc._cmq_flush_soon = True
         asyncio.get_running_loop().call_soon(_flush, nc)
     return True
+
+
+def send_now(nc: Any) -> None:
+    """What :func:`send` queued so far, written now rather than at the start of the loop's
+    next turn: the end of a client's read that published (issue 28, latency at 3,000 msg/s:
+    the turn waited 0.11 ms at the median and 3.3 ms at p90, at load 14)."""
+    if getattr(nc, "_cmq_flush_soon", False):
+        _flush(nc)
 
 
 def _flush(nc: Any) -> None:
