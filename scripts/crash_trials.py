@@ -54,8 +54,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiormq
 from pamqp.commands import Basic
@@ -372,20 +374,26 @@ def read_audit(directory: Path) -> tuple[set[str], set[tuple[str, str]], int]:
     published: set[str] = set()
     enqueued: set[tuple[str, str]] = set()
     rebuilt = 0
+    for r in publish_and_enqueue_records(directory):
+        rebuilt += r.get("origin") == "rebuilt"
+        if r["event"] == "publish":
+            published.add(r["msg_id"])
+        else:
+            enqueued.add((r["queue"], r["msg_id"]))
+    return published, enqueued, rebuilt
+
+
+def publish_and_enqueue_records(directory: Path) -> Iterator[dict[str, Any]]:
+    """Every whole `publish` and `enqueue` record of every segment, closed or open (the other
+    trial scripts count theirs from these too)."""
     for path in sorted(directory.glob("dt=*/hour=*/*.jsonl")) + sorted(directory.glob("dt=*/hour=*/.*.open")):
         for line in path.read_bytes().split(b"\n"):
             if b'"event":"publish"' not in line and b'"event":"enqueue"' not in line:
                 continue
             try:
-                r = json.loads(line)
+                yield json.loads(line)
             except ValueError:
                 continue  # a torn last line (A3)
-            rebuilt += r.get("origin") == "rebuilt"
-            if r["event"] == "publish":
-                published.add(r["msg_id"])
-            else:
-                enqueued.add((r["queue"], r["msg_id"]))
-    return published, enqueued, rebuilt
 
 
 def check_audit(result: Result, ledger: Ledger, stored: set[tuple[str, str]], audit_dir: Path

@@ -382,18 +382,11 @@ def audit_counts(audit_dir: Path, trial: int, queue: str) -> tuple[int, int]:
     published: set[str] = set()
     enqueued: set[str] = set()
     topics = (f"crash.t{trial}.", f"crash/t{trial}/")
-    for path in sorted(audit_dir.glob("dt=*/hour=*/*.jsonl")) + sorted(audit_dir.glob("dt=*/hour=*/.*.open")):
-        for line in path.read_bytes().split(b"\n"):
-            if b'"event":"publish"' not in line and b'"event":"enqueue"' not in line:
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue  # a torn last line (A3)
-            if r["event"] == "publish" and str(r.get("routing_key", "")).startswith(topics):
-                published.add(r["msg_id"])
-            elif r["event"] == "enqueue" and r.get("queue") == queue:
-                enqueued.add(r["msg_id"])
+    for r in crash_trials.publish_and_enqueue_records(audit_dir):
+        if r["event"] == "publish" and str(r.get("routing_key", "")).startswith(topics):
+            published.add(r["msg_id"])
+        elif r["event"] == "enqueue" and r.get("queue") == queue:
+            enqueued.add(r["msg_id"])
     return len(published), len(enqueued)
 
 
