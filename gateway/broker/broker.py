@@ -139,9 +139,6 @@ class Broker:
         self.store = store
         # Queue messages (gateway.broker.storage) and membership (gateway.broker.membership).
         self.messages: MessageStorage = self.storage_class(self)
-        # The embedded store keeps nothing of a transient queue's message: its settle of one
-        # returns at once, and ack (once a message) skips the call.
-        self._settles_transient = type(self.messages) is not EmbeddedMessages
         self.membership: Membership = self.membership_class(self)
         self.opened_lsn = int(getattr(store, "last_lsn", 0))  # the last durable write before this start (MQ8)
         self._log_recovery()
@@ -885,7 +882,7 @@ class Broker:
         handle = u.handle
         if q.cmq.delete(handle, now):
             m = handle.message
-            if q.durable or self._settles_transient:
+            if q.durable or self.messages.settles_transient:
                 self.messages.settle(q, m, body_needed=False)  # durable or not (issue 28)
             msg = m.payload
             latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None

@@ -49,6 +49,10 @@ class MessageStorage(Protocol):
     (``q.cmq``) holds what this gateway may deliver now; the storage decides what else exists.
     """
 
+    # Whether settle() has work for a non-durable queue's message; when False the broker's
+    # ack skips the call (a frame on every transient message's ack).
+    settles_transient: bool
+
     def enqueue(self, vh: VHost, q: BrokerQueue, msg: Message, now: float, delay: float | None,
                 expires_at: float | None, out_lsn: int, via: str | None, subscription: str | None) -> int:
         """Take ``msg`` into ``q`` (M10), ``delay`` seconds from now (None: the queue's
@@ -199,6 +203,8 @@ class MessageStorage(Protocol):
 
 class EmbeddedMessages:
     """Messages in this process's CMQ model, persistent ones also in the local journal."""
+
+    settles_transient = False  # nothing on disk for a transient queue (settle returns at once)
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker

@@ -64,6 +64,8 @@ class JetStreamMessages:
     """See the module docstring. Each queue's own state here is its QueueStream (``q.stored``,
     made by :meth:`made`)."""
 
+    settles_transient = True  # every queue's acks reach its stream (issue 28)
+
     def __init__(self, broker: ClusterBroker) -> None:
         self.broker = broker
         self.bodies = Bodies(broker.link)
