@@ -51,6 +51,12 @@ log = logging.getLogger("cmq_gateway.admission")
 # How often the process's open descriptors are counted (/proc/self/fd), when far from the
 # reserve and when near it: counting 10^4 descriptors takes a few milliseconds.
 _RECOUNT_FAR, _RECOUNT_NEAR = 30.0, 0.5
+# Every listener's accept queue (AMQP, MQTT, HTTP; plain and TLS). asyncio's default is 100,
+# RabbitMQ's 128: a reconnect storm of a fleet (hundreds of clients at once after a restart)
+# overflowed it, and each dropped SYN cost its client a second's retransmit; the kernel caps
+# it at net.core.somaxconn (4096 here).
+LISTEN_BACKLOG = 1024
+
 _REFUSED_HTTP = b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
@@ -208,7 +214,7 @@ class TlsListener:
         self.timeout = timeout or None
         self.handshakes: set[asyncio.Task[None]] = set()
         sock.setblocking(False)
-        sock.listen(1024)  # as create_server would (a socket given to aiohttp is not listening yet)
+        sock.listen(LISTEN_BACKLOG)  # as create_server would (a socket given to aiohttp is not listening yet)
         self._accepting = asyncio.get_running_loop().create_task(self._accept(sock))
 
     async def _accept(self, sock: socket.socket) -> None:
@@ -568,7 +574,7 @@ class _GuardedSite(web.SockSite):
 
     def __init__(self, runner: web.AppRunner, sock: socket.socket, *, ssl_context: Any,
                  factory: Callable[[], asyncio.Protocol], handshake_timeout: float | None, gate: Gate) -> None:
-        super().__init__(runner, sock, ssl_context=ssl_context, backlog=1024)
+        super().__init__(runner, sock, ssl_context=ssl_context, backlog=LISTEN_BACKLOG)
         self._gate = gate
         self._factory = factory
         self._handshake_timeout = handshake_timeout
@@ -614,7 +620,7 @@ def bind_http(host: str, port: int) -> list[socket.socket]:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(1024)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
     except BaseException:
         sock.close()

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 from gateway import version
-from gateway.admission import Admission
+from gateway.admission import LISTEN_BACKLOG, Admission
 from gateway.alarms import Alarms
 from gateway.audit import AuditLog, NullAudit
 from gateway.config import GatewayConfig, Listener
@@ -209,7 +209,7 @@ def _bind(listener: Listener, serves: str = "amqp") -> socket.socket:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((listener.host, listener.port))
-        sock.listen(1024)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
     except OSError as e:
         sock.close()
@@ -385,7 +385,7 @@ class Gateway:
                 profile=self.broker.profile.name)
             loop = asyncio.get_running_loop()
             for sock in socks:
-                server = await loop.create_server(lambda: AMQPConnection(self), sock=sock)
+                server = await loop.create_server(lambda: AMQPConnection(self), sock=sock, backlog=LISTEN_BACKLOG)
                 self._servers.append(server)
                 host, port = sock.getsockname()[:2]
                 self.addresses.append((host, port))

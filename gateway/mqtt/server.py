@@ -9,6 +9,7 @@ import logging
 import socket
 from typing import Any
 
+from gateway.admission import LISTEN_BACKLOG
 from gateway.mqtt.codec import Will
 from gateway.mqtt.retained import RetainedStore
 from gateway.mqtt.session import EXCHANGE, SessionState, message_properties, session_key
@@ -40,7 +41,8 @@ class MQTTService:
 
         (self.tls_addresses if ssl_context is not None else self.addresses).append(sock.getsockname()[:2])
         if ssl_context is None:
-            return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(self), sock=sock)
+            return await asyncio.get_running_loop().create_server(lambda: MQTTConnection(self), sock=sock,
+                                                                  backlog=LISTEN_BACKLOG)
         tls = self.gw.config.tls
         # The TLS handshake has its own limit, as on the AMQPS port (SE4); CONNECT's follows it.
         # The socket is counted by the listener's gate from accept, before the handshake (SE5).
