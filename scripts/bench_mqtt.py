@@ -12,6 +12,8 @@ process; Mosquitto found by pgrep), the figure that depends least on what else t
 
 ``--before REV``: a second gateway, of that commit (a git worktree, the compiled modules
 copied in), measured in the same run as a third broker: before/after ratios in one run.
+``--after REV``: the first gateway from a worktree of that commit too, not from this checkout's
+files (which, shared with other sessions, may hold their uncommitted changes).
 
 ``--own-mosquitto``: a Mosquitto of its own on a free port, with ``max_queued_messages
 1000000`` and ``max_inflight_messages 100`` (the gateway's in-flight default). The system one's
@@ -64,14 +66,19 @@ def start_mosquitto(work: str) -> tuple[subprocess.Popen[str], int]:
     raise RuntimeError("mosquitto did not start")
 
 
-def worktree(rev: str, work: str) -> str:
-    path = os.path.join(work, "before")
+def worktree(rev: str, work: str, name: str = "before") -> str:
+    """A git worktree of ``rev`` with this checkout's compiled modules copied in: every one
+    (the frame codec and the audit rows), else that gateway would run the pure-Python twin of
+    a module the other runs compiled, and the comparison would measure that."""
+    path = os.path.join(work, name)
     subprocess.check_call(["git", "worktree", "add", "--detach", path, rev], cwd=ROOT, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
-    protocol = os.path.join(ROOT, "gateway", "protocol")
-    for name in os.listdir(protocol):
-        if name.endswith(".so"):
-            shutil.copy(os.path.join(protocol, name), os.path.join(path, "gateway", "protocol", name))
+    for folder, _dirs, files in os.walk(os.path.join(ROOT, "gateway")):
+        for so in files:
+            if so.endswith(".so"):
+                target = os.path.join(path, os.path.relpath(folder, ROOT))
+                if os.path.isdir(target):
+                    shutil.copy(os.path.join(folder, so), os.path.join(target, so))
     return path
 
 
@@ -99,22 +106,29 @@ def main() -> None:
     ap.add_argument("--own-mosquitto", action="store_true", help="a Mosquitto of its own that drops nothing")
     ap.add_argument("--config", default=None, help="a gateway config file (e.g. audit events to leave out)")
     ap.add_argument("--before", metavar="REV", help="also a gateway of this commit, in the same run")
+    ap.add_argument("--after", metavar="REV", help="the gateway measured is this commit's (a worktree), not the "
+                    "checkout's files: others' uncommitted changes in a shared checkout stay out")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     data_dir = tempfile.mkdtemp(prefix="bench-mqtt-")
     extra = ["--config", args.config] if args.config else []
-    proc, port = start_gateway(data_dir, *extra)
+    trees = []
+    if args.after:
+        trees.append(worktree(args.after, data_dir, "after"))
+    proc, port = start_gateway(data_dir, *extra, root=trees[0] if trees else ROOT)
     before = None
     if args.before:
         os.makedirs(os.path.join(data_dir, "before-data"))
         tree = worktree(args.before, data_dir)
+        trees.append(tree)
         before = start_gateway(os.path.join(data_dir, "before-data"), *extra, root=tree)
     own = start_mosquitto(data_dir) if args.own_mosquitto else None
     mosq = own[0].pid if own is not None else mosquitto_pid()
     mosquitto_port = own[1] if own is not None else args.mosquitto
     try:
         cmd = [sys.executable, "-m", "gateway", "perf", "mqtt", "--uri-a", f"mqtt://guest:guest@127.0.0.1:{mosquitto_port}",
-               "--name-a", "Mosquitto", "--uri-b", f"mqtt://guest:guest@127.0.0.1:{port}", "--name-b", "gateway",
+               "--name-a", "Mosquitto", "--uri-b", f"mqtt://guest:guest@127.0.0.1:{port}", "--name-b",
+               f"gateway {args.after}" if args.after else "gateway",
                "--broker-pid-b", str(proc.pid), "--qos", args.qos, "--count", str(args.count), "--size", str(args.size),
                "--window", str(args.window), "--repeat", str(args.repeat),
                "--client", args.client]
@@ -133,8 +147,8 @@ def main() -> None:
             if other is not None:
                 other[0].terminate()
                 other[0].wait(timeout=30)
-        if before is not None:
-            subprocess.call(["git", "worktree", "remove", "--force", os.path.join(data_dir, "before")], cwd=ROOT)
+        for tree in trees:
+            subprocess.call(["git", "worktree", "remove", "--force", tree], cwd=ROOT)
         shutil.rmtree(data_dir, ignore_errors=True)
     sys.exit(code)
 
