@@ -82,7 +82,7 @@ class MQTTServerConnection:
         try:
             packet = self.decoder.next_packet()
         except P.MalformedPacket as e:
-            return self._fail(e.reason_code, str(e))
+            return self.malformed(e)
         if packet is None:
             return None
         cls = type(packet)
@@ -90,6 +90,17 @@ class MQTTServerConnection:
         # send) need none of the checks below once CONNECT was read.
         if (cls is _PUBLISH or cls is _ACK) and self._got_connect:
             return packet
+        return self.vet(packet)
+
+    # A transport's read loop may call decoder.next_packet itself once CONNECT was read and
+    # while not closed (a call less a packet): then a MalformedPacket goes to malformed(), and
+    # a packet other than a PUBLISH or an acknowledgement to vet(), as next_event does.
+
+    def malformed(self, e: P.MalformedPacket) -> ProtocolError:
+        return self._fail(e.reason_code, str(e))
+
+    def vet(self, packet: P.Packet) -> object:
+        """The wire's checks of a decoded packet (MQ7): the event it gives."""
         kind = packet.type
         if not self._got_connect:
             if kind != P.CONNECT:
@@ -144,8 +155,10 @@ class MQTTServerConnection:
         self.closed = True
 
     def data_to_send(self) -> bytes:
-        out, self._out = self._out, []
-        return b"".join(out)
+        # Emptied in place, not replaced: the session's hot paths append to this list directly.
+        data = b"".join(self._out)
+        self._out.clear()
+        return data
 
     # -- time ------------------------------------------------------------------------------
 

@@ -983,7 +983,8 @@ class MQTTSession:
             if topic is None:
                 return
             packet.topic = topic
-        if not valid_topic(packet.topic):
+        # A topic with a cached basic.publish was found valid when it was made (route).
+        if packet.topic not in self._methods and not valid_topic(packet.topic):
             self.conn.close_with(TOPIC_NAME_INVALID, f"topic name {packet.topic!r} is not valid (MQTT-3.3.2-2)")
             return
         if packet.qos == 2 and packet.packet_id in self.state.inbound_qos2 \
@@ -1176,6 +1177,8 @@ class MQTTSession:
         confirms = self.confirms
         durable = self.broker.durable_lsn
         late: list[tuple[int, int, int]] = []
+        core = self.core
+        out = core._out
         while confirms and confirms[0][0] <= tag:
             seq, kind, pid, retained_lsn = confirms.popleft()
             if not multiple and seq != tag:
@@ -1183,6 +1186,11 @@ class MQTTSession:
                 break
             if retained_lsn > durable:
                 late.append((kind, pid, 0 if ok else UNSPECIFIED))
+                continue
+            if ok and kind == P.PUBACK:
+                # _ack_publish's hot path, inline: a QoS 1 message's PUBACK, once a message.
+                if not core.closed:
+                    out.append(bytes((0x40, 2, pid >> 8, pid & 0xFF)))
                 continue
             self._ack_publish(kind, pid, 0 if ok else UNSPECIFIED)
         if late:
@@ -1299,7 +1307,9 @@ class MQTTSession:
         retain = False
         if self.level < 5:
             if shared is None:
-                msg_qos = publish_qos(raw_props)
+                msg_qos = _QOS_OF_PROPS.get(raw_props, _UNREADABLE)  # publish_qos's cache, inline
+                if msg_qos is _UNREADABLE:
+                    msg_qos = publish_qos(raw_props)
             else:
                 fast = _delivery_headers(raw_props)
                 if fast is not None:
@@ -1353,9 +1363,16 @@ class MQTTSession:
                     return  # stays unacknowledged: sent again after the visibility timeout (MQ6)
             else:
                 self._next_pid = pid % 65535 + 1
-        data = publish_bytes(topic, body, qos, pid, redelivered, self.level, retain) if not mprops else \
-            P.encode(P.Publish(topic, body, qos, retain, dup=redelivered, packet_id=pid, properties=mprops),
-                     self.level)
+        level = self.level
+        head = None if mprops or level >= 5 else \
+            _PUBLISH_HEADS.get((topic, 0x30 | (8 if redelivered else 0) | (qos << 1) | retain, len(body), level))
+        if head is not None:  # publish_bytes's cache hit for 3.1.1, inline: once a delivery
+            data = b"".join((head, _U16.pack(pid), body))
+        elif not mprops:
+            data = publish_bytes(topic, body, qos, pid, redelivered, level, retain)
+        else:
+            data = P.encode(P.Publish(topic, body, qos, retain, dup=redelivered, packet_id=pid, properties=mprops),
+                            level)
         if self.client_max_packet and self._too_large(data):
             self._ack_soon(tag)
             return
@@ -1364,7 +1381,8 @@ class MQTTSession:
             if msg_id is not None:
                 state.pid_of_msg[msg_id] = pid  # SessionState.remember, inline: once a delivery
                 state.msg_of_pid[pid] = msg_id
-            self.core.send_raw(data)
+            if not self.core.closed:  # core.send_raw, inline
+                self.core._out.append(data)
             return
         if msg_id is not None and before != pid:
             state.pid_of_msg[msg_id] = pid
@@ -1461,6 +1479,22 @@ class MQTTSession:
                 self._after_save(bytes((P.PUBREL << 4 | 2, 2, pid >> 8, pid & 0xFF)))
             return
         tag, msg_id = entry
+        if packet.kind == P.PUBACK and not state.persistent and 0 < tag < SHARED_TAG:
+            # The hot path, once a QoS 1 message of a clean session's own queue: _settle and
+            # _forget inline.
+            ch = self.bs.channels.get(CONSUME)
+            if ch is not None:
+                try:
+                    ch.ack(tag, False)
+                except CMQError:
+                    pass  # already settled (a stale tag after a visibility timeout)
+            if msg_id is not None:
+                mapped = state.pid_of_msg.pop(msg_id, None)
+                if mapped is not None and state.msg_of_pid.get(mapped) == msg_id:
+                    del state.msg_of_pid[mapped]
+            else:
+                state.retained_pids.pop(pid, None)
+            return
         if packet.kind == P.PUBACK or packet.reason_code >= 0x80 or not state.persistent:
             self._settle(tag)
             if state.persistent:

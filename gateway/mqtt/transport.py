@@ -128,14 +128,28 @@ class MQTTConnection(ClientProtocol):
         broker.begin_batch()
         try:
             budget = EVENTS_PER_TURN
-            next_event = self.core.next_event
+            core = self.core
+            next_event = core.next_event
+            next_packet = core.decoder.next_packet
             parked, self._parked = self._parked, None
             if parked is not None and self.mqtt is not None:
                 self.mqtt.publish(parked)  # the alarm that held it has cleared
             while not self._lost:
-                event = next_event()
-                if event is None:
-                    break
+                event: object
+                if core._got_connect and not core.closed:  # core.next_event, inline: a call less a packet
+                    try:
+                        event = next_packet()
+                    except P.MalformedPacket as e:
+                        event = core.malformed(e)
+                    else:
+                        if event is None:
+                            break
+                        if type(event) is not Publish and type(event) is not Ack:
+                            event = core.vet(event)
+                else:
+                    event = next_event()
+                    if event is None:
+                        break
                 s = self.mqtt
                 # The packets of every message straight to the session; the rest by _dispatch.
                 if type(event) is Publish and s is not None:
