@@ -79,17 +79,23 @@ def reading(headers: dict[str, str] | None, data: bytes) -> str:
     return STORED if isinstance(seq, int) and seq > 0 else UNKNOWN
 
 
+Settled = Callable[[int, bool, Callable[[], None]], None]
+
+
 class _Write:
-    __slots__ = ("subject", "payload", "headers", "sent_at", "done", "gone")
+    __slots__ = ("subject", "payload", "headers", "sent_at", "done", "gone", "settled")
 
     def __init__(self, subject: str, payload: bytes, headers: dict[str, str],
-                 done: Callable[[bool], None], gone: Callable[[], bool] | None) -> None:
+                 done: Callable[[], None], gone: Callable[[], bool] | None, settled: Settled) -> None:
         self.gone = gone  # its queue was deleted: an unstored write is refused, not resent
         self.subject = subject
         self.payload = payload
         self.headers = headers
         self.sent_at = 0.0  # when last sent
-        self.done = done  # called once: True when JetStream refused it
+        # Called once, as settled(lsn, refused by JetStream, done): one callable shared by the
+        # writes of a store, another by those of a queue, not a closure per write.
+        self.done = done
+        self.settled = settled
 
 
 class Publisher:
@@ -135,8 +141,8 @@ class Publisher:
         return len(self._sent)
 
     def publish(self, lsn: int, subject: str, payload: bytes, headers: dict[str, str],
-                done: Callable[[bool], None], gone: Callable[[], bool] | None = None) -> None:
-        self._writes[lsn] = _Write(subject, payload, headers, done, gone)
+                done: Callable[[], None], gone: Callable[[], bool] | None, settled: Settled) -> None:
+        self._writes[lsn] = _Write(subject, payload, headers, done, gone, settled)
         self._outbox.append(lsn)
         if not self._scheduled:
             # Sent at the end of the client read that made it (flush, from the broker's
@@ -242,7 +248,7 @@ class Publisher:
         del self._writes[lsn]
         self._sent.pop(lsn, None)
         self._again.discard(lsn)
-        w.done(what == REFUSED)
+        w.settled(lsn, what == REFUSED, w.done)
         self._kick()
 
     async def _sweep(self) -> None:

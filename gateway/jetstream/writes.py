@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from functools import partial
 from typing import TYPE_CHECKING
 
 from nats.errors import MaxPayloadError
@@ -71,8 +72,10 @@ class Writes:
             # way, the queue's later messages follow them there, so their order holds.
             s.slow_writes += 1
             return self.broker.store.track(self._publish, s, payload, headers, msg.body if big else None, chain=s.chain)
-        return self.broker.store.track_message(self.publisher, s.subject, payload, headers,
-                                               lambda: self.published(s), lambda: q.deleted)
+        done = s.on_published
+        if done is None:
+            done = s.on_published = partial(self.published, s)
+        return self.broker.store.track_message(self.publisher, s.subject, payload, headers, done, s.is_gone)
 
     async def _publish(self, s: QueueStream, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
         q = s.q
