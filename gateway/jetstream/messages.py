@@ -25,6 +25,7 @@ from gateway.audit.rows import ENQUEUE
 from gateway.jetstream.api_receive import ReceiveDemand, queue_counts
 from gateway.jetstream.bodies import Bodies
 from gateway.jetstream.maxlength import trim_after_publish
+from gateway.jetstream.nonces import KvLedger
 from gateway.jetstream.pulls import Pulls
 from gateway.jetstream.queues import QueueStream
 from gateway.jetstream.streams import Streams
@@ -56,8 +57,8 @@ def held(q: BrokerQueue, s: QueueStream) -> int:
     delayed) and naked here for the rest of a delay. Leases other gateways hold are not in it;
     for those the stream's own max_msgs refuses (a basic.nack, M14)."""
     cmq = q.cmq
-    return (q.remote_ready + cmq.active + cmq.inactive + cmq.delayed
-            + sum(naked for _, naked in s.delays.values()))
+    held = q.remote_ready + cmq.active + cmq.inactive + cmq.delayed
+    return held + sum(naked for _, naked in s.delays.values()) if s.delays else held
 
 
 class JetStreamMessages:
@@ -193,6 +194,11 @@ class JetStreamMessages:
             elif q.remote_ready > 0 and any(c.has_credit() for c in pulls.pullers(s)):
                 lag += q.remote_ready
         return lag
+
+    def nonce_ledger(self, ttl: float) -> KvLedger:
+        """The CMQ API's used nonces (SE6), shared with every gateway of the cluster: a KV
+        bucket whose entries JetStream expires after ``ttl`` (gateway.jetstream.nonces)."""
+        return KvLedger(self.broker.link, ttl)
 
     def want(self, q: BrokerQueue) -> None:
         self.pulls.want_soon(q.stored)
