@@ -70,19 +70,26 @@ class Streams:
         while not self.broker._closed:
             await asyncio.sleep(COUNT_EVERY)
             now = self.broker.clock.now()
-            for vh in list(self.broker.vhosts.values()):
-                for q in list(vh.queues.values()):
-                    s: QueueStream = q.stored
-                    if not s.ready.is_set() or q.deleted:
-                        continue
+            queues = [q for vh in list(self.broker.vhosts.values()) for q in list(vh.queues.values())]
+            # Every queue's lost pull requests first, without an await between them: while
+            # consumers have no leader (a quorum lost, then back), each consumer_info below
+            # waits out the 5 s timeout, and a queue behind several of those waited that many
+            # timeouts before its lost pull (one JetStream never answers) was asked again.
+            for q in queues:
+                s: QueueStream = q.stored
+                if s.ready.is_set() and not q.deleted:
                     self.pulls.unstick(s, now)
-                    if now - max(q.last_used, s.published_at) > COUNT_RECENT and not q.consumers:
-                        continue
-                    try:
-                        info = await js.consumer_info(s.stream, CONSUMER)
-                    except Exception:  # noqa: BLE001 - deleted meanwhile, or NATS away
-                        continue
-                    q.remote_ready = info.num_pending or 0
+            for q in queues:
+                s = q.stored
+                if not s.ready.is_set() or q.deleted:
+                    continue
+                if now - max(q.last_used, s.published_at) > COUNT_RECENT and not q.consumers:
+                    continue
+                try:
+                    info = await js.consumer_info(s.stream, CONSUMER)
+                except Exception:  # noqa: BLE001 - deleted meanwhile, or NATS away
+                    continue
+                q.remote_ready = info.num_pending or 0
 
     async def _ensure(self, s: QueueStream, create: bool) -> None:
         q = s.q
