@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.memory import HELD, MESSAGE_OVERHEAD, HeldMemory
+from gateway.protocol.properties import DELIVERY_MODE, Properties
 
 __all__ = ["DISK_BODY_MIN", "DiskMessage", "Message", "recovered"]
 
@@ -40,7 +41,12 @@ class Message:
         self.properties = properties
         self.exchange = exchange
         self.routing_key = routing_key
-        self.persistent = getattr(properties, "delivery_mode", None) == 2
+        if type(properties) is Properties:
+            # delivery_mode read from its span: the property's getter was a frame a publish.
+            span = properties._spans[DELIVERY_MODE]
+            self.persistent = span is not None and properties.raw[span[0]] == 2
+        else:
+            self.persistent = getattr(properties, "delivery_mode", None) == 2
         self.published_at = published_at
         self.tags = tags
         self.key: str | None = None

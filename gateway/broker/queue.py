@@ -1,8 +1,8 @@
 """AMQP queues served by CMQ queues (SPEC M7, M11-M13, M15, Q1-Q8).
 
-A :class:`BrokerQueue` owns one ``semantics.queue.CmqQueue`` and the consumers attached to
-it. Every call into the CMQ model goes through the few methods marked "CMQ model" below, so
-the rest of the broker never depends on its exact shape.
+A :class:`BrokerQueue` owns one ``semantics.queue.CmqQueue`` (``cmq``) and the consumers
+attached to it. The message storages send into the model directly (``cmq.send``: a wrapper
+here was a frame on every publish); receives go through ``receive`` below.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.broker.arguments import QueueArgs
 from gateway.broker.consumers import Consumer
-from gateway.broker.message import Message
 from gateway.broker.policies import Policy
-from semantics.queue import CmqQueue, QueueMessage, Receipt
+from semantics.queue import CmqQueue, Receipt
 from semantics.queue_attrs import QueueAttributes
 from semantics.waiters import Waiters
 
@@ -76,13 +75,6 @@ class BrokerQueue:
         return f"BrokerQueue({self.vhost!r}, {self.name!r})"
 
     # -- CMQ model ---------------------------------------------------------------------------
-
-    def send(self, msg: Message, now: float, delay: float | None = None,
-             expires_at: float | None = None) -> QueueMessage:
-        """CMQ SendMessage under the message's own ID; raises LimitError (L6 too large, L8
-        full) or MaxLengthRejected."""
-        return self.cmq.send(msg, len(msg.body), now, delay=delay, msg_id=msg.msg_id or None,
-                             expires_at=expires_at)
 
     def receive(self, now: float) -> Receipt | None:
         """CMQ ReceiveMessage: an Active message turns Inactive (Q1), or None."""
@@ -159,6 +151,15 @@ class BrokerQueue:
                 self._rr = 0
             c = consumers[self._rr]
             self._rr += 1
-            if c.has_credit():
+            # Consumer.has_credit inlined (its frame was one every delivery); the same tests
+            # in the same order: a change there is a change here
+            # (tests/unit/broker/test_next_consumer_credit.py holds the two equal).
+            ch = c.channel
+            if not ch.flow_active or ch.closing or ch.committing or ch.session.paused:
+                continue
+            if not c.no_ack and c.prefetch and c.unacked >= c.prefetch:
+                continue
+            limit = ch.channel_prefetch
+            if not limit or len(ch.unacked) + len(ch.tx_acks) < limit:
                 return c
         return None

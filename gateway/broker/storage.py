@@ -212,7 +212,8 @@ class EmbeddedMessages:
     def enqueue(self, vh: VHost, q: BrokerQueue, msg: Message, now: float, delay: float | None,
                 expires_at: float | None, out_lsn: int, via: str | None, subscription: str | None) -> int:
         broker = self.broker
-        qmsg = q.send(msg, now, delay, expires_at)
+        # The CMQ model's send itself, not BrokerQueue.send around it: a frame on every publish.
+        qmsg = q.cmq.send(msg, len(msg.body), now, delay=delay, msg_id=msg.msg_id or None, expires_at=expires_at)
         msg_id = qmsg.msg_id
         broker.emit_row(ENQUEUE, vh.name, (q.name, msg_id, len(msg.body), via, subscription))
         if q.durable and msg.persistent:

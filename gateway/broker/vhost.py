@@ -525,7 +525,8 @@ class VHost:
         if immediate:
             # RabbitMQ 3.x dropped immediate: connection error 540.
             raise ConnectionFault("M16", "immediate=true", reply_code=NOT_IMPLEMENTED)
-        now = self.broker.now()
+        broker = self.broker
+        now = broker.clock.now()  # Broker.now's frame: once a publish
         out = PublishOutcome()
         if type(properties) is Properties and not properties._flags & _HEADERS_OR_EXPIRATION:
             headers = ttl = None  # the common property list: neither is there to read
@@ -533,8 +534,56 @@ class VHost:
             headers = properties.headers
             ttl = None if properties.expiration is None else _ttl_of(properties)
         if exchange == "":
-            self._send_direct(routing_key, properties, body, headers, now, out, user, peer, ttl, cycle,
-                              protocol, msg_id)
+            # M10: CMQ SendMessage straight to the queue named by the routing key. In this
+            # function, not a method of its own: it is most publishes (a frame each).
+            size = len(body)
+            msg_id = out.msg_id = msg_id or new_msg_id()
+            if protocol is None:
+                broker.emit_row(PUBLISH_QUEUE, self.name, (routing_key, routing_key, msg_id, size, user, peer))
+            else:
+                broker.emit_row(PUBLISH_QUEUE_VIA, self.name,
+                                (routing_key, routing_key, msg_id, size, user, peer, protocol))
+            q = self.queues.get(routing_key)
+            if q is None:
+                if routing_key.startswith(REPLY_PREFIX) and broker.replies.deliver(routing_key, properties, body):
+                    out.routed = True  # direct reply-to: straight to the waiting consumer
+                    return out
+                self._emit("discard", queue=routing_key, routing_key=routing_key, msg_id=msg_id, size=size,
+                           reason="no_match", user=user, peer=peer)
+                return out
+            delay = _delay_of(headers) if headers else None
+            if size > q.attrs.max_msg_size and not self.profile.refuse:
+                # L6 in compatible (PF3/PF4): the queue takes it; the cmq profile's refusal is
+                # CmqQueue.send's, below.
+                self.breach(LimitError("L6", f"message of {size:,} bytes is larger than queue '{q.name}' "
+                                       f"max_msg_size {q.attrs.max_msg_size:,} bytes", value=size,
+                                       limit=q.attrs.max_msg_size), f"queue:{q.name}", user, peer)
+            msg = Message(body, properties, "", routing_key, now, (), msg_id, ttl)
+            try:
+                if cycle or (q.durable and msg.persistent):
+                    msg.cycle = cycle
+                    self._enqueue(q, msg, now, delay, out, None, None)
+                else:  # the common case: none of _enqueue's refusals can apply
+                    out.lsn = broker.messages.enqueue(self, q, msg, now, delay,
+                                                           None if ttl is None else message_expiry(now, delay, ttl),
+                                                           out.lsn, None, None)
+                    out.routed = True
+            except MaxLengthRejected:
+                # x-overflow reject-publish: RabbitMQ nacks a confirming publisher, no channel error;
+                # reject-publish-dlx also dead-letters the refused message (reason maxlen).
+                out.rejected = True
+                out.routed = True
+                if q.attrs.overflow == "reject-publish-dlx" and broker.dead_letter(
+                        self, q, msg, msg_id, size, "maxlen"):
+                    return out
+                self._emit("discard", queue=q.name, routing_key=routing_key, msg_id=msg_id, size=size,
+                           reason="max_length", user=user, peer=peer)
+                return out
+            except LimitError as e:
+                if e.rule == "L6":
+                    self._emit("discard", queue=q.name, routing_key=routing_key, msg_id=msg_id, size=size,
+                               reason="too_large", user=user, peer=peer)
+                raise
             return out
         ex = self.exchange(exchange)
         if ex.internal:
@@ -666,60 +715,6 @@ class VHost:
             seen.add(name)
             self._route(sub, msg, headers, now, out, seen)
         return True
-
-    def _send_direct(self, routing_key: str, properties: Any, body: bytes, headers: Any, now: float,
-                     out: PublishOutcome, user: str | None, peer: str | None, ttl: float | None,
-                     cycle: frozenset[str] = frozenset(), protocol: str | None = None,
-                     msg_id: str | None = None) -> None:
-        """M10: CMQ SendMessage straight to the queue named by the routing key."""
-        size = len(body)
-        msg_id = out.msg_id = msg_id or new_msg_id()
-        values = (routing_key, routing_key, msg_id, size, user, peer)
-        if protocol is None:
-            self.broker.emit_row(PUBLISH_QUEUE, self.name, values)
-        else:
-            self.broker.emit_row(PUBLISH_QUEUE_VIA, self.name, (*values, protocol))
-        q = self.queues.get(routing_key)
-        if q is None:
-            if routing_key.startswith(REPLY_PREFIX) and self.broker.replies.deliver(routing_key, properties, body):
-                out.routed = True  # direct reply-to: straight to the waiting consumer
-                return
-            self._emit("discard", queue=routing_key, routing_key=routing_key, msg_id=msg_id, size=size,
-                       reason="no_match", user=user, peer=peer)
-            return
-        delay = _delay_of(headers) if headers else None
-        if size > q.attrs.max_msg_size and not self.profile.refuse:
-            # L6 in compatible (PF3/PF4): the queue takes it; the cmq profile's refusal is
-            # CmqQueue.send's, below.
-            self.breach(LimitError("L6", f"message of {size:,} bytes is larger than queue '{q.name}' "
-                                   f"max_msg_size {q.attrs.max_msg_size:,} bytes", value=size,
-                                   limit=q.attrs.max_msg_size), f"queue:{q.name}", user, peer)
-        msg = Message(body, properties, "", routing_key, now, (), msg_id, ttl)
-        try:
-            if cycle or (q.durable and msg.persistent):
-                msg.cycle = cycle
-                self._enqueue(q, msg, now, delay, out, None, None)
-            else:  # the common case: none of _enqueue's refusals can apply
-                out.lsn = self.broker.messages.enqueue(self, q, msg, now, delay,
-                                                       None if ttl is None else message_expiry(now, delay, ttl),
-                                                       out.lsn, None, None)
-                out.routed = True
-        except MaxLengthRejected:
-            # x-overflow reject-publish: RabbitMQ nacks a confirming publisher, no channel error;
-            # reject-publish-dlx also dead-letters the refused message (reason maxlen).
-            out.rejected = True
-            out.routed = True
-            if q.attrs.overflow == "reject-publish-dlx" and self.broker.dead_letter(
-                    self, q, msg, msg_id, size, "maxlen"):
-                return
-            self._emit("discard", queue=q.name, routing_key=routing_key, msg_id=msg_id, size=size,
-                       reason="max_length", user=user, peer=peer)
-            return
-        except LimitError as e:
-            if e.rule == "L6":
-                self._emit("discard", queue=q.name, routing_key=routing_key, msg_id=msg_id, size=size,
-                           reason="too_large", user=user, peer=peer)
-            raise
 
     def _enqueue(self, q: BrokerQueue, msg: Message, now: float, delay: float | None,
                  out: PublishOutcome, via: str | None, subscription: str | None) -> None:

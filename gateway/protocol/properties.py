@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.protocol.fieldtable import decode_table, encode_table_body, encode_value, table_entries
 
-__all__ = ["EXPIRATION_FLAG", "FIELDS", "HEADERS_FLAG", "REPLY_TO_FLAG", "Properties"]
+__all__ = ["DELIVERY_MODE", "EXPIRATION_FLAG", "FIELDS", "HEADERS_FLAG", "REPLY_TO_FLAG", "Properties"]
 
 _SHORTSTR, _TABLE, _OCTET, _TIMESTAMP = range(4)
 
@@ -48,6 +48,9 @@ HEADERS_FLAG = 0x8000 >> _HEADERS
 EXPIRATION_FLAG = 0x8000 >> _INDEX["expiration"]
 REPLY_TO_FLAG = 0x8000 >> _INDEX["reply_to"]
 _MESSAGE_ID = _INDEX["message_id"]
+# The index of delivery_mode in ``Properties._spans``: the broker reads a publish's
+# persistence from the span (gateway.broker.message) instead of through the property.
+DELIVERY_MODE = _INDEX["delivery_mode"]
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
