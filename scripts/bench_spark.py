@@ -309,7 +309,7 @@ def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] =
             assert list(Path(cache, "cmq-audit").glob("*.jsa")), "no class archive was recorded"
         for name in cases:
             label = READ_AUDIT_CASES[name][0]
-            got: dict[str, tuple[list[tuple[float, float, float, str]], ...]] = {k[0]: ([], []) for k in kinds}
+            got: dict[str, tuple[list[tuple[float, float, float, str, int, int]], ...]] = {k[0]: ([], []) for k in kinds}
             for _ in range(rounds):
                 for k, code, cache_dir in kinds:  # interleaved: read_audit, json, then the next kind
                     got[k][0].append(cold_query(root, master, "read_audit", name, cache_dir, code))
@@ -319,20 +319,23 @@ def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] =
                 da, db = (statistics.median(x[1] for x in side) for side in (ca, cb))
                 sa, sb = (statistics.median(x[2] for x in side) for side in (ca, cb))
                 loads = "; ".join(f"{x[3]}/{y[3]}" for x, y in zip(ca, cb, strict=True))
+                ka, kb = ((statistics.median(x[4] for x in side), statistics.median(x[5] for x in side))
+                          for side in (ca, cb))
                 print(f"cold{k}  {label:48s} read_audit {ma:6.2f}s  spark.read.json {mb:6.2f}s  "
                       f"ratio {mb / ma:5.2f}x;  with the DataFrame's making {ma + da:6.2f}s vs {mb + db:6.2f}s "
                       f"(medians of each part), ratio {(mb + db) / (ma + da):5.2f}x;  session start {sa:5.2f}s "
-                      f"vs {sb:5.2f}s;  "
+                      f"vs {sb:5.2f}s;  classes loaded making/query {ka[0]:.0f}/{ka[1]:.0f} vs {kb[0]:.0f}/{kb[1]:.0f};  "
                       f"each run's queries {[round(x[0], 2) for x in ca]} vs {[round(y[0], 2) for y in cb]}, "
                       f"load {loads}", flush=True)
     print(f"load average {load_average()}", flush=True)
 
 
 def cold_query(root: str, master: str, which: str, case: str,
-               archive: str = "", code_dir: Path | None = None) -> tuple[float, float, float, str]:
+               archive: str = "", code_dir: Path | None = None) -> tuple[float, float, float, str, int, int]:
     """One query as the first of a new process (a new JVM: no JIT-compiled code, no file
     listing or footer cached): the seconds of the query alone, of making its DataFrame and of
-    the session's start (the JVM's), and the 1-minute load average after it.  ``archive``: a cache
+    the session's start (the JVM's), the 1-minute load average after it, and the classes the
+    JVM loaded for the making and for the query.  ``archive``: a cache
     directory whose class archive the JVM starts from (``which`` "both": records it);
     ``code_dir``: the checkout the process imports (CODE by default)."""
     import subprocess
@@ -346,9 +349,9 @@ def cold_query(root: str, master: str, which: str, case: str,
     got = subprocess.run([sys.executable, __file__, "--keep", root, "--master", master, *code,
                           "--cold-query", f"{which}:{case}"], env=env, capture_output=True, text=True, check=True)
     if which == "both":
-        return 0.0, 0.0, 0.0, load_average().split()[0]
-    q, d, start = got.stdout.strip().splitlines()[-1].split()
-    return float(q), float(d), float(start), load_average().split()[0]
+        return 0.0, 0.0, 0.0, load_average().split()[0], 0, 0
+    q, d, start, cm, cq = got.stdout.strip().splitlines()[-1].split()
+    return float(q), float(d), float(start), load_average().split()[0], int(cm), int(cq)
 
 
 def one_cold_query(root: str, master: str, spec: str) -> None:
@@ -379,14 +382,20 @@ def one_cold_query(root: str, master: str, spec: str) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     json_schema = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS])
     hour, hour_end = os.environ["BENCH_HOUR"].split(",") if "BENCH_HOUR" in os.environ else ("", "")
+    classes = spark._jvm.java.lang.management.ManagementFactory.getClassLoadingMXBean()
     for side in ("read_audit", "json") if which == "both" else (which,):
+        c0 = classes.getTotalLoadedClassCount()
         t0 = time.perf_counter()
         df = read_audit(spark, root) if side == "read_audit" else json_reader(spark).schema(json_schema).json(root)
         made = time.perf_counter() - t0
+        c1 = classes.getTotalLoadedClassCount()
         df.createOrReplaceTempView("t")
         t0 = time.perf_counter()
         spark.sql(READ_AUDIT_CASES[case][1].format(hour=hour, hour_end=hour_end)).collect()
-        print(time.perf_counter() - t0, made, started)
+        q = time.perf_counter() - t0
+        # Classes the JVM loaded for the making and for the query: a cold query's fixed cost
+        # that does not depend on the machine's load, unlike its seconds.
+        print(q, made, started, c1 - c0, classes.getTotalLoadedClassCount() - c1)
     spark.stop()
 
 
