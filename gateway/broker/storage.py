@@ -108,6 +108,12 @@ class MessageStorage(Protocol):
         to the others (a store whose messages are all local does nothing)."""
         ...
 
+    def nonce_ledger(self, ttl: float) -> Any:
+        """Where the CMQ API keeps the nonces it was sent (SE6, gateway.cmqapi.nonces) when
+        this storage has a place of its own for them, shared by every gateway using it and
+        expired after ``ttl``; None: as records beside the broker's (RecordLedger)."""
+        ...
+
     def want(self, q: BrokerQueue) -> None:
         """The demand of ``q``'s readers here changed (a consumer's credit, a get): messages
         this gateway can take are brought into ``q.cmq``, at once or soon. A store whose
@@ -274,6 +280,9 @@ class EmbeddedMessages:
 
     def readers_left(self, q: BrokerQueue) -> None:
         return None
+
+    def nonce_ledger(self, ttl: float) -> None:
+        return None  # records beside the broker's, in this store (gateway.cmqapi.nonces.RecordLedger)
 
     def want(self, q: BrokerQueue) -> None:
         return None

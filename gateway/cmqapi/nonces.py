@@ -82,8 +82,7 @@ class RecordLedger:
 def ledger_of(broker: Any, window: float) -> NonceLedger:
     """The ledger the broker's message storage provides; a storage that has none of its own
     (the embedded one) keeps them as records beside the broker's."""
-    provide = getattr(broker.messages, "nonce_ledger", None)  # MessageStorage.nonce_ledger, optional
-    ledger: NonceLedger | None = provide(window) if provide is not None else None
+    ledger: NonceLedger | None = broker.messages.nonce_ledger(window)
     return ledger if ledger is not None else RecordLedger(broker)
 
 
