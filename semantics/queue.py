@@ -177,7 +177,6 @@ _Entry = tuple[float, int, QueueMessage, int]
 _HeapEntry = tuple[float, int, int, QueueMessage, int]
 
 _new_receipt = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
-_new_object = object.__new__  # a QueueMessage without its __init__'s frame (send)
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,23 +474,7 @@ class CmqQueue:
             raise CMQError("Q3", f"message ID {msg_id!r} is already in queue '{self.name}'", value=msg_id)
         seq = self._next_seq
         self._next_seq = seq + 1
-        # QueueMessage(msg_id, payload, size, now, seq, expires_at), its __init__'s frame left
-        # out (one every send); the fields in the order __init__ sets them, a change there is
-        # one here (tests/unit/semantics/test_queue_send_fields.py holds the two equal).
-        msg = _new_object(QueueMessage)
-        msg.msg_id = msg_id
-        msg.payload = payload
-        msg.size = size
-        msg.enqueue_time = now
-        msg.first_receive_time = None
-        msg.next_visible_time = now
-        msg.receive_count = 0
-        msg.state = ACTIVE
-        msg.expires_at = expires_at
-        msg.handle = 0
-        msg.pos = 0
-        msg.seq = seq
-        msg.deadline = 0.0
+        msg = QueueMessage(msg_id, payload, size, now, seq, expires_at)
         self._messages[msg_id] = msg
         if expires_at is None and self._dlq_ttl is None:
             # The common case, inlined: the deadline is the retention end (Q1), in send order.
@@ -801,22 +784,6 @@ class CmqQueue:
         state = msg.state
         if state is INACTIVE:
             self._n_inactive -= 1
-            if self._rewind <= 0:
-                # _finish_delete's common case (a received message, no Q6 copy kept), without
-                # its frame: one every ack. Same steps, same order.
-                msg.handle = 0
-                vis = self._vis
-                if vis and vis[0][2] is msg:
-                    vis.popleft()
-                msg.state = REMOVED
-                dl = self._dl
-                if dl and dl[0][2] is msg:
-                    dl.popleft()
-                messages = self._messages
-                del messages[msg.msg_id]
-                if not messages and not self._n_cold:
-                    self._emptied()
-                return True
         elif state is ACTIVE:
             self._n_active -= 1
             self._active_stale += 1

@@ -151,15 +151,6 @@ class BrokerQueue:
                 self._rr = 0
             c = consumers[self._rr]
             self._rr += 1
-            # Consumer.has_credit inlined (its frame was one every delivery); the same tests
-            # in the same order: a change there is a change here
-            # (tests/unit/broker/test_next_consumer_credit.py holds the two equal).
-            ch = c.channel
-            if not ch.flow_active or ch.closing or ch.committing or ch.session.paused:
-                continue
-            if not c.no_ack and c.prefetch and c.unacked >= c.prefetch:
-                continue
-            limit = ch.channel_prefetch
-            if not limit or len(ch.unacked) + len(ch.tx_acks) < limit:
+            if c.has_credit():
                 return c
         return None

@@ -1,5 +1,5 @@
-"""W4: BrokerQueue.next_consumer inlines Consumer.has_credit (a frame on every delivery); the
-round-robin it gives must be the one the reference function gives, for every channel state."""
+"""W4: BrokerQueue.next_consumer's round-robin must be the one a reference written on
+Consumer.has_credit gives, for every channel and consumer state."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Q1, Q3, Q7: CmqQueue.send makes its QueueMessage without the constructor's frame; every
-field must be what QueueMessage(...) sets, and a delete by the latest handle (whose
-_finish_delete is inlined for a received message) must leave the queue as the general path
-does."""
+"""Q1, Q3, Q7: every field of the QueueMessage CmqQueue.send makes must be what
+QueueMessage(...) sets, and a delete by the latest handle must leave the queue as the general
+path does."""
 
 from __future__ import annotations
 
