@@ -73,11 +73,12 @@ def _beam_pid() -> int:
     return int(out[0])
 
 
-def _run(uri: str, duration: float, size: int, parts: Callable[[], dict[str, float]]) -> dict[str, float]:
+def _run(uri: str, duration: float, size: int, parts: Callable[[], dict[str, float]],
+         extra: list[str] | None = None) -> dict[str, float]:
     """One perf run; CPU per message over the steady part of the window: from its first
     progress tick (t = 1 s) to its last (t = duration), read as each tick is printed."""
     cmd = [PY, "-m", "gateway.perf", "--uri", uri, "--rate", "0", "--duration", str(duration),
-           "--size", str(size), "--json"]
+           "--size", str(size), "--json", *(extra or [])]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None
 
@@ -117,7 +118,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--size", type=int, default=16)
     ap.add_argument("--before", default=None, help="a source tree whose gateway runs beside this one's")
+    ap.add_argument("--slow-ack-ms", type=float, default=0.0,
+                    help="add scenario 8's slow consumer (prefetch 1, acks after MS) beside the flood; "
+                         "CPU a message is then per flood message")
     args = ap.parse_args()
+    extra = ["--slow-ack-ms", str(args.slow_ack_ms)] if args.slow_ack_ms else []
     if args.port == 5672 or args.port + 1 == 5672:
         raise SystemExit("the gateway never takes 5672")
     gateways = {"gateway": (ROOT, args.port)}
@@ -136,11 +141,11 @@ def main() -> None:
     try:
         for _ in range(args.repeat):
             rows["rabbitmq"].append(_run(args.rabbitmq, args.duration, args.size,
-                                         lambda: {"broker": _cpu(f"/proc/{beam}/stat")}))
+                                         lambda: {"broker": _cpu(f"/proc/{beam}/stat")}, extra))
             for name, (_, port) in gateways.items():
                 pid = procs[name].pid
                 rows[name].append(_run(f"amqp://guest:guest@127.0.0.1:{port}/", args.duration, args.size,
-                                       lambda pid=pid: _gateway_parts(pid)))  # type: ignore[misc]
+                                       lambda pid=pid: _gateway_parts(pid), extra))  # type: ignore[misc]
     finally:
         for proc in procs.values():
             _stop(proc)
