@@ -82,10 +82,14 @@ def worktree(rev: str, work: str, name: str = "before") -> str:
     return path
 
 
-def start_gateway(data_dir: str, *extra: str, root: str = ROOT) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen([sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
+def start_gateway(data_dir: str, *extra: str, root: str = ROOT,
+                  command: tuple[str, ...] = (sys.executable, "-m", "gateway"),
+                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
+    """A ``serve`` of the code in ``root`` (``command``: what runs ``cmq-gateway``, e.g. under
+    valgrind, scripts/callgrind_mqtt.py); (process, its MQTT port)."""
+    proc = subprocess.Popen([*command, "serve", "--host", "127.0.0.1", "--port", "0",
                              "--management-port", "off", "--metrics-port", "off", "--mqtt-port", "0", "--cmq-api-port", "off",
-                             "--data-dir", data_dir, *extra], cwd=root, stderr=subprocess.PIPE, text=True)
+                             "--data-dir", data_dir, *extra], cwd=root, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
     for line in proc.stderr:
         if m := re.search(r"MQTT on 127\.0\.0\.1:(\d+)", line):

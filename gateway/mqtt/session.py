@@ -225,6 +225,7 @@ def _delivery_headers(raw: bytes) -> tuple[str, int | None] | None:
 # this is one dict lookup of a cached hash a delivery.
 _QOS_OF_PROPS: dict[bytes, object] = {}
 _UNREADABLE = object()
+_NO_MPROPS: dict[str, Any] = {}  # a delivery without MQTT 5 properties (never written to)
 
 
 def publish_qos(raw: bytes) -> object:
@@ -540,6 +541,7 @@ class MQTTSession:
             self.bs.on_event(ev.ChannelOpen(number))
         self.bs.on_event(ev.Method(PUBLISH, C.Confirm.Select()))
         self._props = {(q, r): message_properties(q, r, state.client_id, {}) for q in (0, 1, 2) for r in (False, True)}
+        self._plain_props = (self._props[0, False], self._props[1, False])  # publish's common case
 
     # -- AMQP calls --------------------------------------------------------------------------
 
@@ -864,7 +866,7 @@ class MQTTSession:
         sub = self.shared_of_channel.get(channel)
         topic = routing_key_to_topic(routing_key)
         sub_qos = sub[1] if sub is not None and matches(sub[0], topic) else -1  # $-topics (MQ2)
-        self.deliver(channel << SHARED_TAG_SHIFT | tag, redelivered, routing_key, raw_props, body,
+        self.deliver([(channel << SHARED_TAG_SHIFT | tag, redelivered, routing_key, raw_props, body)], {},
                      (topic, sub_qos))
 
     def _save(self) -> None:
@@ -983,9 +985,26 @@ class MQTTSession:
             if topic is None:
                 return
             packet.topic = topic
-        # A topic with a cached basic.publish was found valid when it was made (route).
-        if packet.topic not in self._methods and not valid_topic(packet.topic):
-            self.conn.close_with(TOPIC_NAME_INVALID, f"topic name {packet.topic!r} is not valid (MQTT-3.3.2-2)")
+        topic = packet.topic
+        method = self._methods.get(topic)
+        if method is None:
+            # A topic with a cached basic.publish was found valid when it was made (route).
+            if not valid_topic(topic):
+                self.conn.close_with(TOPIC_NAME_INVALID, f"topic name {topic!r} is not valid (MQTT-3.3.2-2)")
+                return
+        elif packet.qos < 2 and self._writable and not packet.retain and not packet.properties \
+                and len(topic) <= SHORT_TOPIC_CHARS:
+            # route's common case, without its frame: a QoS 0/1 PUBLISH of a topic routed
+            # before (so short and valid), no retain, no MQTT 5 properties, write allowed.
+            qos, pid = packet.qos, packet.packet_id
+            ch = self.bs.channels[PUBLISH]
+            self.routed_keys.add(method.routing_key)
+            if qos:
+                self.confirms.append((ch.publish_seq + 1, P.PUBACK, pid, 0))
+            try:
+                self.bs.publish_now(ch, method, self._plain_props[qos], packet.payload)
+            except CMQError as e:
+                self._not_routed(pid, qos, e, False)
             return
         if packet.qos == 2 and packet.packet_id in self.state.inbound_qos2 \
                 and packet.packet_id not in self.state.unsure:
@@ -993,7 +1012,7 @@ class MQTTSession:
             if packet.packet_id not in self.awaiting_rec:
                 self.core.send(P.Ack(P.PUBREC, packet.packet_id))
             return
-        self.route(packet.topic, packet.payload, packet.qos, packet.retain, packet.packet_id, packet.properties)
+        self.route(topic, packet.payload, packet.qos, packet.retain, packet.packet_id, packet.properties)
 
     def _aliased_topic(self, packet: P.Publish) -> str | None:
         """MQTT 5 topic aliases from the client (3.3.2.3.4): a topic name with an alias sets it
@@ -1018,9 +1037,10 @@ class MQTTSession:
               mprops: dict[str, Any], will: bool = False) -> None:
         """Publish to ``topic`` on amq.topic; ``will``: a will message (nobody to answer)."""
         try:
-            if not self._writable and self.bs.check_access:
-                self.bs.authorize("write", "exchange", EXCHANGE)  # W2, as basic.publish
-                self._writable = True
+            if not self._writable:
+                if self.bs.check_access:
+                    self.bs.authorize("write", "exchange", EXCHANGE)  # W2, as basic.publish
+                self._writable = True  # until permissions_changed
             retained_lsn = 0
             ids: list[str] | None = None
             if retain:
@@ -1061,12 +1081,16 @@ class MQTTSession:
                 for i, method in enumerate(long):
                     self.bs.publish_now(ch, method, props, payload, ids[i] if ids else None)
         except CMQError as e:
-            if qos and not will and self.confirms and self.confirms[-1][2] == pid:
-                self.confirms.pop()
-                if qos == 2:
-                    self.state.inbound_done(pid)
-                self.awaiting_rec.discard(pid)
-            self.refused(pid, qos, e, will)
+            self._not_routed(pid, qos, e, will)
+
+    def _not_routed(self, pid: int, qos: int, e: CMQError, will: bool) -> None:
+        """A publish refused: the confirm waited for is dropped, the refusal answered."""
+        if qos and not will and self.confirms and self.confirms[-1][2] == pid:
+            self.confirms.pop()
+            if qos == 2:
+                self.state.inbound_done(pid)
+            self.awaiting_rec.discard(pid)
+        self.refused(pid, qos, e, will)
 
     def backlogged(self) -> list[Any]:
         """The consumed queues that the messages published since the last call went to and
@@ -1281,116 +1305,121 @@ class MQTTSession:
         if self.pending:
             pending, self.pending = self.pending, []
             ch = self.bs.channels.get(CONSUME)
-            unacked = ch.unacked if ch is not None else {}
-            deliver = self.deliver
-            for tag, redelivered, routing_key, raw_props, body in pending:
-                u = unacked.get(tag)  # none for a consumer without acknowledgements (QoS 0)
-                deliver(tag, redelivered, routing_key, raw_props, body, None, u.msg_id if u is not None else None)
+            self.deliver(pending, ch.unacked if ch is not None else {})
 
-    def deliver(self, tag: int, redelivered: bool, routing_key: str, raw_props: bytes, body: bytes,
-                shared: tuple[str, int] | None = None, own_id: str | None = None) -> None:
-        """``shared``: (topic, QoS) of a shared subscription's delivery (deliver_shared), whose
-        property bytes carry the M11 headers; else ``own_id``: the message's CMQ ID, from the
-        session queue's channel."""
-        if shared is None:
-            known = self._qos_of_topic.get(routing_key)  # _topic_qos's cache, read inline: every delivery
-            topic, sub_qos = known if known is not None else self._topic_qos(routing_key)
-        else:
-            topic, sub_qos = shared
-        if sub_qos < 0:
-            # No filter of the session takes it ($-topics under a wildcard, MQ2): consumed.
-            self._ack_soon(tag)
-            return
-        mprops: dict[str, Any] = {}
-        msg_id: Any = own_id
-        msg_qos: Any = _UNREADABLE
-        retain = False
-        if self.level < 5:
-            if shared is None:
-                msg_qos = _QOS_OF_PROPS.get(raw_props, _UNREADABLE)  # publish_qos's cache, inline
-                if msg_qos is _UNREADABLE:
-                    msg_qos = publish_qos(raw_props)
-            else:
-                fast = _delivery_headers(raw_props)
-                if fast is not None:
-                    msg_id, msg_qos = fast
-        if msg_qos is _UNREADABLE:
-            props = Properties(raw_props)
-            headers = props.headers or {}
-            msg_qos = headers.get(QOS_HEADER)
-            if shared is not None:
-                msg_id = headers.get("x-cmq-msg-id")
-            if self.level >= 5:
-                mprops = self._mqtt_properties(props, headers)
-                if self.options_used and shared is None:
-                    sub_qos, retain = self._options_qos(topic, headers)
-                    if sub_qos < 0:
-                        self._ack_soon(tag)  # its own message, for "no local" filters only
-                        return
-        qos = min(sub_qos, int(msg_qos)) if isinstance(msg_qos, int) else sub_qos
-        if qos == 0:
-            data = publish_bytes(topic, body, 0, 0, False, self.level, retain) if not mprops else \
-                P.encode(P.Publish(topic, body, 0, retain, properties=mprops), self.level)
-            if not self._too_large(data):
-                self.core.send_raw(data)
-            self._ack_soon(tag)
-            return
-        state = self.state
-        if not isinstance(msg_id, str):
-            msg_id = None
-        elif msg_id in state.released_of_msg:
-            # PUBREC came for it already: its ack was lost (a crash, or the connection ended
-            # before the record was durable). Acknowledged once that record is (MQ8).
-            if not state.persistent:
-                self._ack_soon(tag)
-                return
-            first = msg_id not in self._releasing
-            self._releasing[msg_id] = tag
-            if first:
-                self._after_save(lambda m=msg_id: self._ack_released(m))
-            return
-        before = state.pid_of_msg.get(msg_id) if msg_id is not None else None
-        # Sent before: the queue's receive count says so, or (after a restart, where counts
-        # start over) the packet identifier it was sent under (MQ6).
-        redelivered = redelivered or before is not None
-        pid = before
-        inflight = self.inflight
-        if pid is None or pid in inflight and inflight[pid][1] != msg_id:
-            pid = self._next_pid  # _alloc_pid's first try, inline: it is nearly always free
-            if pid in inflight or pid in state.msg_of_pid or pid in state.released or pid in state.retained_pids:
-                pid = self._alloc_pid()
-                if not pid:
-                    return  # stays unacknowledged: sent again after the visibility timeout (MQ6)
-            else:
-                self._next_pid = pid % 65535 + 1
+    def deliver(self, items: list[tuple[int, bool, str, bytes, bytes]], unacked: dict[int, Any],
+                shared: tuple[str, int] | None = None) -> None:
+        """Deliveries as PUBLISHes, (tag, redelivered, routing key, property bytes, body) each,
+        in order: one call for a dispatch's worth. ``shared``: (topic, QoS) of a shared
+        subscription's delivery (deliver_shared), whose property bytes carry the M11 headers;
+        else each message's CMQ ID is in ``unacked``, the session queue channel's records."""
         level = self.level
-        head = None if mprops or level >= 5 else \
-            _PUBLISH_HEADS.get((topic, 0x30 | (8 if redelivered else 0) | (qos << 1) | retain, len(body), level))
-        if head is not None:  # publish_bytes's cache hit for 3.1.1, inline: once a delivery
-            data = b"".join((head, _U16.pack(pid), body))
-        elif not mprops:
-            data = publish_bytes(topic, body, qos, pid, redelivered, level, retain)
-        else:
-            data = P.encode(P.Publish(topic, body, qos, retain, dup=redelivered, packet_id=pid, properties=mprops),
-                            level)
-        if self.client_max_packet and self._too_large(data):
-            self._ack_soon(tag)
-            return
-        inflight[pid] = (tag, msg_id)
-        if not state.persistent:
-            if msg_id is not None:
-                state.pid_of_msg[msg_id] = pid  # SessionState.remember, inline: once a delivery
+        state = self.state
+        inflight = self.inflight
+        core = self.core
+        qos_of_topic = self._qos_of_topic
+        for tag, redelivered, routing_key, raw_props, body in items:
+            if shared is None:
+                known = qos_of_topic.get(routing_key)  # _topic_qos's cache, read inline: every delivery
+                topic, sub_qos = known if known is not None else self._topic_qos(routing_key)
+                u = unacked.get(tag)  # none for a consumer without acknowledgements (QoS 0)
+                msg_id: Any = u.msg_id if u is not None else None
+            else:
+                topic, sub_qos = shared
+                msg_id = None
+            if sub_qos < 0:
+                # No filter of the session takes it ($-topics under a wildcard, MQ2): consumed.
+                self._ack_soon(tag)
+                continue
+            mprops: dict[str, Any] = _NO_MPROPS
+            msg_qos: Any = _UNREADABLE
+            retain = False
+            if level < 5:
+                if shared is None:
+                    msg_qos = _QOS_OF_PROPS.get(raw_props, _UNREADABLE)  # publish_qos's cache, inline
+                    if msg_qos is _UNREADABLE:
+                        msg_qos = publish_qos(raw_props)
+                else:
+                    fast = _delivery_headers(raw_props)
+                    if fast is not None:
+                        msg_id, msg_qos = fast
+            if msg_qos is _UNREADABLE:
+                props = Properties(raw_props)
+                headers = props.headers or {}
+                msg_qos = headers.get(QOS_HEADER)
+                if shared is not None:
+                    msg_id = headers.get("x-cmq-msg-id")
+                if level >= 5:
+                    mprops = self._mqtt_properties(props, headers)
+                    if self.options_used and shared is None:
+                        sub_qos, retain = self._options_qos(topic, headers)
+                        if sub_qos < 0:
+                            self._ack_soon(tag)  # its own message, for "no local" filters only
+                            continue
+            if type(msg_qos) is int:
+                qos = msg_qos if msg_qos < sub_qos else sub_qos
+            else:
+                qos = min(sub_qos, int(msg_qos)) if isinstance(msg_qos, int) else sub_qos
+            if qos == 0:
+                data = publish_bytes(topic, body, 0, 0, False, level, retain) if not mprops else \
+                    P.encode(P.Publish(topic, body, 0, retain, properties=mprops), level)
+                if not self._too_large(data):
+                    core.send_raw(data)
+                self._ack_soon(tag)
+                continue
+            if not isinstance(msg_id, str):
+                msg_id = None
+            elif msg_id in state.released_of_msg:
+                # PUBREC came for it already: its ack was lost (a crash, or the connection ended
+                # before the record was durable). Acknowledged once that record is (MQ8).
+                if not state.persistent:
+                    self._ack_soon(tag)
+                    continue
+                first = msg_id not in self._releasing
+                self._releasing[msg_id] = tag
+                if first:
+                    self._after_save(lambda m=msg_id: self._ack_released(m))
+                continue
+            before = state.pid_of_msg.get(msg_id) if msg_id is not None else None
+            # Sent before: the queue's receive count says so, or (after a restart, where counts
+            # start over) the packet identifier it was sent under (MQ6).
+            redelivered = redelivered or before is not None
+            pid = before
+            if pid is None or pid in inflight and inflight[pid][1] != msg_id:
+                pid = self._next_pid  # _alloc_pid's first try, inline: it is nearly always free
+                if pid in inflight or pid in state.msg_of_pid or pid in state.released or pid in state.retained_pids:
+                    pid = self._alloc_pid()
+                    if not pid:
+                        continue  # stays unacknowledged: sent again after the visibility timeout (MQ6)
+                else:
+                    self._next_pid = pid % 65535 + 1
+            head = None if mprops or level >= 5 else \
+                _PUBLISH_HEADS.get((topic, 0x30 | (8 if redelivered else 0) | (qos << 1) | retain, len(body), level))
+            if head is not None:  # publish_bytes's cache hit for 3.1.1, inline: once a delivery
+                data = b"".join((head, _U16.pack(pid), body))
+            elif not mprops:
+                data = publish_bytes(topic, body, qos, pid, redelivered, level, retain)
+            else:
+                data = P.encode(P.Publish(topic, body, qos, retain, dup=redelivered, packet_id=pid,
+                                          properties=mprops), level)
+            if self.client_max_packet and self._too_large(data):
+                self._ack_soon(tag)
+                continue
+            inflight[pid] = (tag, msg_id)
+            if not state.persistent:
+                if msg_id is not None:
+                    state.pid_of_msg[msg_id] = pid  # SessionState.remember, inline: once a delivery
+                    state.msg_of_pid[pid] = msg_id
+                if not core.closed:  # core.send_raw, inline
+                    core._out.append(data)
+                continue
+            if msg_id is not None and before != pid:
+                state.pid_of_msg[msg_id] = pid
                 state.msg_of_pid[pid] = msg_id
-            if not self.core.closed:  # core.send_raw, inline
-                self.core._out.append(data)
-            return
-        if msg_id is not None and before != pid:
-            state.pid_of_msg[msg_id] = pid
-            state.msg_of_pid[pid] = msg_id
-            # Its packet identifier outlives a restart: a resend keeps it and sets DUP, and
-            # the identifier is not given to another message while the client may hold it (MQ8).
-            self._save_soon()
-        self._after_save(data)
+                # Its packet identifier outlives a restart: a resend keeps it and sets DUP, and
+                # the identifier is not given to another message while the client may hold it (MQ8).
+                self._save_soon()
+            self._after_save(data)
 
     def _too_large(self, data: bytes) -> bool:
         """MQTT-3.1.2-25: a packet larger than the client's maximum is discarded as if

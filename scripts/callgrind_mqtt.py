@@ -1,0 +1,209 @@
+"""Instructions a QoS 1 MQTT message of the gateway (issue 31 aim 2), independent of load.
+
+A fresh ``cmq-gateway serve`` (audit log on, as ``serve`` defaults; the code in ``--code``,
+default this checkout) runs under ``valgrind --tool=callgrind --instr-atstart=no``. The lean
+client of ``gateway/perf/mqtt.py`` (one publisher, one clean-session subscriber, one topic,
+64-byte messages) first sends ``--warmup`` messages with counting off (imports, caches, the
+topic's first route), then counting is switched on (``callgrind_control -i on``) for exactly
+``--count`` QoS 1 messages at window ``--window`` and off again; the process's instructions
+over those messages are the figure. ``--children``: the audit writer process is run under
+callgrind too and counted alongside (its own line). Several codes alternate per round:
+
+    .venv/bin/python scripts/callgrind_mqtt.py --code /tmp/before --code . --rounds 2
+
+``--profile``: no valgrind; the gateway runs under cProfile switched on for the measured
+messages only (signals), and the Python calls a message are printed per module and the top
+functions (``--top``).
+
+Under valgrind the gateway is ~50x slower than the client, so every loop turn finds the whole
+window waiting: per-turn costs are spread over ~window messages, as on a busy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gateway.mqtt import codec as P  # noqa: E402
+from gateway.perf.mqtt import Target, _Client, _measure  # noqa: E402
+from scripts.bench_mqtt import start_gateway  # noqa: E402
+
+# Run as the gateway's entry point under --profile: cProfile on at SIGUSR1, off and written at
+# SIGUSR2 (the handlers run on the event loop's thread, the one profiled).
+_PROFILED_MAIN = """
+import cProfile, signal, sys
+prof = cProfile.Profile()
+out = sys.argv.pop(1)
+def on(*_): prof.enable()
+def off(*_):
+    prof.disable(); prof.dump_stats(out)
+signal.signal(signal.SIGUSR1, on)
+signal.signal(signal.SIGUSR2, off)
+from gateway.cli import main
+sys.argv[0] = 'cmq-gateway'
+sys.exit(main())
+"""
+
+
+def start(code: str, work: Path, mode: str, children: bool) -> tuple[subprocess.Popen[str], int]:
+    data = work / "data"
+    data.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(code)}
+    if mode == "profile":
+        command: tuple[str, ...] = (sys.executable, "-c", _PROFILED_MAIN, str(work / "profile.out"))
+    else:
+        command = ("valgrind", "--tool=callgrind", "--instr-atstart=no", "-q",
+                   f"--callgrind-out-file={work}/callgrind.out.%p", *(["--trace-children=yes"] if children else []),
+                   sys.executable, "-m", "gateway")
+    return start_gateway(str(data), root=os.path.abspath(code), command=command, env=env)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
+
+
+def _total(path: str) -> int:
+    """The file's ``totals:`` line (its ``summary:`` line is written before the counts: 0)."""
+    total = 0
+    with open(path, errors="replace") as fh:
+        for line in fh:
+            if line.startswith("totals:"):
+                total = int(line.split()[1])
+    return total
+
+
+async def drive(port: int, count: int, warmup: int, window: int, on: object, off: object) -> int:
+    t = Target("gateway", "127.0.0.1", port, "guest", "guest")
+    tag = uuid.uuid4().hex[:10]
+    topic = f"perf/{tag}/1"
+    sub = await _Client.open(t, f"cg-sub-{tag}")
+    sub.writer.write(P.encode(P.Subscribe(1, [(topic, 1)]), 4))
+    if not isinstance(await asyncio.wait_for(sub.recv(), 600), P.SubAck):
+        raise ConnectionError("no SUBACK")
+    pub = await _Client.open(t, f"cg-pub-{tag}")
+    try:
+        await _measure(t, sub, pub, topic, 1, warmup, 64, window, 120.0)
+        on()  # type: ignore[operator]
+        r = await _measure(t, sub, pub, topic, 1, count, 64, window, 120.0)
+        off()  # type: ignore[operator]
+        return int(r["received"])
+    finally:
+        sub.close()
+        pub.close()
+
+
+def measure(code: str, work: Path, count: int, warmup: int, window: int, children: bool,
+            keep: str) -> dict[str, float]:
+    proc, port = start(code, work, "callgrind", children)
+    pids: list[str] = []
+
+    def on() -> None:
+        pids[:] = [str(proc.pid), *(str(c) for c in _children(proc.pid) if children)]
+        for p in pids:
+            _control("-z", p)
+            _control("-i", "on", p)
+
+    def off() -> None:
+        for p in pids:
+            _control("-i", "off", p)
+            _control("-d", p)
+
+    try:
+        received = asyncio.run(drive(port, count, warmup, window, on, off))
+        time.sleep(1.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=600)
+    out: dict[str, float] = {"received": received}
+    for i, p in enumerate(pids):
+        files = sorted(glob.glob(f"{work}/callgrind.out.{p}.*"))
+        out["main" if i == 0 else "child"] = sum(_total(f) for f in files)
+        if i == 0 and files:
+            os.makedirs(keep, exist_ok=True)
+            shutil.copy(files[-1], os.path.join(keep, f"callgrind-{os.path.basename(os.path.abspath(code))}-{time.time():.0f}.out"))
+    return out
+
+
+def profile(code: str, work: Path, count: int, warmup: int, window: int, top: int) -> None:
+    import pstats
+
+    proc, port = start(code, work, "profile", False)
+    try:
+        received = asyncio.run(drive(port, count, warmup, window, lambda: proc.send_signal(signal.SIGUSR1),
+                                     lambda: proc.send_signal(signal.SIGUSR2)))
+        time.sleep(2.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    st = pstats.Stats(str(work / "profile.out"))
+    by_mod: dict[str, int] = {}
+    rows = []
+    total = 0
+    for (file, line, fn), (_cc, nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        total += nc
+        mod = "C builtins" if file == "~" else re.sub(r".*?/(gateway|semantics|asyncio|uvloop|pamqp)/", r"\1/",
+                                                       file).rsplit("/", 1)[0]
+        by_mod[mod] = by_mod.get(mod, 0) + nc
+        rows.append((nc, tt, f"{os.path.basename(file)}:{line}:{fn}"))
+    print(f"{code}: {received} received, {total / received:.1f} calls a message")
+    for mod, n in sorted(by_mod.items(), key=lambda kv: -kv[1]):
+        print(f"  {n / received:7.2f}  {mod}")
+    total_tt = sum(r[1] for r in rows)
+    print(f"  self time a message {total_tt / received * 1e6:.2f} us (under cProfile)")
+    for nc, tt, name in sorted(rows, key=lambda r: -r[1])[:top]:
+        print(f"  {nc / received:7.2f} calls  {tt / received * 1e6:6.2f} us self  {name}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--code", action="append", help="a checkout to measure (repeatable; default this one)")
+    ap.add_argument("--count", type=int, default=5000)
+    ap.add_argument("--warmup", type=int, default=1000)
+    ap.add_argument("--window", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--children", action="store_true", help="count the audit writer process too")
+    ap.add_argument("--profile", action="store_true", help="cProfile call counts instead of valgrind")
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--keep", default=os.path.join(tempfile.gettempdir(), "callgrind-mqtt"),
+                    help="where the measured run's callgrind file is kept (for callgrind_annotate)")
+    args = ap.parse_args()
+    codes = args.code or [str(ROOT)]
+    for r in range(args.rounds):
+        for code in codes:
+            with tempfile.TemporaryDirectory(prefix="callgrind-mqtt-", ignore_cleanup_errors=True) as tmp:
+                if args.profile:
+                    profile(code, Path(tmp), args.count, args.warmup, args.window, args.top)
+                    continue
+                res = measure(code, Path(tmp), args.count, args.warmup, args.window, args.children, args.keep)
+            n = res["received"] or float("nan")
+            line = f"round {r + 1} {code}: {res['main']:,.0f} Ir main, {res['received']:,.0f} received, " \
+                   f"{res['main'] / n:,.0f} a message"
+            if "child" in res:
+                line += f"; audit child {res['child'] / n:,.0f} a message"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
