@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, cast
 
 __all__ = [
     "CONNACK", "CONNECT", "DISCONNECT", "PINGREQ", "PINGRESP", "PUBACK", "PUBCOMP", "PUBLISH", "PUBREC",
@@ -359,7 +360,7 @@ class Decoder:
         # Hot paths, the two packets of every QoS 1 message: a PUBACK without reason code and
         # a PUBLISH without properties (3.1.1). Anything unusual takes the full decoder.
         if first == 0x40 and length == 2:
-            return Ack(PUBACK, (buf[i] << 8) | buf[i + 1])
+            return Ack(PUBACK, (buf[i] << 8) | buf[i + 1], 0, _NO_PROPERTIES)
         if first >> 4 == PUBLISH and self.level == 4 and length >= 2:
             fast = _publish_fast(first, buf, i, stop)
             if fast is not None:
@@ -387,6 +388,11 @@ class Decoder:
             raise MalformedPacket("bytes left over after the packet's contents")
         return packet
 
+
+# The properties of a packet without any, as the two hot paths of next_packet decode it: one
+# read-only empty mapping (equal to {}), not a dict made per packet by the dataclass's
+# default_factory (0.67 -> 0.25 us an Ack); a write to it raises instead of reaching others.
+_NO_PROPERTIES = cast("dict[str, Any]", MappingProxyType({}))
 
 # A PUBLISH's topic bytes -> its name, once found valid (no U+0000, UTF-8): a publisher repeats a
 # few topics, so each is checked and decoded once, and every message of one topic carries the
@@ -422,7 +428,7 @@ def _publish_fast(first: int, buf: bytes, start: int, end: int) -> Publish | Non
         if not pid:
             return None
         j += 2
-    return Publish(topic, buf[j:end], qos, first & 1 != 0, first & 8 != 0, pid)
+    return Publish(topic, buf[j:end], qos, first & 1 != 0, first & 8 != 0, pid, _NO_PROPERTIES)
 
 
 def _connect(r: _Reader) -> Connect:

@@ -1201,8 +1201,9 @@ class MQTTSession:
         confirms = self.confirms
         durable = self.broker.durable_lsn
         late: list[tuple[int, int, int]] = []
-        core = self.core
-        out = core._out
+        # _ack_publish's hot path, inline: the PUBACKs of QoS 1 messages in a row, each as the
+        # int of its four bytes, packed into one bytes object when the row ends.
+        pubacks: list[int] = []
         while confirms and confirms[0][0] <= tag:
             seq, kind, pid, retained_lsn = confirms.popleft()
             if not multiple and seq != tag:
@@ -1212,13 +1213,21 @@ class MQTTSession:
                 late.append((kind, pid, 0 if ok else UNSPECIFIED))
                 continue
             if ok and kind == P.PUBACK:
-                # _ack_publish's hot path, inline: a QoS 1 message's PUBACK, once a message.
-                if not core.closed:
-                    out.append(bytes((0x40, 2, pid >> 8, pid & 0xFF)))
+                pubacks.append(0x40020000 | pid)
                 continue
+            if pubacks:
+                self._send_pubacks(pubacks)
+                pubacks = []
             self._ack_publish(kind, pid, 0 if ok else UNSPECIFIED)
+        if pubacks:
+            self._send_pubacks(pubacks)
         if late:
             asyncio.get_running_loop().create_task(self._ack_after_flush(late))
+
+    def _send_pubacks(self, pubacks: list[int]) -> None:
+        core = self.core
+        if not core.closed:  # core.send_raw, inline
+            core._out.append(struct.pack(f">{len(pubacks)}I", *pubacks))
 
     def _ack_publish(self, kind: int, pid: int, code: int) -> None:
         if code and self.level < 5:
