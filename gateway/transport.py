@@ -6,7 +6,11 @@ batch, never one per frame. Connection-level events (handshake, login, vhost, cl
 heartbeat timeout, protocol errors) are handled here; channel events go to the broker's
 ``Session``. When the broker writes on its own (a delivery caused by another connection, a
 confirm after fsync, a timer) it calls ``request_flush``, which schedules a single write with
-``call_soon`` however many times it is called in one loop iteration.
+``call_soon`` however many times it is called in one loop iteration; when a read turn caused
+it (a publish's delivery to another connection), that turn writes it as it ends, after its
+audit hand-off (``flush_requested``), rather than leave it a loop iteration for the
+``call_soon``: behind the rest of the turn, the other sockets the poll returned, and the loop's
+own round (scenario 7, docs/BENCHMARKS.md).
 
 Fairness between connections. uvloop (libuv) keeps reading a socket for as long as each read
 fills its buffer, up to 32 reads of 256 KB per poll, so a producer that writes faster than we
@@ -93,6 +97,9 @@ LIGHT_CHECK_SECONDS = 0.00025
 FLOW_HIGH = 8192
 FLOW_LOW = 4096
 FLOW_CHECK_SECONDS = 0.002
+# Connections that asked for a flush (ClientProtocol.request_flush) since the last read turn
+# ended: written at the end of that turn (flush_requested), not a loop iteration later.
+_requested: list[ClientProtocol] = []
 
 
 class LightPeers:
@@ -137,6 +144,22 @@ class LightPeers:
         if self._epoll is not None:
             self._epoll.close()
             self._members.clear()
+
+
+def flush_requested(gw: Any) -> None:
+    """Write now what the connections of ``gw`` were asked to flush (a delivery that a read
+    turn's publish or ack caused): at the end of that turn, after its audit hand-off, rather
+    than in their ``call_soon`` a loop iteration later, behind the rest of this turn and every
+    other socket the loop's poll returned with it (scenario 7's latency). Still one write per
+    connection per turn. Entries of another gateway are left to their ``call_soon``."""
+    pending = _requested[:]
+    _requested.clear()
+    for conn in pending:
+        if conn._flush_scheduled and conn.gw is gw:
+            try:
+                conn._flush()
+            except Exception:  # that connection's, as in its call_soon: not the reader's
+                log.exception("flush failed on connection %s", conn.peer)
 
 
 def is_loopback(host: str) -> bool:
@@ -189,10 +212,16 @@ class ClientProtocol(asyncio.Protocol):
             self.session.resume_delivery()
 
     def request_flush(self) -> None:
-        """Given to the Session: one write at the end of this loop iteration."""
+        """Given to the Session: one write at the end of the read turn that asked for it
+        (flush_requested), or of this loop iteration when no read turn is under way."""
         if not self._flush_scheduled and not self._lost:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            _requested.append(self)
+            asyncio.get_running_loop().call_soon(self._flush_if_requested)
+
+    def _flush_if_requested(self) -> None:
+        if self._flush_scheduled:  # else flush_requested wrote it already
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -357,6 +386,8 @@ class AMQPConnection(ClientProtocol):
             # that writes nothing back otherwise left hundreds of them to the next connection
             # with bytes to send, and a light consumer's reply waited milliseconds behind them.
             broker.audit_handoff()
+            if _requested:
+                flush_requested(self.gw)
         self._flush()
         if self._lost:
             return

@@ -101,6 +101,9 @@ CHILD_HEADER = struct.Struct(">cI")
 # close() tells the writer process with this signal that a full disk's write now fails for
 # good (it may be waiting for room, reading nothing, so a message on its pipe would not do).
 STOP_SIGNAL = signal.SIGUSR1
+# The writer process's doorbell (gateway.audit.pipe.Reader): the descriptor of its read end,
+# in the child's environment. A byte on it says "an answer is awaited".
+DOORBELL_ENV = "CMQ_AUDIT_DOORBELL_FD"
 _NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
@@ -225,6 +228,7 @@ class AuditLog:
 
         os.makedirs(self.directory, exist_ok=True)
         self._child: subprocess.Popen[bytes] | None = None
+        self._bell = -1  # the write end of the child's doorbell (_ring)
         self._pipe: Pipe | None = None  # its input (gateway.audit.pipe), under _send_lock
         self._stop_asked = False  # ask_stop(): a hand-off stops waiting for a stalled process
         self._child_dropped = 0
@@ -501,6 +505,7 @@ class AuditLog:
             if self._child is not None:
                 self._request(b"C")
                 self._child.wait(timeout=30)
+                self._close_bell()
             else:
                 self._close_file()
         finally:
@@ -522,7 +527,11 @@ class AuditLog:
         # The child shares the directory's lock (one flock, two descriptors): after a kill -9 of
         # the gateway it still holds it while it writes what its pipe holds (A5, handoff), so
         # a restart never closes or compacts the file it is finishing.
-        keep = (self._lock.fileno(),) if self._lock is not None else ()
+        keep: tuple[int, ...] = (self._lock.fileno(),) if self._lock is not None else ()
+        bell_r, bell_w = os.pipe()
+        os.set_blocking(bell_w, False)
+        keep += (bell_r,)
+        env[DOORBELL_ENV] = str(bell_r)
         # The child starts with STOP_SIGNAL blocked (a thread's mask survives fork and exec) and
         # unblocks it once its handler is in place: a stop signalled earlier waits for it
         # rather than killing it.
@@ -532,17 +541,34 @@ class AuditLog:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
                                      pass_fds=keep,
                                      start_new_session=True)  # no SIGINT/SIGTERM of the terminal's group
+        except BaseException:
+            os.close(bell_w)
+            raise
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(bell_r)
+        self._bell = bell_w
         with contextlib.suppress(OSError, AttributeError, ValueError):  # not Linux, or over the limit
             import fcntl
             fcntl.fcntl(child.stdin.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[union-attr]
         return child
 
+    def _ring(self) -> None:
+        """Wake the writer process now: an answer is awaited (gateway.audit.pipe.Reader)."""
+        if self._bell >= 0:
+            with contextlib.suppress(BlockingIOError):  # rung already and not yet heard
+                os.write(self._bell, b"\0")
+
+    def _close_bell(self) -> None:
+        bell, self._bell = self._bell, -1
+        if bell >= 0:
+            os.close(bell)
+
     def _child_failed(self) -> None:
         log.exception("audit writer process failed; writing from this process from now on")
         with self._send_lock:  # handoff() no longer writes to it
             child, self._child = self._child, None
+            self._close_bell()
             self._pipe = None  # what it still held is in _unacked, written again below
             if child is not None:
                 with contextlib.suppress(Exception):
@@ -607,6 +633,7 @@ class AuditLog:
             self._send_pending()
             pipe.write(CHILD_HEADER.pack(kind, 0))
             pipe.flush()  # waits as long as it takes: close() has told a stalled process to give up
+            self._ring()
             sent = len(self._unacked)
         # Read without the lock: handoff() may send more meanwhile, which this answer does not cover.
         line = child.stdout.readline()

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import time
 import traceback
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -31,6 +33,7 @@ __all__ = ["Snapshot", "WorkerSpec", "worker_main"]
 # loop overhead, small enough that the confirm window and flow control stay responsive.
 _BATCH = 64
 _TICK_S = 0.5
+_AT_END: list[Callable[[], None]] = []  # run as the worker ends (CMQ_PERF_TRACE's dump)
 
 
 @dataclass
@@ -299,7 +302,7 @@ class _Worker:
                 client.write(basic_ack(1, last_tag, True))
                 pending = 0
 
-        client.on_delivery = on_delivery
+        client.on_delivery = _traced(client, on_delivery)
         for i, q in enumerate(queues):
             await client.rpc(
                 1,
@@ -357,6 +360,28 @@ class _Worker:
         return consume()
 
 
+def _traced(client: AmqpClient, on_delivery: Callable[[int, int, int], None]) -> Callable[[int, int, int], None]:
+    """With CMQ_PERF_TRACE=FILE, the consumer notes (send stamp, latency) of every delivery
+    and writes them to FILE (JSON) at exit, for gateway.perf.trace's report; without it
+    ``on_delivery`` itself, so an untraced run pays nothing."""
+    path = os.environ.get("CMQ_PERF_TRACE")
+    if not path:
+        return on_delivery
+    noted: list[tuple[int, int]] = []
+    append = noted.append
+
+    def traced(channel: int, tag: int, latency_ns: int) -> None:
+        append((client._content_sent_ns, latency_ns))
+        on_delivery(channel, tag, latency_ns)
+
+    def dump() -> None:
+        with open(path, "w") as f:
+            json.dump(noted, f)
+
+    _AT_END.append(dump)
+    return traced
+
+
 def worker_main(spec: WorkerSpec, pipe: Connection) -> None:
     """Process entry point (multiprocessing, spawn)."""
     try:
@@ -370,3 +395,6 @@ def worker_main(spec: WorkerSpec, pipe: Connection) -> None:
     except BaseException as exc:  # report, never hang the main process
         with contextlib.suppress(Exception):
             pipe.send(("error", spec.worker_id, f"{exc!r}\n{traceback.format_exc()}"))
+    finally:
+        for at_end in _AT_END:
+            at_end()
