@@ -140,9 +140,10 @@ def measure(code: str, work: Path, count: int, warmup: int, window: int, childre
     for i, p in enumerate(pids):
         files = sorted(glob.glob(f"{work}/callgrind.out.{p}.*"))
         out["main" if i == 0 else "child"] = sum(_total(f) for f in files)
-        if i == 0 and files:
+        if files:
             os.makedirs(keep, exist_ok=True)
-            shutil.copy(files[-1], os.path.join(keep, f"callgrind-{os.path.basename(os.path.abspath(code))}-{time.time():.0f}.out"))
+            name = f"callgrind-{'main' if i == 0 else 'child'}-{os.path.basename(os.path.abspath(code))}-{time.time():.0f}.out"
+            shutil.copy(files[-1], os.path.join(keep, name))
     return out
 
 

@@ -286,7 +286,7 @@ class Session:
                 C.Basic.Return, reply_code=NO_ROUTE, reply_text="NO_ROUTE", exchange=method.exchange,
                 routing_key=method.routing_key), properties, body)
         if seq:
-            ch.confirm_publish(seq, out.lsn, nack=out.rejected)
+            ch.confirm_publish(seq, out.lsn, out.rejected)
 
     # -- exchange / queue methods ------------------------------------------------------------
 

@@ -362,9 +362,20 @@ class Decoder:
         if first == 0x40 and length == 2:
             return Ack(PUBACK, (buf[i] << 8) | buf[i + 1], 0, _NO_PROPERTIES)
         if first >> 4 == PUBLISH and self.level == 4 and length >= 2:
-            fast = _publish_fast(first, buf, i, stop)
-            if fast is not None:
-                return fast
+            # A 3.1.1 PUBLISH read straight from the buffer (here, not in a function of its
+            # own: a frame a message); anything it does not take, the full decoder judges.
+            qos = (first >> 1) & 3
+            if qos != 3 and (qos or not first & 8):
+                j = i + 2 + ((buf[i] << 8) | buf[i + 1])
+                if j + (2 if qos else 0) <= stop:
+                    raw = buf[i + 2:j]
+                    topic = _TOPIC_OF.get(raw)
+                    if topic is None:
+                        topic = _new_topic(raw)
+                    pid = (buf[j] << 8) | buf[j + 1] if qos else 0
+                    if topic is not None and (pid or not qos):
+                        return Publish(topic, buf[j + 2 if qos else j:stop], qos, first & 1 != 0, first & 8 != 0,
+                                       pid, _NO_PROPERTIES)
         return self.decode(first, buf, i, stop)
 
     def decode(self, first: int, data: bytes, start: int, end: int) -> Packet:
@@ -401,34 +412,19 @@ _TOPIC_OF: dict[bytes, str] = {}
 _TOPICS_KEPT = 4096
 
 
-def _publish_fast(first: int, buf: bytes, start: int, end: int) -> Publish | None:
-    """A 3.1.1 PUBLISH read straight from the buffer; None: let the full decoder judge it."""
-    qos = (first >> 1) & 3
-    if qos == 3 or (first & 8 and not qos):
+def _new_topic(raw: bytes) -> str | None:
+    """A PUBLISH's topic bytes not seen before: its name, kept, once found valid (no U+0000,
+    UTF-8); None: let the full decoder judge the packet."""
+    if b"\x00" in raw:
         return None
-    n = (buf[start] << 8) | buf[start + 1]
-    j = start + 2 + n
-    if j + (2 if qos else 0) > end:
+    try:
+        topic = raw.decode("utf-8")
+    except UnicodeDecodeError:
         return None
-    raw = buf[start + 2:j]
-    topic = _TOPIC_OF.get(raw)
-    if topic is None:
-        if b"\x00" in raw:
-            return None
-        try:
-            topic = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
-        if len(_TOPIC_OF) >= _TOPICS_KEPT:
-            _TOPIC_OF.clear()
-        _TOPIC_OF[raw] = topic
-    pid = 0
-    if qos:
-        pid = (buf[j] << 8) | buf[j + 1]
-        if not pid:
-            return None
-        j += 2
-    return Publish(topic, buf[j:end], qos, first & 1 != 0, first & 8 != 0, pid, _NO_PROPERTIES)
+    if len(_TOPIC_OF) >= _TOPICS_KEPT:
+        _TOPIC_OF.clear()
+    _TOPIC_OF[raw] = topic
+    return topic
 
 
 def _connect(r: _Reader) -> Connect:
