@@ -120,7 +120,7 @@ class JetStreamMessages:
             self.sweeper.note_expiring(q)  # a message's own TTL: the sweeper looks at this queue
         broker.emit_row(ENQUEUE, vh.name, (q.name, msg.msg_id, size, via, subscription))
         lsn = self.writes.publish(s, msg, now, delay or None, expires_at)
-        hold = trim_after_publish(broker, s)
+        hold = trim_after_publish(broker, s) if attrs.max_length is not None else 0  # drop-head only
         store = broker.store
         if hold:
             store.fanout_next[lsn] = hold  # a refusal still nacks

@@ -119,7 +119,7 @@ class Publisher:
 
         self._sub = await self.nc.subscribe(self.prefix + ".*", cb=on_reply,
                                             pending_msgs_limit=-1, pending_bytes_limit=-1)
-        wire.Handlers.of(self.nc).add(self._sub, self._replied)  # in the read loop's turn
+        wire.Handlers.of(self.nc).add(self._sub, self._replied, self._replied_plain)  # in the read loop's turn
         self._sweeper = self._loop.create_task(self._sweep())
 
     async def stop(self) -> None:
@@ -227,15 +227,31 @@ class Publisher:
             lsn = int(msg.subject.rpartition(".")[2])
         except ValueError:
             return
-        w = self._writes.get(lsn)
-        if w is None:
-            return  # settled already: the answer to an earlier attempt
-        what = reading(msg.headers, msg.data)
+        if lsn in self._writes:
+            self._answered(lsn, reading(msg.headers, msg.data), msg.headers, msg.data)
+
+    def _replied_plain(self, subject: bytes, data: bytes) -> None:
+        """A reply without headers (a PubAck, nearly always), read as the bytes came: what
+        ``_replied`` does, without a Delivery and its decoding (issue 28: CPU a message)."""
+        try:
+            lsn = int(subject[subject.rindex(b".") + 1:])
+        except ValueError:
+            return
+        if lsn in self._writes:
+            plain = _PUBACK.match(data)  # reading()'s first rule, without its call: nearly every reply
+            if plain is not None and b'"error"' not in data:
+                self._answered(lsn, STORED if int(plain.group(1)) > 0 else UNKNOWN, None, data)
+            else:
+                self._answered(lsn, reading(None, data), None, data)
+
+    def _answered(self, lsn: int, what: str, headers: dict[str, str] | None, data: bytes) -> None:
+        """The write ``lsn``, not settled yet, answered ``what`` (see the module docstring)."""
+        w = self._writes[lsn]
         if what == UNKNOWN:
             if not self._told_unknown:
                 self._told_unknown = True
                 log.warning("jetstream did not store a write (lsn %d) for now, sending it again: %r",
-                            lsn, (msg.headers or {}).get("Status") or msg.data[:200])
+                            lsn, (headers or {}).get("Status") or data[:200])
             if w.gone is None or not w.gone():
                 self._unanswered(lsn)
                 return
@@ -244,7 +260,7 @@ class Publisher:
             # would be cut off by a refusal when a subscriber's clean session leaves).
             what = GONE
         if what == REFUSED:
-            log.warning("jetstream refused a message (lsn %d): %s", lsn, msg.data[:200])
+            log.warning("jetstream refused a message (lsn %d): %s", lsn, data[:200])
         del self._writes[lsn]
         self._sent.pop(lsn, None)
         self._again.discard(lsn)

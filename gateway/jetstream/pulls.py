@@ -17,7 +17,6 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from gateway.broker import persistence as P
 from gateway.jetstream import wire
 from gateway.jetstream.api_receive import answer_receives
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
@@ -143,16 +142,8 @@ class Pulls:
         """One message on the queue's inbox: a delivery, or a status ending a pull request."""
         status = m.headers.get("Status") if m.headers else None
         if status is None:
-            s.requested = max(0, s.requested - 1)
-            # A delivery's subject is its stream's, not the request's: JetStream (2.9) fills
-            # waiting requests in the order they came, so it counts against the oldest one.
-            for reply, oldest in s.pulls.items():
-                oldest[0] -= 1
-                if oldest[0] <= 0:
-                    del s.pulls[reply]  # its whole batch came: JetStream says no more of it
-                break
-            if not s.requested:
-                s.pulls.clear()
+            # Counted against the pulls under way when taken (_take_arrived): for the read's
+            # deliveries together, before anything else looks at the pulls.
             s.arrived.append(m)
             if len(s.arrived) == 1:
                 # Taken once the read that brought it is parsed, in the same turn: together
@@ -186,7 +177,24 @@ class Pulls:
     def _take_arrived(self, s: QueueStream) -> None:
         q = s.q
         msgs, s.arrived = s.arrived, []
-        if msgs and not q.deleted:
+        if not msgs:
+            return
+        n = len(msgs)
+        s.requested = max(0, s.requested - n)
+        # A delivery's subject is its stream's, not the request's: JetStream (2.9) fills
+        # waiting requests in the order they came, so each counts against the oldest one.
+        pulls = s.pulls
+        while n and pulls:
+            reply = next(iter(pulls))
+            oldest = pulls[reply]
+            came = min(n, oldest[0])
+            oldest[0] -= came
+            n -= came
+            if oldest[0] <= 0:
+                del pulls[reply]  # its whole batch came: JetStream says no more of it
+        if not s.requested:
+            pulls.clear()
+        if not q.deleted:
             self._take(s, msgs)
 
     def unstick(self, s: QueueStream, now: float) -> None:
@@ -221,6 +229,9 @@ class Pulls:
         s.took_at = time.monotonic()
         self.taking.add(s)
         cmq = q.cmq
+        leases = s.leases
+        delays = s.delays
+        restore = cmq.restore
         for i, m in enumerate(msgs):
             delivered, consumer_seq, pending = delivery_counts(m.reply)
             if consumer_seq > s.last_delivery:
@@ -232,30 +243,31 @@ class Pulls:
             if visible_at is not None and float(visible_at) > now:
                 # Q4: too early; JetStream keeps it for the rest of the delay, for every gateway.
                 self.reply(m, b"-NAK {\"delay\": %d}" % int((float(visible_at) - now) * 1e9))
-                s.delays[msg_id] = (float(visible_at), True)
+                delays[msg_id] = (float(visible_at), True)
                 continue
-            s.delays.pop(msg_id, None)
+            if delays:
+                delays.pop(msg_id, None)
             if cmq.get(msg_id) is not None:
-                s.leases[msg_id] = m
+                leases[msg_id] = m
                 continue  # JetStream's delivery of a message leased here already: the newer lease
-            r = P.decode_message(m.data)
-            body = r["body"]
             if BODY_HEADER in headers:
                 body = s.fetched.pop(msg_id, None)
                 if body is None:
                     s.held_back = msgs[i:]  # this one and those after it wait for its body
                     self.spawn(self._fetch_body(s, m, headers[BODY_HEADER], msg_id))
                     break
-            s.leases[msg_id] = m
-            msg = stored_message(r, body, msg_id)
+                msg = stored_message(m.data, msg_id, body)
+            else:
+                msg = stored_message(m.data, msg_id)
+            leases[msg_id] = m
             count = delivered - 1
             if visible_at is not None and count > 0:
                 # Q4/M11: a delayed message was naked once for its delay by whichever gateway
                 # pulled it first (any puller during the delay does): not a receive.
                 count -= 1
             exp = headers.get(EXPIRES_AT)
-            cmq.restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=r["enqueue_time"],
-                        receive_count=max(0, count), expires_at=None if exp is None else float(exp))
+            restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=msg.published_at,
+                    receive_count=count if count > 0 else 0, expires_at=None if exp is None else float(exp))
         vh = self.broker.vhosts[q.vhost]
         self.broker.after_queue_change(vh, q)
         self._return_surplus(s)
@@ -363,7 +375,8 @@ class Pulls:
         old = s.sub
         forgetting = s.forgetting
         expired_at = s.waiting_until  # the old requests': the new ones' come after
-        s.sub = s.inbox = None
+        s.sub = s.inbox = None  # (no pull from here on until the new inbox is there)
+        self._take_arrived(s)  # what the old requests brought: counted against them, not the new ones
         s.requested = 0
         s.pulls.clear()
         try:

@@ -257,9 +257,10 @@ class JetStreamStore:
     def _next_lsn(self) -> int:
         """A new write's LSN, open (durable_lsn stays below it) until it settles."""
         lsn = self._lsn = self._lsn + 1
+        if not self._open:
+            self._idle.clear()  # set only while nothing is open (_settle): not a call a write
         self._open.add(lsn)
         self._order.append(lsn)
-        self._idle.clear()
         return lsn
 
     async def _run(self, lsn: int, write: Callable[..., Awaitable[Any]], args: tuple[Any, ...],

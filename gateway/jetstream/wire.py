@@ -41,6 +41,11 @@ class Delivery:
         self.headers = headers
 
 
+# Header names as read, decoded once: the few a gateway's messages carry (Nats-Msg-Id, ...).
+_NAMES: dict[bytes, str] = {}
+_NAMES_MAX = 64
+
+
 def parse_headers(raw: bytes) -> dict[str, str] | None:
     """``NATS/1.0[ <status>[ <description>]]\\r\\nKey: value\\r\\n...\\r\\n\\r\\n`` -> a dict,
     the status under ``Status`` and its text under ``Description`` (nats-py's keys)."""
@@ -50,7 +55,14 @@ def parse_headers(raw: bytes) -> dict[str, str] | None:
         # One header and no status: what nearly every delivery of a queue message carries (its
         # Nats-Msg-Id), read without the line loop (issue 28: CPU per message pulled).
         key, sep, value = raw[10:-4].partition(b":")
-        return {key.decode().strip(): value.decode().strip()} if sep else {}
+        if not sep:
+            return {}
+        name = _NAMES.get(key)
+        if name is None:
+            name = key.decode().strip()
+            if len(_NAMES) < _NAMES_MAX:
+                _NAMES[key] = name
+        return {name: value.decode().strip()}
     lines = raw.split(b"\r\n")
     first = lines[0]
     hdr: dict[str, str] = {}
@@ -82,6 +94,9 @@ class Handlers:
 
     def __init__(self, nc: Any) -> None:
         self.by_sid: dict[int, Callable[[Delivery], None]] = {}
+        # Beside a handler: what takes that subscription's messages without headers or reply
+        # subject, as (subject, payload) bytes (add's ``plain``).
+        self.plain: dict[int, Callable[[bytes, bytes], None]] = {}
         self._read_end: list[Callable[[], None]] = []
         self._rest = b""  # the start of a message the last read did not hold all of
         self._nc = nc
@@ -181,11 +196,14 @@ class Handlers:
                 self._rest = data[pos:]  # a control line cut in two
                 return -1, None
             args = data[pos:eol].split()
-            op = args[0] if args else b""
-            if op == b"MSG" and len(args) in (4, 5):
+            n = len(args)
+            op = args[0] if n else b""
+            if op == b"MSG" and (n == 4 or n == 5):
                 hsize, size = 0, int(args[-1])
-            elif op == b"HMSG" and len(args) in (5, 6):
+                reply = args[3] if n == 5 else b""
+            elif op == b"HMSG" and (n == 5 or n == 6):
                 hsize, size = int(args[-2]), int(args[-1])
+                reply = args[3] if n == 6 else b""
             else:
                 return pos, None
             start = eol + 2
@@ -194,7 +212,6 @@ class Handlers:
                 self._rest = data[pos:]
                 return -1, None
             sid = int(args[2])
-            reply = args[3] if len(args) == (6 if op == b"HMSG" else 5) else b""
             handler = by_sid.get(sid)
             if handler is None:
                 if direct:
@@ -202,8 +219,14 @@ class Handlers:
                 return stop + 2, (sid, args[1], reply, data[start + hsize:stop],
                                   data[start:start + hsize] if hsize else None)
             try:
-                handler(Delivery(args[1].decode(), reply.decode(), data[start + hsize:stop],
-                                 parse_headers(data[start:start + hsize]) if hsize else None))
+                plain = self.plain.get(sid) if not hsize and not reply else None
+                if plain is not None:
+                    # A message without headers or reply subject for a handler that reads its
+                    # bytes as they come (a PubAck): no Delivery, no decoding (issue 28: CPU a message).
+                    plain(args[1], data[start:stop])
+                else:
+                    handler(Delivery(args[1].decode(), reply.decode(), data[start + hsize:stop],
+                                     parse_headers(data[start:start + hsize]) if hsize else None))
             except Exception:  # a bug in one handler must not end the connection's read loop
                 log.exception("handling a NATS message on %r failed", args[1])
             pos = stop + 2
@@ -231,11 +254,18 @@ class Handlers:
                 except Exception:  # a bug in one must not end the connection's read loop
                     log.exception("handling the end of a NATS read failed")
 
-    def add(self, sub: Any, handler: Callable[[Delivery], None]) -> None:
+    def add(self, sub: Any, handler: Callable[[Delivery], None],
+            plain: Callable[[bytes, bytes], None] | None = None) -> None:
+        """``handler`` takes ``sub``'s messages; ``plain``, if given, those without headers or
+        reply subject that this module parses (not those nats-py's parser reads: it must do
+        what ``handler`` does), as (subject, payload) bytes."""
         self.by_sid[sub._id] = handler
+        if plain is not None:
+            self.plain[sub._id] = plain
 
     def discard(self, sub: Any) -> None:
         self.by_sid.pop(sub._id, None)
+        self.plain.pop(sub._id, None)
 
     def retire(self, sub: Any, handler: Callable[[Delivery], None], seconds: float) -> None:
         """``sub``'s messages go to ``handler`` for ``seconds``, also once nats-py has
@@ -243,6 +273,7 @@ class Handlers:
         nothing is kept of it. nats-py never reuses a sid."""
         sid = sub._id
         self.by_sid[sid] = handler
+        self.plain.pop(sid, None)
         asyncio.get_running_loop().call_later(seconds, self._forget_sid, sid, handler)
 
     def _forget_sid(self, sid: int, handler: Callable[[Delivery], None]) -> None:
@@ -262,9 +293,11 @@ def hpub(subject: str, reply: str, headers: dict[str, str], payload: bytes) -> t
     no line breaks to escape."""
     if len(headers) == 1:  # a queue message's Nats-Msg-Id alone, nearly always
         (k, v), = headers.items()
-        hdr = b"NATS/1.0\r\n%s: %s\r\n\r\n" % (k.encode(), v.encode())
-    else:
-        hdr = b"NATS/1.0\r\n" + b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items()) + b"\r\n"
+        hdr = f"NATS/1.0\r\n{k}: {v}\r\n\r\n".encode()
+        n = len(hdr)
+        return (b"%s%s%s\r\n" % (f"HPUB {subject} {reply} {n} {n + len(payload)}\r\n".encode(), hdr, payload),
+                subject, reply, payload, headers)
+    hdr = b"NATS/1.0\r\n" + b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in headers.items()) + b"\r\n"
     return (b"HPUB %s %s %d %d\r\n%s%s\r\n" % (subject.encode(), reply.encode(), len(hdr), len(hdr) + len(payload),
                                                   hdr, payload),
             subject, reply, payload, headers)
