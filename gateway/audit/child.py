@@ -33,13 +33,14 @@ import sys
 from typing import Any, BinaryIO
 
 from gateway.audit.fastformat import unpack
+from gateway.audit.pipe import Reader
 from gateway.audit.writer import CHILD_HEADER as HEADER
-from gateway.audit.writer import STOP_SIGNAL, AuditLog
+from gateway.audit.writer import DOORBELL_ENV, STOP_SIGNAL, AuditLog
 
 __all__ = ["main"]
 
 
-def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
+def _read_exact(stream: BinaryIO | Reader, n: int) -> bytes | None:
     data = stream.read(n)
     if data is None or len(data) < n:
         return None
@@ -57,7 +58,9 @@ def main() -> None:
     # The gateway's close(): a write waiting for room on a full disk gives up (AuditLog._until_room).
     signal.signal(STOP_SIGNAL, lambda *_: setattr(log, "space_final", True))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {STOP_SIGNAL})
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    # Records are read on this process's clock while they come, not on every write (pipe.Reader).
+    bell = os.environ.get(DOORBELL_ENV)
+    stdin, stdout = Reader(sys.stdin.fileno(), int(bell) if bell else None), sys.stdout.buffer
     reported: dict[Any, int] = {}  # log.counts as of the last answer
     while True:
         head = _read_exact(stdin, HEADER.size)
