@@ -220,6 +220,10 @@ class ClientProtocol(asyncio.Protocol):
             asyncio.get_running_loop().call_soon(self._flush_if_requested)
 
     def _flush_if_requested(self) -> None:
+        # Every read turn of this loop iteration is over by now, so what _requested still holds
+        # is written by its own call_soon: forgotten here, it cannot grow while no AMQP read
+        # turn comes (deliveries to no-ack consumers of MQTT or CMQ API publishers, timers).
+        _requested.clear()
         if self._flush_scheduled:  # else flush_requested wrote it already
             self._flush()
 

@@ -99,3 +99,27 @@ async def test_a_publish_delivery_is_written_in_the_publishers_read_turn(
     # A5: the turn's records were handed to the audit writer after the publish was read and
     # before its delivery went out.
     assert any(kind == "handoff" for kind, _ in calls[publisher_read:at]), calls
+
+
+async def test_flushes_asked_outside_an_amqp_read_turn_are_not_kept(tmp_path: Path) -> None:
+    """Deliveries that no AMQP read turn caused (here an MQTT publisher's, to an MQTT
+    subscriber that never writes) are written by their own ``call_soon``; the list of flushes
+    for the next read turn must not keep one entry per delivery meanwhile (it would grow for as
+    long as no AMQP client sends anything)."""
+    from gateway.mqtt import codec as P
+    from tests.integration.mqtt_client import AsyncRawClient
+
+    async with running_gateway(0, None, hosts=("127.0.0.1",), mqtt_port=0, mqtt_host="127.0.0.1") as gw:
+        sub, _ = await AsyncRawClient.connect(gw.mqtt.port, "turn-sub", level=4)
+        sub.send(P.Subscribe(packet_id=1, subscriptions=[("turn/t", 0)]))
+        assert isinstance(await sub.recv(), P.SubAck)
+        pub, _ = await AsyncRawClient.connect(gw.mqtt.port, "turn-pub", level=4)
+        count = 300
+        for i in range(count):
+            pub.send(P.Publish(topic="turn/t", payload=b"%d" % i))
+            await asyncio.sleep(0)  # a loop iteration each: a flush each
+        got = [await sub.recv() for _ in range(count)]
+        assert [p.payload for p in got] == [b"%d" % i for i in range(count)]
+        assert len(tr._requested) <= 2, len(tr._requested)
+        for client in (pub, sub):
+            client.send(P.Disconnect())
