@@ -265,7 +265,8 @@ class Publisher:
         self._sent.pop(lsn, None)
         self._again.discard(lsn)
         w.settled(lsn, what == REFUSED, w.done)
-        self._kick()
+        if self._outbox:
+            self._kick()  # the window had room for one more
 
     async def _sweep(self) -> None:
         while True:
