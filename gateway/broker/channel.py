@@ -232,7 +232,7 @@ class Channel:
         """M14: basic.ack once the store holds the message durably, basic.nack when it was
         refused; confirms go out in publish order, so a nack waits behind earlier acks."""
         broker = self.session.broker
-        if not nack and lsn > broker.durable_lsn:
+        if not nack and lsn and lsn > broker.durable_lsn:  # lsn 0: nothing to wait for
             self.pending_confirms.append((seq, lsn))
             broker.wait_durable(self)
         elif self.pending_confirms:

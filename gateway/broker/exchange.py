@@ -127,7 +127,7 @@ class Exchange:
     """One AMQP exchange in one vhost, served as a CMQ topic (headers: matched here, M5)."""
 
     __slots__ = ("name", "type", "durable", "auto_delete", "internal", "arguments", "bindings",
-                 "topic", "vhost", "on_tick", "policy")
+                 "topic", "vhost", "on_tick", "policy", "labels")
 
     def __init__(self, vhost: str, name: str, type: str, *, durable: bool = False,
                  auto_delete: bool = False, internal: bool = False,
@@ -143,6 +143,9 @@ class Exchange:
         self.topic: Topic | None = None
         self.on_tick: Any = None  # set by the broker: runs the topic's retries and expiry
         self.policy: Policy | None = None  # the RabbitMQ policy applied (VHost.apply_policies)
+        # subscription name -> sub_label(name, it): the route and enqueue records of every
+        # message name its subscriptions, so each label is made once (label_of).
+        self.labels: dict[str, str] = {}
         if type != "headers":
             # T5: tag filtering for direct and fanout (fanout subscriptions have no tags),
             # routing-key filtering for topic. The CMQ topic name is the L2 mapping of ours.
@@ -160,6 +163,15 @@ class Exchange:
     def run_due(self, now: float) -> None:
         if self.on_tick is not None:
             self.on_tick(self, now)
+
+    def label_of(self, sub: str) -> str:
+        """sub_label(self.name, sub), kept (see labels)."""
+        label = self.labels.get(sub)
+        if label is None:
+            if len(self.labels) >= 4096:
+                self.labels.clear()
+            label = self.labels[sub] = sub_label(self.name, sub)
+        return label
 
     @property
     def max_message_size(self) -> int:

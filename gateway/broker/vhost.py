@@ -107,6 +107,9 @@ class VHost:
         self.broker = broker
         self.name = name
         self.profile = profile  # PF1: the limits that refuse, and those only reported
+        # Routing keys of topic exchanges found within the profile's reported limits (PF4): a
+        # publisher repeats a few, so each is checked once, not per message (set_profile clears).
+        self.keys_within: set[str] = set()
         self.exchanges: dict[str, Exchange] = {}
         self.queues: dict[str, BrokerQueue] = {}
         self.policies: dict[str, Policy] = {}
@@ -118,6 +121,7 @@ class VHost:
     def set_profile(self, profile: Profile) -> None:
         """PF1: another profile from now on, for every exchange and queue of the vhost."""
         self.profile = profile
+        self.keys_within = set()
         for ex in self.exchanges.values():
             if ex.topic is not None:
                 ex.topic.set_limits(profile.enforced)
@@ -174,6 +178,10 @@ class VHost:
             err = tags_breach(tags, reported) if tags else None
         elif ex.type == "topic":
             err = key_breach(routing_key, reported)
+            if err is None:
+                if len(self.keys_within) >= 4096:
+                    self.keys_within.clear()
+                self.keys_within.add(routing_key)
         else:
             return
         if err is not None:
@@ -590,7 +598,7 @@ class VHost:
             raise access_refused(f"cannot publish to internal exchange '{exchange}' in vhost '{self.name}'")
         profile = self.profile
         tags = message_tags(routing_key, headers, profile.enforced) if ex.type == "direct" else ()
-        if profile.reported is not None:
+        if profile.reported is not None and (ex.type != "topic" or routing_key not in self.keys_within):
             self._report_message(ex, tags, routing_key, user, peer)
         size = len(body)
         msg_id = out.msg_id = msg_id or new_msg_id()
@@ -661,9 +669,11 @@ class VHost:
             # (the lookup is the topic's cached one, done again inside publish).
             subs = topic.match(msg.tags, msg.routing_key)
             emit_row = self.broker.emit_row
+            labels = ex.labels
             for s in subs:
                 endpoint = s.endpoint
-                emit_row(ROUTE, self.name, (ex.name, msg.msg_id, msg.routing_key, sub_label(ex.name, s.name),
+                emit_row(ROUTE, self.name, (ex.name, msg.msg_id, msg.routing_key,
+                                            labels.get(s.name) or ex.label_of(s.name),
                                             endpoint[1] if isinstance(endpoint, tuple) and endpoint[0] == "q"
                                             else None, tags, size))
             def attempt(sub: Any, tmsg: Any) -> bool | None:
@@ -671,7 +681,7 @@ class VHost:
                 if endpoint[0] not in _LOCAL:
                     return self.broker.attempt_endpoint(topic, sub, tmsg)
                 return self._attempt(endpoint, msg, headers, now, out, seen, ex.name,
-                                     sub_label(ex.name, sub.name))
+                                     labels.get(sub.name) or ex.label_of(sub.name))
 
             tmsg = TopicMessage(msg.msg_id, now, msg.tags, msg.routing_key, msg, size)
             result = topic.publish(tmsg, now, attempt)
