@@ -73,6 +73,8 @@ class _Report:
 class JetStreamStore:
     """See the module docstring. Open with :meth:`open` (reads the whole bucket)."""
 
+    checkpoint_token: bytes | None = None  # no checkpoint to reopen from (StoreBackend)
+
     def __init__(self, link: Link, kv: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.link = link
         self.kv = kv

@@ -26,6 +26,12 @@ class StoreBackend(Protocol):
     """See the module docstring."""
 
     recovery: Any  # what opening it found (semantics.store.RecoveryReport or alike)
+    @property
+    def checkpoint_token(self) -> bytes | None:
+        """Names the checkpoint this open will close with, for a store that reopens from one
+        (the embedded journal: its recovery cache is keyed to it, and a put of an unchanged
+        record during recovery would make it stale); None for one without (JetStream)."""
+        ...
 
     def put(self, key: str, value: bytes) -> int: ...
 
