@@ -299,6 +299,8 @@ class Topic:
             self._tags = TagIndex()
         else:
             self._keys = KeyTrie()
+        # Read directly by the gateway's publish (gateway.broker.vhost), as are _max_size and
+        # Subscription._blocker: a frame a message each saved there.
         self._cache: dict[object, tuple[Subscription, ...]] = {}
         self._retained: dict[str, _Retained] = {}
         self._timers: list[tuple[float, int, int, _Entry]] = []   # (next_at, seq, tick, entry)
@@ -480,6 +482,15 @@ class Topic:
         if slow is None:  # the hot path: all delivered, nothing kept (D2)
             return PublishResult(msg.msg_id, subs, False, None)
         return self._retain(msg, now, subs, slow)
+
+    def retain_failed(self, msg: TopicMessage, now: float, subs: tuple[Subscription, ...],
+                      failed: list[Subscription]) -> PublishResult:
+        """The end of :meth:`publish` for a caller that made the attempts itself, in ``subs``
+        order, after ``route``: the gateway's path for queue endpoints (gateway.broker.vhost),
+        which calls this only when no subscription in ``subs`` was blocked (D6) and ``msg``
+        is within MaximumMessageSize (L6). ``failed``: those whose attempt failed (D7), in
+        order; the rest succeeded. The same retention and events as publish (D1, D2, D4)."""
+        return self._retain(msg, now, subs, [(s, False) for s in failed])
 
     def _retain(self, msg: TopicMessage, now: float, subs: tuple[Subscription, ...],
                 slow: list[tuple[Subscription, object]]) -> PublishResult:

@@ -593,7 +593,7 @@ class VHost:
                                reason="too_large", user=user, peer=peer)
                 raise
             return out
-        ex = self.exchange(exchange)
+        ex = self.exchanges.get(exchange) or self.exchange(exchange)  # the 404 is exchange()'s
         if ex.internal:
             raise access_refused(f"cannot publish to internal exchange '{exchange}' in vhost '{self.name}'")
         profile = self.profile
@@ -601,6 +601,7 @@ class VHost:
         if profile.reported is not None and (ex.type != "topic" or routing_key not in self.keys_within):
             self._report_message(ex, tags, routing_key, user, peer)
         size = len(body)
+        fresh = not msg_id
         msg_id = out.msg_id = msg_id or new_msg_id()
         values = (exchange, routing_key, msg_id, list(tags) or None, size, user, peer)
         if protocol is None:
@@ -611,7 +612,9 @@ class VHost:
         if headers and ("x-delay" in headers or "x-cmq-delay-seconds" in headers):
             raise precondition(f"message delay is a queue feature; it is not available through "
                                f"topic '{exchange}' (CMQ rule Q4)", rule="Q4")
-        max_size = ex.max_message_size
+        topic = ex.topic
+        # Topic.max_message_size without its two property frames (Exchange's and Topic's)
+        max_size = topic._max_size if topic is not None else ex.max_message_size
         if size > max_size:
             if profile.refuse:
                 emit("discard", self.name, topic=exchange, routing_key=routing_key, msg_id=msg_id, size=size,
@@ -623,7 +626,7 @@ class VHost:
         msg.cycle = cycle
         if size > QUEUE_MAX_MSG_SIZE_MIN:  # no queue refuses a body this small (L6)
             self._check_sizes(ex, msg, headers, user, peer)
-        self._route(ex, msg, headers, now, out, {exchange})
+        self._route(ex, msg, headers, now, out, {exchange}, fresh)
         if not out.routed:
             emit("discard", self.name, topic=exchange, routing_key=routing_key, msg_id=msg_id, size=size,
                  reason="no_match", user=user, peer=peer)
@@ -651,8 +654,10 @@ class VHost:
                                            limit=q.attrs.max_msg_size), f"queue:{q.name}", user, peer)
 
     def _route(self, ex: Exchange, msg: Message, headers: Any, now: float, out: PublishOutcome,
-               seen: set[str]) -> None:
-        """Route through ``ex`` (its topic, M9) and onward through exchange bindings, each once."""
+               seen: set[str], fresh: bool = False) -> None:
+        """Route through ``ex`` (its topic, M9) and onward through exchange bindings, each once.
+        ``fresh``: the message ID was made by this publish and nothing was routed yet, so no
+        queue can hold it already (a resend's given ID, MQ8, or a second exchange may)."""
         tags = list(msg.tags) or None
         size = len(msg.body)
         if ex.topic is None:
@@ -667,40 +672,92 @@ class VHost:
             topic = ex.topic
             # A1: one route record per subscription that takes it, before its enqueue records
             # (the lookup is the topic's cached one, done again inside publish).
-            subs = topic.match(msg.tags, msg.routing_key)
+            # Topic.match's cache read here (its two frames), match itself on a miss (which
+            # validates, L3/L4, and fills the cache; a cached () is looked up again there).
+            subs = topic._cache.get(msg.routing_key if topic._tags is None else msg.tags) \
+                or topic.match(msg.tags, msg.routing_key)
             emit_row = self.broker.emit_row
             labels = ex.labels
+            lean = True  # every subscription an unblocked queue endpoint (below)
             for s in subs:
                 endpoint = s.endpoint
+                if type(endpoint) is tuple and endpoint[0] == "q":
+                    queue = endpoint[1]
+                    if s._blocker is not None:
+                        lean = False
+                else:
+                    queue = None
+                    lean = False
                 emit_row(ROUTE, self.name, (ex.name, msg.msg_id, msg.routing_key,
-                                            labels.get(s.name) or ex.label_of(s.name),
-                                            endpoint[1] if isinstance(endpoint, tuple) and endpoint[0] == "q"
-                                            else None, tags, size))
-            def attempt(sub: Any, tmsg: Any) -> bool | None:
-                endpoint = sub.endpoint
-                if endpoint[0] not in _LOCAL:
-                    return self.broker.attempt_endpoint(topic, sub, tmsg)
-                return self._attempt(endpoint, msg, headers, now, out, seen, ex.name,
-                                     labels.get(sub.name) or ex.label_of(sub.name))
+                                            labels.get(s.name) or ex.label_of(s.name), queue, tags, size))
+            matched = len(subs)
+            if lean and matched and not (size > topic._max_size and topic.limits.message_size) \
+                    and not msg.cycle:
+                # The common case, without Topic.publish's attempt callback and the frames of
+                # _attempt and _enqueue: each subscription's queue is enqueued here, in order,
+                # the steps of those two for a queue endpoint (D1, D7). Topic.publish would
+                # raise L6 before any attempt, and a blocked subscription waits (D6): neither
+                # comes here; nor does a dead-letter cycle (_enqueue's discard).
+                failed: list[Any] | None = None
+                queues = self.queues
+                broker = self.broker
+                ttl = msg.ttl
+                expires_at = None if ttl is None else message_expiry(now, None, ttl)
+                for s in subs:
+                    q = queues.get(s.endpoint[1])  # type: ignore[index]  # a ("q", name), above
+                    if q is None:
+                        ok = False  # D7: the endpoint queue does not exist
+                    elif not fresh and q.cmq.get(msg.msg_id) is not None:
+                        out.routed = ok = True  # reached twice (exchange bindings): once, as RabbitMQ
+                    elif q.durable and msg.persistent and broker.read_only:
+                        self._enqueue(q, msg, now, None, out, ex.name, labels.get(s.name) or ex.label_of(s.name))
+                        ok = True  # _enqueue's store_failed discard: the attempt took it
+                    else:
+                        try:
+                            out.lsn = broker.messages.enqueue(self, q, msg, now, None, expires_at, out.lsn, ex.name,
+                                                              labels.get(s.name) or ex.label_of(s.name))
+                        except CMQError:
+                            ok = False  # D7: the queue did not accept: the retry policy takes over
+                        else:
+                            out.routed = ok = True
+                    if not ok:
+                        if failed is None:
+                            failed = []
+                        failed.append(s)
+                if failed is None:
+                    result = None  # D2: all delivered, nothing kept
+                else:
+                    result = topic.retain_failed(TopicMessage(msg.msg_id, now, msg.tags, msg.routing_key, msg, size),
+                                                 now, subs, failed)
+            else:
+                def attempt(sub: Any, tmsg: Any) -> bool | None:
+                    endpoint = sub.endpoint
+                    if endpoint[0] not in _LOCAL:
+                        return self.broker.attempt_endpoint(topic, sub, tmsg)
+                    return self._attempt(endpoint, msg, headers, now, out, seen, ex.name,
+                                         labels.get(sub.name) or ex.label_of(sub.name))
 
-            tmsg = TopicMessage(msg.msg_id, now, msg.tags, msg.routing_key, msg, size)
-            result = topic.publish(tmsg, now, attempt)
-            matched = len(result.matched)
-            if result.retained:
-                msg.key = ""  # the topic holds it too: its body stays in memory
-                out.routed = True  # D2: kept by the topic until its subscriptions settle
-                if self.broker.read_only and ex.durable and msg.persistent:
-                    out.rejected = True  # not journalled while the store fails: not confirmed
-                lsn = self.broker.journal_retained(self, ex, msg)
-                if lsn > out.lsn:
-                    out.lsn = lsn
-                self.broker.topic_events(self, ex, result.events)
-                self.broker.reschedule_exchange(self, ex)
+                tmsg = TopicMessage(msg.msg_id, now, msg.tags, msg.routing_key, msg, size)
+                result = topic.publish(tmsg, now, attempt)
+            if result is not None and result.retained:
+                self._retained(ex, msg, out, result)
         if not matched and ex.alternate and ex.alternate not in seen:
             alt = self.exchanges.get(ex.alternate)
             if alt is not None:
                 seen.add(alt.name)
                 self._route(alt, msg, headers, now, out, seen)
+
+    def _retained(self, ex: Exchange, msg: Message, out: PublishOutcome, result: Any) -> None:
+        """D2: the topic of ``ex`` kept ``msg`` (``result``: its PublishResult) for retries."""
+        msg.key = ""  # the topic holds it too: its body stays in memory
+        out.routed = True  # kept by the topic until its subscriptions settle
+        if self.broker.read_only and ex.durable and msg.persistent:
+            out.rejected = True  # not journalled while the store fails: not confirmed
+        lsn = self.broker.journal_retained(self, ex, msg)
+        if lsn > out.lsn:
+            out.lsn = lsn
+        self.broker.topic_events(self, ex, result.events)
+        self.broker.reschedule_exchange(self, ex)
 
     def _attempt(self, dest: Dest, msg: Message, headers: Any, now: float, out: PublishOutcome,
                  seen: set[str], via: str, subscription: str | None = None) -> bool:
