@@ -232,6 +232,7 @@ class Pulls:
         leases = s.leases
         delays = s.delays
         restore = cmq.restore
+        restore_plain = cmq.restore_plain
         for i, m in enumerate(msgs):
             delivered, consumer_seq, pending = delivery_counts(m.reply)
             if consumer_seq > s.last_delivery:
@@ -266,8 +267,11 @@ class Pulls:
                 # pulled it first (any puller during the delay does): not a receive.
                 count -= 1
             exp = headers.get(EXPIRES_AT)
-            restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=msg.published_at,
-                    receive_count=count if count > 0 else 0, expires_at=None if exp is None else float(exp))
+            if exp is None and count <= 0:
+                restore_plain(msg, len(msg.body), now, msg_id, msg.published_at)  # the common case
+            else:
+                restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=msg.published_at,
+                        receive_count=count if count > 0 else 0, expires_at=None if exp is None else float(exp))
         vh = self.broker.vhosts[q.vhost]
         self.broker.after_queue_change(vh, q)
         self._return_surplus(s)
