@@ -73,6 +73,10 @@ async def removed(js: Any, s: QueueStream, seq: int | None) -> bool:
 # queue's messages share a few, decoded once rather than four decodes per message pulled.
 _NAMES: dict[bytes, tuple[str, str, str, str]] = {}
 _NAMES_MAX = 1024
+# Likewise a queue's messages share a few property lists: one Properties (read-only: raw
+# bytes and what is decoded from them) serves every message pulled with the same bytes, as
+# one serves every queue a published message is routed to (not one made a message pulled).
+_PROPERTIES: dict[bytes, Properties] = {}
 
 
 def stored_message(raw: bytes, msg_id: str, body: bytes | None = None) -> Message:
@@ -86,8 +90,12 @@ def stored_message(raw: bytes, msg_id: str, body: bytes | None = None) -> Messag
     if head is None:
         raise ValueError("a queue stream's record shorter than its head")
     enqueue_time, (_, _, exchange, routing_key), _, properties, start = head
-    return Message(raw[start:] if body is None else body, Properties(properties), exchange, routing_key,
-                   enqueue_time, msg_id=msg_id)
+    props = _PROPERTIES.get(properties)
+    if props is None:
+        if len(_PROPERTIES) >= _NAMES_MAX:
+            _PROPERTIES.clear()
+        props = _PROPERTIES[properties] = Properties(properties)
+    return Message(raw[start:] if body is None else body, props, exchange, routing_key, enqueue_time, (), msg_id)
 
 
 async def end(broker: ClusterBroker, s: QueueStream, raw: Any, event: Any, *args: Any) -> None:

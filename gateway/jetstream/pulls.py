@@ -25,6 +25,7 @@ from gateway.jetstream.queues import QueueStream, delivery_counts, rewind_consum
 from gateway.jetstream.streams import STARTUP_STREAMS_SECONDS
 from gateway.jetstream.wire import Handlers
 from semantics import queue as Q
+from semantics.errors import CMQError
 
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
@@ -248,6 +249,24 @@ class Pulls:
                 continue
             if delays:
                 delays.pop(msg_id, None)
+            count = delivered - 1
+            if visible_at is not None and count > 0:
+                # Q4/M11: a delayed message was naked once for its delay by whichever gateway
+                # pulled it first (any puller during the delay does): not a receive.
+                count -= 1
+            exp = headers.get(EXPIRES_AT)
+            if exp is None and count <= 0 and BODY_HEADER not in headers:
+                # The common case (issue 28: CPU a message): restore_plain's own ID check
+                # (Q3) stands for cmq.get's, as the message is restored or leased anyway.
+                msg = stored_message(m.data, msg_id)
+                leases[msg_id] = m
+                try:
+                    restore_plain(msg, len(msg.body), now, msg_id, msg.published_at)
+                except CMQError as e:
+                    if e.rule != "Q3":
+                        raise
+                    # JetStream's delivery of a message leased here already: the newer lease
+                continue
             if cmq.get(msg_id) is not None:
                 leases[msg_id] = m
                 continue  # JetStream's delivery of a message leased here already: the newer lease
@@ -261,17 +280,8 @@ class Pulls:
             else:
                 msg = stored_message(m.data, msg_id)
             leases[msg_id] = m
-            count = delivered - 1
-            if visible_at is not None and count > 0:
-                # Q4/M11: a delayed message was naked once for its delay by whichever gateway
-                # pulled it first (any puller during the delay does): not a receive.
-                count -= 1
-            exp = headers.get(EXPIRES_AT)
-            if exp is None and count <= 0:
-                restore_plain(msg, len(msg.body), now, msg_id, msg.published_at)  # the common case
-            else:
-                restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=msg.published_at,
-                        receive_count=count if count > 0 else 0, expires_at=None if exp is None else float(exp))
+            restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=msg.published_at,
+                    receive_count=count if count > 0 else 0, expires_at=None if exp is None else float(exp))
         vh = self.broker.vhosts[q.vhost]
         self.broker.after_queue_change(vh, q)
         self._return_surplus(s)
