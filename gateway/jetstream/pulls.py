@@ -26,6 +26,7 @@ from gateway.jetstream.streams import STARTUP_STREAMS_SECONDS
 from gateway.jetstream.wire import Handlers
 from semantics import queue as Q
 from semantics.errors import CMQError
+from semantics.jetstream.config import ACK_WAIT_MARGIN
 
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
@@ -44,10 +45,30 @@ UNLIMITED_CREDIT = 1000
 LEASED_MAX = 4096  # messages asked for or leased and not yet delivered, per queue, at most
 PULL_WAITING = b'"expires":%d' % int(PULL_WAIT * 1e9)
 NAK_WAIT = 2.0
+# Within this of the consumer's ack_wait a lease is not naked: JetStream's own timer makes it
+# Active for every gateway by then, and a nak that reaches the server after that timer gave the
+# message to another gateway makes the server deliver it once more while that one holds it
+# (docs/CLUSTER.md, "The NATS server"). Under load a nak can be that late: it may wait behind
+# withdrawn pull requests (_forget_requests) for up to PULL_WAIT + NAK_WAIT.
+NAK_LATE_MARGIN = 0.25
 # How long deliveries to a withdrawn inbox are handed back: longer than a pull request waits.
 RETIRED_INBOX_SECONDS = 3 * PULL_WAIT
 EXPIRY_MARGIN = 0.1  # the server counts a request's expiry from when it read it
 
+
+
+def lease_age(reply: str, now_ns: int) -> float | None:
+    """Seconds since the server sent this delivery, by this machine's clock: the ``<time>``
+    token of its reply subject (the server's clock, ns since the epoch; see delivery_counts for
+    the two forms). None when the subject has no such token. A clock ahead of the server's
+    makes a lease look older, so a nak is left to ack_wait early: the message is Active at most
+    that skew later, never twice."""
+    t = reply.split(".")
+    at = 7 if len(t) == 9 else 9
+    try:
+        return (now_ns - int(t[at])) / 1e9
+    except (IndexError, ValueError):
+        return None
 
 class Pulls:
     """See the module docstring: one per broker, owned by its JetStreamMessages."""
@@ -326,6 +347,11 @@ class Pulls:
             if s.forgetting is not None:  # behind the UNSUB of the requests withdrawn (_forget_requests)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(asyncio.shield(s.forgetting), PULL_WAIT + NAK_WAIT)
+            age = lease_age(m.reply, time.time_ns())
+            ack_wait = float(s.q.attrs.visibility_timeout) + ACK_WAIT_MARGIN
+            if age is not None and age >= ack_wait - NAK_LATE_MARGIN:
+                log.info("nak of a lease %.2f s old not sent: JetStream's ack_wait (%.1f s) hands it out", age, ack_wait)
+                return
             await self.link.nc.request(m.reply, b"-NAK", timeout=NAK_WAIT)
         except Exception as e:  # noqa: BLE001 - lost: ack_wait makes it Active anyway
             log.info("nak to JetStream not confirmed: %r", e)
