@@ -28,7 +28,6 @@ Needs valgrind (callgrind_control). The nats-server's instructions are not count
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import pstats
@@ -43,21 +42,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.callgrind_common import PROFILED, count_off, count_on, totals  # noqa: E402
 from tests.support.gateway_procs import GatewayProcess  # noqa: E402
 from tests.support.natsd import NatsCluster  # noqa: E402
 
 VALGRIND_START_SECONDS = 600.0  # a gateway's start under valgrind is ~50x slower
-
-
-# --profile: the gateway under cProfile, switched on by SIGUSR1 and written to argv[1] by SIGUSR2.
-PROFILED = """import cProfile, runpy, signal, sys
-p = cProfile.Profile()
-out = sys.argv.pop(1)
-signal.signal(signal.SIGUSR1, lambda *_: p.enable())
-signal.signal(signal.SIGUSR2, lambda *_: (p.disable(), p.dump_stats(out)))
-sys.argv[0] = "cmq-gateway"
-runpy.run_module("gateway", run_name="__main__")
-"""
 
 
 class CallgrindGateway(GatewayProcess):
@@ -128,19 +117,6 @@ def _backlog(url: str, count: int, counting: list[Any]) -> dict[str, Any]:
     return {"received": got, "took": took}
 
 
-def _control(*args: str) -> None:
-    subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
-
-
-def _totals(pattern: str) -> list[int]:
-    """Each dump's instructions, in the order dumped."""
-    totals = []
-    for f in sorted(glob.glob(pattern), key=lambda f: int(f.rpartition(".")[2])):
-        with open(f, errors="replace") as fh:
-            totals += [int(line.split()[1]) for line in fh if line.startswith("totals:")]
-    return totals
-
-
 def measure(code: str, root: Path, rate: float, duration: float, warmup: float,
             profile: Path | None = None, idle: bool = False) -> tuple[int, int]:
     """(instructions, messages received) of one measured run of ``code``'s gateway; with
@@ -160,25 +136,22 @@ def measure(code: str, root: Path, rate: float, duration: float, warmup: float,
             os.kill(pid, signal.SIGUSR2)
             time.sleep(2.0)
         else:
-            _control("-z", str(pid))
-            _control("-i", "on", str(pid))
+            count_on(pid)
             started = time.monotonic()
             result = _perf(gw.url, rate, duration)
             took = time.monotonic() - started
-            _control("-i", "off", str(pid))
-            _control("-d", str(pid))
+            count_off(pid)
             if idle:
                 # The same time with no client: the gateway's own timers (counts, heartbeats,
                 # sweeps), which at a low rate are a large and varying share of the run's count.
-                _control("-i", "on", str(pid))
+                count_on(pid, zero=False)
                 time.sleep(took)
-                _control("-i", "off", str(pid))
-                _control("-d", str(pid))
+                count_off(pid)
             time.sleep(1.0)
         received = int(result["received"])
         if profile is not None:
             return pstats.Stats(str(profile)).total_calls, received  # type: ignore[attr-defined]
-        runs = _totals(f"{out}.*")
+        runs = totals(f"{out}.*")
         return runs[0] - (runs[1] if idle else 0), received
     finally:
         gw.stop()
@@ -207,21 +180,13 @@ def measure_backlog(code: str, root: Path, count: int, warmup: int, profile: Pat
             calls = pstats.Stats(str(profile)).total_calls  # type: ignore[attr-defined]
             return {"publish": 0.0, "consume": calls / n, "idle": 0.0, "received": n}
 
-        def on() -> None:
-            _control("-z", pid)
-            _control("-i", "on", pid)
-
-        def off() -> None:
-            _control("-i", "off", pid)
-            _control("-d", pid)
-
-        result = _backlog(gw.url, count, [on, off])
+        result = _backlog(gw.url, count, [lambda: count_on(pid), lambda: count_off(pid)])
         for phase in ("publish", "consume"):
-            on()
+            count_on(pid)
             time.sleep(result["took"][phase])
-            off()
+            count_off(pid)
         time.sleep(1.0)
-        pub, con, idle_pub, idle_con = _totals(f"{out}.*")
+        pub, con, idle_pub, idle_con = totals(f"{out}.*")
         n = result["received"]
         return {"publish": (pub - idle_pub) / n, "consume": (con - idle_con) / n,
                 "idle": (idle_pub + idle_con) / n, "received": n}

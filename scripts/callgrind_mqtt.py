@@ -41,22 +41,7 @@ sys.path.insert(0, str(ROOT))
 from gateway.mqtt import codec as P  # noqa: E402
 from gateway.perf.mqtt import Target, _Client, _measure  # noqa: E402
 from scripts.bench_mqtt import start_gateway  # noqa: E402
-
-# Run as the gateway's entry point under --profile: cProfile on at SIGUSR1, off and written at
-# SIGUSR2 (the handlers run on the event loop's thread, the one profiled).
-_PROFILED_MAIN = """
-import cProfile, signal, sys
-prof = cProfile.Profile()
-out = sys.argv.pop(1)
-def on(*_): prof.enable()
-def off(*_):
-    prof.disable(); prof.dump_stats(out)
-signal.signal(signal.SIGUSR1, on)
-signal.signal(signal.SIGUSR2, off)
-from gateway.cli import main
-sys.argv[0] = 'cmq-gateway'
-sys.exit(main())
-"""
+from scripts.callgrind_common import PROFILED, count_off, count_on, totals  # noqa: E402
 
 
 def start(code: str, work: Path, mode: str, children: bool) -> tuple[subprocess.Popen[str], int]:
@@ -64,7 +49,7 @@ def start(code: str, work: Path, mode: str, children: bool) -> tuple[subprocess.
     data.mkdir()
     env = {**os.environ, "PYTHONPATH": os.path.abspath(code)}
     if mode == "profile":
-        command: tuple[str, ...] = (sys.executable, "-c", _PROFILED_MAIN, str(work / "profile.out"))
+        command: tuple[str, ...] = (sys.executable, "-c", PROFILED, str(work / "profile.out"))
     else:
         command = ("valgrind", "--tool=callgrind", "--instr-atstart=no", "-q",
                    f"--callgrind-out-file={work}/callgrind.out.%p", *(["--trace-children=yes"] if children else []),
@@ -78,20 +63,6 @@ def _children(pid: int) -> list[int]:
             return [int(x) for x in f.read().split()]
     except OSError:
         return []
-
-
-def _control(*args: str) -> None:
-    subprocess.run(["callgrind_control", *args], check=True, capture_output=True)
-
-
-def _total(path: str) -> int:
-    """The file's ``totals:`` line (its ``summary:`` line is written before the counts: 0)."""
-    total = 0
-    with open(path, errors="replace") as fh:
-        for line in fh:
-            if line.startswith("totals:"):
-                total = int(line.split()[1])
-    return total
 
 
 async def drive(port: int, count: int, warmup: int, window: int, on: object, off: object) -> int:
@@ -122,13 +93,11 @@ def measure(code: str, work: Path, count: int, warmup: int, window: int, childre
     def on() -> None:
         pids[:] = [str(proc.pid), *(str(c) for c in _children(proc.pid) if children)]
         for p in pids:
-            _control("-z", p)
-            _control("-i", "on", p)
+            count_on(p)
 
     def off() -> None:
         for p in pids:
-            _control("-i", "off", p)
-            _control("-d", p)
+            count_off(p)
 
     try:
         received = asyncio.run(drive(port, count, warmup, window, on, off))
@@ -139,7 +108,7 @@ def measure(code: str, work: Path, count: int, warmup: int, window: int, childre
     out: dict[str, float] = {"received": received}
     for i, p in enumerate(pids):
         files = sorted(glob.glob(f"{work}/callgrind.out.{p}.*"))
-        out["main" if i == 0 else "child"] = sum(_total(f) for f in files)
+        out["main" if i == 0 else "child"] = sum(totals(f"{work}/callgrind.out.{p}.*"))
         if files:
             os.makedirs(keep, exist_ok=True)
             name = f"callgrind-{'main' if i == 0 else 'child'}-{os.path.basename(os.path.abspath(code))}-{time.time():.0f}.out"
