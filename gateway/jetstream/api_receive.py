@@ -24,7 +24,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from semantics.jetstream.names import CONSUMER
+from gateway.jetstream.head import undelivered
 
 if TYPE_CHECKING:
     from gateway.jetstream.broker import ClusterBroker
@@ -135,8 +135,8 @@ async def queue_counts(broker: ClusterBroker, s: QueueStream) -> tuple[int, int,
         await asyncio.wait_for(s.ready.wait(), COUNT_WAIT)
         await broker.messages.writes.landed(s)
         await _acks_applied(broker, s)
-        info = await asyncio.wait_for(js.consumer_info(s.stream, CONSUMER), COUNT_WAIT)
         rewinds = q.attrs.rewind_seconds > 0
+        info = await asyncio.wait_for(undelivered(js, s.stream, not rewinds), COUNT_WAIT)
         stored = (await asyncio.wait_for(js.stream_info(s.stream), COUNT_WAIT)).state.messages if rewinds else 0
     except Exception as e:  # noqa: BLE001 - NATS away: the local estimate answers
         log.info("count of %s not read: %r", s.stream, e)

@@ -32,6 +32,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from gateway.broker.persistence import decode_message
 from gateway.broker.queue import BrokerQueue
+from gateway.jetstream.head import undelivered
 from gateway.jetstream.link import Link
 from gateway.jetstream.store import Chain
 from gateway.jetstream.wire import Handlers
@@ -141,7 +142,7 @@ async def ensure_stream(link: Link, s: QueueStream, pulled: Callable[[QueueStrea
     if create:
         await _create(js, c, q)
     await subscribe(link, s, pulled)
-    info = await js.consumer_info(c["name"], CONSUMER)
+    info = await undelivered(js, c["name"], c["retention"] == "workqueue")
     # The publishes made from here meanwhile wait for ``ready``: not in JetStream's count yet.
     q.remote_ready = (info.num_pending or 0) + s.in_flight
     s.ready.set()

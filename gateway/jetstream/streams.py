@@ -15,6 +15,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from gateway.jetstream.head import undelivered
 from gateway.jetstream.queues import QueueStream, ensure_stream
 from semantics.jetstream.names import CONSUMER
 
@@ -116,7 +117,7 @@ class Streams:
             await self.writes.landed(s)
             if not s.ready.is_set():
                 await asyncio.wait_for(s.ready.wait(), 5)
-            remote = (await self.link.js.consumer_info(s.stream, CONSUMER)).num_pending or 0
+            remote = (await undelivered(self.link.js, s.stream, s.q.attrs.rewind_seconds <= 0)).num_pending or 0
         except Exception as e:  # noqa: BLE001 - the estimate stands
             log.info("count of %s not read: %r", s.stream, e)
         finally:
@@ -165,7 +166,8 @@ class Streams:
                 # Not before its stream is there: an -ok means this gateway can serve it.
                 await asyncio.wait_for(s.ready.wait(), STARTUP_STREAMS_SECONDS)
                 await self.writes.landed(s)
-                remote = (await asyncio.wait_for(self.link.js.consumer_info(s.stream, CONSUMER), 2)).num_pending or 0
+                info = await asyncio.wait_for(undelivered(self.link.js, s.stream, q.attrs.rewind_seconds <= 0), 2)
+                remote = info.num_pending or 0
                 q.remote_ready = remote
         except Exception as e:  # noqa: BLE001 - the estimate stands
             log.info("count of %s not read: %r", s.stream, e)
