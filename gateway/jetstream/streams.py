@@ -68,6 +68,7 @@ class Streams:
         """Counts (declare-ok, get-ok, the management API) of queues in use follow what other
         gateways publish and consume, at most COUNT_EVERY late (docs/CLUSTER.md, "Counts")."""
         js = self.link.js
+        sweeper = self.broker.messages.sweeper
         while not self.broker._closed:
             await asyncio.sleep(COUNT_EVERY)
             now = self.broker.clock.now()
@@ -86,8 +87,14 @@ class Streams:
                     continue
                 if now - max(q.last_used, s.published_at) > COUNT_RECENT and not q.consumers:
                     continue
+                # A queue whose heads gateways delete (due TTLs, x-max-length) can meet the
+                # server's miscount after a delete (head.undelivered); x-max-length's trim and
+                # reject-publish act on this estimate, so those queues are read the safe way.
+                a = q.attrs
+                heads_end = a.rewind_seconds <= 0 and (a.max_length is not None or sweeper.looks_at(q))
                 try:
-                    info = await js.consumer_info(s.stream, CONSUMER)
+                    info = await (undelivered(js, s.stream, True) if heads_end
+                                  else js.consumer_info(s.stream, CONSUMER))
                 except Exception:  # noqa: BLE001 - deleted meanwhile, or NATS away
                     continue
                 q.remote_ready = info.num_pending or 0

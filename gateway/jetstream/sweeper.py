@@ -75,7 +75,7 @@ class Sweeper:
         """Another gateway published a message with an expiration to the queue ``token``."""
         self.expiring[token] = time.monotonic()
 
-    def _looked_at(self, q: BrokerQueue) -> bool:
+    def looks_at(self, q: BrokerQueue) -> bool:
         a = q.attrs
         if a.message_ttl is not None or (a.dead_letter_queue is not None and a.max_time_to_live is not None):
             return True
@@ -100,7 +100,7 @@ class Sweeper:
         soonest: float | None = None
         for s in self.broker.messages.queue_streams():
             q = s.q
-            if q.deleted or not s.ready.is_set() or not self._looked_at(q):
+            if q.deleted or not s.ready.is_set() or not self.looks_at(q):
                 continue
             try:
                 due = await self._sweep_queue(s)
