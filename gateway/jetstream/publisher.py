@@ -82,20 +82,13 @@ def reading(headers: dict[str, str] | None, data: bytes) -> str:
 Settled = Callable[[int, bool, Callable[[], None]], None]
 
 
-class _Write:
-    __slots__ = ("subject", "payload", "headers", "sent_at", "done", "gone", "settled")
-
-    def __init__(self, subject: str, payload: bytes, headers: dict[str, str],
-                 done: Callable[[], None], gone: Callable[[], bool] | None, settled: Settled) -> None:
-        self.gone = gone  # its queue was deleted: an unstored write is refused, not resent
-        self.subject = subject
-        self.payload = payload
-        self.headers = headers
-        self.sent_at = 0.0  # when last sent
-        # Called once, as settled(lsn, refused by JetStream, done): one callable shared by the
-        # writes of a store, another by those of a queue, not a closure per write.
-        self.done = done
-        self.settled = settled
+# A write not settled yet: (subject, payload, headers, done, gone, settled). A tuple, not an
+# object with an ``__init__``: no Python call a write (issue 28: CPU a message); when it was last
+# sent is its value in ``Publisher._sent``. ``settled`` is called once, as settled(lsn, refused
+# by JetStream, done): one callable shared by the writes of a store, ``done`` one shared by
+# those of a queue, not a closure per write. ``gone``: its queue was deleted (an unstored
+# write is then refused, not resent).
+_Write = tuple[str, bytes, dict[str, str], Callable[[], None], Callable[[], bool] | None, Settled]
 
 
 class Publisher:
@@ -105,7 +98,7 @@ class Publisher:
         self.prefix = nc.new_inbox()
         self._writes: dict[int, _Write] = {}  # not settled, by LSN
         self._outbox: deque[int] = deque()  # LSNs to send, in order
-        self._sent: dict[int, None] = {}  # sent and not answered, in the order sent
+        self._sent: dict[int, float] = {}  # sent and not answered, in the order sent: when last sent
         self._again: set[int] = set()  # answered "not known" or not sent: for the next sweep
         self._sending = False  # a send under way (a task awaiting nats-py while NATS is away)
         self._scheduled = False  # a flush in the loop's next turn
@@ -142,7 +135,7 @@ class Publisher:
 
     def publish(self, lsn: int, subject: str, payload: bytes, headers: dict[str, str],
                 done: Callable[[], None], gone: Callable[[], bool] | None, settled: Settled) -> None:
-        self._writes[lsn] = _Write(subject, payload, headers, done, gone, settled)
+        self._writes[lsn] = (subject, payload, headers, done, gone, settled)
         self._outbox.append(lsn)
         if not self._scheduled:
             # Sent at the end of the client read that made it (flush, from the broker's
@@ -194,10 +187,10 @@ class Publisher:
             w = writes.get(lsn)
             if w is None or lsn in sent or lsn in again:
                 continue  # settled meanwhile, or queued twice
-            w.sent_at = now
-            sent[lsn] = None
+            sent[lsn] = now
             batch.append(lsn)
-            commands.append(wire.hpub(w.subject, f"{prefix}.{lsn}", w.headers, w.payload))
+            subject, payload, headers, _, _, _ = w
+            commands.append(wire.hpub(subject, f"{prefix}.{lsn}", headers, payload))
         return batch, commands
 
     async def _send(self, batch: list[int], commands: list[Any]) -> None:
@@ -237,12 +230,25 @@ class Publisher:
             lsn = int(subject[subject.rindex(b".") + 1:])
         except ValueError:
             return
-        if lsn in self._writes:
-            plain = _PUBACK.match(data)  # reading()'s first rule, without its call: nearly every reply
-            if plain is not None and b'"error"' not in data:
-                self._answered(lsn, STORED if int(plain.group(1)) > 0 else UNKNOWN, None, data)
-            else:
-                self._answered(lsn, reading(None, data), None, data)
+        writes = self._writes
+        w = writes.get(lsn)
+        if w is None:
+            return
+        plain = _PUBACK.match(data)  # reading()'s first rule, without its call: nearly every reply
+        if plain is None or b'"error"' in data:
+            self._answered(lsn, reading(None, data), None, data)
+        elif int(plain.group(1)) <= 0:
+            self._answered(lsn, UNKNOWN, None, data)
+        else:
+            # _answered's STORED case, without its call (nearly every reply)
+            del writes[lsn]
+            self._sent.pop(lsn, None)
+            if self._again:
+                self._again.discard(lsn)
+            _, _, _, done, _, settled = w
+            settled(lsn, False, done)
+            if self._outbox:
+                self._kick()  # the window had room for one more
 
     def _answered(self, lsn: int, what: str, headers: dict[str, str] | None, data: bytes) -> None:
         """The write ``lsn``, not settled yet, answered ``what`` (see the module docstring)."""
@@ -252,7 +258,8 @@ class Publisher:
                 self._told_unknown = True
                 log.warning("jetstream did not store a write (lsn %d) for now, sending it again: %r",
                             lsn, (headers or {}).get("Status") or data[:200])
-            if w.gone is None or not w.gone():
+            gone = w[4]  # see _Write
+            if gone is None or not gone():
                 self._unanswered(lsn)
                 return
             # No stream any more (its queue deleted since it was routed there): the message goes
@@ -264,7 +271,8 @@ class Publisher:
         del self._writes[lsn]
         self._sent.pop(lsn, None)
         self._again.discard(lsn)
-        w.settled(lsn, what == REFUSED, w.done)
+        _, _, _, done, _, settled = w
+        settled(lsn, what == REFUSED, done)
         if self._outbox:
             self._kick()  # the window had room for one more
 
@@ -272,8 +280,8 @@ class Publisher:
         while True:
             await asyncio.sleep(SWEEP_EVERY)
             silent_since = time.monotonic() - RESEND_AFTER
-            for lsn in self._sent:  # in the order sent: the oldest first
-                if self._writes[lsn].sent_at > silent_since:
+            for lsn, sent_at in self._sent.items():  # in the order sent: the oldest first
+                if sent_at > silent_since:
                     break
                 self._again.add(lsn)
             if not self._again:

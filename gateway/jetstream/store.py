@@ -235,7 +235,12 @@ class JetStreamStore:
         under a new LSN like every other write: it settles when its PubAck names a stream
         sequence (or refuses it, then a nack), and durable_lsn still waits for every LSN
         before it."""
-        lsn = self._next_lsn()
+        # _next_lsn, without its call (issue 28: CPU a message)
+        lsn = self._lsn = self._lsn + 1
+        if not self._open:
+            self._idle.clear()
+        self._open.add(lsn)
+        self._order.append(lsn)
         publisher.publish(lsn, subject, payload, headers, done, gone, self._message_settled)
         return lsn
 
@@ -308,8 +313,13 @@ class JetStreamStore:
             chain.retrier = None
 
     def _settle(self, lsn: int) -> None:
-        self._open.discard(lsn)
-        durable = self.durable_lsn
+        opened = self._open
+        opened.discard(lsn)
+        # durable_lsn, without its call (issue 28: CPU a message)
+        order = self._order
+        while order and order[0] not in opened:
+            order.popleft()
+        durable = order[0] - 1 if order else self._lsn
         if durable > self._durable:
             self._durable = durable
             self.on_durable(durable)
@@ -318,7 +328,7 @@ class JetStreamStore:
                 future = heapq.heappop(waiting)[2]
                 if not future.done():  # a caller that timed out cancelled its future
                     future.set_result(None)
-        if not self._open:
+        if not opened:
             self._idle.set()
 
     def _ordered_put(self, key: str, value: bytes | None) -> int:
