@@ -370,7 +370,7 @@ class Pulls:
         replies, self._replies = self._replies, []
         if not replies:
             return  # sent at the end of the batch that settled them (end_batch)
-        self._send(self.link.nc, [wire.pub(subject, "", payload) for subject, payload in replies])
+        self._send(self.link.nc, wire.pubs(replies))
 
     def send_replies(self) -> None:
         """The acks and naks settled so far, now (the end of a client's read)."""
@@ -379,10 +379,13 @@ class Pulls:
 
     def ack_lease(self, lease: Any) -> None:
         """A delivery settled here: acked to JetStream, its large body (if any) deleted."""
-        self.reply(lease, b"+ACK")
-        name = (lease.headers or {}).get(BODY_HEADER)
-        if name is not None:
-            self.spawn(self.bodies.delete(name))
+        replies = self._replies  # reply(), without its call (issue 28: CPU a message)
+        replies.append((lease.reply, b"+ACK"))
+        if len(replies) == 1:
+            self._loop.call_soon(self._send_replies)
+        headers = lease.headers
+        if headers and BODY_HEADER in headers:
+            self.spawn(self.bodies.delete(headers[BODY_HEADER]))
 
     def readers_left(self, s: QueueStream) -> None:
         """Nobody here takes from the queue any more: its pulls are withdrawn, its leases go back."""
