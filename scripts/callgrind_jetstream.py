@@ -207,6 +207,8 @@ def main() -> None:
     ap.add_argument("--profile", metavar="DIR",
                     help="cProfile instead of callgrind: function calls a message, stats kept in DIR")
     ap.add_argument("--embedded", action="store_true", help="--backlog on the embedded store instead")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="--backlog: keep each run's callgrind dumps in DIR/round<R>-<code> (callgrind_annotate)")
     ap.add_argument("--backlog", type=int, default=0, metavar="N",
                     help="publish N messages into a queue, then consume them: each half counted on its own")
     args = ap.parse_args()
@@ -217,7 +219,11 @@ def main() -> None:
                 with tempfile.TemporaryDirectory(prefix="callgrind-js-", ignore_cleanup_errors=True) as tmp:
                     profile = Path(args.profile, f"round{r + 1}-{Path(code).name}.pstats").resolve() \
                         if args.profile else None
-                    m = measure_backlog(code, Path(tmp), args.backlog, min(args.backlog, 500), profile,
+                    root = Path(tmp)
+                    if args.keep:
+                        root = Path(args.keep, f"round{r + 1}-{Path(code).name}").resolve()
+                        root.mkdir(parents=True, exist_ok=True)
+                    m = measure_backlog(code, root, args.backlog, min(args.backlog, 500), profile,
                                         args.embedded)
                 if profile is not None:
                     print(f"round {r + 1} {code}: {m['consume']:,.1f} function calls a message (both halves), "
