@@ -41,6 +41,14 @@ class Delivery:
         self.headers = headers
 
 
+# The header of a queue message's delivery: its Nats-Msg-Id alone, no status (Handlers._take).
+_MSG_ID = "Nats-Msg-Id"
+_MSG_ID_HEAD = b"NATS/1.0\r\nNats-Msg-Id:"
+_MSG_ID_AT = len(_MSG_ID_HEAD)
+# Subscription ids as read, as ints: a connection has a few (Handlers._take).
+_SIDS: dict[bytes, int] = {}
+_SIDS_MAX = 1024
+
 # Header names as read, decoded once: the few a gateway's messages carry (Nats-Msg-Id, ...).
 _NAMES: dict[bytes, str] = {}
 _NAMES_MAX = 64
@@ -186,6 +194,7 @@ class Handlers:
         the next read). nats-py's parser matches several regular expressions and deletes
         from its buffer for every message (issue 28: a share of the CPU per message)."""
         by_sid = self.by_sid
+        sids = _SIDS
         end = len(data)
         while pos < end:
             eol = data.find(b"\r\n", pos)
@@ -195,7 +204,12 @@ class Handlers:
                     return pos, None
                 self._rest = data[pos:]  # a control line cut in two
                 return -1, None
-            args = data[pos:eol].split()
+            # nats-server writes one space between the arguments (none of which may hold
+            # whitespace): split at spaces, as the generic split reads it (twice as fast a
+            # line, two lines a message); an empty argument (two spaces) takes the generic one.
+            args = data[pos:eol].split(b" ")
+            if b"" in args:
+                args = data[pos:eol].split()
             n = len(args)
             op = args[0] if n else b""
             if op == b"MSG" and (n == 4 or n == 5):
@@ -211,7 +225,11 @@ class Handlers:
             if stop + 2 > end:
                 self._rest = data[pos:]
                 return -1, None
-            sid = int(args[2])
+            sid = sids.get(args[2])  # a few sids, read once each: not an int() a message
+            if sid is None:
+                sid = int(args[2])
+                if len(sids) < _SIDS_MAX:
+                    sids[args[2]] = sid
             handler = by_sid.get(sid)
             if handler is None:
                 if direct:
@@ -225,8 +243,14 @@ class Handlers:
                     # bytes as they come (a PubAck): no Delivery, no decoding (issue 28: CPU a message).
                     plain(args[1], data[start:stop])
                 else:
-                    handler(Delivery(args[1].decode(), reply.decode(), data[start + hsize:stop],
-                                     parse_headers(data[start:start + hsize]) if hsize else None))
+                    body = start + hsize
+                    if (hsize and data.startswith(_MSG_ID_HEAD, start) and data.startswith(b"\r\n\r\n", body - 4)
+                            and data.find(b"\r\n", start + _MSG_ID_AT) == body - 4):
+                        # parse_headers of a lone Nats-Msg-Id (nearly every delivery), without its call
+                        headers: dict[str, str] | None = {_MSG_ID: data[start + _MSG_ID_AT:body - 4].decode().strip()}
+                    else:
+                        headers = parse_headers(data[start:body]) if hsize else None
+                    handler(Delivery(args[1].decode(), reply.decode(), data[body:stop], headers))
             except Exception:  # a bug in one handler must not end the connection's read loop
                 log.exception("handling a NATS message on %r failed", args[1])
             pos = stop + 2
