@@ -110,12 +110,18 @@ class JetStreamMessages:
         broker = self.broker
         attrs = q.attrs
         size = len(msg.body)
-        check_size(q.name, size, attrs.max_msg_size, q.cmq.refuse_size)
+        # Each rule called when its queue attribute can make it act (a check with no limit to
+        # meet, no delay or TTL to apply, answers as without it): the common message makes no
+        # call for them (issue 28: CPU a message).
+        if size > attrs.max_msg_size:
+            check_size(q.name, size, attrs.max_msg_size, q.cmq.refuse_size)
         check_heap(q.name, held(q, s), int(attrs.max_msg_heap_num))
-        delay = send_delay(delay, float(attrs.delay_seconds))
-        # x-max-length on JetStream's count of ready messages (gateway.jetstream.maxlength).
-        check_room(q.name, delay, q.remote_ready + q.cmq.active, attrs.max_length, attrs.overflow)
-        expires_at = send_expiry(now, delay, attrs.message_ttl, expires_at)
+        delay = float(attrs.delay_seconds) if delay is None else send_delay(delay, float(attrs.delay_seconds))
+        if attrs.max_length is not None:
+            # x-max-length on JetStream's count of ready messages (gateway.jetstream.maxlength).
+            check_room(q.name, delay, q.remote_ready + q.cmq.active, attrs.max_length, attrs.overflow)
+        if attrs.message_ttl is not None:
+            expires_at = send_expiry(now, delay, attrs.message_ttl, expires_at)
         if expires_at is not None and attrs.message_ttl is None:
             self.sweeper.note_expiring(q)  # a message's own TTL: the sweeper looks at this queue
         broker.emit_row(ENQUEUE, vh.name, (q.name, msg.msg_id, size, via, subscription))

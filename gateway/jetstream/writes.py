@@ -66,13 +66,13 @@ class Writes:
         q.remote_ready += 1
         s.in_flight += 1
         s.published_at = now  # counted (COUNT_RECENT), but not a use: x-expires ignores publishes
-        if big or not s.ready.is_set() or s.slow_writes or s.chain.waiting:
+        done = s.on_published  # made at the first pipelined write, once ready (never cleared)
+        if big or s.slow_writes or s.chain.waiting or (done is None and not s.ready.is_set()):
             # One request each, in the queue's chain: a large body goes to the object store
             # first, a queue not ready waits for its stream; and while any of these is under
             # way, the queue's later messages follow them there, so their order holds.
             s.slow_writes += 1
             return self.broker.store.track(self._publish, s, payload, headers, msg.body if big else None, chain=s.chain)
-        done = s.on_published
         if done is None:
             done = s.on_published = partial(self.published, s)
         return self.broker.store.track_message(self.publisher, s.subject, payload, headers, done, s.is_gone)
