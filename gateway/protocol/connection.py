@@ -102,6 +102,12 @@ class ConnState(enum.Enum):
     CLOSED = "closed"
 
 
+# Read as module globals where every delivery tests them: a member read through its Enum
+# class goes through EnumType.__getattr__'s slot (~50 ns against ~6 for a global, 3.11).
+_CONN_OPEN = ConnState.OPEN
+_CHAN_OPEN = ChannelState.OPEN
+
+
 # The handshake as a transition table: (state, method received on channel 0) -> next state.
 # connection.close is accepted in every state; anything else is "unexpected method" (504).
 _HANDSHAKE = {
@@ -174,7 +180,7 @@ class ServerConnection:
     def is_open(self, channel: int) -> bool:
         """Whether ``channel`` is open (not closing) on an open connection."""
         chan = self._channels.get(channel)
-        return chan is not None and chan.state is ChannelState.OPEN and self.state is ConnState.OPEN
+        return chan is not None and chan.state is _CHAN_OPEN and self.state is _CONN_OPEN
 
     @property
     def open_channels(self) -> list[int]:
@@ -497,7 +503,7 @@ class ServerConnection:
         if channel == 0:
             raise LocalProtocolError("channel 0 carries only connection methods")
         chan = self._channels.get(channel)
-        return chan is not None and chan.state is ChannelState.OPEN and self.state is ConnState.OPEN
+        return chan is not None and chan.state is _CHAN_OPEN and self.state is _CONN_OPEN
 
     def send_tune(self) -> None:
         """After StartOk, once the transport authenticated the peer."""
@@ -559,7 +565,7 @@ class ServerConnection:
                      exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
         """basic.deliver + header + body, hand-written (the hot path of every consumer)."""
         chan = self._channels.get(channel)  # _sendable's test inlined: once per delivery
-        if chan is None or chan.state is not ChannelState.OPEN or self.state is not ConnState.OPEN:
+        if chan is None or chan.state is not _CHAN_OPEN or self.state is not _CONN_OPEN:
             self._sendable(channel)  # raises for channel 0
             return
         fastpath.append_deliver(self._out, channel, consumer_tag, delivery_tag, redelivered, exchange,
