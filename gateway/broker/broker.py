@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Broker", "BrokerConfig"]
 
+_floor = math.floor
+
 log = logging.getLogger("cmq_gateway.broker")
 
 # How often a failed store write is retried (a full disk may get room back at any time).
@@ -885,7 +887,18 @@ class Broker:
             if q.durable or self.messages.settles_transient:
                 self.messages.settle(q, m, body_needed=False)  # durable or not (issue 28)
             msg = m.payload
-            latency = round((now - msg.published_at) * 1000.0, 3) if isinstance(msg, Message) else None
+            if isinstance(msg, Message):
+                # round(x, 3) without round's decimal conversion (dtoa and snprintf, ~2.5k
+                # instructions an ack): when x * 1000 is not within 0.0001 of a half, its
+                # nearest integer r is the one round keeps, and r / 1000.0 is the double
+                # nearest r/1000, which round returns. Ties, negatives (round's -0.0) and
+                # latencies past ~19 h (the float's spacing) are round's own.
+                x = (now - msg.published_at) * 1000.0
+                y = x * 1000.0
+                r = _floor(y + 0.5)
+                latency = r / 1000.0 if 0.0 <= y < 6.8e10 and -0.4999 < y - r < 0.4999 else round(x, 3)
+            else:
+                latency = None
             if session.protocol is None:
                 self.emit_row(ACK, session.vhost_name, (session.user, session.peer, q.name, u.msg_id, latency))
             else:  # MQ7
