@@ -7,11 +7,14 @@ from typing import Any
 from gateway.memory import HELD, MESSAGE_OVERHEAD, HeldMemory
 from gateway.protocol.properties import DELIVERY_MODE, Properties
 
-__all__ = ["DISK_BODY_MIN", "DiskMessage", "Message", "recovered"]
+__all__ = ["DISK_BODY_MIN", "NO_CYCLE", "DiskMessage", "Message", "recovered"]
 
 # A persistent message's body from this size on is left in the store (DiskMessage): a
 # smaller one costs less in memory than the read that would bring it back.
 DISK_BODY_MIN = 256
+# The dead-letter cycle of a message that was never dead-lettered (Message.cycle): one shared
+# empty set, not a frozenset() call a publish.
+NO_CYCLE: frozenset[str] = frozenset()
 
 
 class Message:
@@ -29,24 +32,26 @@ class Message:
     def __init__(self, body: bytes, properties: Any, exchange: str, routing_key: str,
                  published_at: float, tags: tuple[str, ...] = (), msg_id: str = "",
                  ttl: float | None = None) -> None:
+        if type(properties) is Properties:
+            # delivery_mode read from its span: the property's getter was a frame a publish.
+            raw = properties.raw
+            span = properties._spans[DELIVERY_MODE]
+            self.persistent = span is not None and raw[span[0]] == 2
+        else:
+            raw = getattr(properties, "raw", b"")
+            self.persistent = getattr(properties, "delivery_mode", None) == 2
         # W5: held memory, given back when the last holder drops the message (gateway/memory.py).
-        self.held = held = len(body) + len(getattr(properties, "raw", b"")) + MESSAGE_OVERHEAD
+        self.held = held = len(body) + len(raw) + MESSAGE_OVERHEAD
         HELD.messages += held
         # msg_id: the one CMQ message ID from publish through route, enqueue and delivery
         # (A2): a message routed to several queues has the same ID in each of them.
         self.msg_id = msg_id
         self.ttl = ttl  # the per-message TTL in seconds (expiration property), or None
-        self.cycle: frozenset[str] = frozenset()  # dead-lettered: queues it must not re-enter
+        self.cycle: frozenset[str] = NO_CYCLE  # dead-lettered: queues it must not re-enter
         self.body = body
         self.properties = properties
         self.exchange = exchange
         self.routing_key = routing_key
-        if type(properties) is Properties:
-            # delivery_mode read from its span: the property's getter was a frame a publish.
-            span = properties._spans[DELIVERY_MODE]
-            self.persistent = span is not None and properties.raw[span[0]] == 2
-        else:
-            self.persistent = getattr(properties, "delivery_mode", None) == 2
         self.published_at = published_at
         self.tags = tags
         self.key: str | None = None
@@ -119,7 +124,7 @@ def recovered(store: Any, key: str, properties: Any, exchange: str, routing_key:
     HELD.messages += held
     msg.msg_id = msg_id
     msg.ttl = None
-    msg.cycle = _NO_CYCLE
+    msg.cycle = NO_CYCLE
     _BODY.__set__(msg, b"")
     msg.properties = properties
     msg.exchange = exchange
@@ -131,5 +136,3 @@ def recovered(store: Any, key: str, properties: Any, exchange: str, routing_key:
     msg.store = store
     return msg
 
-
-_NO_CYCLE: frozenset[str] = frozenset()
