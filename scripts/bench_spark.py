@@ -35,7 +35,10 @@ the seconds.
 by Spark's own Parquet reader) against spark.read.json on the same records: a full-scan
 aggregate, a narrow query (count per event) and a filtered one (one hour's acks), warm (one
 session) and cold (each run the first query of a new session), and the bytes on disk of both
-forms.
+forms.  ``--warmup N`` runs N queries of each side before the warm rounds (a fresh JVM, and on a
+cluster a fresh executor, runs each reader's first queries several times slower until the JIT
+has compiled its paths), and prints each round's seconds and the executors' task CPU of each
+query (Spark's event log); ``--warm-only`` skips the cold runs.
 
 ``--class-archive`` (with ``--read-audit``) runs the cold part twice over, interleaved: as
 above, and with both sides' JVMs started from one class archive (``spark.class_archive.
@@ -233,15 +236,43 @@ READ_AUDIT_CASES = {
 }
 
 
+def task_cpu_by_job(event_dir: str) -> dict[str, float]:
+    """Executor CPU seconds (task run and deserialization) of each job description's tasks, from
+    Spark's uncompressed event log under ``event_dir``: the work of a query's tasks, which a
+    loaded machine stretches in wall time but hardly in CPU, and which on a cluster is the
+    executor's (the driver's tree_cpu does not see it)."""
+    stage_job: dict[int, str] = {}
+    cpu: dict[str, float] = {}
+    for path in Path(event_dir).rglob("*"):
+        if not path.is_file() or not path.name.startswith("events_"):  # not appstatus_* (empty)
+            continue
+        with open(path) as f:
+            for line in f:
+                event = json.loads(line)
+                kind = event["Event"]
+                if kind == "SparkListenerJobStart":
+                    tag = (event.get("Properties") or {}).get("spark.job.description", "")
+                    stage_job.update((stage, tag) for stage in event["Stage IDs"])
+                elif kind == "SparkListenerTaskEnd":
+                    tag = stage_job.get(event["Stage ID"], "")
+                    m = event.get("Task Metrics") or {}
+                    ns = m.get("Executor CPU Time", 0) + m.get("Executor Deserialize CPU Time", 0)
+                    cpu[tag] = cpu.get(tag, 0.0) + ns / 1e9
+    return cpu
+
+
 def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] = tuple(READ_AUDIT_CASES),
-                   archive: bool = False, before: Path | None = None) -> None:
+                   archive: bool = False, before: Path | None = None, warmup: int = 1, cold: bool = True) -> None:
     """``--read-audit``: spark.read_audit (compacted segments through Spark's Parquet reader)
     against spark.read.json with the explicit schema, on the same records.  Warm: one session,
     a warm-up of each, then ``rounds`` interleaved runs.  Cold: each run the first query of a
     new process (a new JVM: no JIT-compiled code, no listing cached), interleaved; its start
     is not timed.  A cold run is timed twice: the query alone, and with the DataFrame's making
     before it (read_audit's listing and plan, spark.read.json's listing), which a user waits
-    for as well."""
+    for as well.  ``warmup``: queries of each side before the timed ones (a new JVM, the
+    executor's on a cluster, runs the first few of each reader several times slower until the
+    JIT has compiled its paths); each round's seconds are printed, and the executors' task
+    CPU of each query from Spark's event log."""
     from tests.spark.standalone import spark_env
 
     os.environ.update({k: v for k, v in spark_env(CODE).items() if k.startswith("PYSPARK") or k == "PYTHONPATH"})
@@ -253,10 +284,14 @@ def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] =
 
     json_schema = StructType([StructField(n, t, True) for n, t in JSON_COLUMNS])
 
+    events = tempfile.mkdtemp(prefix="bench-spark-events-")
+
     def session() -> SparkSession:
         builder = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
                    .config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g"))
+                   .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "2g")
+                   .config("spark.eventLog.enabled", "true").config("spark.eventLog.dir", events)
+                   .config("spark.eventLog.compress", "false"))
         if master.startswith("spark://"):
             builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "1536m")
         spark = builder.getOrCreate()
@@ -270,9 +305,10 @@ def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] =
     hour_end = (lo.replace(hour=lo.hour + 3)).strftime("%Y-%m-%dT%H:00:00Z")
     os.environ["BENCH_HOUR"] = f"{hour},{hour_end}"  # for the cold runs' processes
 
-    def query(spark: SparkSession, which: str, sql: str) -> tuple[float, list[Any]]:
+    def query(spark: SparkSession, which: str, sql: str, tag: str = "") -> tuple[float, list[Any]]:
         df = read_audit(spark, root) if which == "read_audit" else json_reader(spark).schema(json_schema).json(root)
         df.createOrReplaceTempView("t")
+        spark.sparkContext.setJobDescription(tag or None)
         t0 = time.perf_counter()
         rows = spark.sql(sql.format(hour=hour, hour_end=hour_end)).collect()
         return time.perf_counter() - t0, rows
@@ -281,14 +317,16 @@ def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] =
     print(f"master {master}; bytes on disk: JSON lines {jsonl:,}, Parquet {parquet:,} "
           f"({parquet / jsonl:.1%} of the JSON); load average {load_average()}", flush=True)
     print(f"ratio = spark.read.json time / read_audit time; medians of {rounds}", flush=True)
+    warm: list[tuple[str, list[float], list[float], str]] = []
     for name in cases:
         label, sql = READ_AUDIT_CASES[name]
-        query(spark, "read_audit", sql)  # warm-up of each
-        query(spark, "json", sql)
+        for _ in range(warmup):  # interleaved, as the timed rounds
+            query(spark, "read_audit", sql)
+            query(spark, "json", sql)
         a, b = [], []
-        for _ in range(rounds):
-            wa, ra = query(spark, "read_audit", sql)
-            wb, rb = query(spark, "json", sql)
+        for i in range(rounds):
+            wa, ra = query(spark, "read_audit", sql, f"read_audit:{name}:{i}")
+            wb, rb = query(spark, "json", sql, f"json:{name}:{i}")
             assert [r[:2] if name == "narrow" else r[0] for r in ra] == [r[:2] if name == "narrow" else r[0] for r in rb], \
                 (name, ra, rb)
             a.append(wa)
@@ -297,7 +335,19 @@ def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] =
         rows = f"; {ra[0].n:,} records on both sides" if name == "full" else ""
         print(f"warm  {label:48s} read_audit {ma:6.2f}s  spark.read.json {mb:6.2f}s  ratio {mb / ma:5.2f}x{rows}",
               flush=True)
+        warm.append((name, a, b, load_average()))
     spark.stop()
+    cpu = task_cpu_by_job(events)
+    shutil.rmtree(events, ignore_errors=True)
+    for name, a, b, load in warm:
+        ca, cb = ([cpu.get(f"{side}:{name}:{i}", 0.0) for i in range(rounds)] for side in ("read_audit", "json"))
+        print(f"warm  {name}: after {warmup} warm-up(s) a side, each round's seconds {[round(x, 2) for x in a]} vs "
+              f"{[round(x, 2) for x in b]}; executor task CPU {statistics.median(ca):.3f}s vs {statistics.median(cb):.3f}s "
+              f"(ratio {statistics.median(cb) / max(statistics.median(ca), 1e-9):.2f}x), each round's "
+              f"{[round(x, 3) for x in ca]} vs {[round(x, 3) for x in cb]}; load {load}", flush=True)
+    if not cold:
+        print(f"load average {load_average()}", flush=True)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-spark-archive-") as cache:
         # (label, the checkout the processes import, the archive's cache directory)
         kinds = [("", CODE, "")]
@@ -472,6 +522,9 @@ def main() -> None:
     ap.add_argument("--cold-before", metavar="CHECKOUT", default=None,
                     help="with --read-audit: cold runs of this checkout too, interleaved (a before/after in one run)")
     ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="with --read-audit: warm-up queries of each side before the warm rounds")
+    ap.add_argument("--warm-only", action="store_true", help="with --read-audit: no cold runs")
     ap.add_argument("--cold-query", default=None, help=argparse.SUPPRESS)  # WHICH:CASE, one run in this process
     ap.add_argument("--report-time", metavar="DIR", default=None,
                     help="time `cmq-audit report` on this audit directory (--rounds runs) and nothing else")
@@ -518,7 +571,8 @@ def main() -> None:
     def go(master: str) -> None:
         if args.read_audit:
             run_read_audit(root, master, args.rounds, cases, args.class_archive,
-                           Path(args.cold_before).resolve() if args.cold_before else None)
+                           Path(args.cold_before).resolve() if args.cold_before else None, args.warmup,
+                           not args.warm_only)
         else:
             run(root, master, cases, cache_states, args.cache_codec)
 
