@@ -12,6 +12,7 @@ from gateway.broker.arguments import receive_metadata, rewind_to
 from gateway.broker.channel import Channel
 from gateway.broker.consumers import Consumer
 from gateway.broker.errors import NO_ROUTE, NOT_IMPLEMENTED, ConnectionFault, access_refused, precondition
+from gateway.broker.message import NO_CYCLE
 from gateway.broker.reply_to import REPLY_QUEUE
 from gateway.broker.vhost import new_name
 from gateway.protocol.codec import method as method_of
@@ -144,9 +145,9 @@ class Session:
                         or properties._flags & REPLY_TO_FLAG:
                     self.publish_now(ch, method, properties, event.body)  # type: ignore[attr-defined]
                 else:  # publish_now with nothing for it to do after: no confirm, return or reply-to
+                    # By position (immediate, user, peer, cycle, protocol): cheaper than by keyword.
                     self.vhost.publish(method.exchange, method.routing_key, properties, event.body,  # type: ignore[attr-defined]
-                                       immediate=method.immediate, user=self.user, peer=self.peer,
-                                       protocol=self.protocol)
+                                       method.immediate, self.user, self.peer, NO_CYCLE, self.protocol)
             elif method.name == "Basic.Ack" and not ch.tx:
                 # Every delivery's ack: it causes no basic.cancel to hold back (see _method),
                 # so it skips that bookkeeping.

@@ -219,7 +219,7 @@ class EmbeddedMessages:
                 expires_at: float | None, out_lsn: int, via: str | None, subscription: str | None) -> int:
         broker = self.broker
         # The CMQ model's send itself, not BrokerQueue.send around it: a frame on every publish.
-        qmsg = q.cmq.send(msg, len(msg.body), now, delay=delay, msg_id=msg.msg_id or None, expires_at=expires_at)
+        qmsg = q.cmq.send(msg, len(msg.body), now, delay, msg.msg_id or None, expires_at)  # by position: cheaper
         msg_id = qmsg.msg_id
         broker.emit_row(ENQUEUE, vh.name, (q.name, msg_id, len(msg.body), via, subscription))
         if q.durable and msg.persistent:
