@@ -38,7 +38,9 @@ session) and cold (each run the first query of a new session), and the bytes on 
 forms.  ``--warmup N`` runs N queries of each side before the warm rounds (a fresh JVM, and on a
 cluster a fresh executor, runs each reader's first queries several times slower until the JIT
 has compiled its paths), and prints each round's seconds and the executors' task CPU of each
-query (Spark's event log); ``--warm-only`` skips the cold runs.
+query (Spark's event log); ``--warm-only`` skips the cold runs.  ``--layouts`` instead rewrites
+the log's Parquet files under other writer settings (``LAYOUTS``: row groups, codecs, delta
+encoding of ``ts``) and times Spark's scan of each, interleaved, by wall and task CPU.
 
 ``--class-archive`` (with ``--read-audit``) runs the cold part twice over, interleaved: as
 above, and with both sides' JVMs started from one class archive (``spark.class_archive.
@@ -380,6 +382,89 @@ def run_read_audit(root: str, master: str, rounds: int, cases: tuple[str, ...] =
     print(f"load average {load_average()}", flush=True)
 
 
+# --layouts: the compactor's Parquet files rewritten under other writer settings (pyarrow's
+# write_table keywords), to see what the layout changes in Spark's scan.
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "compactor": {},  # as gateway.audit.compact writes them: zstd, dictionary, 131,072-row groups
+    "one-row-group": {"row_group_size": 1 << 30},
+    "snappy": {"compression": "snappy"},
+    "uncompressed": {"compression": "none"},
+    "delta-ts": {"use_dictionary": ["ts", "_offset", "latency_ms"],  # inverted below: all but these
+                 "column_encoding": {"ts": "DELTA_BINARY_PACKED", "_offset": "DELTA_BINARY_PACKED"}},
+}
+
+
+def run_layouts(root: str, master: str, rounds: int, warmup: int) -> None:
+    """``--layouts``: each Parquet file of ``root`` rewritten under each of ``LAYOUTS`` (same
+    rows, same names), then the full-scan aggregate through plain ``spark.read.parquet`` with
+    read_audit's schema and ``basePath``, the layouts interleaved in one session: bytes, wall
+    and the executors' task CPU (Spark's event log) of each."""
+    import pyarrow.parquet as pq
+
+    from tests.spark.standalone import spark_env
+
+    os.environ.update({k: v for k, v in spark_env(CODE).items() if k.startswith("PYSPARK") or k == "PYTHONPATH"})
+    from pyspark.sql import SparkSession
+
+    from spark.read import _PARQUET_SCHEMA
+
+    work = tempfile.mkdtemp(prefix="bench-spark-layouts-")
+    files = sorted(Path(root).glob("dt=*/hour=*/audit-*.parquet"))
+    sizes: dict[str, int] = {}
+    for name, options in LAYOUTS.items():
+        for f in files:
+            table = pq.read_table(f)
+            kw: dict[str, Any] = {"compression": "zstd", "row_group_size": 131072, "use_dictionary": True,
+                                  "write_statistics": True, **options}
+            if isinstance(kw["use_dictionary"], list):
+                kw["use_dictionary"] = [c for c in table.column_names if c not in kw["use_dictionary"]]
+            out = Path(work, name, f.relative_to(root))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, out, **kw)
+        sizes[name] = sum(p.stat().st_size for p in Path(work, name).rglob("*.parquet"))
+    events = tempfile.mkdtemp(prefix="bench-spark-events-")
+    builder = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false").config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "2g").config("spark.eventLog.enabled", "true")
+               .config("spark.eventLog.dir", events).config("spark.eventLog.compress", "false"))
+    if master.startswith("spark://"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.executor.memory", "1536m")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    sql = READ_AUDIT_CASES["full"][1]
+
+    def query(name: str, tag: str) -> float:
+        base = str(Path(work, name))
+        paths = sorted(str(p) for p in Path(base).glob("dt=*/hour=*/*.parquet"))
+        spark.read.schema(_PARQUET_SCHEMA).option("basePath", base).parquet(*paths).createOrReplaceTempView("t")
+        spark.sparkContext.setJobDescription(tag)
+        t0 = time.perf_counter()
+        row = spark.sql(sql).collect()[0]
+        wall = time.perf_counter() - t0
+        assert row.n == counts.setdefault("n", row.n), (name, row)  # the same records in every layout
+        return wall
+
+    counts: dict[str, int] = {}
+    print(f"master {master}; layouts of {len(files)} Parquet files, full-scan aggregate, {warmup} warm-up(s) "
+          f"each, medians of {rounds} interleaved rounds; load average {load_average()}", flush=True)
+    for i in range(warmup):
+        for name in LAYOUTS:
+            query(name, f"warm-up:{name}:{i}")
+    walls: dict[str, list[float]] = {name: [] for name in LAYOUTS}
+    for i in range(rounds):
+        for name in (list(LAYOUTS) if i % 2 == 0 else list(LAYOUTS)[::-1]):
+            walls[name].append(query(name, f"{name}:{i}"))
+    spark.stop()
+    cpu = task_cpu_by_job(events)
+    for name in LAYOUTS:
+        c = [cpu.get(f"{name}:{i}", 0.0) for i in range(rounds)]
+        print(f"{name:14s} {sizes[name]:>12,} bytes  wall {statistics.median(walls[name]):6.3f}s  "
+              f"task CPU {statistics.median(c):6.3f}s  each round's CPU {[round(x, 3) for x in c]}", flush=True)
+    print(f"{counts['n']:,} records in every layout; load average {load_average()}", flush=True)
+    shutil.rmtree(events, ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def cold_query(root: str, master: str, which: str, case: str,
                archive: str = "", code_dir: Path | None = None) -> tuple[float, float, float, str, int, int]:
     """One query as the first of a new process (a new JVM: no JIT-compiled code, no file
@@ -525,6 +610,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1,
                     help="with --read-audit: warm-up queries of each side before the warm rounds")
     ap.add_argument("--warm-only", action="store_true", help="with --read-audit: no cold runs")
+    ap.add_argument("--layouts", action="store_true",
+                    help="with --read-audit: the Parquet files rewritten under other layouts (LAYOUTS), "
+                         "each scanned by spark.read.parquet, interleaved, instead of the comparison with JSON")
     ap.add_argument("--cold-query", default=None, help=argparse.SUPPRESS)  # WHICH:CASE, one run in this process
     ap.add_argument("--report-time", metavar="DIR", default=None,
                     help="time `cmq-audit report` on this audit directory (--rounds runs) and nothing else")
@@ -569,7 +657,9 @@ def main() -> None:
         print(f"compacted {done} in {time.perf_counter() - t0:.1f}s", flush=True)
 
     def go(master: str) -> None:
-        if args.read_audit:
+        if args.read_audit and args.layouts:
+            run_layouts(root, master, args.rounds, args.warmup)
+        elif args.read_audit:
             run_read_audit(root, master, args.rounds, cases, args.class_archive,
                            Path(args.cold_before).resolve() if args.cold_before else None, args.warmup,
                            not args.warm_only)
