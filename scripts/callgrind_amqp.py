@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -47,8 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.perf.client import AmqpClient, BrokerAddress  # noqa: E402
 from gateway.perf.frames import basic_ack, encode_properties, publish_template  # noqa: E402
-from scripts.callgrind_common import PROFILED, count_off, count_on, totals  # noqa: E402
-from scripts.callgrind_mqtt import _children  # noqa: E402
+from scripts.callgrind_common import PROFILED, child_pids, count_off, count_on, counted  # noqa: E402
 
 # The gateway's entry with the transport's turn clock slowed by SLOW (``python -c SLOWED SLOW serve
 # ...``): under valgrind a message takes ~50-100x its time, so a 5 ms turn ended after a handful
@@ -157,7 +154,7 @@ def measure(code: str, work: Path, count: int, warmup: int, batch: int, children
     pids: list[str] = []
 
     def on() -> None:
-        pids[:] = [str(proc.pid), *(str(c) for c in _children(proc.pid) if children)]
+        pids[:] = [str(proc.pid), *(str(c) for c in child_pids(proc.pid) if children)]
         for p in pids:
             count_on(p)
 
@@ -170,16 +167,7 @@ def measure(code: str, work: Path, count: int, warmup: int, batch: int, children
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=600)
-    out: dict[str, float] = {"received": received}
-    for i, p in enumerate(pids):
-        role = "main" if i == 0 else "child"
-        files = sorted(glob.glob(f"{work}/callgrind.out.{p}.*"))
-        out[role] = sum(totals(f"{work}/callgrind.out.{p}.*"))
-        if files:
-            os.makedirs(keep, exist_ok=True)
-            name = f"callgrind-{role}-{os.path.basename(os.path.abspath(code))}-{time.time():.0f}.out"
-            shutil.copy(files[-1], os.path.join(keep, name))
-    return out
+    return {"received": received, **counted(str(work), pids, code, keep)}
 
 
 def profile(code: str, work: Path, count: int, warmup: int, batch: int, top: int) -> None:

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from gateway.mqtt import codec as P  # noqa: E402
 from gateway.perf.mqtt import Target, _Client, _measure  # noqa: E402
 from scripts.bench_mqtt import start_gateway  # noqa: E402
-from scripts.callgrind_common import PROFILED, count_off, count_on, totals  # noqa: E402
+from scripts.callgrind_common import PROFILED, child_pids, count_off, count_on, counted  # noqa: E402
 
 
 def start(code: str, work: Path, mode: str, children: bool) -> tuple[subprocess.Popen[str], int]:
@@ -55,14 +53,6 @@ def start(code: str, work: Path, mode: str, children: bool) -> tuple[subprocess.
                    f"--callgrind-out-file={work}/callgrind.out.%p", *(["--trace-children=yes"] if children else []),
                    sys.executable, "-m", "gateway")
     return start_gateway(str(data), root=os.path.abspath(code), command=command, env=env)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
 
 
 async def drive(port: int, count: int, warmup: int, window: int, on: object, off: object) -> int:
@@ -91,7 +81,7 @@ def measure(code: str, work: Path, count: int, warmup: int, window: int, childre
     pids: list[str] = []
 
     def on() -> None:
-        pids[:] = [str(proc.pid), *(str(c) for c in _children(proc.pid) if children)]
+        pids[:] = [str(proc.pid), *(str(c) for c in child_pids(proc.pid) if children)]
         for p in pids:
             count_on(p)
 
@@ -105,15 +95,7 @@ def measure(code: str, work: Path, count: int, warmup: int, window: int, childre
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=600)
-    out: dict[str, float] = {"received": received}
-    for i, p in enumerate(pids):
-        files = sorted(glob.glob(f"{work}/callgrind.out.{p}.*"))
-        out["main" if i == 0 else "child"] = sum(totals(f"{work}/callgrind.out.{p}.*"))
-        if files:
-            os.makedirs(keep, exist_ok=True)
-            name = f"callgrind-{'main' if i == 0 else 'child'}-{os.path.basename(os.path.abspath(code))}-{time.time():.0f}.out"
-            shutil.copy(files[-1], os.path.join(keep, name))
-    return out
+    return {"received": received, **counted(str(work), pids, code, keep)}
 
 
 def profile(code: str, work: Path, count: int, warmup: int, window: int, top: int) -> None:

@@ -16,7 +16,7 @@ from semantics.queue_attrs import QueueAttributes
 
 def _reply(sent_ns: int, newer_form: bool = False) -> str:
     head = "$JS.ACK.dom.acchash.S.C" if newer_form else "$JS.ACK.S.C"
-    tail = ".1.5.5.%d.0" % sent_ns
+    tail = f".1.5.5.{sent_ns}.0"
     return head + tail + (".token" if newer_form else "")
 
 
