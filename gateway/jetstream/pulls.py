@@ -44,6 +44,8 @@ PULL_MIN = 64  # while a pull is under way, the next one asks for at least this 
 UNLIMITED_CREDIT = 1000
 LEASED_MAX = 4096  # messages asked for or leased and not yet delivered, per queue, at most
 PULL_WAITING = b'"expires":%d' % int(PULL_WAIT * 1e9)
+AGAIN_WAIT = 0.1  # a plain get's second pull waits this long at the server (Pulls._ask_again)
+AGAIN_REQUEST = b'{"batch":1,"expires":%d}' % int(AGAIN_WAIT * 1e9)
 NAK_WAIT = 2.0
 # Within this of the consumer's ack_wait a lease is not naked: JetStream's own timer makes it
 # Active for every gateway by then, and a nak that reaches the server after that timer gave the
@@ -186,6 +188,10 @@ class Pulls:
                 s.requested = max(0, s.requested - int(left))
             elif pull is not None:
                 s.requested = max(0, s.requested - pull[0])
+            if status == "404" and (s.plain_gets or s.api_signals) and s.published_at > s.again_at:
+                self._ask_again(s)
+                self.want(s)
+                return  # the gets and receives wait for that pull's end
             if pull is not None and (pull[1] or status == "404"):
                 self._nothing_to_get(s)
         else:  # 409 and others (leader change, too many waiting): start over
@@ -226,6 +232,23 @@ class Pulls:
             s.pulls.clear()
             self._nothing_to_get(s)
             self.want(s)
+
+    def _ask_again(self, s: QueueStream) -> None:
+        """A no_wait pull for plain basic.gets or CMQ API receives was answered "404 No
+        Messages" after a publish of this gateway to the queue: nats-server (2.10 and 2.15
+        alike) can say so when the pull comes right after it acknowledged a publish to the
+        stream, before its consumer has caught up (~1 % of such pulls, and a pull at once after
+        it can say so again). A get after a publish on its channel must get that message (M11),
+        and a receive after a SendMessage likewise, so they wait for one pull that waits at the
+        server for AGAIN_WAIT: served as soon as the consumer has it, get-empty (or 7000) at its
+        end (a 408) when another gateway took it. Once per publish: a get on a queue drained
+        since pays nothing."""
+        s.again_at = s.published_at
+        s.pull_seq += 1
+        reply = f"{s.inbox}.{s.pull_seq}"
+        s.pulls[reply] = [1, True]
+        s.requested += 1
+        self._send(self.link.nc, [wire.pub(s.next_subject, reply, AGAIN_REQUEST)])
 
     def _nothing_to_get(self, s: QueueStream) -> None:
         """A pull found nothing: the plain basic.gets waiting for it get get-empty (M11),

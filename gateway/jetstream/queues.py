@@ -87,6 +87,7 @@ class QueueStream:
         self.fetched: dict[str, bytes] = {}  # large bodies read back, for the message's next take
         self.leases: dict[str, Any] = {}  # msg_id -> the JetStream message last pulled for it
         self.plain_gets: list[Any] = []  # channels whose basic.get (no polling wait) waits for a pull
+        self.again_at = 0.0  # published_at of the last publish a plain get's 404 was asked again for
         # CMQ API receives (gateway.jetstream.api_receive): messages wanted, how many of them
         # long-poll, and the futures of those waiting for a pull's answer.
         self.api_demand = 0

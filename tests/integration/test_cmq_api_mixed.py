@@ -223,3 +223,26 @@ def test_CA4_management_api_shows_the_cmq_subscription_name(tmp_path: Path, uniq
             [("billing", unique, ["invoice"])]
         queue = requests.get(f"http://{mgmt}/api/cmq/queues/%2F/{unique}", auth=("admin", "admin"), timeout=20).json()
         assert queue["queueName"] == unique
+
+
+
+def test_CA2_a_receive_after_a_publish_gets_it(
+        both: tuple[CmqClient, str], channel: pika.adapters.blocking_connection.BlockingChannel, unique: str) -> None:
+    """A ReceiveMessage without a polling wait right after an AMQP publish gets that message,
+    on both stores, as test_CA4_M3 above expects. On JetStream the publish may still be on its
+    way to the stream when the receive's no_wait pull is answered "no messages" (and
+    nats-server can say so even just after acknowledging it): the receive asks again
+    (gateway.jetstream.pulls.Pulls._ask_again). A CI run saw test_CA4_M3 fail on it."""
+    cmq, _ = both
+    cmq.ok("CreateQueue", queueName=unique)
+    missed = []
+    for i in range(600):
+        channel.basic_publish("", unique, b"m%d" % i)
+        answer = cmq.call("ReceiveMessage", queueName=unique, pollingWaitSeconds=0)
+        if answer["code"] != 0:
+            missed.append(i)
+            answer = cmq.call("ReceiveMessage", queueName=unique, pollingWaitSeconds=5)
+        assert answer["code"] == 0 and answer["msgBody"] == f"m{i}", answer
+        cmq.ok("DeleteMessage", queueName=unique, receiptHandle=answer["receiptHandle"])
+    cmq.ok("DeleteQueue", queueName=unique)
+    assert missed == [], f"{len(missed)} of 600 receives found nothing right after the publish"
