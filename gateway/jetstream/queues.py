@@ -82,6 +82,7 @@ class QueueStream:
         self.took_at = 0.0  # monotonic time of the last deliveries taken (JetStreamMessages.backlog)
         self.sac_active = False  # x-single-active-consumer: this gateway holds the lease (CL4)
         self.chain = Chain()  # its publishes, in order across retries (CL3)
+        self.slow_tail: asyncio.Future[None] | None = None  # the last slow write's end (Writes.publish)
         self.held_back: list[Any] = []  # pulled behind a large body still being read
         self.last_delivery = 0  # the consumer sequence of the newest delivery seen (its counts)
         self.fetched: dict[str, bytes] = {}  # large bodies read back, for the message's next take

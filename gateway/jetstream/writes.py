@@ -72,12 +72,22 @@ class Writes:
             # first, a queue not ready waits for its stream; and while any of these is under
             # way, the queue's later messages follow them there, so their order holds.
             s.slow_writes += 1
-            return self.broker.store.track(self._publish, s, payload, headers, msg.body if big else None, chain=s.chain)
+            # Each waits for the one before it to be stored before its own record goes
+            # (_publish): the store runs them side by side (its chain orders retries only),
+            # and a large body's upload would let a later message's record overtake it.
+            mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            before, s.slow_tail = s.slow_tail, mine
+            return self.broker.store.track(self._publish, s, payload, headers, msg.body if big else None,
+                                           before, mine, chain=s.chain)
         if done is None:
             done = s.on_published = partial(self.published, s)
         return self.broker.store.track_message(self.publisher, s.subject, payload, headers, done, s.is_gone)
 
-    async def _publish(self, s: QueueStream, payload: bytes, headers: dict[str, str], body: bytes | None) -> None:
+    async def _publish(self, s: QueueStream, payload: bytes, headers: dict[str, str], body: bytes | None,
+                       before: asyncio.Future[None] | None, mine: asyncio.Future[None]) -> None:
+        """One slow write (Writes.publish), retried by the store until JetStream takes it or
+        refuses it; ``mine`` is done once it is over for good, and the queue's next slow write
+        (M11: a queue's order) waits for that (``before``) to send its record."""
         q = s.q
         while not s.ready.is_set() and not q.deleted:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -86,22 +96,27 @@ class Writes:
             # Deleted since it was routed there (here, or through another gateway, which deleted
             # its stream): the message goes with the queue, as on one broker. Retried, a publish
             # to a stream that is gone would hold every later confirm of this gateway.
-            s.slow_writes -= 1
-            self.published(s)
+            self._over(s, mine)
             return
         try:
             if body is not None:
                 await self.bodies.put(headers[BODY_HEADER], body)
+            if before is not None and not before.done():
+                await before
             # On the publisher's connection: behind the queue's pipelined messages sent before it.
             ack = await self.pub_js.publish(s.subject, payload, headers=headers)
         except (APIError, MaxPayloadError):
-            s.slow_writes -= 1
-            self.published(s)  # refused for good (the store nacks it)
+            self._over(s, mine)  # refused for good (the store nacks it)
             raise
         if not ack.seq:
             # CL3: a duplicate whose first attempt is staged, not stored (gateway.jetstream.
             # publisher): not an acknowledgement; the store sends it again.
             raise NotStoredYet(f"{s.stream}: duplicate of a publish not yet stored")
+        self._over(s, mine)
+
+    def _over(self, s: QueueStream, mine: asyncio.Future[None]) -> None:
+        if not mine.done():
+            mine.set_result(None)
         s.slow_writes -= 1
         self.published(s)
 
