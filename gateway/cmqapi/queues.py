@@ -23,20 +23,17 @@ import time
 from functools import partial
 from typing import Any
 
-from aiohttp import web
-
-from gateway.cmqapi.core import Action, Caller, CmqApi, object_id, sent
+from gateway.cmqapi.core import Action, Caller, CmqApi, object_id, sent, stopping
 from gateway.cmqapi.errors import (
     BATCH_DELETE_FAILED,
     BATCH_DELETE_PARTIAL,
-    INTERNAL,
     INVALID_HANDLE,
     NO_MESSAGE,
     QUEUE_EXISTS,
     CmqApiError,
 )
 from gateway.cmqapi.params import BATCH_MAX, Params
-from gateway.handout import STOPPING, put_back
+from gateway.handout import put_back
 from gateway.jetstream.api_receive import counts, demand_for
 from gateway.protocol.properties import Properties
 from semantics import limits
@@ -287,12 +284,6 @@ async def _receive(api: CmqApi, caller: Caller, p: Params, count: int) -> list[d
         broker.after_queue_change(vh, q)
         raise stopping()
     return out
-
-
-def stopping() -> web.HTTPServiceUnavailable:
-    """A stopping server's answer (A5), in CMQ's shape with an HTTP status CMQ's SDKs retry."""
-    return web.HTTPServiceUnavailable(text=json.dumps({"code": INTERNAL, "message": STOPPING}),
-                                      content_type="application/json")
 
 
 async def receive_message(api: CmqApi, caller: Caller, p: Params) -> dict[str, Any]:
