@@ -218,3 +218,40 @@ def test_A5_an_mqtt_puback_comes_after_the_records_of_its_message(tmp_path: Path
             assert mqtt <= {r["msg_id"] for r in recs if r["event"] == "enqueue"}
         proc.kill()
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("store", ["embedded", "jetstream"])
+def test_A5_a_management_publish_answered_has_its_records_after_kill_9(tmp_path: Path, request: Any,
+                                                                      store: str) -> None:
+    """M14 + A5: RabbitMQ's HTTP publish answers at the confirm; each answered publish keeps
+    its publish and enqueue records through a kill -9 at once after the answer, on both
+    stores (on JetStream the answer waits for their hand-off to the writer process, as the
+    CMQ API's SendMessage does)."""
+    import requests
+
+    extra = [] if store == "embedded" else ["--store", request.getfixturevalue("nats_single").store_url]
+    data = tmp_path / "data"
+    queue = f"a5-mgmt-{uuid.uuid4().hex[:8]}"
+    answered = 0
+    for _round in range(3):
+        with serve(data, *extra) as (proc, _port):
+            api = f"http://127.0.0.1:{proc.operator['management API']}/api"  # type: ignore[attr-defined]
+            auth = ("guest", "guest")
+            if not answered:
+                assert requests.put(f"{api}/queues/%2F/{queue}", json={"durable": True}, auth=auth,
+                                    timeout=30).status_code in (201, 204)
+            for i in range(20):
+                r = requests.post(f"{api}/exchanges/%2F/amq.default/publish", auth=auth, timeout=30,
+                                  json={"routing_key": queue, "payload": f"m{i}", "payload_encoding": "string",
+                                        "properties": {"delivery_mode": 2}})
+                assert r.status_code == 200 and r.json() == {"routed": True}, r.text
+                answered += 1
+            proc.kill()  # at once after the last answer
+            proc.wait(timeout=30)
+    with serve(data, *extra) as (proc, _port):  # waits for the writer process the kill left
+        stop(proc)
+    recs = [r for r in records(data / "audit", include_open=True) if r.get("origin") != "rebuilt"]
+    published = {r["msg_id"] for r in recs if r["event"] == "publish" and r.get("routing_key") == queue}
+    enqueued = {r["msg_id"] for r in recs if r["event"] == "enqueue" and r["queue"] == queue}
+    assert len(published) == answered, f"{answered - len(published)} of {answered} answered publishes have no record"
+    assert enqueued == published
