@@ -85,7 +85,7 @@ def _dead_letter(api: CmqApi, caller: Caller, text: str) -> dict[str, Any]:
     1: maxTimeToLive). ``{}`` (or no deadLetterQueue) turns the policy off."""
     try:
         policy = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's limit
         raise CmqApiError.param(f"parameter deadLetterPolicy is not JSON: {text!r}", 10360) from None
     if not isinstance(policy, dict):
         raise CmqApiError.param("parameter deadLetterPolicy must be a JSON object", 10360)

@@ -312,7 +312,9 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         return {}
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        # RecursionError: nesting past Python's recursion limit (20 KB of "[" does it), a
+        # body this reader cannot take: the client's fault, as any other unreadable body.
         raise bad_request("body is not JSON")
     if not isinstance(body, dict):
         raise bad_request("body must be a JSON object")

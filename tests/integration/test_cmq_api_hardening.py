@@ -161,6 +161,19 @@ def test_CA1_odd_numbers_and_indexes_are_cmq_errors_not_http_500(endpoint: str, 
     assert len(resp.json()["msgList"]) == 1  # ``msgBody.²`` is no index: one message
 
 
+def test_CA1_a_dead_letter_policy_nested_past_the_recursion_limit_is_a_param_error(cmq: CmqClient,
+                                                                                 unique: str) -> None:
+    """A ``deadLetterPolicy`` of 10,000 nested lists is JSON Python cannot read (RecursionError),
+    which was CMQ's 6000 (an internal error); it is a parameter error (10360) as any other
+    policy that is not JSON, on CreateQueue and SetQueueAttributes."""
+    for deep in ("[" * 10_000, '{"a":' * 10_000):
+        answer = cmq.call("CreateQueue", queueName=unique, deadLetterPolicy=deep)
+        assert answer["code"] == 4000 and "(10360)" in answer["message"], answer["message"][:200]
+    cmq.ok("CreateQueue", queueName=unique)
+    answer = cmq.call("SetQueueAttributes", queueName=unique, deadLetterPolicy="[" * 10_000)
+    assert answer["code"] == 4000 and "(10360)" in answer["message"], answer["message"][:200]
+
+
 # -- CA3: subscription names -------------------------------------------------------------------
 
 

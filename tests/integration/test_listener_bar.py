@@ -17,6 +17,7 @@ Waits are bounded only by HANG (hang protection, never a threshold under test)."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -32,7 +33,7 @@ from gateway.auth import Permission, User, UserDB, hash_password
 from gateway.config import AuditSettings, CmqKey, Limits
 from gateway.server import gateway_in_thread
 from tests.integration.cmq_client import CmqClient
-from tests.integration.cmq_gateway import ADMIN_ID, ADMIN_KEY, READER_ID, READER_KEY
+from tests.integration.cmq_gateway import ADMIN_ID, ADMIN_KEY, READER_ID, READER_KEY, STORES, store_of
 
 HANG = 30.0
 SECRET = "s3cret-never-logged"
@@ -64,20 +65,34 @@ def _until(gw: Any, dir_: Path, check: Callable[[list[dict[str, Any]]], Any]) ->
         time.sleep(0.05)
 
 
-@pytest.fixture
-def gateway(tmp_path: Path) -> Iterator[tuple[Any, str, str, Path]]:
-    """(gateway, management URL, CMQ API URL, audit dir)."""
+@contextlib.contextmanager
+def _listeners(tmp_path: Path, store: str | None = None) -> Iterator[tuple[Any, str, str, Path]]:
     audit = tmp_path / "audit"
     keys = {ADMIN_ID: CmqKey("admin", ADMIN_KEY), READER_ID: CmqKey("reader", READER_KEY)}
-    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, audit=AuditSettings(dir=str(audit)),
+    data = str(tmp_path / "data") if store else None
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=data, audit=AuditSettings(dir=str(audit)),
                            users=_users(), management_port=0, management_host="127.0.0.1",
-                           cmq_api_port=0, cmq_api_host="127.0.0.1", cmq_keys=keys) as gw:
+                           cmq_api_port=0, cmq_api_host="127.0.0.1", cmq_keys=keys, store=store) as gw:
         addresses = dict(gw.operator_addresses())
         yield gw, f"http://{addresses['management API']}", f"http://{addresses['CMQ API']}", audit
 
 
-def test_A1_W2_SE1_management_logins_and_refusals_are_audited(gateway: tuple[Any, str, str, Path]) -> None:
-    gw, url, _cmq, audit = gateway
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[Any, str, str, Path]]:
+    """(gateway, management URL, CMQ API URL, audit dir)."""
+    with _listeners(tmp_path) as listeners:
+        yield listeners
+
+
+@pytest.fixture(params=STORES)
+def gateway_on(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, str, str, Path]]:
+    """``gateway`` on each store: the listeners' rules hold on JetStream as on the embedded store."""
+    with _listeners(tmp_path, store_of(request)) as listeners:
+        yield listeners
+
+
+def test_A1_W2_SE1_management_logins_and_refusals_are_audited(gateway_on: tuple[Any, str, str, Path]) -> None:
+    gw, url, _cmq, audit = gateway_on
     # Refused logins: the client hears RabbitMQ's same 401 for each; the audit tells them apart.
     assert requests.get(f"{url}/api/overview", auth=("mgr", SECRET), timeout=HANG).status_code == 401
     assert requests.get(f"{url}/api/overview", auth=("ghost", SECRET), timeout=HANG).status_code == 401
@@ -111,8 +126,8 @@ def test_A1_W2_SE1_management_logins_and_refusals_are_audited(gateway: tuple[Any
     assert SECRET not in "".join(f.read_text() for f in audit.rglob("*.jsonl*"))
 
 
-def test_A1_W2_SE1_cmq_api_logins_and_refusals_are_audited(gateway: tuple[Any, str, str, Path]) -> None:
-    gw, _url, cmq, audit = gateway
+def test_A1_W2_SE1_cmq_api_logins_and_refusals_are_audited(gateway_on: tuple[Any, str, str, Path]) -> None:
+    gw, _url, cmq, audit = gateway_on
     admin = CmqClient(cmq, ADMIN_ID, ADMIN_KEY)
     admin.ok("CreateQueue", queueName="barq")
     assert CmqClient(cmq, ADMIN_ID, "not-the-key").call("ListQueue")["code"] == 4100
@@ -345,18 +360,24 @@ def test_SE5_W5_bodies_before_login_cannot_raise_the_memory_alarm(tmp_path: Path
                 sock.close()
 
 
-def test_A1_W2_mqtt_publish_and_subscribe_refusals_are_audited(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", STORES)
+def test_A1_W2_mqtt_publish_and_subscribe_refusals_are_audited(request: pytest.FixtureRequest, store: str,
+                                                               tmp_path: Path) -> None:
     """A user whose permissions refuse a publish and a subscription gets MQTT 5's 0x87 for
-    each, and each is audited (``auth_failure``, ``protocol: "mqtt"``), as on the HTTP APIs."""
+    each, and each is audited (``auth_failure``, ``protocol: "mqtt"``), as on the HTTP APIs;
+    on JetStream as on the embedded store (SE1)."""
     import paho.mqtt.client as paho
+
+    store_url = str(request.getfixturevalue("nats_single").store_url) if store == "jetstream" else None
 
     audit = tmp_path / "audit"
     users = UserDB({"guest": User("guest", hash_password("guest"), ("administrator",)),
                     "limited": User("limited", hash_password("limited"))},
                    {("guest", "/"): Permission(), ("limited", "/"): Permission(".*", "^$", "^$")},
                    ["/"], frozenset())
-    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=None, mqtt_port=0, mqtt_host="127.0.0.1",
-                           users=users, audit=AuditSettings(dir=str(audit))) as gw:
+    with gateway_in_thread(hosts=("127.0.0.1",), data_dir=str(tmp_path / "data") if store_url else None,
+                           mqtt_port=0, mqtt_host="127.0.0.1", users=users, audit=AuditSettings(dir=str(audit)),
+                           store=store_url) as gw:
         client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="limited-1", protocol=paho.MQTTv5)
         client.username_pw_set("limited", "limited")
         codes: dict[str, int] = {}
@@ -456,11 +477,11 @@ async def test_M14_management_publish_answers_once_the_message_is_durable(tmp_pa
         assert durable >= written, (written, durable)
 
 
-def test_SE5_malformed_arguments_are_rabbitmq_s_400_not_a_500(gateway: tuple[Any, str, str, Path]) -> None:
+def test_SE5_malformed_arguments_are_rabbitmq_s_400_not_a_500(gateway_on: tuple[Any, str, str, Path]) -> None:
     """Found by fuzzing the management API's bodies: ``arguments`` that is not a JSON object
     on a queue, an exchange or a binding was an HTTP 500 (a ValueError in the handler);
     RabbitMQ answers 400 bad_request."""
-    _gw, url, _cmq, _audit = gateway
+    _gw, url, _cmq, _audit = gateway_on
     auth = ("admin", "admin")
     assert requests.put(f"{url}/api/exchanges/%2F/args-x", json={"type": "topic"}, auth=auth,
                         timeout=HANG).status_code in (201, 204)
@@ -471,6 +492,21 @@ def test_SE5_malformed_arguments_are_rabbitmq_s_400_not_a_500(gateway: tuple[Any
                                    ("POST", "/api/bindings/%2F/e/args-x/q/args-q", {"arguments": arguments})):
             r = requests.request(method, f"{url}{path}", json=body, auth=auth, timeout=HANG)
             assert r.status_code == 400 and r.json()["error"] == "bad_request", (method, path, arguments, r.text[:200])
+
+
+def test_SE5_a_body_nested_past_python_s_recursion_limit_is_a_400_not_a_500(
+        gateway_on: tuple[Any, str, str, Path]) -> None:
+    """Found by scripts/fuzz_http.py --requests on JetStream (on both stores alike): a JSON body
+    of 10,000 nested lists (20 KB, far below the body limit) made json.loads raise
+    RecursionError, an HTTP 500 on every PUT/POST route; it is a body that is not JSON."""
+    gw, url, _cmq, _audit = gateway_on
+    for method, path in (("POST", "/api/definitions"), ("PUT", "/api/queues/%2F/deep-q"),
+                         ("PUT", "/api/exchanges/%2F/deep-x")):
+        for body in (b"[" * 10_000, b'{"a":' * 10_000):
+            r = requests.request(method, f"{url}{path}", data=body, auth=("admin", "admin"), timeout=HANG,
+                                 headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["error"] == "bad_request", (method, path, r.text[:200])
+    assert "deep-q" not in gw.broker.vhost("/").queues
 
 
 def test_SE5_mqtt_max_connections_and_a_login_beside_a_full_listener(tmp_path: Path) -> None:
