@@ -5,6 +5,7 @@ Fixtures are named with ``name=`` so that test modules import them without shado
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import uuid
 from collections.abc import Iterator
@@ -18,10 +19,11 @@ from gateway.auth import Permission, User, UserDB, hash_password
 from gateway.config import AuditSettings
 from gateway.mqtt import codec as P
 from gateway.server import gateway_in_thread
+from tests.integration.cmq_gateway import STORES, store_of
 from tests.integration.mqtt_client import RawClient
 
-__all__ = ["MOSQUITTO", "VERSIONS", "client", "gw_fixture", "next_publish", "port_fixture", "take",
-           "topic_fixture"]
+__all__ = ["MOSQUITTO", "VERSIONS", "client", "gw_fixture", "gw_store_fixture", "mqtt_gateway", "next_publish",
+           "port_fixture", "take", "topic_fixture"]
 
 MOSQUITTO = 1883
 VERSIONS = {4: MQTTProtocolVersion.MQTTv311, 5: MQTTProtocolVersion.MQTTv5}
@@ -35,11 +37,15 @@ def _mosquitto_up() -> bool:
         return False
 
 
-@pytest.fixture(scope="module", name="gw")
-def gw_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+@contextlib.contextmanager
+def mqtt_gateway(tmp_path_factory: pytest.TempPathFactory, store: str | None = None) -> Iterator[Any]:
+    """A gateway with MQTT on a free port, an audit log (``audit_dir``) and four users: guest
+    (administrator), reader (read on amq.topic, no write), blind (write, no read) and nobody
+    (no permission on any vhost)."""
     users = UserDB({"guest": User("guest", hash_password("guest"), ("administrator",)),
                     "reader": User("reader", hash_password("pw"), ()),
-                    "blind": User("blind", hash_password("pw"), ())},
+                    "blind": User("blind", hash_password("pw"), ()),
+                    "nobody": User("nobody", hash_password("pw"), ())},
                    {("guest", "/"): Permission(), ("guest", "iot"): Permission(),
                     ("reader", "/"): Permission("^mqtt-subscription-.*", "^mqtt-subscription-.*", ".*"),
                     ("blind", "/"): Permission(".*", ".*", "^mqtt-subscription-.*")},
@@ -48,8 +54,21 @@ def gw_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     settings = AuditSettings(dir=str(audit))
     with gateway_in_thread(port=0, hosts=("127.0.0.1",), data_dir=str(tmp_path_factory.mktemp("mqtt-data")),
                            mqtt_port=0, mqtt_host="127.0.0.1", mqtt_max_packet_size=4096, users=users,
-                           audit=settings) as g:
+                           audit=settings, store=store) as g:
         g.audit_dir = audit
+        yield g
+
+
+@pytest.fixture(scope="module", name="gw")
+def gw_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    with mqtt_gateway(tmp_path_factory) as g:
+        yield g
+
+
+@pytest.fixture(scope="module", name="gw_store", params=STORES)
+def gw_store_fixture(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """``gw`` on each store (SE1 and MQ1 hold on JetStream as on the embedded store)."""
+    with mqtt_gateway(tmp_path_factory, store_of(request)) as g:
         yield g
 
 

@@ -22,7 +22,7 @@ from gateway.mqtt import codec as P
 from gateway.mqtt.session import queue_name
 from gateway.server import gateway_in_thread
 from tests.integration.mqtt_client import RawClient
-from tests.integration.mqtt_fixtures import VERSIONS, gw_fixture, topic_fixture  # noqa: F401
+from tests.integration.mqtt_fixtures import VERSIONS, gw_fixture, gw_store_fixture, topic_fixture  # noqa: F401
 from tests.integration.mqtt_fixtures import client as _client
 from tests.integration.mqtt_fixtures import next_publish as _next_publish
 from tests.integration.mqtt_fixtures import take as _take
@@ -97,10 +97,21 @@ async def test_MQ2_mqtt_subscriber_gets_amqp_publish(gw: Any, level: int, topic:
 
 
 @pytest.mark.parametrize("level, refused", [(4, 4), (5, 0x86)])
-def test_MQ1_bad_password_is_refused_with_the_versions_code(gw: Any, level: int, refused: int) -> None:
-    c = RawClient(gw.mqtt.port, level)
+def test_MQ1_bad_password_is_refused_with_the_versions_code(gw_store: Any, level: int, refused: int) -> None:
+    c = RawClient(gw_store.mqtt.port, level)
     assert c.connect("bad", password=b"nope").reason_code == refused
     assert c.recv() is None
+
+
+@pytest.mark.parametrize("level, refused", [(4, 5), (5, 0x87)])
+def test_MQ1_SE1_a_user_without_the_vhost_is_refused_at_connect(gw_store: Any, level: int, refused: int,
+                                                                topic: str) -> None:
+    """A user with no permission on the vhost is not authorized (3.1.1's 5, MQTT 5's 0x87), as
+    RabbitMQ's plugin refuses it, and no session (queue) of it is made."""
+    c = RawClient(gw_store.mqtt.port, level)
+    assert c.connect(f"{topic}-nobody", user="nobody", password=b"pw", clean=False).reason_code == refused
+    assert c.recv() is None
+    assert queue_name("/", f"{topic}-nobody") not in gw_store.broker.vhost("/").queues
 
 
 def test_MQ1_vhost_colon_user_chooses_the_vhost(gw: Any, topic: str) -> None:
@@ -122,10 +133,10 @@ def test_MQ1_vhost_colon_user_chooses_the_vhost(gw: Any, topic: str) -> None:
 
 
 @pytest.mark.parametrize("level", [4, 5])
-def test_MQ6_publish_without_write_permission(gw: Any, level: int, topic: str) -> None:
+def test_MQ6_publish_without_write_permission(gw_store: Any, level: int, topic: str) -> None:
     """W2 as RabbitMQ's plugin: publishing needs write on amq.topic; refused is PUBACK 0x87
     (MQTT 5) or a disconnect (3.1.1), never silence."""
-    c = RawClient(gw.mqtt.port, level)
+    c = RawClient(gw_store.mqtt.port, level)
     assert c.connect(f"{topic}-w", user="reader", password=b"pw").reason_code == 0
     c.send(P.Subscribe(1, [(topic, 1)]))
     assert c.recv().reason_codes == [1]  # configure/write on its queue, read on amq.topic
@@ -225,10 +236,10 @@ def test_MQ7_topic_alias_and_wildcard_topic_names_close_with_their_code(gw: Any,
 
 
 @pytest.mark.parametrize("level, refused", [(4, 0x80), (5, 0x87)])
-def test_MQ1_subscribe_needs_read_on_amq_topic(gw: Any, level: int, refused: int, topic: str) -> None:
+def test_MQ1_subscribe_needs_read_on_amq_topic(gw_store: Any, level: int, refused: int, topic: str) -> None:
     """As RabbitMQ's plugin: a subscription is a queue.bind from amq.topic (read on the
     exchange, W2); refused, that filter's SUBACK code says so and the connection goes on."""
-    c = RawClient(gw.mqtt.port, level)
+    c = RawClient(gw_store.mqtt.port, level)
     assert c.connect(f"{topic}-blind", user="blind", password=b"pw").reason_code == 0
     c.send(P.Subscribe(1, [(topic, 1)]))
     assert c.recv().reason_codes == [refused]
