@@ -22,14 +22,13 @@ tests/integration/cmq_client.py. Once the restarted gateway has stopped, the aud
 was answered with (A5; ``audit_missing`` counts those without). Exit 1 if anything was lost,
 a phantom appeared or a record is missing.
 
-    .venv/bin/python scripts/crash_trials_cmqapi.py --trials 10 --seconds 6 [--nats nats://127.0.0.1:PORT]
+    .venv/bin/python scripts/crash_trials_cmqapi.py --trials 10 --seconds 6 [--nats nats://127.0.0.1:PORT | --nats jetstream]
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import re
 import shutil
 import sys
 import tempfile
@@ -46,29 +45,21 @@ sys.path.insert(0, str(ROOT))
 from tests.integration.cmq_client import CmqClient  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
-from crash_trials import Gateway as AmqpGateway  # noqa: E402
 from crash_trials import read_audit  # noqa: E402
+from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
 
-LISTENING = re.compile(r"CMQ API on http://127\.0\.0\.1:(\d+)")
 KEY_ID, SECRET = "AKIDcrash0000000000000000000000000000", "crash-secret-0123456789abcdef0123"
 
 
-class Gateway(AmqpGateway):
-    """A ``python -m gateway serve`` subprocess with its CMQ API on a free port (kill9 and
-    stop as crash_trials' own)."""
+class Gateway(Served):
+    """A gateway with its CMQ API on a free port, its log appended to by each start."""
 
     def __init__(self, data_dir: Path, log: Path, config: Path, store: str | None) -> None:
-        cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--management-port", "off", "--metrics-port", "off", "--cmq-api-port", "0",
-               "--mqtt-port", "off", "--data-dir", str(data_dir), "--config", str(config)]
-        if store is not None:
-            cmd += ["--store", store]
-        self.data_dir = data_dir
-        self.port = int(self.launch(cmd, log, LISTENING, append=True).group(1))
+        super().__init__(data_dir, log, store=store, config=config, append=True, cmq_api_port=0)
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://127.0.0.1:{self.ports['cmq_api_port']}"
 
 
 class Client:
@@ -170,7 +161,7 @@ def run_trial(trial: int, work: Path, args: argparse.Namespace, rng: random.Rand
     data = work / f"data-{trial}"
     config = work / "gateway.yaml"
     queue = f"crash{trial}x{rng.randrange(10**6)}"
-    gw = Gateway(data, work / f"gw-{trial}.log", config, args.nats)
+    gw = Gateway(data, work / f"gw-{trial}.log", config, args.store)
     Client(gw.endpoint, queue).ours.call("CreateQueue", queueName=queue, visibilityTimeout=2)
     ledger = Ledger()
     stop = threading.Event()
@@ -187,7 +178,7 @@ def run_trial(trial: int, work: Path, args: argparse.Namespace, rng: random.Rand
     stop.set()
     for t in threads:
         t.join(timeout=60)
-    gw = Gateway(data, work / f"gw-{trial}.log", config, args.nats)
+    gw = Gateway(data, work / f"gw-{trial}.log", config, args.store)
     try:
         back = drain(gw.endpoint, queue)
     finally:
@@ -208,7 +199,7 @@ def run_trial(trial: int, work: Path, args: argparse.Namespace, rng: random.Rand
         (keep / "audit_missing.txt").write_text("\n".join(missing))
         shutil.copytree(data / "audit", keep / "audit", dirs_exist_ok=True)
         shutil.copy(work / f"gw-{trial}.log", keep / "gateway.log")
-    elif args.nats is None:
+    elif args.store is None:
         shutil.rmtree(data, ignore_errors=True)
     return result
 
@@ -219,14 +210,15 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="load before the kill: a random 1/3 to all of it")
     ap.add_argument("--senders", type=int, default=3)
     ap.add_argument("--receivers", type=int, default=2)
-    ap.add_argument("--nats", default=None, help="--store URL: the JetStream store instead of the embedded one")
+    ap.add_argument("--nats", default=None, help=NATS_HELP)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep", default="crash-trials-cmqapi-failed")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     rng = random.Random(seed)
     total: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="crash-cmqapi-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="crash-cmqapi-") as tmp, nats_store(args.nats) as store:
+        args.store = store
         work = Path(tmp)
         (work / "gateway.yaml").write_text(yaml.safe_dump({
             "users": [{"name": "guest", "password": "guest", "tags": ["administrator"],
@@ -237,8 +229,7 @@ def main() -> int:
             print(f"trial {trial}: {result}", flush=True)
             for k, v in result.items():
                 total[k] = total.get(k, 0) + v
-    store = args.nats or "embedded"
-    print(f"{args.trials} trials ({store}, seed {seed}): {total}")
+    print(f"{args.trials} trials ({args.store or 'embedded'}, seed {seed}): {total}")
     return 1 if total.get("lost") or total.get("phantoms") or total.get("audit_missing") else 0
 
 

@@ -31,9 +31,9 @@ duplicated, or short of audit records.
 
     .venv/bin/python scripts/crash_trials_mqtt.py --qos 2 --trials 20 --seconds 4
     .venv/bin/python scripts/crash_trials_mqtt.py --qos 1 --trials 10 --store jetstream
-    .venv/bin/python scripts/crash_trials_mqtt.py --qos 2 --store nats://127.0.0.1:4222
+    .venv/bin/python scripts/crash_trials_mqtt.py --qos 2 --nats nats://127.0.0.1:4222
 
-``--store jetstream`` starts a one-node nats-server (/usr/sbin/nats-server) for the run; a
+``--nats`` is ``--store`` as the other scripts spell it. ``--store jetstream`` starts a one-node nats-server (/usr/sbin/nats-server) for the run; a
 ``nats://`` URL uses that server (each trial's client ids and topics are its own, and its
 sessions are cleaned at the end). A failing trial keeps the gateway's logs and a ledger under
 ``--keep`` (default ./crash-trials-mqtt-failed).
@@ -46,7 +46,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import shutil
 import socket
 import sys
@@ -63,12 +62,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import crash_trials  # noqa: E402
+from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
 
 from gateway.mqtt import codec as P  # noqa: E402
 from gateway.mqtt.session import queue_name  # noqa: E402
 from tests.integration.mqtt_client import AsyncRawClient  # noqa: E402
 
-MQTT_LISTENING = re.compile(r"MQTT on 127\.0\.0\.1:(\d+)")
 RECONNECT_PAUSE = 0.05  # seconds between connection attempts while the gateway is down
 QUIET = 3.0  # seconds without a delivery after which the subscriber is done
 
@@ -79,18 +78,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Gateway(crash_trials.Gateway):
-    """scripts/crash_trials.py's gateway, with MQTT on a fixed port (the clients reconnect to
-    it after each restart) and a log that each start appends to."""
+class Gateway(Served):
+    """A gateway with MQTT on a fixed port (the clients reconnect to it after each restart) and
+    a log that each start appends to."""
 
     def __init__(self, data_dir: Path, mqtt_port: int, log: Path, store: str | None) -> None:
-        cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--management-port", "off", "--metrics-port", "off", "--cmq-api-port", "off",
-               "--mqtt-port", str(mqtt_port), "--data-dir", str(data_dir)]
-        if store:
-            cmd += ["--store", store]
-        self.data_dir = data_dir
-        self.launch(cmd, log, MQTT_LISTENING, append=True, header=f"--- start {time.strftime('%H:%M:%S')} ---\n")
+        super().__init__(data_dir, log, store=store, append=True, mqtt_port=mqtt_port,
+                         header=f"--- start {time.strftime('%H:%M:%S')} ---\n")
 
 
 class Link(AsyncRawClient):
@@ -418,7 +412,7 @@ def main() -> int:
     ap.add_argument("--settle-seconds", type=float, default=None,
                     help="how long the subscriber waits for a missing message (default 12; on JetStream 60: what the "
                          "killed gateway had pulled comes back after the consumer's ack_wait, the visibility timeout + 1 s)")
-    ap.add_argument("--store", default=None, help="nats://HOST:PORT, or 'jetstream' for a local nats-server")
+    ap.add_argument("--store", "--nats", default=None, help=NATS_HELP)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--keep", default="crash-trials-mqtt-failed", help="where a failing trial's files go")
     args = ap.parse_args()
@@ -428,44 +422,38 @@ def main() -> int:
         args.settle_seconds = 60.0 if args.store else 4 * QUIET
     if args.finish_seconds is None:
         args.finish_seconds = 300.0 if args.store else 120.0
-    nats: Any = None
-    store = args.store
-    if store == "jetstream":
-        from tests.support.natsd import NatsCluster
+    with nats_store(args.store) as store:
+        return run(args, seed, store)
 
-        nats = NatsCluster(tempfile.mkdtemp(prefix="crash-mqtt-nats-"), size=1).start()
-        store = nats.store_url
+
+def run(args: argparse.Namespace, seed: int, store: str | None) -> int:
     print(f"crash_trials_mqtt: seed {seed}, {args.trials} trials, QoS {args.qos}, MQTT level {args.level}, "
           f"{args.kills} kills a trial, window {args.window}, store {store or 'embedded'}", flush=True)
     rng = random.Random(seed)
     results: list[Result] = []
-    try:
-        for trial in range(1, args.trials + 1):
-            r, work, ledger = run_trial(trial, args, random.Random(rng.random()), store)
-            results.append(r)
-            print(f"trial {trial}: killed at {r.kills} s; published {r.published}, taken {r.taken}, "
-                  f"completed {r.completed}, delivered {r.delivered}, lost {r.lost}, duplicated {r.duplicated}, "
-                  f"reused {r.reused}, no DUP {r.no_dup}, unreleased {r.unreleased}, unfinished {r.unfinished}"
-                  + (f", sessions lost {r.sessions_lost}" if r.sessions_lost else "")
-                  + (f", foreign {r.foreign}" if r.foreign else "")
-                  + f"; audit: {r.audit_published} published, {r.audit_enqueued} enqueued, missing {r.audit_missing}",
-                  flush=True)
-            if r.ok():
-                shutil.rmtree(work, ignore_errors=True)
-                continue
-            (work / "ledger.json").write_text(json.dumps({
-                "result": r.__dict__,
-                "lost": {m: ledger.sends[m] for m in sorted(ledger.taken - set(ledger.received))[:10_000]},
-                "duplicated": {m: [ledger.sends[m], ledger.copies.get(m)] for m, n in ledger.received.items() if n > 1},
-                "sub_connects": [round(t - ledger.sub_connects[0], 2) for t in ledger.sub_connects],
-                "unfinished": sorted(ledger.published - ledger.taken)[:10_000]}))
-            keep = Path(args.keep) / f"trial-{trial}"
-            keep.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(work), keep)
-            print(f"  FAILED: files kept in {keep}", flush=True)
-    finally:
-        if nats is not None:
-            nats.stop()
+    for trial in range(1, args.trials + 1):
+        r, work, ledger = run_trial(trial, args, random.Random(rng.random()), store)
+        results.append(r)
+        print(f"trial {trial}: killed at {r.kills} s; published {r.published}, taken {r.taken}, "
+              f"completed {r.completed}, delivered {r.delivered}, lost {r.lost}, duplicated {r.duplicated}, "
+              f"reused {r.reused}, no DUP {r.no_dup}, unreleased {r.unreleased}, unfinished {r.unfinished}"
+              + (f", sessions lost {r.sessions_lost}" if r.sessions_lost else "")
+              + (f", foreign {r.foreign}" if r.foreign else "")
+              + f"; audit: {r.audit_published} published, {r.audit_enqueued} enqueued, missing {r.audit_missing}",
+              flush=True)
+        if r.ok():
+            shutil.rmtree(work, ignore_errors=True)
+            continue
+        (work / "ledger.json").write_text(json.dumps({
+            "result": r.__dict__,
+            "lost": {m: ledger.sends[m] for m in sorted(ledger.taken - set(ledger.received))[:10_000]},
+            "duplicated": {m: [ledger.sends[m], ledger.copies.get(m)] for m, n in ledger.received.items() if n > 1},
+            "sub_connects": [round(t - ledger.sub_connects[0], 2) for t in ledger.sub_connects],
+            "unfinished": sorted(ledger.published - ledger.taken)[:10_000]}))
+        keep = Path(args.keep) / f"trial-{trial}"
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(work), keep)
+        print(f"  FAILED: files kept in {keep}", flush=True)
     names = ("published", "taken", "completed", "delivered", "lost", "duplicated", "reused", "no_dup",
              "unreleased", "unfinished", "audit_published", "audit_enqueued", "audit_missing")
     total = {k: sum(getattr(r, k) for r in results) for k in names}

@@ -24,9 +24,15 @@ gateway and after how long, with which status), the most sockets held at once, H
 answers (must be 0), the canary's p50/p99 in both phases, tracebacks in the gateway's log, and
 whether the gateway and every port still answer at the end.
 
+``--requests N`` then sends N well-formed requests with hostile contents while the canary
+runs (scripts/fuzz_requests.py: management JSON bodies and query strings, CMQ API actions),
+counted by status; ``--nats URL`` (or ``jetstream``) runs the gateway on the JetStream store.
+
     .venv/bin/python scripts/fuzz_http.py --seconds 60 --concurrency 200 [--seed N] [--nofile 1024]
     # issue 26 item 2: 1,100 silent sockets on the CMQ API of a gateway limited to 1,024 descriptors
     .venv/bin/python scripts/fuzz_http.py --nofile 1024 --concurrency 1100 --kinds idle --ports "CMQ API"
+    # then 3,000 requests with hostile contents (management bodies and queries, CMQ actions), on JetStream
+    .venv/bin/python scripts/fuzz_http.py --seconds 30 --requests 3000 --nats jetstream
 """
 
 from __future__ import annotations
@@ -34,11 +40,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
-import re
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,49 +56,31 @@ from typing import Any
 
 import pika
 
-ROOT = Path(__file__).resolve().parents[1]
-LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
-OPERATOR = re.compile(r"(management API|metrics|CMQ API) on https?://127\.0\.0\.1:(\d+)/")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from fuzz_requests import KEY_ID, SECRET, Requests, fuzz_requests  # noqa: E402
+from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
+
 PORTS = ("CMQ API", "management API", "metrics")
 PATHS = {"CMQ API": "/v2/index.php?Action=ListQueue", "management API": "/api/overview", "metrics": "/metrics"}
 AUTH = "Basic Z3Vlc3Q6Z3Vlc3Q="  # guest:guest
 KINDS = ("idle", "slow-headers", "slow-body", "huge-headers", "keepalive-idle", "garbage", "unread")
 
 
-class Gateway:
-    def __init__(self, data_dir: Path, log: Path, config: Path, nofile: int | None) -> None:
-        cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "0",
-               "--management-port", "0", "--metrics-port", "0", "--cmq-api-port", "0", "--mqtt-port", "off",
-               "--data-dir", str(data_dir), "--config", str(config)]
+HTTP_PORT = {"CMQ API": "cmq_api_port", "management API": "management_port", "metrics": "metrics_port"}
 
-        def limit() -> None:
-            if nofile:
-                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
-        self.log = log
-        with open(log, "w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=limit)
-        self.ports: dict[str, int] = {}
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            text = log.read_text(errors="replace")
-            m = LISTENING.search(text)
-            self.ports = {name: int(port) for name, port in OPERATOR.findall(text)}
-            if m and len(self.ports) == 3:
-                self.port = int(m.group(1))
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"the gateway did not start:\n{log.read_text(errors='replace')[-2000:]}")
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def start_gateway(work: Path, config: Path, nofile: int | None, store: str | None) -> Served:
+    """The gateway with its three HTTP ports (``http_port`` reads them), under ``nofile``."""
+    prefix: tuple[str, ...] = ()
+    if nofile:
+        prefix = ("prlimit", f"--nofile={nofile}:{resource.getrlimit(resource.RLIMIT_NOFILE)[1]}", "--")
+    return Served(work / "data", work / "gateway.log", store=store, config=config, prefix=prefix,
+                  management_port=0, metrics_port=0, cmq_api_port=0)
+
+
+def http_port(gw: Served, name: str) -> int:
+    return gw.ports[HTTP_PORT[name]]
 
 
 # -- the canary ----------------------------------------------------------------------------
@@ -102,7 +89,7 @@ class Gateway:
 class Canary(threading.Thread):
     """AMQP publish+get round trips and management GETs, one after the other, timed."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Served) -> None:
         super().__init__(daemon=True)
         self.gw = gw
         self.phase = "alone"
@@ -115,7 +102,7 @@ class Canary(threading.Thread):
 
     def run(self) -> None:
         conn = None
-        url = f"http://127.0.0.1:{self.gw.ports['management API']}/api/overview"
+        url = f"http://127.0.0.1:{http_port(self.gw, 'management API')}/api/overview"
         n = 0
         while not self.stopping.is_set():
             try:
@@ -280,7 +267,7 @@ async def session(kind: str, name: str, port: int, rng: random.Random, cap: floa
                 st.status["HTTP 500 (a defect)"] += 1
 
 
-async def fuzz(gw: Gateway, seconds: float, concurrency: int, cap: float, seed: int,
+async def fuzz(gw: Served, seconds: float, concurrency: int, cap: float, seed: int,
                kinds: tuple[str, ...] = KINDS, ports: tuple[str, ...] = PORTS) -> Stats:
     st = Stats()
     rng = random.Random(seed)
@@ -290,7 +277,7 @@ async def fuzz(gw: Gateway, seconds: float, concurrency: int, cap: float, seed: 
     while time.monotonic() < end:
         while len(running) < concurrency and time.monotonic() < end:
             name = rng.choice(ports)
-            task = asyncio.ensure_future(session(rng.choice(kinds), name, gw.ports[name],
+            task = asyncio.ensure_future(session(rng.choice(kinds), name, http_port(gw, name),
                                                  random.Random(seed * 1_000_003 + i), cap, st))
             i += 1
             running.add(task)
@@ -309,10 +296,10 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _still_serving(gw: Gateway) -> dict[str, int | str]:
+def _still_serving(gw: Served) -> dict[str, int | str]:
     out: dict[str, int | str] = {}
     for name in PORTS:
-        req = urllib.request.Request(f"http://127.0.0.1:{gw.ports[name]}{PATHS[name]}", headers={"Authorization": AUTH})
+        req = urllib.request.Request(f"http://127.0.0.1:{http_port(gw, name)}{PATHS[name]}", headers={"Authorization": AUTH})
         try:
             with urllib.request.urlopen(req, timeout=10) as r:
                 out[name] = r.status
@@ -333,11 +320,19 @@ def main() -> int:
     ap.add_argument("--ports", default=",".join(PORTS), help="the ports fuzzed, comma-separated")
     ap.add_argument("--nofile", type=int, default=None, help="the gateway's RLIMIT_NOFILE (soft)")
     ap.add_argument("--limits", default="{}", help='JSON merged into the config\'s limits, e.g. \'{"max_connections": 100}\'')
+    ap.add_argument("--requests", type=int, default=0,
+                    help="then this many well-formed requests with hostile contents (scripts/fuzz_requests.py)")
+    ap.add_argument("--nats", default=None, help=NATS_HELP)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="fuzz-http-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fuzz-http-") as tmp, nats_store(args.nats) as store:
         config = Path(tmp) / "gateway.yaml"
-        config.write_text(json.dumps({"limits": json.loads(args.limits)}))
-        gw = Gateway(Path(tmp) / "data", Path(tmp) / "gateway.log", config, args.nofile)
+        config.write_text(json.dumps({
+            "limits": json.loads(args.limits),
+            "users": [{"name": "guest", "password": "guest", "tags": ["administrator"],
+                       "cmq_keys": [{"secret_id": KEY_ID, "secret_key": SECRET}]}],
+            "permissions": [{"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]}))
+        gw = start_gateway(Path(tmp), config, args.nofile, store)
+        requests = Requests()
         try:
             canary = Canary(gw)
             canary.start()
@@ -347,6 +342,9 @@ def main() -> int:
             st = asyncio.run(fuzz(gw, args.seconds, args.concurrency, args.cap, args.seed,
                                   tuple(args.kinds.split(",")), tuple(args.ports.split(","))))
             fuzz_seconds = time.monotonic() - t0
+            if args.requests:
+                requests = fuzz_requests(f"http://127.0.0.1:{http_port(gw, 'management API')}",
+                                         f"http://127.0.0.1:{http_port(gw, 'CMQ API')}", args.requests, args.seed)
             canary.stopping.set()
             canary.join(30)
             serving = _still_serving(gw)
@@ -357,6 +355,7 @@ def main() -> int:
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "args": vars(args),
+        "store": store or "embedded",
         "fuzz_seconds": round(fuzz_seconds, 1),
         "sessions": sum(st.sessions.values()),
         "sessions_by_kind": dict(st.sessions),
@@ -373,11 +372,13 @@ def main() -> int:
         "canary_failures": dict(canary.failures),
         "gateway_alive": alive,
         "still_serving": serving,
+        "fuzzed_requests": requests.report(),
         "tracebacks_in_log": log.count("Traceback"),
+        "errors_in_log": sum(" ERROR " in line or "INTERNAL_ERROR" in line for line in log.splitlines()),
         "first_traceback": log[log.find("Traceback") - 300:log.find("Traceback") + 2500] if "Traceback" in log else "",
     }
     print(json.dumps(report, indent=2))
-    bad = (not alive or report["tracebacks_in_log"] or st.status["HTTP 500 (a defect)"]
+    bad = (not alive or report["tracebacks_in_log"] or st.status["HTTP 500 (a defect)"] or requests.server_errors
            or any(not isinstance(v, int) or v >= 500 for v in serving.values()))
     return 1 if bad else 0
 

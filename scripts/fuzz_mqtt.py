@@ -20,7 +20,7 @@ publishes QoS 1 messages to itself: its round trip (PUBLISH to the message comin
 measured for ``--canary-seconds`` before the fuzzing and all through it, and the 99th
 percentile of both is reported; a canary that loses a message or its connection fails the run.
 
-    .venv/bin/python scripts/fuzz_mqtt.py --sessions 2000 [--seed N]
+    .venv/bin/python scripts/fuzz_mqtt.py --sessions 2000 [--seed N] [--nats nats://HOST:PORT | jetstream]
     .venv/bin/python scripts/fuzz_mqtt.py --replay SEED   # one session, its pieces printed
 
 Session i uses the seed ``SEED + i``; a failing session's pieces (hex, with what each is) are
@@ -52,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from crash_trials_mqtt import Gateway, free_port  # noqa: E402
 from fuzz_sessions import log_since  # noqa: E402
+from serve_process import NATS_HELP, nats_store  # noqa: E402
 
 from gateway.mqtt import codec as P  # noqa: E402
 
@@ -479,18 +480,25 @@ def main() -> int:
     ap.add_argument("--canary-seconds", type=float, default=10.0, help="the canary's baseline, before the fuzzing")
     ap.add_argument("--keep", default="fuzz-mqtt-failed", help="where a failing session's pieces go")
     ap.add_argument("--progress", type=int, default=200, help="print a line every N sessions")
+    ap.add_argument("--nats", default=None, help=NATS_HELP)
     args = ap.parse_args()
+    with nats_store(args.nats) as store:
+        return fuzz(args, store)
+
+
+def fuzz(args: argparse.Namespace, store: str | None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     work = Path(tempfile.mkdtemp(prefix="fuzz-mqtt-"))
     port = free_port()
-    gw = Gateway(work / "data", port, work / "gateway.log", None)
+    gw = Gateway(work / "data", port, work / "gateway.log", store)
     disconnects: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     internal = failures = 0
     log_at = 0
     tracebacks: Counter[str] = Counter()
     sessions = [args.replay] if args.replay is not None else [seed + i for i in range(args.sessions)]
-    print(f"fuzz_mqtt: seed {seed}, {len(sessions)} sessions, MQTT on port {port}", flush=True)
+    print(f"fuzz_mqtt: seed {seed}, {len(sessions)} sessions, MQTT on port {port}, store {store or 'embedded'}",
+          flush=True)
     canary = Canary(port)
     time.sleep(args.canary_seconds)
     t0 = time.monotonic()

@@ -14,7 +14,7 @@ A session fails if the gateway answers 541 (INTERNAL_ERROR: never the answer to 
 sent), if after the session a well-behaved pika client cannot connect, declare, publish and
 consume, or if the gateway process died. The gateway's stderr is scanned for tracebacks too.
 
-    .venv/bin/python scripts/fuzz_sessions.py --sessions 12000 [--seed N]
+    .venv/bin/python scripts/fuzz_sessions.py --sessions 12000 [--seed N] [--nats nats://HOST:PORT | jetstream]
     .venv/bin/python scripts/fuzz_sessions.py --replay SEED   # one session, frames printed
 
 Session i uses the seed ``SEED + i``; a failing session's frames (hex, with what each is) are
@@ -44,7 +44,7 @@ from pamqp import base, body, commands, constants, frame, header, heartbeat
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from crash_trials import Gateway  # noqa: E402
+from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
 
 Frame = tuple[str, bytes]  # what it is, the bytes sent
 
@@ -416,18 +416,25 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=10.0, help="socket timeout (hang protection)")
     ap.add_argument("--keep", default="fuzz-sessions-failed", help="where a failing session's frames go")
     ap.add_argument("--progress", type=int, default=500, help="print a line every N sessions")
+    ap.add_argument("--nats", default=None, help=NATS_HELP)
     args = ap.parse_args()
+    with nats_store(args.nats) as store:
+        return fuzz(args, store)
+
+
+def fuzz(args: argparse.Namespace, store: str | None) -> int:
     logging.getLogger("pika").setLevel(logging.CRITICAL)
     logging.getLogger("pamqp").setLevel(logging.CRITICAL)  # "Truncating key ..." of long table keys
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     work = Path(tempfile.mkdtemp(prefix="fuzz-sessions-"))
-    gw = Gateway(work / "data", work / "gateway.log")
+    gw = Served(work / "data", work / "gateway.log", store=store)
     closes: Counter[str] = Counter()
     internal = failures = 0
     log_at = 0  # how much of the gateway's log the sessions before this one account for
     tracebacks: Counter[str] = Counter()  # by the exception that ends each
     sessions = [args.replay] if args.replay is not None else [seed + i for i in range(args.sessions)]
-    print(f"fuzz_sessions: seed {seed}, {len(sessions)} sessions, gateway on port {gw.port}", flush=True)
+    print(f"fuzz_sessions: seed {seed}, {len(sessions)} sessions, gateway on port {gw.port}, "
+          f"store {store or 'embedded'}", flush=True)
     t0 = time.monotonic()
     done = 0
     try:
