@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from scripts.callgrind_common import wait_listening  # noqa: E402
 
 
 def mosquitto_pid() -> int | None:
@@ -90,12 +91,7 @@ def start_gateway(data_dir: str, *extra: str, root: str = ROOT,
     proc = subprocess.Popen([*command, "serve", "--host", "127.0.0.1", "--port", "0",
                              "--management-port", "off", "--metrics-port", "off", "--mqtt-port", "0", "--cmq-api-port", "off",
                              "--data-dir", data_dir, *extra], cwd=root, stderr=subprocess.PIPE, text=True, env=env)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if m := re.search(r"MQTT on 127\.0\.0\.1:(\d+)", line):
-            threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, int(m.group(1))
-    raise RuntimeError("the gateway did not start its MQTT listener")
+    return wait_listening(proc, r"MQTT on 127\.0\.0\.1:(\d+)", "MQTT")
 
 
 def main() -> None:

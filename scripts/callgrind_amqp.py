@@ -1,4 +1,5 @@
-"""Instructions a scenario-1 AMQP message of the gateway (issue 31 aims 1, 4), independent of load.
+"""Instructions a scenario-1 (or scenario-3) AMQP message of the gateway (issue 31 aims 1, 4),
+independent of load.
 
 Scenario 1's path: a transient 16-byte message published to the default exchange, routed to one
 queue, delivered to one consumer (prefetch 1,000) and acked one by one (multiple=false), with the
@@ -16,6 +17,14 @@ process is counted alongside (its own line). Several codes alternate per round:
 
     .venv/bin/python scripts/callgrind_amqp.py --code /tmp/before --code . --rounds 2
 
+``--fanout N``: scenario 3's path instead (N = 50 there): one publisher to a fanout exchange
+bound to N queues (declared with the longest visibility timeout, so that a slow batch under
+valgrind is not delivered again), the queues consumed by two connections (prefetch 1,000 each
+consumer, every delivery acked), a batch complete when its N deliveries a message are in;
+printed a message and a delivery:
+
+    .venv/bin/python scripts/callgrind_amqp.py --fanout 50 --count 640 --warmup 128 --code /tmp/before --code .
+
 ``--profile``: no valgrind; the gateway runs under cProfile switched on for the measured
 messages only (signals), and the Python calls a message are printed, most called first.
 
@@ -28,14 +37,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from pamqp import commands
@@ -45,151 +51,166 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.perf.client import AmqpClient, BrokerAddress  # noqa: E402
 from gateway.perf.frames import basic_ack, encode_properties, publish_template  # noqa: E402
-from scripts.callgrind_common import PROFILED, child_pids, count_off, count_on, counted  # noqa: E402
+from scripts.callgrind_common import PROFILED, print_profile, run_counted, run_profiled, wait_listening  # noqa: E402
 
 # The gateway's entry with the transport's turn clock slowed by SLOW (``python -c SLOWED SLOW serve
 # ...``): under valgrind a message takes ~50-100x its time, so a 5 ms turn ended after a handful
 # of events, at points that moved with the machine's load (+-3 % between runs of one code);
 # slowed, a turn ends where it would natively (its batch or EVENTS_PER_TURN), and a connection
 # is light or busy as it would be at full speed.
-SLOWED = """import runpy, sys
+# --profile runs the same slowed clock, so that its calls a message are those of the counted run.
+SLOW_PATCH = """import sys
 from gateway import transport as t
 slow = float(sys.argv.pop(1))
 t.TURN_SECONDS *= slow
 t.LIGHT_CHECK_SECONDS *= slow
 t.LIGHT_EVENTS_PER_SECOND /= slow
+"""
+SLOWED = SLOW_PATCH + """import runpy
 sys.argv[0] = "cmq-gateway"
 runpy.run_module("gateway", run_name="__main__")
 """
 SLOW = 100.0
+# Fanout: a batch of 64 messages is 3,200 enqueues and deliveries, seconds under valgrind, so at
+# 100x its publisher's turn still ended at wall-clock points (the turn's end, the light-peer
+# checks), and the count moved with the machine's load (50.3k-66.1k a delivery, one code). At
+# 10^6 a turn ends only at its event budget or when the input runs out.
+SLOW_FANOUT = 1e6
 
 
-def start(code: str, work: Path, mode: str, children: bool) -> tuple[subprocess.Popen[str], int]:
+def start(code: str, work: Path, mode: str, children: bool, slow: float = SLOW) -> tuple[subprocess.Popen[str], int]:
     """``serve`` of the code in ``code`` with a data dir in ``work``; (process, its AMQP port)."""
     data = work / "data"
     data.mkdir()
     env = {**os.environ, "PYTHONPATH": os.path.abspath(code)}
     if mode == "profile":
-        command: tuple[str, ...] = (sys.executable, "-c", PROFILED, str(work / "profile.out"))
+        command: tuple[str, ...] = (sys.executable, "-c", SLOW_PATCH + PROFILED, str(slow), str(work / "profile.out"))
     else:
         command = ("valgrind", "--tool=callgrind", "--instr-atstart=no", "-q",
                    f"--callgrind-out-file={work}/callgrind.out.%p",
-                   *(["--trace-children=yes"] if children else []), sys.executable, "-c", SLOWED, str(SLOW))
+                   *(["--trace-children=yes"] if children else []), sys.executable, "-c", SLOWED, str(slow))
     proc = subprocess.Popen([*command, "serve", "--host", "127.0.0.1", "--port", "0", "--management-port", "off",
                              "--metrics-port", "0", "--mqtt-port", "off", "--cmq-api-port", "off",
                              "--data-dir", str(data)], cwd=os.path.abspath(code), stderr=subprocess.PIPE,
                             text=True, env=env)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
-            threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, int(m.group(1))
-    raise RuntimeError("the gateway did not start its AMQP listener")
+    return wait_listening(proc, r"listening on 127\.0\.0\.1:(\d+)", "AMQP")
 
 
-class Pair:
-    """One publisher and one acking consumer of one queue (scenario 1's traffic), in lockstep
-    batches so that every count sees the same reads: once a batch's last delivery is in, its
-    acks (one frame each, multiple=false) and the next batch's publishes are written together,
-    the two sockets' reads meeting in the gateway as a flood and its consumer's do."""
+class Lockstep:
+    """One publisher and acking consumers (one channel each, prefetch 1,000), in lockstep batches
+    so that every count sees the same reads: once a batch's last delivery is in (``fanout`` a
+    message), each consumer's acks (one frame a delivery, multiple=false) and the next batch's
+    publishes are written together, the sockets' reads meeting in the gateway as a flood and its
+    consumers' do."""
 
-    def __init__(self, pub: AmqpClient, sub: AmqpClient, queue: str, batch: int) -> None:
-        self.pub, self.sub, self.batch = pub, sub, batch
-        t = publish_template(1, "", queue, 16, encode_properties(delivery_mode=1), pub.frame_max)
+    def __init__(self, pub: AmqpClient, subs: list[AmqpClient], exchange: str, key: str, batch: int,
+                 fanout: int) -> None:
+        self.pub, self.subs, self.batch = pub, subs, batch
+        t = publish_template(1, exchange, key, 16, encode_properties(delivery_mode=1), pub.frame_max)
         self.publishes = (t.head + bytes(8) + t.tail) * batch
-        self.acks = bytearray()
-        self.received = 0
+        self.per_batch = batch * fanout
+        self.acks = [bytearray() for _ in subs]
+        self.delivered = 0
         self.target = 0
         self.done: asyncio.Future[None] | None = None
-        sub.on_delivery = self._delivered
+        for i, sub in enumerate(subs):
+            sub.on_delivery = self._on_delivery(i)
 
-    def _delivered(self, channel: int, tag: int, latency_ns: int) -> None:
-        self.acks += basic_ack(1, tag, False)
-        self.received += 1
-        if self.received % self.batch:
-            return
-        self.sub.write(self.acks)
-        self.acks = bytearray()
-        if self.received < self.target:
-            self.pub.write(self.publishes)
-        elif self.done is not None and not self.done.done():
-            self.done.set_result(None)
+    def _on_delivery(self, i: int) -> Callable[[int, int, int], None]:
+        acks = self.acks[i]
+
+        def delivered(channel: int, tag: int, latency_ns: int) -> None:
+            acks.extend(basic_ack(1, tag, False))
+            self.delivered += 1
+            if self.delivered % self.per_batch:
+                return
+            for sub, pending in zip(self.subs, self.acks, strict=True):
+                if pending:
+                    sub.write(bytes(pending))
+                    pending.clear()
+            if self.delivered < self.target:
+                self.pub.write(self.publishes)
+            elif self.done is not None and not self.done.done():
+                self.done.set_result(None)
+
+        return delivered
 
     async def run(self, count: int) -> None:
-        """``count`` more messages (a multiple of the batch), until the last is acked."""
-        self.target = self.received + count
+        """``count`` more messages (a multiple of the batch), until the last delivery is acked."""
+        self.target = self.delivered + count // self.batch * self.per_batch
         self.done = asyncio.get_running_loop().create_future()
         self.pub.write(self.publishes)
-        await asyncio.wait_for(self.done, 600)
+        await asyncio.wait_for(self.done, 1800)
 
 
-async def drive(port: int, count: int, warmup: int, batch: int, on: object, off: object) -> int:
+async def drive(port: int, count: int, warmup: int, batch: int, fanout: int, on: Callable[[], None],
+                off: Callable[[], None]) -> int:
+    """Messages published and every delivery acked: with ``fanout`` 0 scenario 1 (the default
+    exchange, one queue, one consumer), else scenario 3 (a fanout exchange bound to ``fanout``
+    queues, consumed by two connections, the queues dealt round-robin as the perf runner deals
+    them). The messages counted."""
     address = BrokerAddress("127.0.0.1", port, "guest", "guest", "/")
-    queue = f"cg-{uuid.uuid4().hex[:10]}"
+    tag = uuid.uuid4().hex[:10]
+    queues = [f"cg-{tag}-q{i}" for i in range(max(fanout, 1))]
     pub = await AmqpClient.connect(address, timeout=600)
-    sub = await AmqpClient.connect(address, timeout=600)
+    subs = [await AmqpClient.connect(address, timeout=600) for _ in range(2 if fanout else 1)]
     try:
-        for c in (pub, sub):
+        for c in (pub, *subs):
             await c.open_channel(1)
-        await sub.rpc(1, commands.Queue.Declare(queue=queue), commands.Queue.DeclareOk, timeout=600)
-        await sub.rpc(1, commands.Basic.Qos(prefetch_count=1000), commands.Basic.QosOk, timeout=600)
-        await sub.rpc(1, commands.Basic.Consume(queue=queue, consumer_tag="cg"), commands.Basic.ConsumeOk,
-                      timeout=600)
-        pair = Pair(pub, sub, queue, batch)
-        await pair.run(warmup)
-        await asyncio.sleep(1.0)  # the warm-up's last acks read before counting starts
-        on()  # type: ignore[operator]
-        before = pair.received
-        await pair.run(count)
-        await asyncio.sleep(0.5)  # the last acks read
-        off()  # type: ignore[operator]
-        return pair.received - before
+        # Fanout: the longest visibility timeout (L8), as a batch of 3,200 deliveries under
+        # valgrind on a loaded machine could outlast the default 30 s and come again (Q1).
+        args = {"x-cmq-visibility-timeout": 43_200} if fanout else None
+        for q in queues:
+            await pub.rpc(1, commands.Queue.Declare(queue=q, arguments=args), commands.Queue.DeclareOk, timeout=600)
+        exchange, key = "", queues[0]
+        if fanout:
+            exchange = f"cg-{tag}-fanout"
+            await pub.rpc(1, commands.Exchange.Declare(exchange=exchange, exchange_type="fanout"),
+                          commands.Exchange.DeclareOk, timeout=600)
+            for q in queues:
+                await pub.rpc(1, commands.Queue.Bind(queue=q, exchange=exchange), commands.Queue.BindOk, timeout=600)
+        for i, sub in enumerate(subs):
+            await sub.rpc(1, commands.Basic.Qos(prefetch_count=1000), commands.Basic.QosOk, timeout=600)
+            for j, q in enumerate(queues):
+                if j % len(subs) == i:
+                    await sub.rpc(1, commands.Basic.Consume(queue=q, consumer_tag=f"cg-{j}"),
+                                  commands.Basic.ConsumeOk, timeout=600)
+        async def acks_read() -> None:
+            """Every ack written is handled: a basic.qos round trip behind them on each consumer
+            channel (the same prefetch, for consumers made after it: none). A sleep was not
+            enough: at fanout 50 the gateway reads a batch's publishes before the last one's
+            acks, and up to two batches' acks were still unread when counting stopped."""
+            for sub in subs:
+                await sub.rpc(1, commands.Basic.Qos(prefetch_count=1000), commands.Basic.QosOk, timeout=600)
+            await asyncio.sleep(0.5)  # their audit hand-off and writes
+
+        traffic = Lockstep(pub, subs, exchange, key, batch, max(fanout, 1))
+        await traffic.run(warmup)
+        await acks_read()  # the warm-up's before counting starts
+        on()
+        before = traffic.delivered
+        await traffic.run(count)
+        await acks_read()
+        off()
+        return (traffic.delivered - before) // max(fanout, 1)
     finally:
-        await asyncio.gather(pub.close(timeout=60), sub.close(timeout=60), return_exceptions=True)
+        await asyncio.gather(pub.close(timeout=60), *(s.close(timeout=60) for s in subs), return_exceptions=True)
 
 
-def measure(code: str, work: Path, count: int, warmup: int, batch: int, children: bool,
+def measure(code: str, work: Path, count: int, warmup: int, batch: int, fanout: int, children: bool,
             keep: str) -> dict[str, float]:
-    proc, port = start(code, work, "callgrind", children)
-    pids: list[str] = []
-
-    def on() -> None:
-        pids[:] = [str(proc.pid), *(str(c) for c in child_pids(proc.pid) if children)]
-        for p in pids:
-            count_on(p)
-
-    def off() -> None:
-        for p in pids:
-            count_off(p)
-
-    try:
-        received = asyncio.run(drive(port, count, warmup, batch, on, off))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=600)
-    return {"received": received, **counted(str(work), pids, code, keep)}
+    proc, port = start(code, work, "callgrind", children, SLOW_FANOUT if fanout else SLOW)
+    return run_counted(proc, lambda on, off: asyncio.run(drive(port, count, warmup, batch, fanout, on, off)),
+                       children, str(work), code, keep)
 
 
-def profile(code: str, work: Path, count: int, warmup: int, batch: int, top: int) -> None:
-    """cProfile's calls a message over the measured messages, by function, most called first."""
-    import pstats
-
-    proc, port = start(code, work, "profile", False)
-    try:
-        received = asyncio.run(drive(port, count, warmup, batch, lambda: proc.send_signal(signal.SIGUSR1),
-                                     lambda: proc.send_signal(signal.SIGUSR2)))
-        time.sleep(2.0)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
-    stats = pstats.Stats(str(work / "profile.out")).stats  # type: ignore[attr-defined]
-    calls = sorted(((nc, f"{os.path.basename(file)}:{line}:{fn}") for (file, line, fn), (_cc, nc, *_rest)
-                    in stats.items()), reverse=True)
-    python = sum(nc for nc, name in calls if not name.startswith("~"))
-    print(f"{code}: {received} received, {sum(nc for nc, _ in calls) / received:.1f} calls a message, "
-          f"{python / received:.1f} of them Python functions")
-    for nc, name in calls[:top]:
-        print(f"  {nc / received:7.2f}  {name}")
+def profile(code: str, work: Path, count: int, warmup: int, batch: int, fanout: int, top: int) -> None:
+    """cProfile's calls a message (a delivery with ``fanout``) over the measured messages."""
+    proc, port = start(code, work, "profile", False, SLOW_FANOUT if fanout else SLOW)
+    received, stats = run_profiled(
+        proc, lambda on, off: asyncio.run(drive(port, count, warmup, batch, fanout, on, off)),
+        str(work / "profile.out"))
+    print_profile(code, received * max(fanout, 1), stats, top, "delivery" if fanout else "message")
 
 
 def main() -> None:
@@ -199,6 +220,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64, help="messages a batch (published together, acked together)")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--fanout", type=int, default=0, metavar="N",
+                    help="scenario 3: a fanout exchange to N queues (scenario 3: 50), two consumer connections")
     ap.add_argument("--children", action="store_true", help="count the audit writer process too")
     ap.add_argument("--profile", action="store_true", help="cProfile call counts instead of valgrind")
     ap.add_argument("--top", type=int, default=40)
@@ -213,12 +236,14 @@ def main() -> None:
         for code in codes:
             with tempfile.TemporaryDirectory(prefix="callgrind-amqp-", ignore_cleanup_errors=True) as tmp:
                 if args.profile:
-                    profile(code, Path(tmp), count, warmup, batch, args.top)
+                    profile(code, Path(tmp), count, warmup, batch, args.fanout, args.top)
                     continue
-                res = measure(code, Path(tmp), count, warmup, batch, args.children, args.keep)
+                res = measure(code, Path(tmp), count, warmup, batch, args.fanout, args.children, args.keep)
             n = res["received"] or float("nan")
             line = (f"round {r + 1} {code}: {res['main']:,.0f} Ir main, {res['received']:,.0f} received, "
                     f"{res['main'] / n:,.0f} a message")
+            if args.fanout:
+                line += f", {res['main'] / n / args.fanout:,.0f} a delivery"
             if "child" in res:
                 line += f"; audit child {res['child'] / n:,.0f} a message"
             print(line, flush=True)

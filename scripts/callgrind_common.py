@@ -1,14 +1,20 @@
-"""What the callgrind harnesses share (scripts/callgrind_jetstream.py, scripts/callgrind_mqtt.py):
-the gateway's entry point under cProfile switched by signals, counting switched on and off in a
-running callgrind, and the instruction totals of its dumps."""
+"""What the callgrind harnesses share (scripts/callgrind_amqp.py, callgrind_jetstream.py,
+callgrind_mqtt.py, and bench_mqtt.py's listener wait): the gateway's entry point under cProfile
+switched by signals, the wait for its listener, counting switched on and off in a running
+callgrind, the instruction totals of its dumps, and the measured run of either kind."""
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
+import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 # The gateway's entry point under cProfile (``python -c PROFILED OUT serve ...``): on at SIGUSR1,
 # off and written to OUT at SIGUSR2 (the handlers run on the event loop's thread, the one profiled).
@@ -71,3 +77,81 @@ def counted(work: str, pids: list[str], code: str, keep: str) -> dict[str, float
             name = f"callgrind-{role}-{os.path.basename(os.path.abspath(code))}-{time.time():.0f}.out"
             shutil.copy(files[-1], os.path.join(keep, name))
     return out
+
+
+def wait_listening(proc: subprocess.Popen[str], pattern: str, what: str) -> tuple[subprocess.Popen[str], int]:
+    """(proc, the port its stderr names in the first line matching ``pattern``, group 1): the
+    gateway says where it listens once it does; the rest of stderr is read (and dropped) on a
+    thread of its own, else a full pipe would stop the gateway."""
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if m := re.search(pattern, line):
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, int(m.group(1))
+    raise RuntimeError(f"the gateway did not start its {what} listener")
+
+
+Drive = Callable[[Callable[[], None], Callable[[], None]], int]
+
+
+def run_counted(proc: subprocess.Popen[str], drive: Drive, children: bool, work: str, code: str,
+                keep: str, settle: float = 0.0) -> dict[str, float]:
+    """``drive(on, off)`` against a gateway started under callgrind (``proc``), counting on and
+    off in it (and in its audit writer with ``children``); its messages received and the counts
+    (``counted``). The gateway is stopped at the end."""
+    pids: list[str] = []
+
+    def on() -> None:
+        pids[:] = [str(proc.pid), *(str(c) for c in child_pids(proc.pid) if children)]
+        for p in pids:
+            count_on(p)
+
+    def off() -> None:
+        for p in pids:
+            count_off(p)
+
+    try:
+        received = drive(on, off)
+        time.sleep(settle)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=600)
+    return {"received": received, **counted(work, pids, code, keep)}
+
+
+def run_profiled(proc: subprocess.Popen[str], drive: Drive, out: str) -> tuple[int, dict[Any, Any]]:
+    """``drive(on, off)`` against a gateway started as ``PROFILED`` writing to ``out`` (cProfile on
+    at ``on``, off and written at ``off``); (its messages received, the pstats entries)."""
+    import pstats
+
+    try:
+        received = drive(lambda: proc.send_signal(signal.SIGUSR1), lambda: proc.send_signal(signal.SIGUSR2))
+        time.sleep(2.0)  # the profile written
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    return received, pstats.Stats(out).stats  # type: ignore[attr-defined]
+
+
+def print_profile(code: str, received: int, stats: dict[Any, Any], top: int, per: str = "message") -> None:
+    """Python calls a ``per`` over the measured messages: by module, then the ``top`` functions
+    by calls and by self time."""
+    by_mod: dict[str, int] = {}
+    rows = []
+    for (file, line, fn), (_cc, nc, tt, _ct, _callers) in stats.items():
+        mod = "C builtins" if file == "~" else re.sub(r".*?/(gateway|semantics|asyncio|uvloop|pamqp)/", r"\1/",
+                                                       file).rsplit("/", 1)[0]
+        by_mod[mod] = by_mod.get(mod, 0) + nc
+        rows.append((nc, tt, f"{os.path.basename(file)}:{line}:{fn}"))
+    n = received or float("nan")
+    total = sum(r[0] for r in rows)
+    python = sum(r[0] for r in rows if not r[2].startswith("~"))
+    print(f"{code}: {received} received, {total / n:.1f} calls a {per}, {python / n:.1f} of them Python functions")
+    for mod, c in sorted(by_mod.items(), key=lambda kv: -kv[1]):
+        print(f"  {c / n:7.2f}  {mod}")
+    print(f"  self time a {per} {sum(r[1] for r in rows) / n * 1e6:.2f} us (under cProfile); most called:")
+    for nc, tt, name in sorted(rows, key=lambda r: -r[0])[:top]:
+        print(f"  {nc / n:7.2f} calls  {tt / n * 1e6:6.2f} us self  {name}")
+    print("  most self time:")
+    for nc, tt, name in sorted(rows, key=lambda r: -r[1])[:top]:
+        print(f"  {nc / n:7.2f} calls  {tt / n * 1e6:6.2f} us self  {name}")

@@ -24,12 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -39,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from gateway.mqtt import codec as P  # noqa: E402
 from gateway.perf.mqtt import Target, _Client, _measure  # noqa: E402
 from scripts.bench_mqtt import start_gateway  # noqa: E402
-from scripts.callgrind_common import PROFILED, child_pids, count_off, count_on, counted  # noqa: E402
+from scripts.callgrind_common import PROFILED, print_profile, run_counted, run_profiled  # noqa: E402
 
 
 def start(code: str, work: Path, mode: str, children: bool) -> tuple[subprocess.Popen[str], int]:
@@ -78,54 +75,15 @@ async def drive(port: int, count: int, warmup: int, window: int, on: object, off
 def measure(code: str, work: Path, count: int, warmup: int, window: int, children: bool,
             keep: str) -> dict[str, float]:
     proc, port = start(code, work, "callgrind", children)
-    pids: list[str] = []
-
-    def on() -> None:
-        pids[:] = [str(proc.pid), *(str(c) for c in child_pids(proc.pid) if children)]
-        for p in pids:
-            count_on(p)
-
-    def off() -> None:
-        for p in pids:
-            count_off(p)
-
-    try:
-        received = asyncio.run(drive(port, count, warmup, window, on, off))
-        time.sleep(1.0)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=600)
-    return {"received": received, **counted(str(work), pids, code, keep)}
+    return run_counted(proc, lambda on, off: asyncio.run(drive(port, count, warmup, window, on, off)), children,
+                       str(work), code, keep, settle=1.0)
 
 
 def profile(code: str, work: Path, count: int, warmup: int, window: int, top: int) -> None:
-    import pstats
-
     proc, port = start(code, work, "profile", False)
-    try:
-        received = asyncio.run(drive(port, count, warmup, window, lambda: proc.send_signal(signal.SIGUSR1),
-                                     lambda: proc.send_signal(signal.SIGUSR2)))
-        time.sleep(2.0)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
-    st = pstats.Stats(str(work / "profile.out"))
-    by_mod: dict[str, int] = {}
-    rows = []
-    total = 0
-    for (file, line, fn), (_cc, nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
-        total += nc
-        mod = "C builtins" if file == "~" else re.sub(r".*?/(gateway|semantics|asyncio|uvloop|pamqp)/", r"\1/",
-                                                       file).rsplit("/", 1)[0]
-        by_mod[mod] = by_mod.get(mod, 0) + nc
-        rows.append((nc, tt, f"{os.path.basename(file)}:{line}:{fn}"))
-    print(f"{code}: {received} received, {total / received:.1f} calls a message")
-    for mod, n in sorted(by_mod.items(), key=lambda kv: -kv[1]):
-        print(f"  {n / received:7.2f}  {mod}")
-    total_tt = sum(r[1] for r in rows)
-    print(f"  self time a message {total_tt / received * 1e6:.2f} us (under cProfile)")
-    for nc, tt, name in sorted(rows, key=lambda r: -r[1])[:top]:
-        print(f"  {nc / received:7.2f} calls  {tt / received * 1e6:6.2f} us self  {name}")
+    received, stats = run_profiled(proc, lambda on, off: asyncio.run(drive(port, count, warmup, window, on, off)),
+                                   str(work / "profile.out"))
+    print_profile(code, received, stats, top)
 
 
 def main() -> None:
