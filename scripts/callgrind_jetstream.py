@@ -9,8 +9,8 @@ and the whole gateway process's instructions are divided by the messages. Two wa
   less the instructions of as long an idle time after it (the gateway's own timers): N
   transient 16 B messages published into a queue nobody consumes until JetStream's count has
   them all, then consumed with prefetch 1000, each acked. Deliveries come in pulled batches
-  as in the flood (the same ~200 function calls a message under cProfile). Repeated runs of
-  one code agree within ~1.5 %.
+  as in the flood (the same ~200 function calls a message under cProfile). The gateway's
+  turn clock and JetStream timers are slowed ``--slow`` times (see SLOWED).
 * a fixed-rate ``cmq-gateway perf`` run of scenario 1's shape (``--rate``, ``--duration``,
   after a warm-up with counting off; ``--idle`` subtracts an idle time's count). At 300 msg/s
   the same code measured 313k-389k instructions a message in one session: how many loop turns
@@ -48,6 +48,29 @@ from tests.support.natsd import NatsCluster  # noqa: E402
 
 VALGRIND_START_SECONDS = 600.0  # a gateway's start under valgrind is ~50x slower
 
+# The gateway's entry with its clocks slowed by SLOW (``python -c SLOWED SLOW serve ...``), as
+# in scripts/callgrind_amqp.py: under valgrind a message takes ~50-100x its time, so the
+# transport's 5 ms turn ended after a handful of events at load-dependent points, and the
+# JetStream side's timers (counts of queues in use, TTL sweeps, the publisher's resend sweep:
+# each second or half) ran 50-100x as often a message as natively; the idle time subtracted
+# for them moved from 6k to 60k instructions a message with the machine's load (2026-11-30).
+# Slowed, they run about as often a message as at full speed. Presence heartbeats are left as
+# they are (a gateway without them is taken for dead by its own membership).
+SLOWED = """import runpy, sys
+from gateway import transport as t
+from gateway.jetstream import publisher, streams, sweeper
+slow = float(sys.argv.pop(1))
+t.TURN_SECONDS *= slow
+t.LIGHT_CHECK_SECONDS *= slow
+t.LIGHT_EVENTS_PER_SECOND /= slow
+streams.COUNT_EVERY *= slow
+sweeper.SWEEP_EVERY *= slow
+publisher.SWEEP_EVERY *= slow
+sys.argv[0] = "cmq-gateway"
+runpy.run_module("gateway", run_name="__main__")
+"""
+SLOW = 100.0
+
 
 class CallgrindGateway(GatewayProcess):
     """A gateway of the code in ``code`` under callgrind, counting off until switched on (or
@@ -58,13 +81,17 @@ class CallgrindGateway(GatewayProcess):
         self.code = os.path.abspath(code)
         self.out = out
         self.profile = profile
+        self.slow = SLOW
 
     def command(self) -> list[str]:
         cmd = super().command()
         if self.profile:
             return ["env", f"PYTHONPATH={self.code}", cmd[0], "-P", "-c", PROFILED, str(self.out), *cmd[3:]]
+        if self.slow == 1.0:
+            return ["env", f"PYTHONPATH={self.code}", "valgrind", "--tool=callgrind", "--instr-atstart=no",
+                    f"--callgrind-out-file={self.out}", cmd[0], "-P", *cmd[1:]]
         return ["env", f"PYTHONPATH={self.code}", "valgrind", "--tool=callgrind", "--instr-atstart=no",
-                f"--callgrind-out-file={self.out}", cmd[0], "-P", *cmd[1:]]
+                f"--callgrind-out-file={self.out}", cmd[0], "-P", "-c", SLOWED, str(self.slow), *cmd[3:]]
 
 
 def _perf(url: str, rate: float, duration: float) -> dict:
@@ -125,6 +152,7 @@ def measure(code: str, root: Path, rate: float, duration: float, warmup: float,
     nats = NatsCluster(root / "nats", size=1).start()
     out = profile or root / "callgrind.out"
     gw = CallgrindGateway(code, out, profile is not None, root, "gw", nats.store_url, management=False)
+    gw.slow = 1.0  # this mode's figures have always been of the clocks as they are
     try:
         gw.start(timeout=VALGRIND_START_SECONDS)
         assert gw.proc is not None
@@ -159,7 +187,7 @@ def measure(code: str, root: Path, rate: float, duration: float, warmup: float,
 
 
 def measure_backlog(code: str, root: Path, count: int, warmup: int, profile: Path | None = None,
-                    embedded: bool = False) -> dict[str, float]:
+                    embedded: bool = False, slow: float = SLOW) -> dict[str, float]:
     """Instructions a message of each half of :func:`_backlog` (publish, consume), less
     those of as long an idle time after each (the gateway's own timers). With ``profile``:
     cProfile stats of both halves written there. ``embedded``: the gateway on its embedded
@@ -168,6 +196,7 @@ def measure_backlog(code: str, root: Path, count: int, warmup: int, profile: Pat
     out = root / "callgrind.out"
     gw = CallgrindGateway(code, profile or out, profile is not None, root, "gw",
                           None if embedded else nats.store_url, management=False)
+    gw.slow = slow
     try:
         gw.start(timeout=VALGRIND_START_SECONDS)
         assert gw.proc is not None
@@ -209,6 +238,9 @@ def main() -> None:
     ap.add_argument("--embedded", action="store_true", help="--backlog on the embedded store instead")
     ap.add_argument("--keep", metavar="DIR",
                     help="--backlog: keep each run's callgrind dumps in DIR/round<R>-<code> (callgrind_annotate)")
+    ap.add_argument("--slow", type=float, default=SLOW,
+                    help=f"--backlog: the gateway's turn clock and JetStream timers slowed this many times "
+                         f"(default {SLOW:g}; 1: as they are)")
     ap.add_argument("--backlog", type=int, default=0, metavar="N",
                     help="publish N messages into a queue, then consume them: each half counted on its own")
     args = ap.parse_args()
@@ -224,7 +256,7 @@ def main() -> None:
                         root = Path(args.keep, f"round{r + 1}-{Path(code).name}").resolve()
                         root.mkdir(parents=True, exist_ok=True)
                     m = measure_backlog(code, root, args.backlog, min(args.backlog, 500), profile,
-                                        args.embedded)
+                                        args.embedded, args.slow)
                 if profile is not None:
                     print(f"round {r + 1} {code}: {m['consume']:,.1f} function calls a message (both halves), "
                           f"{profile}", flush=True)
