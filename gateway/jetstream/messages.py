@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.audit.rows import ENQUEUE
 from gateway.jetstream.api_receive import ReceiveDemand, queue_counts
-from gateway.jetstream.bodies import Bodies
+from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.maxlength import trim_after_publish
 from gateway.jetstream.nonces import KvLedger
 from gateway.jetstream.pulls import Pulls
@@ -76,6 +76,7 @@ class JetStreamMessages:
         self.sweeper = Sweeper(broker)
         # MQTT session records go beside the messages, in order with them (ORDERED_KINDS).
         broker.store.publisher = self.writes.publisher
+        self.writes.publisher.settles = broker.store.settles
         self._lag = 0
         self._lag_at = 0.0
         self._watched: list[dict[int, bool]] = []  # CMQ API sends awaiting their writes (watch_refusals)
@@ -145,7 +146,16 @@ class JetStreamMessages:
         s: QueueStream = q.stored
         lease = s.leases.pop(m.msg_id, None)
         if lease is not None:
-            self.pulls.ack_lease(lease)
+            headers = lease.headers
+            if headers and BODY_HEADER in headers:
+                self.pulls.ack_lease(lease)  # its large body deleted with it
+            else:
+                # ack_lease, without its call (issue 28: CPU a message)
+                pulls = self.pulls
+                replies = pulls._replies
+                replies.append((lease.reply, b"+ACK"))
+                if len(replies) == 1:
+                    pulls._loop.call_soon(pulls._send_replies)
             s.last_ack = lease.reply  # a count confirms it first (gateway.jetstream.api_receive)
 
     def release(self, q: BrokerQueue, receipt: Q.Receipt, now: float) -> bool:

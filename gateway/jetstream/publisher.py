@@ -105,6 +105,9 @@ class Publisher:
         self._sub: Any = None
         self._sweeper: asyncio.Task[None] | None = None
         self._told_unknown = False
+        # (settled, settle_many) of the store whose writes these are (JetStreamStore.
+        # track_message): several PubAcks of a read settled together (_replied_plains).
+        self.settles: tuple[Settled, Callable[[list[tuple[int, Callable[[], None]]]], None]] | None = None
 
     async def start(self) -> None:
         async def on_reply(msg: Any) -> None:
@@ -112,7 +115,8 @@ class Publisher:
 
         self._sub = await self.nc.subscribe(self.prefix + ".*", cb=on_reply,
                                             pending_msgs_limit=-1, pending_bytes_limit=-1)
-        wire.Handlers.of(self.nc).add(self._sub, self._replied, self._replied_plain)  # in the read loop's turn
+        # in the read loop's turn
+        wire.Handlers.of(self.nc).add(self._sub, self._replied, self._replied_plain, plains=self._replied_plains)
         self._sweeper = self._loop.create_task(self._sweep())
 
     async def stop(self) -> None:
@@ -138,10 +142,13 @@ class Publisher:
         self._writes[lsn] = (subject, payload, headers, done, gone, settled)
         self._outbox.append(lsn)
         if not self._scheduled:
-            # Sent at the end of the client read that made it (flush, from the broker's
-            # end_batch), else in the next turn: a read's publishes handed over together.
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
+            self.schedule()
+
+    def schedule(self) -> None:
+        """Sent at the end of the client read that made it (flush, from the broker's
+        end_batch), else in the next turn: a read's publishes handed over together."""
+        self._scheduled = True
+        self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """What is queued, written now (in window). The publishes have a connection of
@@ -249,6 +256,41 @@ class Publisher:
             settled(lsn, False, done)
             if self._outbox:
                 self._kick()  # the window had room for one more
+
+    def _replied_plains(self, replies: list[tuple[bytes, bytes]]) -> None:
+        """Replies without headers read together (PubAcks): each as ``_replied_plain`` reads
+        it, in order; a write's that names a stream sequence (nearly all) settled with the
+        others of the read by the store at once (issue 28: CPU a message)."""
+        writes = self._writes
+        sent = self._sent
+        again = self._again
+        settles = self.settles
+        one, many = settles if settles is not None else (None, None)
+        stored: list[tuple[int, Callable[[], None]]] = []
+        for subject, data in replies:
+            try:
+                lsn = int(subject[subject.rindex(b".") + 1:])
+            except ValueError:
+                continue
+            w = writes.get(lsn)
+            if w is None:
+                continue
+            plain = _PUBACK.match(data)
+            if plain is None or b'"error"' in data or int(plain.group(1)) <= 0 or w[5] is not one:
+                if stored:
+                    many(stored)  # type: ignore[misc]  # (one is not None: stored holds its writes)
+                    stored = []
+                self._replied_plain(subject, data)  # any other answer: as it comes
+                continue
+            del writes[lsn]
+            sent.pop(lsn, None)
+            if again:
+                again.discard(lsn)
+            stored.append((lsn, w[3]))
+        if stored:
+            many(stored)  # type: ignore[misc]
+        if self._outbox:
+            self._kick()  # the window had room for more
 
     def _answered(self, lsn: int, what: str, headers: dict[str, str] | None, data: bytes) -> None:
         """The write ``lsn``, not settled yet, answered ``what`` (see the module docstring)."""

@@ -21,7 +21,7 @@ from gateway.jetstream import wire
 from gateway.jetstream.api_receive import answer_receives
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.head import EXPIRES_AT, MSG_ID, VISIBLE_AT, stored_message
-from gateway.jetstream.queues import QueueStream, delivery_counts, rewind_consumer, subscribe
+from gateway.jetstream.queues import QueueStream, rewind_consumer, subscribe
 from gateway.jetstream.streams import STARTUP_STREAMS_SECONDS
 from gateway.jetstream.wire import Handlers
 from semantics import queue as Q
@@ -202,6 +202,15 @@ class Pulls:
             answer_receives(s, status=True)  # a pull ended: CMQ API receives look again (or answer 7000)
         self.want(s)
 
+    def pulled_many(self, s: QueueStream, ms: list[Any]) -> None:
+        """Deliveries of queue messages (no status) read together, in order: as ``pulled``
+        takes each, in one call (issue 28: CPU a message)."""
+        if s.arrived:
+            s.arrived.extend(ms)
+            return
+        s.arrived = ms
+        Handlers.of(self.link.nc).at_read_end(partial(self._take_arrived, s))
+
     def _take_arrived(self, s: QueueStream) -> None:
         q = s.q
         msgs, s.arrived = s.arrived, []
@@ -278,11 +287,16 @@ class Pulls:
         delays = s.delays
         restore = cmq.restore
         restore_plain = cmq.restore_plain
+        last = None  # the reply subject's tokens of the latest delivery (consumer seq) read
         for i, m in enumerate(msgs):
-            delivered, consumer_seq, pending = delivery_counts(m.reply)
+            # delivery_counts, without its call; the pending count read once, of the latest
+            t = m.reply.split(".")
+            at = 4 if len(t) == 9 else 6
+            delivered = int(t[at])
+            consumer_seq = int(t[at + 2])
             if consumer_seq > s.last_delivery:
                 s.last_delivery = consumer_seq
-                q.remote_ready = pending
+                last = t
             headers = m.headers or {}
             visible_at = headers.get(VISIBLE_AT)
             msg_id = headers.get(MSG_ID, "")
@@ -326,6 +340,8 @@ class Pulls:
             leases[msg_id] = m
             restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=msg.published_at,
                     receive_count=count if count > 0 else 0, expires_at=None if exp is None else float(exp))
+        if last is not None:
+            q.remote_ready = int(last[8 if len(last) == 9 else 10])
         vh = self.broker.vhosts[q.vhost]
         self.broker.after_queue_change(vh, q)
         self._return_surplus(s)
@@ -450,7 +466,7 @@ class Pulls:
                 Handlers.of(self.link.nc).retire(old, self._hand_back, RETIRED_INBOX_SECONDS)
                 with contextlib.suppress(Exception):
                     await old.unsubscribe()
-            await subscribe(self.link, s, self.pulled)
+            await subscribe(self.link, s, self.pulled, self.pulled_many)
             self.want(s)
             left = expired_at - time.monotonic()
             if left > 0:

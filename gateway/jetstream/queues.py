@@ -123,7 +123,7 @@ def delivery_counts(reply: str) -> tuple[int, int, int]:
 
 
 async def ensure_stream(link: Link, s: QueueStream, pulled: Callable[[QueueStream, Any], None],
-                        create: bool = True) -> None:
+                        create: bool = True, many: Callable[[QueueStream, list[Any]], None] | None = None) -> None:
     """The queue's stream and durable consumer, created if missing (every gateway may try:
     the same configuration is accepted again), then this gateway's pull subscription."""
     js = link.js
@@ -143,7 +143,7 @@ async def ensure_stream(link: Link, s: QueueStream, pulled: Callable[[QueueStrea
             create = True
     if create:
         await _create(js, c, q)
-    await subscribe(link, s, pulled)
+    await subscribe(link, s, pulled, many)
     info = await undelivered(js, c["name"], c["retention"] == "workqueue")
     # The publishes made from here meanwhile wait for ``ready``: not in JetStream's count yet.
     q.remote_ready = (info.num_pending or 0) + s.in_flight
@@ -193,13 +193,17 @@ async def _create(js: Any, s: dict[str, Any], q: BrokerQueue) -> None:
         log.info("consumer of %s kept as it is: %s", s["name"], e)
 
 
-async def subscribe(link: Link, s: QueueStream, pulled: Callable[[QueueStream, Any], None]) -> None:
+async def subscribe(link: Link, s: QueueStream, pulled: Callable[[QueueStream, Any], None],
+                    many: Callable[[QueueStream, list[Any]], None] | None = None) -> None:
+    """The pull inbox's subscription: ``pulled`` takes each message on it, ``many`` (if given)
+    the deliveries of queue messages of a read together (gateway.jetstream.wire.Handlers.add)."""
     if s.sub is None:
         async def on_message(m: Any) -> None:
             pulled(s, m)
 
         inbox = link.nc.new_inbox()
         s.sub = await link.nc.subscribe(inbox + ".*", cb=on_message, pending_msgs_limit=-1, pending_bytes_limit=-1)
-        Handlers.of(link.nc).add(s.sub, partial(pulled, s))  # in the read loop's turn (wire)
+        Handlers.of(link.nc).add(s.sub, partial(pulled, s), None,
+                                 None if many is None else partial(many, s))  # in the read loop's turn (wire)
         s.next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{s.stream}.{CONSUMER}"
         s.inbox = inbox

@@ -104,6 +104,10 @@ class JetStreamStore:
         # Set by the cluster broker: MQTT session records go through the queue messages'
         # pipelined publisher (see put), not beside it.
         self.publisher: Any = None
+        # A pipelined write's answer, one bound method for every write (not a closure each),
+        # and the same for several answered together (Publisher._replied_plains).
+        self._settle_one = self._settle
+        self.settles = (self._settle_one, self._settle_many)  # the publisher's (Publisher.settles)
 
     @classmethod
     async def open(cls, link: Link) -> JetStreamStore:
@@ -241,16 +245,14 @@ class JetStreamStore:
             self._idle.clear()
         self._open.add(lsn)
         self._order.append(lsn)
-        publisher.publish(lsn, subject, payload, headers, done, gone, self._message_settled)
+        # Publisher.publish, without its call (issue 28: CPU a message). A pipelined write's
+        # answer is _settle(lsn, refused, done): one bound method for every write, not a
+        # closure each.
+        publisher._writes[lsn] = (subject, payload, headers, done, gone, self._settle_one)
+        publisher._outbox.append(lsn)
+        if not publisher._scheduled:
+            publisher.schedule()
         return lsn
-
-    def _message_settled(self, lsn: int, refused: bool, done: Callable[[], None]) -> None:
-        """A pipelined write's answer (track_message): one bound method for every write, not
-        a closure each (issue 28: CPU per message)."""
-        if refused:
-            self.refused.add(lsn)
-        done()
-        self._settle(lsn)
 
     def hold(self) -> int:
         """An LSN that is no write: durable_lsn stays below it, so no confirm passes it, until
@@ -312,9 +314,28 @@ class JetStreamStore:
         finally:
             chain.retrier = None
 
-    def _settle(self, lsn: int) -> None:
+    def _settle(self, lsn: int, refused: bool = False, done: Callable[[], None] | None = None) -> None:
+        """The write ``lsn`` over (``refused`` by JetStream: a nack); ``done`` called first
+        (a pipelined write's own, track_message)."""
+        if refused:
+            self.refused.add(lsn)
+        if done is not None:
+            done()
+        self._open.discard(lsn)
+        self._advance()
+
+    def _settle_many(self, writes: list[tuple[int, Callable[[], None]]]) -> None:
+        """Pipelined writes stored, as ``_settle(lsn, False, done)`` of each in turn, the
+        durable LSN moved once for them all (issue 28: CPU a message)."""
         opened = self._open
-        opened.discard(lsn)
+        for lsn, done in writes:
+            done()
+            opened.discard(lsn)
+        self._advance()
+
+    def _advance(self) -> None:
+        """durable_lsn past the writes no longer open, the broker told, durable()'s callers woken."""
+        opened = self._open
         # durable_lsn, without its call (issue 28: CPU a message)
         order = self._order
         while order and order[0] not in opened:

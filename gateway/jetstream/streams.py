@@ -109,7 +109,7 @@ class Streams:
                 await asyncio.wait_for(asyncio.shield(gone), STARTUP_STREAMS_SECONDS)
         while not q.deleted and not self.broker._closed:
             try:
-                await ensure_stream(self.link, s, self.pulls.pulled, create)
+                await ensure_stream(self.link, s, self.pulls.pulled, create, self.pulls.pulled_many)
                 break
             except Exception as e:  # noqa: BLE001 - no JetStream for now: try again
                 log.warning("stream of queue %r not ready: %r", q.name, e)

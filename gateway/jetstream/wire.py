@@ -105,6 +105,11 @@ class Handlers:
         # Beside a handler: what takes that subscription's messages without headers or reply
         # subject, as (subject, payload) bytes (add's ``plain``).
         self.plain: dict[int, Callable[[bytes, bytes], None]] = {}
+        # Beside a handler: what takes that subscription's deliveries whose header is a lone
+        # Nats-Msg-Id (a queue message pulled) together, as a list (add's ``many``).
+        self.many: dict[int, Callable[[list[Delivery]], None]] = {}
+        # Beside a plain: what takes those messages of a read together, as (subject, payload) pairs.
+        self.plains: dict[int, Callable[[list[tuple[bytes, bytes]]], None]] = {}
         self._read_end: list[Callable[[], None]] = []
         self._rest = b""  # the start of a message the last read did not hold all of
         self._nc = nc
@@ -193,7 +198,31 @@ class Handlers:
         and None); or at a message the data does not hold all of (-1, None; it is kept for
         the next read). nats-py's parser matches several regular expressions and deletes
         from its buffer for every message (issue 28: a share of the CPU per message)."""
+        # The latest run of lone-id deliveries (``many``) or plain messages (``plains``) of one
+        # subscription read: [its key, its taker, what it gathered]; handed on together when
+        # anything else comes and at every return, so that every message is handed on in the
+        # order read (issue 28: one call a run, not one a message).
+        run: list[Any] = [None, None, []]
+        try:
+            return self._take_from(data, pos, direct, run)
+        finally:
+            if run[2]:
+                self._hand_on(run)
+
+    @staticmethod
+    def _hand_on(run: list[Any]) -> None:
+        fn, items = run[1], run[2]
+        run[0], run[2] = None, []
+        try:
+            fn(items)
+        except Exception:  # a bug in one handler must not end the connection's read loop
+            log.exception("handling NATS messages failed")
+
+    def _take_from(self, data: bytes, pos: int, direct: bool, run: list[Any],
+                   ) -> tuple[int, tuple[int, bytes, bytes, bytes, bytes | None] | None]:
         by_sid = self.by_sid
+        many = self.many
+        plains = self.plains
         sids = _SIDS
         end = len(data)
         while pos < end:
@@ -237,16 +266,36 @@ class Handlers:
                 return stop + 2, (sid, args[1], reply, data[start + hsize:stop],
                                   data[start:start + hsize] if hsize else None)
             try:
+                body = start + hsize
+                # parse_headers of a lone Nats-Msg-Id (nearly every delivery), without its call
+                lone = (hsize and data.startswith(_MSG_ID_HEAD, start) and data.startswith(b"\r\n\r\n", body - 4)
+                        and data.find(b"\r\n", start + _MSG_ID_AT) == body - 4)
+                if lone and sid in many:
+                    # A queue message pulled (no status): taken with the others of its run
+                    item: Any = Delivery(args[1].decode(), reply.decode(), data[body:stop],
+                                         {_MSG_ID: data[start + _MSG_ID_AT:body - 4].decode().strip()})
+                    key = sid
+                elif not hsize and not reply and sid in plains:
+                    item, key = (args[1], data[start:stop]), ~sid  # a PubAck: likewise
+                else:
+                    item = None
+                if item is not None:
+                    if run[0] != key:
+                        if run[2]:
+                            self._hand_on(run)
+                        run[0], run[1] = key, many[sid] if key == sid else plains[sid]
+                    run[2].append(item)
+                    pos = stop + 2
+                    continue
+                if run[2]:
+                    self._hand_on(run)
                 plain = self.plain.get(sid) if not hsize and not reply else None
                 if plain is not None:
                     # A message without headers or reply subject for a handler that reads its
                     # bytes as they come (a PubAck): no Delivery, no decoding (issue 28: CPU a message).
                     plain(args[1], data[start:stop])
                 else:
-                    body = start + hsize
-                    if (hsize and data.startswith(_MSG_ID_HEAD, start) and data.startswith(b"\r\n\r\n", body - 4)
-                            and data.find(b"\r\n", start + _MSG_ID_AT) == body - 4):
-                        # parse_headers of a lone Nats-Msg-Id (nearly every delivery), without its call
+                    if lone:
                         headers: dict[str, str] | None = {_MSG_ID: data[start + _MSG_ID_AT:body - 4].decode().strip()}
                     else:
                         headers = parse_headers(data[start:body]) if hsize else None
@@ -279,17 +328,28 @@ class Handlers:
                     log.exception("handling the end of a NATS read failed")
 
     def add(self, sub: Any, handler: Callable[[Delivery], None],
-            plain: Callable[[bytes, bytes], None] | None = None) -> None:
+            plain: Callable[[bytes, bytes], None] | None = None,
+            many: Callable[[list[Delivery]], None] | None = None,
+            plains: Callable[[list[tuple[bytes, bytes]]], None] | None = None) -> None:
         """``handler`` takes ``sub``'s messages; ``plain``, if given, those without headers or
         reply subject that this module parses (not those nats-py's parser reads: it must do
-        what ``handler`` does), as (subject, payload) bytes."""
+        what ``handler`` does), as (subject, payload) bytes, and ``plains`` (with it) several
+        of those at once, in the order read; ``many``, if given, those whose header is a lone
+        Nats-Msg-Id that this module parses, several at once in the order read (it must do
+        what ``handler`` does with each, in turn)."""
         self.by_sid[sub._id] = handler
         if plain is not None:
             self.plain[sub._id] = plain
+            if plains is not None:
+                self.plains[sub._id] = plains
+        if many is not None:
+            self.many[sub._id] = many
 
     def discard(self, sub: Any) -> None:
         self.by_sid.pop(sub._id, None)
         self.plain.pop(sub._id, None)
+        self.plains.pop(sub._id, None)
+        self.many.pop(sub._id, None)
 
     def retire(self, sub: Any, handler: Callable[[Delivery], None], seconds: float) -> None:
         """``sub``'s messages go to ``handler`` for ``seconds``, also once nats-py has
@@ -298,6 +358,8 @@ class Handlers:
         sid = sub._id
         self.by_sid[sid] = handler
         self.plain.pop(sid, None)
+        self.plains.pop(sid, None)
+        self.many.pop(sid, None)
         asyncio.get_running_loop().call_later(seconds, self._forget_sid, sid, handler)
 
     def _forget_sid(self, sid: int, handler: Callable[[Delivery], None]) -> None:

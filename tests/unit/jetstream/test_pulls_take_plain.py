@@ -16,7 +16,7 @@ from gateway.broker import persistence as P
 from gateway.jetstream import pulls as pulls_mod
 from gateway.jetstream.head import EXPIRES_AT, MSG_ID, VISIBLE_AT
 from gateway.jetstream.pulls import Pulls
-from gateway.jetstream.queues import QueueStream
+from gateway.jetstream.queues import QueueStream, delivery_counts
 from gateway.protocol.properties import Properties
 from semantics.queue import CmqQueue
 from semantics.queue_attrs import QueueAttributes
@@ -105,3 +105,35 @@ def test_not_transient_property_lists_are_not_shared_wrongly(monkeypatch: pytest
     assert (a.persistent, b.persistent) == (True, False)
     assert b.properties.raw == transient and b.properties.content_type == "text/plain"
 
+
+
+@pytest.mark.parametrize("form", ["old", "new"])
+def test_take_reads_counts_as_delivery_counts_does(monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    """M11/Q7: ``_take`` reads a reply subject's counts inline, both forms nats-server writes
+    (9 tokens, and 12 with domain, account hash and a random token): the receive count from
+    ``<delivered>`` and the queue's undelivered estimate from the ``<pending>`` of the latest
+    consumer sequence read, as ``delivery_counts`` reads them; an older delivery read after it
+    (a redelivery) leaves both where they are."""
+    p, s, _ = _pulls(monkeypatch)
+
+    def reply(delivered: int, seq: int, pending: int) -> str:
+        if form == "old":
+            return f"$JS.ACK.S.C.{delivered}.{seq}.{seq}.1700000000000000000.{pending}"
+        return f"$JS.ACK.dom.ACCHASH.S.C.{delivered}.{seq}.{seq}.1700000000000000000.{pending}.rnd"
+
+    batch = []
+    for msg_id, delivered, seq, pending in (("a", 1, 7, 40), ("b", 3, 8, 39), ("c", 2, 5, 12)):
+        d = _delivery(msg_id, delivered, seq)
+        d.reply = reply(delivered, seq, pending)
+        assert delivery_counts(d.reply) == (delivered, seq, pending)
+        batch.append(d)
+    p._take(s, batch)
+    assert s.last_delivery == 8 and s.q.remote_ready == 39
+    got = {m.msg_id: m.receive_count for m in s.q.cmq.messages()}
+    assert got == {"a": 0, "b": 2, "c": 1}
+    # A later read with nothing newer keeps the estimate a count or newer delivery gave.
+    s.q.remote_ready = 5
+    d = _delivery("d", 2, 6)
+    d.reply = reply(2, 6, 99)
+    p._take(s, [d])
+    assert s.last_delivery == 8 and s.q.remote_ready == 5

@@ -78,3 +78,52 @@ def test_every_message_reads_as_the_general_reading_gives_it(messages: list[Any]
     want = [(sid, (subject, reply, body, parse_headers(headers) if headers else None))
             for subject, sid, reply, headers, body, _ in messages]
     assert [(sid, (d.subject, d.reply, d.data, d.headers)) for sid, d in got] == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_token, st.sampled_from([1, 7, 12]), st.one_of(st.just(""), _token),
+                          st.one_of(st.none(), _headers), st.binary(max_size=20),
+                          st.sampled_from([" ", " ", "  "])), min_size=1, max_size=10),
+       st.integers(min_value=0, max_value=3))
+def test_deliveries_taken_together_keep_the_order_read(messages: list[Any], cut: int) -> None:
+    """M11 (a queue's order), CL3 (PubAcks in order): a subscription's ``many`` takes its
+    lone-id deliveries and its ``plains`` its messages without headers or reply several at
+    once, yet every handler sees what was read in the order read, as one by one (what is
+    gathered handed on before any other message, and before the read's end); a read whose
+    last message is cut off hands on what came before it."""
+    handlers = Handlers(_Nc())
+    got: list[tuple[int, Delivery]] = []
+    batches = 0
+
+    def many(ds: list[Delivery], sid: int) -> None:
+        nonlocal batches
+        batches += 1
+        got.extend((sid, d) for d in ds)
+
+    def plain(subject: bytes, data: bytes, sid: int) -> None:
+        got.append((sid, Delivery(subject.decode(), "", data, None)))
+
+    def plains(items: list[tuple[bytes, bytes]], sid: int) -> None:
+        nonlocal batches
+        batches += 1
+        for subject, data in items:
+            plain(subject, data, sid)
+
+    for sid in (1, 7, 12):
+        handlers.add(_Sub(sid), lambda d, sid=sid: got.append((sid, d)),
+                     (lambda b, d, sid=sid: plain(b, d, sid)) if sid != 1 else None,
+                     (lambda ds, sid=sid: many(ds, sid)) if sid != 12 else None,
+                     (lambda ps, sid=sid: plains(ps, sid)) if sid == 7 else None)
+    data = b"".join(_command(*m) for m in messages)
+    whole = len(data)
+    data = data[:whole - cut] if cut else data
+    pos, other = handlers._take(data, 0, False)
+    taken = messages if not cut else messages[:-1]
+    assert (pos, other) == ((whole, None) if not cut else (-1, None))
+    want = [(sid, (subject, reply, body, parse_headers(headers) if headers else None))
+            for subject, sid, reply, headers, body, _ in taken]
+    assert [(sid, (d.subject, d.reply, d.data, d.headers)) for sid, d in got] == want
+    gathered = [m for m in taken if (m[1] != 12 and m[3] is not None and m[3].count(b"\r\n") == 3
+                                     and list(parse_headers(m[3]) or {}) == ["Nats-Msg-Id"])
+                or (m[1] == 7 and m[3] is None and not m[2])]
+    assert batches <= len(gathered)

@@ -1,0 +1,74 @@
+"""PubAcks read together (``Publisher._replied_plains``, issue 28) settle every write as
+``_replied_plain`` settles them one by one: the PubAck rule (a confirm only for a stored
+sequence), CL3's staged duplicates (seq 0: sent again, not confirmed), refusals (a nack) and
+replies for no write, in the order read."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.jetstream.publisher import Publisher
+
+REPLIES = [
+    b'{"stream":"S", "seq":7}',
+    b'{"stream":"S","seq":8,"duplicate": true}',
+    b'{"stream":"S", "seq":0,"duplicate": true}',  # staged, not stored (CL3)
+    b'{"error":{"code":400,"err_code":10077,"description":"maximum messages exceeded"},"stream":"S","seq":0}',
+    b'{"stream":"S", "seq":5, "error":{"code":500}}',
+    b"not json",
+]
+
+
+class _Nc:
+    def new_inbox(self) -> str:
+        return "_INBOX.t"
+
+
+def _outcome(replies: list[tuple[int, int]], together: bool) -> tuple[list[Any], list[int], list[int]]:
+    """What settles, in order, and the writes left and to be sent again."""
+
+    async def run() -> tuple[list[Any], list[int], list[int]]:
+        p = Publisher(_Nc(), asyncio.get_running_loop())
+        seen: list[Any] = []
+
+        def one(lsn: int, refused: bool, done: Any) -> None:
+            done()
+            seen.append(("settled", lsn, refused))
+
+        def many(writes: list[tuple[int, Any]]) -> None:
+            for lsn, done in writes:
+                done()
+                seen.append(("settled", lsn, False))
+
+        if together:
+            p.settles = (one, many)
+        for lsn in range(1, 6):
+            p.publish(lsn, "S.q", b"x", {"Nats-Msg-Id": f"m{lsn}"}, lambda lsn=lsn: seen.append(("done", lsn)),
+                      None, one)
+        p._outbox.clear()  # as if sent (no connection here)
+        items = [(f"{p.prefix}.{lsn}".encode() if lsn else b"_INBOX.t.x", REPLIES[r]) for lsn, r in replies]
+        if together:
+            p._replied_plains(items)
+        else:
+            for subject, data in items:
+                p._replied_plain(subject, data)
+        return seen, sorted(p._writes), sorted(p._again)
+
+    return asyncio.run(run())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=7), st.integers(min_value=0, max_value=len(REPLIES) - 1)),
+                min_size=1, max_size=12))
+def test_CL3_pubacks_read_together_settle_as_one_by_one(replies: list[tuple[int, int]]) -> None:
+    assert _outcome(replies, True) == _outcome(replies, False)
+
+
+def test_CL3_a_staged_duplicate_between_stored_ones_is_not_confirmed() -> None:
+    seen, left, again = _outcome([(1, 0), (2, 2), (3, 1)], True)
+    assert seen == [("done", 1), ("settled", 1, False), ("done", 3), ("settled", 3, False)]
+    assert left == [2, 4, 5] and again == [2]
