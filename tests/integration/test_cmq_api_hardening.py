@@ -135,6 +135,47 @@ def test_SE1_CA1_listings_show_only_what_the_key_may_use(endpoint: str, cmq: Cmq
     assert {q["queueName"] for q in cmq.ok("ListQueue", searchWord=unique)["queueList"]} == {hidden, shown}
 
 
+def test_SE1_CA1_a_key_without_rights_is_refused_every_action_and_changes_nothing(endpoint: str, cmq: CmqClient,
+                                                                                 unique: str) -> None:
+    """Every queue, topic and subscription action of a key whose user has no right on the
+    name (``nobody``: none at all; ``some``: on ``vis-`` names only) is CMQ's 4101, on JetStream
+    as on the embedded store, and the queue, topic and subscription are as they were."""
+    queue, topic = f"hid-{unique}q", f"hid-{unique}t"
+    cmq.ok("CreateQueue", queueName=queue)
+    cmq.ok("CreateTopic", topicName=topic)
+    cmq.ok("Subscribe", topicName=topic, subscriptionName="s1", protocol="queue", endpoint=queue)
+    cmq.ok("SendMessage", queueName=queue, msgBody="held")
+    handle = cmq.ok("ReceiveMessage", queueName=queue, pollingWaitSeconds=5)["receiptHandle"]
+    sub = {"topicName": topic, "subscriptionName": "s1"}
+    actions: list[tuple[str, dict[str, Any]]] = [
+        ("CreateQueue", {"queueName": queue + "2"}), ("DeleteQueue", {"queueName": queue}),
+        ("GetQueueAttributes", {"queueName": queue}),
+        ("SetQueueAttributes", {"queueName": queue, "visibilityTimeout": 5}),
+        ("RewindQueue", {"queueName": queue, "startConsumeTime": 1}),
+        ("SendMessage", {"queueName": queue, "msgBody": "no"}),
+        ("BatchSendMessage", {"queueName": queue, "msgBody": ["no"]}),
+        ("ReceiveMessage", {"queueName": queue}), ("BatchReceiveMessage", {"queueName": queue, "numOfMsg": 2}),
+        ("DeleteMessage", {"queueName": queue, "receiptHandle": handle}),
+        ("BatchDeleteMessage", {"queueName": queue, "receiptHandle": [handle]}),
+        ("CreateTopic", {"topicName": topic + "2"}), ("DeleteTopic", {"topicName": topic}),
+        ("GetTopicAttributes", {"topicName": topic}), ("SetTopicAttributes", {"topicName": topic, "maxMsgSize": 2048}),
+        ("PublishMessage", {"topicName": topic, "msgBody": "no"}),
+        ("BatchPublishMessage", {"topicName": topic, "msgBody": ["no"]}),
+        ("Subscribe", {**sub, "subscriptionName": "s2", "protocol": "queue", "endpoint": queue}),
+        ("Unsubscribe", sub), ("GetSubscriptionAttributes", sub),
+        ("SetSubscriptionAttributes", {**sub, "notifyStrategy": "EXPONENTIAL_DECAY_RETRY"}),
+        ("ClearSubscriptionFilterTags", sub), ("ListSubscriptionByTopic", {"topicName": topic})]
+    for client in (CmqClient(endpoint, NOBODY_ID, NOBODY_KEY), CmqClient(endpoint, SOME_ID, SOME_KEY)):
+        refused = {action: client.call(action, **params)["code"] for action, params in actions}
+        assert set(refused.values()) == {4101}, (client.secret_id, refused)
+    attrs = cmq.ok("GetQueueAttributes", queueName=queue)
+    assert (attrs["activeMsgNum"], attrs["inactiveMsgNum"], attrs["visibilityTimeout"]) == (0, 1, 30), attrs
+    assert cmq.ok("GetTopicAttributes", topicName=topic)["maxMsgSize"] != 2048
+    assert [s["subscriptionName"] for s in cmq.ok("ListSubscriptionByTopic", topicName=topic)["subscriptionList"]] \
+        == ["s1"]
+    assert cmq.call("GetQueueAttributes", queueName=queue + "2")["code"] == 4440
+
+
 # -- CA1: every error a CMQ answer -----------------------------------------------------------
 
 
