@@ -19,8 +19,9 @@ it kills the gateway with SIGKILL, starts it again on the same data dir, drains 
 The client is Tencent's CMQ SDK (``cmq`` package) when installed, else the repository's
 tests/integration/cmq_client.py. Once the restarted gateway has stopped, the audit log (its
 ``DATA_DIR/audit``) must hold a ``publish`` and an ``enqueue`` record of every msgId a send
-was answered with (A5; ``audit_missing`` counts those without). Exit 1 if anything was lost,
-a phantom appeared or a record is missing.
+was answered with (A5; ``audit_missing`` counts those without). ``log_errors`` counts the
+tracebacks and ERROR lines in the gateway's log (its files are kept, not failed on). Exit 1 if
+anything was lost, a phantom appeared or a record is missing.
 
     .venv/bin/python scripts/crash_trials_cmqapi.py --trials 10 --seconds 6 [--nats nats://127.0.0.1:PORT | --nats jetstream]
 """
@@ -46,7 +47,7 @@ from tests.integration.cmq_client import CmqClient  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from crash_trials import read_audit  # noqa: E402
-from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
+from serve_process import NATS_HELP, Served, log_errors, nats_store  # noqa: E402
 
 KEY_ID, SECRET = "AKIDcrash0000000000000000000000000000", "crash-secret-0123456789abcdef0123"
 
@@ -191,8 +192,9 @@ def run_trial(trial: int, work: Path, args: argparse.Namespace, rng: random.Rand
     missing = sorted(i for i in ledger.ids if i not in published or (queue, i) not in enqueued)
     result = {"confirmed": len(ledger.confirmed), "deleted": len(ledger.deleted), "back": len(back),
               "lost": len(lost), "duplicates": len(back) - len(seen), "phantoms": len(seen - ledger.sent),
-              "audit_checked": len(ledger.ids), "audit_missing": len(missing)}
-    if lost or result["phantoms"] or missing:
+              "audit_checked": len(ledger.ids), "audit_missing": len(missing),
+              "log_errors": log_errors(work / f"gw-{trial}.log")}
+    if lost or result["phantoms"] or missing or result["log_errors"]:
         keep = Path(args.keep) / f"trial-{trial}"
         keep.mkdir(parents=True, exist_ok=True)
         (keep / "lost.txt").write_text("\n".join(sorted(lost)))

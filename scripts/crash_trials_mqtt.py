@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import crash_trials  # noqa: E402
-from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
+from serve_process import NATS_HELP, Served, log_errors, nats_store  # noqa: E402
 
 from gateway.mqtt import codec as P  # noqa: E402
 from gateway.mqtt.session import queue_name  # noqa: E402
@@ -314,6 +314,7 @@ class Result:
     audit_published: int = 0
     audit_enqueued: int = 0
     audit_missing: int = 0
+    log_errors: int = 0  # tracebacks and ERROR lines in the gateway's log (counted, not failed on)
 
     def ok(self) -> bool:
         bad = (self.lost or self.reused or self.no_dup or self.unfinished or self.sessions_lost or self.foreign
@@ -395,6 +396,7 @@ def run_trial(trial: int, args: argparse.Namespace, rng: random.Random, store: s
     r.audit_published, r.audit_enqueued = audit_counts(work / "data" / "audit", trial,
                                                        queue_name("/", f"{args.run}-t{trial}-sub"))
     r.audit_missing = max(0, r.taken - min(r.audit_published, r.audit_enqueued))
+    r.log_errors = log_errors(work / "gateway.log")
     return r, work, ledger
 
 
@@ -439,9 +441,9 @@ def run(args: argparse.Namespace, seed: int, store: str | None) -> int:
               f"reused {r.reused}, no DUP {r.no_dup}, unreleased {r.unreleased}, unfinished {r.unfinished}"
               + (f", sessions lost {r.sessions_lost}" if r.sessions_lost else "")
               + (f", foreign {r.foreign}" if r.foreign else "")
-              + f"; audit: {r.audit_published} published, {r.audit_enqueued} enqueued, missing {r.audit_missing}",
-              flush=True)
-        if r.ok():
+              + f"; audit: {r.audit_published} published, {r.audit_enqueued} enqueued, missing {r.audit_missing}"
+              + f"; log errors {r.log_errors}", flush=True)
+        if r.ok() and not r.log_errors:
             shutil.rmtree(work, ignore_errors=True)
             continue
         (work / "ledger.json").write_text(json.dumps({
@@ -455,7 +457,7 @@ def run(args: argparse.Namespace, seed: int, store: str | None) -> int:
         shutil.move(str(work), keep)
         print(f"  FAILED: files kept in {keep}", flush=True)
     names = ("published", "taken", "completed", "delivered", "lost", "duplicated", "reused", "no_dup",
-             "unreleased", "unfinished", "audit_published", "audit_enqueued", "audit_missing")
+             "unreleased", "unfinished", "audit_published", "audit_enqueued", "audit_missing", "log_errors")
     total = {k: sum(getattr(r, k) for r in results) for k in names}
     print(f"total: {len(results)} trials, QoS {args.qos}, store {'jetstream' if store else 'embedded'}, "
           + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in total.items()), flush=True)

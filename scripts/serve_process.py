@@ -78,6 +78,14 @@ class Served(crash_trials.Gateway):
         self.port = self.ports["port"]
 
 
+def log_errors(log: Path) -> int:
+    """Tracebacks and ERROR lines in a gateway's log: internal errors, whatever the clients saw."""
+    if not log.exists():
+        return 0
+    lines = log.read_text(errors="replace").splitlines()
+    return sum(line.startswith("Traceback") or " ERROR " in line for line in lines)
+
+
 @contextlib.contextmanager
 def nats_store(nats: str | None) -> Iterator[str | None]:
     """The ``--store`` URL for a script's ``--nats`` argument (see the module's docstring)."""
