@@ -70,6 +70,15 @@ class Scheduler:
         heapq.heappush(self._heap, (when, next(self._seq), owner))
         self._arm()
 
+    def reschedule_after(self, owner: Timed, earliest: float) -> None:
+        """``reschedule``, told that ``owner`` needs nothing before ``earliest`` (a lower bound
+        of its next_wakeup): when its deadline here is at or before that, reschedule would
+        keep it, and the owner is not asked (a queue's next_wakeup is two frames and a scan
+        of its timer lanes, after every dispatch)."""
+        old = self._deadline.get(owner)
+        if old is None or old > earliest:
+            self.reschedule(owner)
+
     def forget(self, owner: Timed) -> None:
         self._deadline.pop(owner, None)
 

@@ -7,6 +7,7 @@ received while Inactive or delayed, none is lost, none is duplicated, every coun
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hypothesis import settings
@@ -126,6 +127,10 @@ class QueueVersusReference(RuleBasedStateMachine):
 
     @invariant()
     def agrees_with_reference(self) -> None:
+        # _next_due is a lower bound of next_wakeup (the broker's dispatch relies on it).
+        bound = self.q._next_due
+        w = self.q.next_wakeup()
+        assert bound <= (math.inf if w is None else w), (bound, w)
         self.q.tick(self.now)
         self._advance_ref()
         states = {"active": 0, "inactive": 0, "delayed": 0}
