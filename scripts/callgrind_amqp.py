@@ -51,7 +51,15 @@ sys.path.insert(0, str(ROOT))
 
 from gateway.perf.client import AmqpClient, BrokerAddress  # noqa: E402
 from gateway.perf.frames import basic_ack, encode_properties, publish_template  # noqa: E402
-from scripts.callgrind_common import PROFILED, print_profile, run_counted, run_profiled, wait_listening  # noqa: E402
+from scripts.callgrind_common import (  # noqa: E402
+    PROFILED,
+    add_run_arguments,
+    print_counted,
+    print_profile,
+    run_counted,
+    run_profiled,
+    wait_listening,
+)
 
 # The gateway's entry with the transport's turn clock slowed by SLOW (``python -c SLOWED SLOW serve
 # ...``): under valgrind a message takes ~50-100x its time, so a 5 ms turn ended after a handful
@@ -215,18 +223,12 @@ def profile(code: str, work: Path, count: int, warmup: int, batch: int, fanout: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--code", action="append", help="a checkout to measure (repeatable; default this one)")
+    add_run_arguments(ap, "amqp", 40)
     ap.add_argument("--count", type=int, default=5120, help="messages counted (rounded up to a whole batch)")
     ap.add_argument("--warmup", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=64, help="messages a batch (published together, acked together)")
-    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--fanout", type=int, default=0, metavar="N",
                     help="scenario 3: a fanout exchange to N queues (scenario 3: 50), two consumer connections")
-    ap.add_argument("--children", action="store_true", help="count the audit writer process too")
-    ap.add_argument("--profile", action="store_true", help="cProfile call counts instead of valgrind")
-    ap.add_argument("--top", type=int, default=40)
-    ap.add_argument("--keep", default=os.path.join(tempfile.gettempdir(), "callgrind-amqp"),
-                    help="where the measured run's callgrind file is kept (for callgrind_annotate)")
     args = ap.parse_args()
     codes = args.code or [str(ROOT)]
     batch = max(args.batch, 1)
@@ -239,14 +241,7 @@ def main() -> None:
                     profile(code, Path(tmp), count, warmup, batch, args.fanout, args.top)
                     continue
                 res = measure(code, Path(tmp), count, warmup, batch, args.fanout, args.children, args.keep)
-            n = res["received"] or float("nan")
-            line = (f"round {r + 1} {code}: {res['main']:,.0f} Ir main, {res['received']:,.0f} received, "
-                    f"{res['main'] / n:,.0f} a message")
-            if args.fanout:
-                line += f", {res['main'] / n / args.fanout:,.0f} a delivery"
-            if "child" in res:
-                line += f"; audit child {res['child'] / n:,.0f} a message"
-            print(line, flush=True)
+            print_counted(r, code, res, args.fanout)
 
 
 if __name__ == "__main__":

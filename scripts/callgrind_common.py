@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -155,3 +156,27 @@ def print_profile(code: str, received: int, stats: dict[Any, Any], top: int, per
     print("  most self time:")
     for nc, tt, name in sorted(rows, key=lambda r: -r[1])[:top]:
         print(f"  {nc / n:7.2f} calls  {tt / n * 1e6:6.2f} us self  {name}")
+
+
+def add_run_arguments(ap: Any, name: str, top: int) -> None:
+    """The options every AMQP/MQTT harness takes: the codes, rounds, audit child, cProfile
+    mode, how many functions it prints, and where callgrind files are kept."""
+    ap.add_argument("--code", action="append", help="a checkout to measure (repeatable; default this one)")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--children", action="store_true", help="count the audit writer process too")
+    ap.add_argument("--profile", action="store_true", help="cProfile call counts instead of valgrind")
+    ap.add_argument("--top", type=int, default=top)
+    ap.add_argument("--keep", default=os.path.join(tempfile.gettempdir(), f"callgrind-{name}"),
+                    help="where the measured run's callgrind file is kept (for callgrind_annotate)")
+
+
+def print_counted(r: int, code: str, res: dict[str, float], fanout: int = 0) -> None:
+    """One round's line: the instructions, the messages, and a message (a delivery at fanout)."""
+    n = res["received"] or float("nan")
+    line = f"round {r + 1} {code}: {res['main']:,.0f} Ir main, {res['received']:,.0f} received, " \
+           f"{res['main'] / n:,.0f} a message"
+    if fanout:
+        line += f", {res['main'] / n / fanout:,.0f} a delivery"
+    if "child" in res:
+        line += f"; audit child {res['child'] / n:,.0f} a message"
+    print(line, flush=True)

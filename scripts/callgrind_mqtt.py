@@ -36,7 +36,14 @@ sys.path.insert(0, str(ROOT))
 from gateway.mqtt import codec as P  # noqa: E402
 from gateway.perf.mqtt import Target, _Client, _measure  # noqa: E402
 from scripts.bench_mqtt import start_gateway  # noqa: E402
-from scripts.callgrind_common import PROFILED, print_profile, run_counted, run_profiled  # noqa: E402
+from scripts.callgrind_common import (  # noqa: E402
+    PROFILED,
+    add_run_arguments,
+    print_counted,
+    print_profile,
+    run_counted,
+    run_profiled,
+)
 
 
 def start(code: str, work: Path, mode: str, children: bool) -> tuple[subprocess.Popen[str], int]:
@@ -88,16 +95,10 @@ def profile(code: str, work: Path, count: int, warmup: int, window: int, top: in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--code", action="append", help="a checkout to measure (repeatable; default this one)")
+    add_run_arguments(ap, "mqtt", 30)
     ap.add_argument("--count", type=int, default=5000)
     ap.add_argument("--warmup", type=int, default=1000)
     ap.add_argument("--window", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--children", action="store_true", help="count the audit writer process too")
-    ap.add_argument("--profile", action="store_true", help="cProfile call counts instead of valgrind")
-    ap.add_argument("--top", type=int, default=30)
-    ap.add_argument("--keep", default=os.path.join(tempfile.gettempdir(), "callgrind-mqtt"),
-                    help="where the measured run's callgrind file is kept (for callgrind_annotate)")
     args = ap.parse_args()
     codes = args.code or [str(ROOT)]
     for r in range(args.rounds):
@@ -107,12 +108,7 @@ def main() -> None:
                     profile(code, Path(tmp), args.count, args.warmup, args.window, args.top)
                     continue
                 res = measure(code, Path(tmp), args.count, args.warmup, args.window, args.children, args.keep)
-            n = res["received"] or float("nan")
-            line = f"round {r + 1} {code}: {res['main']:,.0f} Ir main, {res['received']:,.0f} received, " \
-                   f"{res['main'] / n:,.0f} a message"
-            if "child" in res:
-                line += f"; audit child {res['child'] / n:,.0f} a message"
-            print(line, flush=True)
+            print_counted(r, code, res)
 
 
 if __name__ == "__main__":
