@@ -750,7 +750,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
                 raise bad_request("Unable to publish message. Check queue limits.")
         # A5: the publish's records out of this process before the answer says it was taken
         # (on JetStream the durable LSN does not wait for the audit fsync: without this a
-        # kill -9 right after the answer took them, 1 in 20 publishes).
+        # kill -9 right after an answer took the records of the publishes answered last).
         if not broker.audit_handoff():
             raise ApiError(503, "service_unavailable", STOPPING)
         return web.json_response({"routed": out.routed})
