@@ -61,7 +61,7 @@ from semantics.matching import (
     tags_count_breach,
 )
 from semantics.message_ids import new_msg_id
-from semantics.names import Kind, cmq_name
+from semantics.names import Kind, cmq_name, validate_amqp_name
 from semantics.profile import DEFAULT_PROFILE, Profile
 from semantics.queue import MaxLengthRejected
 from semantics.queue_attrs import QueueAttributes
@@ -143,6 +143,9 @@ class VHost:
         the store gives back was checked when it was declared."""
         if self.broker._recovering:
             return
+        # Longer than an AMQP short string is no AMQP name in any profile: RabbitMQ can hold
+        # none (only the HTTP API could ask for one), nor could a list or export show it.
+        validate_amqp_name(name)
         try:
             cmq_name(name, kind, strict=True)
         except LimitError as e:

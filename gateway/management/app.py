@@ -28,7 +28,8 @@ from gateway.management import authz
 from gateway.metrics import Counters, RateTracker, Target, attach, serve_app
 from gateway.push import HttpPusher
 from gateway.transport import is_loopback
-from semantics.errors import CMQError
+from semantics.errors import CMQError, LimitError
+from semantics.names import cmq_name
 
 __all__ = ["MGMT", "USER", "Management", "make_app", "not_authorised", "start_management"]
 
@@ -54,6 +55,15 @@ def not_found() -> ApiError:
 
 def bad_request(reason: str) -> ApiError:
     return ApiError(400, "bad_request", reason)
+
+
+def cmq_queue_name(name: str) -> str | None:
+    """The queue's CMQ name (L2); None for a name past AMQP's 255 bytes, which a store written
+    before declarations refused such names may hold: one such queue must not make a list 400."""
+    try:
+        return cmq_name(name, "queue")
+    except LimitError:
+        return None
 
 
 def jsonable(value: Any) -> Any:

@@ -28,12 +28,20 @@ from typing import Any
 from aiohttp import web
 
 from gateway.cmqapi.topics import subscription_name
-from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
+from gateway.management.app import (
+    USER,
+    ApiError,
+    Management,
+    bad_request,
+    cmq_queue_name,
+    jsonable,
+    not_found,
+    read_json,
+)
 from gateway.management.openapi import openapi_document
 from gateway.push_policy import PushRefused
 from semantics.errors import CMQError
 from semantics.limits import TOPIC_LIFECYCLE_SECONDS
-from semantics.names import cmq_name
 from semantics.topic import FilterType
 
 __all__ = ["add_routes", "queue_view", "subscription_view", "topic_view"]
@@ -100,7 +108,7 @@ def queue_view(vhost: str, q: Any) -> dict[str, Any]:
     return {
         "vhost": vhost,
         "queue": q.name,
-        "queueName": cmq_name(q.name, "queue"),
+        "queueName": cmq_queue_name(q.name),
         "activeMsgNum": cmq.active,
         "inactiveMsgNum": cmq.inactive,
         "delayMsgNum": cmq.delayed,

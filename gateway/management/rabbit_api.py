@@ -37,9 +37,17 @@ from gateway.auth import User
 from gateway.handout import STOPPING, put_back
 from gateway.jetstream.api_receive import demand_for
 from gateway.management import definitions
-from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
+from gateway.management.app import (
+    USER,
+    ApiError,
+    Management,
+    bad_request,
+    cmq_queue_name,
+    jsonable,
+    not_found,
+    read_json,
+)
 from gateway.protocol.properties import Properties
-from semantics.names import cmq_name
 
 __all__ = ["COMPAT_VERSION", "add_routes", "connection_name", "queue_json"]
 
@@ -100,7 +108,7 @@ def queue_json(mgmt: Management, vhost: str, q: Any) -> dict[str, Any]:
         "messages_unacknowledged_details": {"rate": 0.0},
         "message_stats": stats,
         # The CMQ view of the same queue (L2 name, Q1/Q4/Q6 states).
-        "cmq": {"queueName": cmq_name(q.name, "queue"), "activeMsgNum": ready, "inactiveMsgNum": unacked,
+        "cmq": {"queueName": cmq_queue_name(q.name), "activeMsgNum": ready, "inactiveMsgNum": unacked,
                 "delayMsgNum": cmq.delayed, "rewindMsgNum": cmq.rewindable},
     }
 

@@ -509,6 +509,33 @@ def test_SE5_a_body_nested_past_python_s_recursion_limit_is_a_400_not_a_500(
     assert "deep-q" not in gw.broker.vhost("/").queues
 
 
+def test_L2_SE5_a_queue_name_past_255_bytes_is_refused_not_stored_to_break_every_list(
+        gateway_on: tuple[Any, str, str, Path]) -> None:
+    """Found by the CI (a fuzz request's name of 300 bytes, then a management user's queue
+    list a 400 in a later test on the same JetStream server): the HTTP API declared a queue
+    whose name no AMQP short string holds (255 bytes), in the compatible profile only reported
+    (PF4) as a CMQ name breach; every queue list, the console's and the CMQ view's, then
+    answered 400 (L2) for as long as the queue lived. Exchanges were refused already. RabbitMQ
+    4.x answers the same PUT 400 bad_request ("queue should be less than 255 bytes")."""
+    gw, url, _cmq, _audit = gateway_on
+    auth = ("admin", "admin")
+    long_name, longest = "x" * 300, "y" * 255
+    r = requests.put(f"{url}/api/queues/%2F/{long_name}", json={}, auth=auth, timeout=HANG)
+    assert r.status_code == 400 and r.json()["rule"] == "L2", r.text[:200]
+    imported = requests.post(f"{url}/api/definitions", auth=auth, timeout=HANG, json={
+        "queues": [{"name": "z" * 256, "vhost": "/", "durable": True, "auto_delete": False, "arguments": {}}]})
+    assert imported.status_code == 200 and imported.json()["complete"] is False, imported.text[:300]
+    assert requests.put(f"{url}/api/queues/%2F/{longest}", json={}, auth=auth,
+                        timeout=HANG).status_code in (201, 204)  # the longest AMQP name is a name
+    for path in ("/api/queues/%2F", "/api/queues", "/api/cmq/queues"):
+        listed = requests.get(f"{url}{path}", auth=auth, timeout=HANG)
+        assert listed.status_code == 200, (path, listed.text[:200])
+        names = {q.get("name", q.get("queue")) for q in listed.json()}
+        assert longest in names and long_name not in names and "z" * 256 not in names, path
+    assert set(gw.broker.vhost("/").queues) >= {longest}
+    assert not {long_name, "z" * 256} & set(gw.broker.vhost("/").queues)
+
+
 def test_SE5_mqtt_max_connections_and_a_login_beside_a_full_listener(tmp_path: Path) -> None:
     """limits.max_connections holds on the MQTT listener as on the others: with 3 silent
     sockets held there, a fourth is closed at accept, while AMQP logins and the management
