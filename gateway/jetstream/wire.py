@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -48,6 +49,16 @@ _MSG_ID_AT = len(_MSG_ID_HEAD)
 # Subscription ids as read, as ints: a connection has a few (Handlers._take).
 _SIDS: dict[bytes, int] = {}
 _SIDS_MAX = 1024
+
+# The runs of a subscription's deliveries and PubAcks after their first, read in C where the
+# package was built with a compiler (gateway/jetstream/_wire.c: the same messages as this
+# module's reading makes, which stays the reference); None: read here.
+_scan: Any = None
+if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
+    try:
+        from gateway.jetstream import _wire as _scan  # type: ignore[attr-defined, no-redef]
+    except ImportError:  # built without a C compiler: this module's reading, same results
+        pass
 
 # Header names as read, decoded once: the few a gateway's messages carry (Nats-Msg-Id, ...).
 _NAMES: dict[bytes, str] = {}
@@ -224,6 +235,7 @@ class Handlers:
         many = self.many
         plains = self.plains
         sids = _SIDS
+        scan = _scan if type(data) is bytes else None
         end = len(data)
         while pos < end:
             eol = data.find(b"\r\n", pos)
@@ -286,6 +298,9 @@ class Handlers:
                         run[0], run[1] = key, many[sid] if key == sid else plains[sid]
                     run[2].append(item)
                     pos = stop + 2
+                    if scan is not None:  # the rest of the run (_scan)
+                        pos = (scan.take_lone(data, pos, sid, Delivery, _MSG_ID, run[2]) if key == sid
+                               else scan.take_plain(data, pos, sid, run[2]))
                     continue
                 if run[2]:
                     self._hand_on(run)

@@ -14,31 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.jetstream.wire import Delivery, Handlers, parse_headers
-
-
-class _Parser:
-    state = 0  # AWAITING_CONTROL_LINE
-    buf = b""
-
-    async def parse(self, data: bytes) -> None:
-        raise AssertionError("not used")
-
-    def reset(self) -> None:
-        pass
-
-
-class _Nc:
-    def __init__(self) -> None:
-        self._ps = _Parser()
-
-    async def _process_msg(self, *args: Any) -> None:
-        raise AssertionError("not used")
-
-
-class _Sub:
-    def __init__(self, sid: int) -> None:
-        self._id = sid
-
+from tests.unit.jetstream.nats_fakes import Nc, Sub
 
 _token = st.text(alphabet="abcdefXYZ0123456789-_.", min_size=1, max_size=12)
 _value = st.text(alphabet=" abc-_.:0123456789\t", max_size=20)
@@ -68,10 +44,10 @@ def _command(subject: str, sid: int, reply: str, headers: bytes | None, body: by
                           st.one_of(st.none(), _headers), st.binary(max_size=20),
                           st.sampled_from([" ", " ", "  "])), min_size=1, max_size=8))
 def test_every_message_reads_as_the_general_reading_gives_it(messages: list[Any]) -> None:
-    handlers = Handlers(_Nc())
+    handlers = Handlers(Nc())
     got: list[tuple[int, Delivery]] = []
     for sid in (1, 7, 12):
-        handlers.add(_Sub(sid), lambda d, sid=sid: got.append((sid, d)))
+        handlers.add(Sub(sid), lambda d, sid=sid: got.append((sid, d)))
     data = b"".join(_command(*m) for m in messages)
     pos, other = handlers._take(data, 0, False)
     assert (pos, other) == (len(data), None)
@@ -91,7 +67,7 @@ def test_deliveries_taken_together_keep_the_order_read(messages: list[Any], cut:
     once, yet every handler sees what was read in the order read, as one by one (what is
     gathered handed on before any other message, and before the read's end); a read whose
     last message is cut off hands on what came before it."""
-    handlers = Handlers(_Nc())
+    handlers = Handlers(Nc())
     got: list[tuple[int, Delivery]] = []
     batches = 0
 
@@ -110,7 +86,7 @@ def test_deliveries_taken_together_keep_the_order_read(messages: list[Any], cut:
             plain(subject, data, sid)
 
     for sid in (1, 7, 12):
-        handlers.add(_Sub(sid), lambda d, sid=sid: got.append((sid, d)),
+        handlers.add(Sub(sid), lambda d, sid=sid: got.append((sid, d)),
                      (lambda b, d, sid=sid: plain(b, d, sid)) if sid != 1 else None,
                      (lambda ds, sid=sid: many(ds, sid)) if sid != 12 else None,
                      (lambda ps, sid=sid: plains(ps, sid)) if sid == 7 else None)

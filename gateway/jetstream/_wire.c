@@ -1,0 +1,287 @@
+/* Runs of NATS messages of one subscription read in C (gateway/jetstream/wire.py says why).
+
+Handlers._take_from reads a read's MSG/HMSG commands one by one in Python; a pull's deliveries
+(HMSG with a lone Nats-Msg-Id header) and a publisher's PubAcks (MSG without reply subject) come
+in runs of hundreds for one subscription, and the Python reading costs a share of a gateway's
+CPU per message (issue 28). Once the Python reading has started such a run, these functions take
+the messages after it that belong to the same run and that they understand exactly: one
+space between the arguments, numbers of ASCII digits, the message whole in the read, and
+(deliveries) the lone id header and UTF-8 subjects. They stop, taking nothing more, at the
+first message that is anything else, and the Python reading goes on from there: it is the
+reference, and every message taken here is what it would have made of it
+(tests/unit/jetstream/test_wire_scan.py compares the two on random and cut reads). */
+
+#define _GNU_SOURCE  /* memmem */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define MAX_ARGS 6
+#define MAX_DIGITS 18
+
+static const char MSG_ID_HEAD[] = "NATS/1.0\r\nNats-Msg-Id:";
+#define MSG_ID_AT ((Py_ssize_t)(sizeof(MSG_ID_HEAD) - 1))
+
+/* The ASCII characters str.strip() removes. */
+static int
+is_space(unsigned char c)
+{
+    return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
+}
+
+/* An argument of ASCII digits only (what int() reads the same), else -1. */
+static long long
+digits(const char *s, Py_ssize_t n)
+{
+    long long v = 0;
+    Py_ssize_t i;
+    if (n <= 0 || n > MAX_DIGITS)
+        return -1;
+    for (i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return -1;
+        v = v * 10 + (s[i] - '0');
+    }
+    return v;
+}
+
+static Py_ssize_t
+find_crlf(const char *p, Py_ssize_t from, Py_ssize_t end)
+{
+    const char *q;
+    if (end - from < 2)
+        return -1;
+    q = memmem(p + from, (size_t)(end - from), "\r\n", 2);
+    return q == NULL ? -1 : (Py_ssize_t)(q - p);
+}
+
+/* The control line at pos split at single spaces: its arguments' starts and lengths, and the
+   position of its CRLF. 0 when there is no whole line, an empty argument (two spaces, which
+   the Python reading splits otherwise) or more than MAX_ARGS arguments. */
+static int
+split_line(const char *p, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t *eol,
+           Py_ssize_t *at, Py_ssize_t *len, int *n)
+{
+    Py_ssize_t i, from = pos;
+    int k = 0;
+    *eol = find_crlf(p, pos, end);
+    if (*eol < 0)
+        return 0;
+    for (i = pos; i <= *eol; i++) {
+        if (i == *eol || p[i] == ' ') {
+            if (i == from || k == MAX_ARGS)
+                return 0;
+            at[k] = from;
+            len[k] = i - from;
+            k++;
+            from = i + 1;
+        }
+    }
+    *n = k;
+    return 1;
+}
+
+/* The id's value as str.strip() of its UTF-8 decoding gives it, or NULL with an error set. */
+static PyObject *
+stripped_id(const char *s, Py_ssize_t n)
+{
+    Py_ssize_t i, a = 0, b = n;
+    PyObject *u, *r;
+    for (i = 0; i < n; i++) {
+        if ((unsigned char)s[i] >= 0x80) {
+            u = PyUnicode_DecodeUTF8(s, n, NULL);
+            if (u == NULL)
+                return NULL;
+            r = PyObject_CallMethod(u, "strip", NULL);
+            Py_DECREF(u);
+            return r;
+        }
+    }
+    while (a < b && is_space((unsigned char)s[a]))
+        a++;
+    while (b > a && is_space((unsigned char)s[b - 1]))
+        b--;
+    return PyUnicode_DecodeASCII(s + a, b - a, NULL);
+}
+
+static int
+read_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char **p,
+          Py_ssize_t *end, Py_ssize_t *pos, long long *sid)
+{
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "expected %zd arguments", want);
+        return 0;
+    }
+    if (!PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "data must be bytes");
+        return 0;
+    }
+    *p = PyBytes_AS_STRING(args[0]);
+    *end = PyBytes_GET_SIZE(args[0]);
+    *pos = PyLong_AsSsize_t(args[1]);
+    if (*pos == -1 && PyErr_Occurred())
+        return 0;
+    *sid = PyLong_AsLongLong(args[2]);
+    if (*sid == -1 && PyErr_Occurred())
+        return 0;
+    if (*pos < 0)
+        *pos = *end;  /* nothing to take */
+    return 1;
+}
+
+/* take_lone(data, pos, sid, delivery, key, out) -> pos: the deliveries of subscription ``sid``
+   from ``pos`` on whose header is a lone Nats-Msg-Id, each appended to ``out`` as
+   ``delivery(subject, reply, body, {key: id})``; the position of the first message not taken.
+   An error (memory) stops the run there, cleared: the Python reading meets it again itself. */
+static PyObject *
+take_lone(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *p;
+    Py_ssize_t end, pos, eol, at[MAX_ARGS], len[MAX_ARGS];
+    long long sid, hsize, size;
+    int n;
+    PyObject *cls, *key, *out;
+    if (!read_args(args, nargs, 6, &p, &end, &pos, &sid))
+        return NULL;
+    cls = args[3];
+    key = args[4];
+    out = args[5];
+    if (!PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a list");
+        return NULL;
+    }
+    while (pos < end) {
+        Py_ssize_t start, stop, body, id_end;
+        PyObject *subject, *reply, *data, *id, *headers, *item;
+        PyObject *callargs[4];
+        if (!split_line(p, pos, end, &eol, at, len, &n))
+            break;
+        if (!(len[0] == 4 && memcmp(p + at[0], "HMSG", 4) == 0 && (n == 5 || n == 6)))
+            break;
+        if (digits(p + at[2], len[2]) != sid)
+            break;
+        hsize = digits(p + at[n - 2], len[n - 2]);
+        size = digits(p + at[n - 1], len[n - 1]);
+        if (hsize <= 0 || size < hsize)
+            break;
+        start = eol + 2;
+        if (size > end - start - 2)
+            break;  /* not whole in this read */
+        stop = start + (Py_ssize_t)size;
+        body = start + (Py_ssize_t)hsize;
+        id_end = body - 4;
+        if (id_end < start + MSG_ID_AT || memcmp(p + start, MSG_ID_HEAD, MSG_ID_AT) != 0
+                || memcmp(p + id_end, "\r\n\r\n", 4) != 0
+                || find_crlf(p, start + MSG_ID_AT, id_end + 2) != id_end)
+            break;
+        subject = PyUnicode_DecodeUTF8(p + at[1], len[1], NULL);
+        if (subject == NULL) {
+            PyErr_Clear();
+            break;
+        }
+        reply = n == 6 ? PyUnicode_DecodeUTF8(p + at[3], len[3], NULL) : PyUnicode_New(0, 0);
+        if (reply == NULL) {
+            Py_DECREF(subject);
+            PyErr_Clear();
+            break;
+        }
+        id = stripped_id(p + start + MSG_ID_AT, id_end - start - MSG_ID_AT);
+        if (id == NULL) {
+            Py_DECREF(subject);
+            Py_DECREF(reply);
+            PyErr_Clear();
+            break;
+        }
+        data = PyBytes_FromStringAndSize(p + body, stop - body);
+        headers = PyDict_New();
+        if (data == NULL || headers == NULL || PyDict_SetItem(headers, key, id) < 0) {
+            Py_DECREF(subject);
+            Py_DECREF(reply);
+            Py_DECREF(id);
+            Py_XDECREF(data);
+            Py_XDECREF(headers);
+            PyErr_Clear();
+            break;
+        }
+        Py_DECREF(id);
+        callargs[0] = subject;
+        callargs[1] = reply;
+        callargs[2] = data;
+        callargs[3] = headers;
+        item = PyObject_Vectorcall(cls, callargs, 4, NULL);
+        Py_DECREF(subject);
+        Py_DECREF(reply);
+        Py_DECREF(data);
+        Py_DECREF(headers);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            PyErr_Clear();
+            break;
+        }
+        Py_DECREF(item);
+        pos = stop + 2;
+    }
+    return PyLong_FromSsize_t(pos);
+}
+
+/* take_plain(data, pos, sid, out) -> pos: the messages of subscription ``sid`` from ``pos`` on
+   without headers or reply subject (MSG with three arguments), each appended to ``out`` as
+   (subject, payload) bytes; the position of the first message not taken. */
+static PyObject *
+take_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *p;
+    Py_ssize_t end, pos, eol, at[MAX_ARGS], len[MAX_ARGS];
+    long long sid, size;
+    int n;
+    PyObject *out;
+    if (!read_args(args, nargs, 4, &p, &end, &pos, &sid))
+        return NULL;
+    out = args[3];
+    if (!PyList_Check(out)) {
+        PyErr_SetString(PyExc_TypeError, "out must be a list");
+        return NULL;
+    }
+    while (pos < end) {
+        Py_ssize_t start;
+        PyObject *item;
+        if (!split_line(p, pos, end, &eol, at, len, &n))
+            break;
+        if (!(n == 4 && len[0] == 3 && memcmp(p + at[0], "MSG", 3) == 0))
+            break;
+        if (digits(p + at[2], len[2]) != sid)
+            break;
+        size = digits(p + at[3], len[3]);
+        start = eol + 2;
+        if (size < 0 || size > end - start - 2)
+            break;
+        item = Py_BuildValue("(y#y#)", p + at[1], len[1], p + start, (Py_ssize_t)size);
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_XDECREF(item);
+            PyErr_Clear();
+            break;
+        }
+        Py_DECREF(item);
+        pos = start + (Py_ssize_t)size + 2;
+    }
+    return PyLong_FromSsize_t(pos);
+}
+
+static PyMethodDef methods[] = {
+    {"take_lone", (PyCFunction)(void (*)(void))take_lone, METH_FASTCALL,
+     "take_lone(data, pos, sid, delivery, key, out) -> pos"},
+    {"take_plain", (PyCFunction)(void (*)(void))take_plain, METH_FASTCALL,
+     "take_plain(data, pos, sid, out) -> pos"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_wire", "Runs of NATS messages of one subscription read in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__wire(void)
+{
+    return PyModule_Create(&module);
+}
