@@ -101,6 +101,19 @@ class Broker:
     membership_class: Callable[[Any], Membership] = EmbeddedMembership
 
     @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: Clock) -> None:
+        self._clock = clock
+        # clock.now resolved once (SystemClock's is time.time): ``broker.clock.now()`` on the
+        # publish and ack paths was a method load CPython 3.11 cannot specialize (a staticmethod).
+        # Read as ``clock_now = broker.clock_now; clock_now()``: an instance attribute called
+        # as ``broker.clock_now()`` is not specialized either.
+        self.clock_now: Callable[[], float] = clock.now
+
+    @property
     def audit(self) -> Any:
         """The audit sink (A1). Setting it also sets ``emit_row`` (the per-message records'
         way in) and ``emit_fields`` (a record whose fields are already a dict), resolved once
@@ -924,7 +937,8 @@ class Broker:
         q = u.queue
         if q.deleted:
             return
-        now = self.clock.now()
+        clock_now = self.clock_now
+        now = clock_now()
         handle = u.handle
         if q.cmq.delete(handle, now):
             m = handle.message
@@ -944,7 +958,8 @@ class Broker:
             else:
                 latency = None
             if session.protocol is None:
-                self.emit_row(ACK, session.vhost_name, (session.user, session.peer, q.name, u.msg_id, latency))
+                emit_row = self.emit_row  # an instance attribute: called through a local, specialized
+                emit_row(ACK, session.vhost_name, (session.user, session.peer, q.name, u.msg_id, latency))
             else:  # MQ7
                 self.emit_row(ACK_MQTT, session.vhost_name,
                               (session.user, session.peer, q.name, u.msg_id, latency, session.protocol))

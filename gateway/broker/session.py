@@ -16,7 +16,7 @@ from gateway.broker.message import NO_CYCLE
 from gateway.broker.reply_to import REPLY_QUEUE
 from gateway.broker.vhost import new_name
 from gateway.protocol.codec import method as method_of
-from gateway.protocol.events import ChannelClose, ChannelCloseOk, ChannelFlow, ChannelOpen, Content
+from gateway.protocol.events import ChannelClose, ChannelCloseOk, ChannelFlow, ChannelOpen, Content, Method
 from gateway.protocol.properties import REPLY_TO_FLAG, Properties
 from semantics.errors import REPLY_NAMES, CMQError
 
@@ -106,17 +106,18 @@ class Session:
     def on_event(self, event: object) -> None:
         """ChannelOpen / ChannelClose / ChannelCloseOk / ChannelFlow / Method / Content."""
         cls = type(event)  # told apart by class: a name's string tests cost every message
-        number: int = event.channel  # type: ignore[attr-defined]
-        if cls is ChannelOpen:
-            self.channels[number] = Channel(self, number)
-            return
-        if cls is ChannelClose or cls is ChannelCloseOk:
-            ch = self.channels.get(number)
-            if ch is not None and ch.held is not None:
-                self.end_wait(ch)
-            ch = self.channels.pop(number, None)
-            if ch is not None:
-                ch.close()
+        # Each class's fields are read at sites of their own: one attribute site that sees a
+        # Content and a Method in turn (a publish, an ack) is never specialized by CPython 3.11.
+        if cls is Content:
+            number: int = event.channel  # type: ignore[attr-defined]
+            method = event.method  # type: ignore[attr-defined]
+        elif cls is Method:
+            number = event.channel  # type: ignore[attr-defined]
+            method = event.method  # type: ignore[attr-defined]
+        elif cls is ChannelFlow:
+            number = event.channel  # type: ignore[attr-defined]
+        else:
+            self._open_or_close(cls, event)
             return
         ch = self.channels.get(number)
         if ch is None or ch.closing:
@@ -132,7 +133,6 @@ class Session:
             except CMQError as e:
                 self.channel_error(ch, e)
             return
-        method = event.method  # type: ignore[attr-defined]
         try:
             if cls is Content:
                 if self.check_access and not self._writable.get(method.exchange, False):
@@ -148,9 +148,10 @@ class Session:
                     # By position (immediate, user, peer, cycle, protocol): cheaper than by keyword.
                     self.vhost.publish(method.exchange, method.routing_key, properties, event.body,  # type: ignore[attr-defined]
                                        method.immediate, self.user, self.peer, NO_CYCLE, self.protocol)
-            elif method.name == "Basic.Ack" and not ch.tx:
+            elif type(method) is _ACK and not ch.tx:
                 # Every delivery's ack: it causes no basic.cancel to hold back (see _method),
-                # so it skips that bookkeeping.
+                # so it skips that bookkeeping. Told by its class: ``method.name`` is a class
+                # attribute of pamqp's, read unspecialized.
                 ch.ack(method.delivery_tag, method.multiple)
             else:
                 self._method(ch, method)
@@ -159,6 +160,20 @@ class Session:
             self.conn.close(e.reply_code, e.reply_text, cls_id, mid)
         except CMQError as e:
             self.channel_error(ch, e, method)
+
+    def _open_or_close(self, cls: type, event: object) -> None:
+        """on_event's channel.open, channel.close and channel.close-ok."""
+        number: int = event.channel  # type: ignore[attr-defined]
+        if cls is ChannelOpen:
+            self.channels[number] = Channel(self, number)
+            return
+        if cls is ChannelClose or cls is ChannelCloseOk:
+            ch = self.channels.get(number)
+            if ch is not None and ch.held is not None:
+                self.end_wait(ch)
+            ch = self.channels.pop(number, None)
+            if ch is not None:
+                ch.close()
 
     def _method(self, ch: Channel, method: Any) -> None:
         """A method's handler; the basic.cancel notices it causes follow its reply."""
@@ -511,6 +526,7 @@ def _ids(method: Any) -> tuple[int, int]:
     return index >> 16, index & 0xFFFF
 
 
+_ACK = C.Basic.Ack
 _HANDLERS: dict[str, Callable[[Session, Channel, Any], None]] = {
     "Exchange.Declare": Session._exchange_declare,
     "Exchange.Delete": Session._exchange_delete,

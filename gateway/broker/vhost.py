@@ -538,7 +538,8 @@ class VHost:
             # RabbitMQ 3.x dropped immediate: connection error 540.
             raise ConnectionFault("M16", "immediate=true", reply_code=NOT_IMPLEMENTED)
         broker = self.broker
-        now = broker.clock.now()  # Broker.now's frame: once a publish
+        clock_now = broker.clock_now  # Broker.clock_now says why through a local
+        now = clock_now()
         out = PublishOutcome()
         if type(properties) is Properties and not properties._flags & _HEADERS_OR_EXPIRATION:
             headers = ttl = None  # the common property list: neither is there to read
@@ -551,7 +552,8 @@ class VHost:
             size = len(body)
             msg_id = out.msg_id = msg_id or new_msg_id()
             if protocol is None:
-                broker.emit_row(PUBLISH_QUEUE, self.name, (routing_key, routing_key, msg_id, size, user, peer))
+                emit_row = broker.emit_row  # an instance attribute: called through a local, specialized
+                emit_row(PUBLISH_QUEUE, self.name, (routing_key, routing_key, msg_id, size, user, peer))
             else:
                 broker.emit_row(PUBLISH_QUEUE_VIA, self.name,
                                 (routing_key, routing_key, msg_id, size, user, peer, protocol))

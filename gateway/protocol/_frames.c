@@ -18,6 +18,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <string.h>
 
 #define FRAME_METHOD 1
@@ -54,10 +55,71 @@ static PyObject *bare(PyObject *cls) {
     return t->tp_new(t, empty_tuple, NULL);
 }
 
+/* Where a class keeps one of its __slots__, remembered per call site. Why: the 18 slots a
+ * publish and an ack fill went through PyObject_GenericSetAttr (the type's MRO lookup, the
+ * member descriptor, PyMember_SetOne: ~130 instructions each, ~2.4k of a scenario-1 message).
+ * The offset is the member descriptor's, used only while the type's version tag is the one it
+ * was read under (any change to the class or its bases resets the tag, as it does for
+ * CPython's own attribute caches); a name that is not a plain object slot takes the generic
+ * call, so the result is always what the generic call would do. */
+typedef struct {
+    PyTypeObject *type;  /* strong: an address is never reused while cached */
+    unsigned int version;
+    Py_ssize_t offset;   /* 0: not a writable object slot (the generic call) */
+} SlotCache;
+
+static Py_ssize_t slot_lookup(PyTypeObject *t, PyObject *name, SlotCache *c) {
+    PyObject *d = _PyType_Lookup(t, name);  /* borrowed; assigns the type a version tag */
+    Py_ssize_t off = 0;
+    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDescrObject *md = (PyMemberDescrObject *)d;
+        if (md->d_member->type == T_OBJECT_EX && !(md->d_member->flags & READONLY)
+            && PyType_IsSubtype(t, PyDescr_TYPE(md)))
+            off = md->d_member->offset;
+    }
+    Py_INCREF(t);
+    Py_XSETREF(c->type, t);
+    c->version = t->tp_version_tag;
+    c->offset = off;
+    return off;
+}
+
+static inline Py_ssize_t slot_offset(PyTypeObject *t, PyObject *name, SlotCache *c) {
+    if (c->type == t && c->version != 0 && t->tp_version_tag == c->version) return c->offset;
+    return slot_lookup(t, name, c);
+}
+
+/* PyObject_GenericSetAttr(obj, name, value) for a value that is not NULL. */
+static inline int slot_set(PyObject *obj, PyObject *name, SlotCache *c, PyObject *value) {
+    Py_ssize_t off = slot_offset(Py_TYPE(obj), name, c);
+    if (off == 0) return PyObject_GenericSetAttr(obj, name, value);
+    PyObject **at = (PyObject **)((char *)obj + off);
+    PyObject *old = *at;
+    *at = Py_NewRef(value);
+    Py_XDECREF(old);
+    return 0;
+}
+
+/* PyObject_GetAttr(obj, name) of a slot (a new reference; an empty slot raises as there). */
+static PyObject *slot_get(PyObject *obj, PyObject *name, SlotCache *c) {
+    if (Py_TYPE(obj)->tp_getattro != PyObject_GenericGetAttr) return PyObject_GetAttr(obj, name);
+    Py_ssize_t off = slot_offset(Py_TYPE(obj), name, c);
+    PyObject *v = off ? *(PyObject **)((char *)obj + off) : NULL;
+    if (v == NULL) return PyObject_GetAttr(obj, name);
+    return Py_NewRef(v);
+}
+
+/* The call sites' caches, one a (class, slot) pair. */
+enum { C_PROPS_RAW, C_PROPS_FLAGS, C_PROPS_SPANS, C_PROPS_TEMPLATES, C_PROPS_CACHE, C_CHAN_STATE,
+       C_CHAN_PUBLISH, C_ACK_TAG, C_ACK_MULTIPLE, C_METHOD_CHANNEL, C_METHOD_METHOD, C_PUB_TICKET,
+       C_PUB_EXCHANGE, C_PUB_KEY, C_PUB_MANDATORY, C_PUB_IMMEDIATE, C_CONTENT_CHANNEL, C_CONTENT_METHOD,
+       C_CONTENT_PROPS, C_CONTENT_BODY, N_CACHES };
+static SlotCache caches[N_CACHES];
+
 /* Set a slot; steals ``value`` (which may be NULL after a failed call: then fails). */
-static int set_steal(PyObject *obj, PyObject *name, PyObject *value) {
+static int set_steal(PyObject *obj, PyObject *name, SlotCache *c, PyObject *value) {
     if (value == NULL) return -1;
-    int rc = PyObject_GenericSetAttr(obj, name, value);
+    int rc = slot_set(obj, name, c, value);
     Py_DECREF(value);
     return rc;
 }
@@ -112,10 +174,11 @@ static PyObject *properties_of(const unsigned char *p, Py_ssize_t n) {
     PyObject *props = bare(Properties_t);
     if (props != NULL) {
         PyObject *const *k = &PyTuple_GET_ITEM(known, 0);
-        if (PyObject_GenericSetAttr(props, s_raw, k[0]) < 0 || PyObject_GenericSetAttr(props, s_flags, k[1]) < 0
-            || PyObject_GenericSetAttr(props, s_spans, k[2]) < 0
-            || PyObject_GenericSetAttr(props, s_templates, k[3]) < 0
-            || PyObject_GenericSetAttr(props, s_cache, Py_None) < 0)
+        if (slot_set(props, s_raw, &caches[C_PROPS_RAW], k[0]) < 0
+            || slot_set(props, s_flags, &caches[C_PROPS_FLAGS], k[1]) < 0
+            || slot_set(props, s_spans, &caches[C_PROPS_SPANS], k[2]) < 0
+            || slot_set(props, s_templates, &caches[C_PROPS_TEMPLATES], k[3]) < 0
+            || slot_set(props, s_cache, &caches[C_PROPS_CACHE], Py_None) < 0)
             Py_CLEAR(props);
     }
     Py_DECREF(known);
@@ -130,12 +193,12 @@ static int channel_takes(PyObject *channels, unsigned channel) {
     Py_DECREF(key);
     if (chan == NULL) return PyErr_Occurred() ? -1 : 0;
     Py_INCREF(chan);
-    PyObject *state = PyObject_GetAttr(chan, s_state);
+    PyObject *state = slot_get(chan, s_state, &caches[C_CHAN_STATE]);
     if (state == NULL) { Py_DECREF(chan); return -1; }
     int ok = state == chan_open;
     Py_DECREF(state);
     if (ok) {
-        PyObject *publish = PyObject_GetAttr(chan, s_publish);
+        PyObject *publish = slot_get(chan, s_publish, &caches[C_CHAN_PUBLISH]);
         if (publish == NULL) { Py_DECREF(chan); return -1; }
         ok = publish == Py_None;
         Py_DECREF(publish);
@@ -158,14 +221,14 @@ static PyObject *pair(PyObject *event, Py_ssize_t next_pos) {
 static PyObject *make_ack(unsigned channel, uint64_t tag, int multiple, Py_ssize_t next_pos) {
     PyObject *ack = bare(Ack_t);
     if (ack == NULL) return NULL;
-    if (set_steal(ack, s_delivery_tag, PyLong_FromUnsignedLongLong(tag)) < 0
-        || PyObject_GenericSetAttr(ack, s_multiple, multiple ? Py_True : Py_False) < 0) {
+    if (set_steal(ack, s_delivery_tag, &caches[C_ACK_TAG], PyLong_FromUnsignedLongLong(tag)) < 0
+        || slot_set(ack, s_multiple, &caches[C_ACK_MULTIPLE], multiple ? Py_True : Py_False) < 0) {
         Py_DECREF(ack);
         return NULL;
     }
     PyObject *event = bare(Method_t);
-    if (event == NULL || set_steal(event, s_channel, PyLong_FromUnsignedLong(channel)) < 0
-        || PyObject_GenericSetAttr(event, s_method, ack) < 0) {
+    if (event == NULL || set_steal(event, s_channel, &caches[C_METHOD_CHANNEL], PyLong_FromUnsignedLong(channel)) < 0
+        || slot_set(event, s_method, &caches[C_METHOD_METHOD], ack) < 0) {
         Py_XDECREF(event);
         Py_DECREF(ack);
         return NULL;
@@ -236,16 +299,18 @@ static PyObject *take_publish(const unsigned char *d, Py_ssize_t n, unsigned cha
     if (number == NULL) goto done;
     method = bare(Publish_t);
     if (method == NULL) goto done;
-    if (set_steal(method, s_ticket, PyLong_FromUnsignedLong(ticket)) < 0
-        || PyObject_GenericSetAttr(method, s_exchange, exchange) < 0
-        || PyObject_GenericSetAttr(method, s_routing_key, routing_key) < 0
-        || PyObject_GenericSetAttr(method, s_mandatory, (bits & 1) ? Py_True : Py_False) < 0
-        || PyObject_GenericSetAttr(method, s_immediate, (bits & 2) ? Py_True : Py_False) < 0)
+    if (set_steal(method, s_ticket, &caches[C_PUB_TICKET], PyLong_FromUnsignedLong(ticket)) < 0
+        || slot_set(method, s_exchange, &caches[C_PUB_EXCHANGE], exchange) < 0
+        || slot_set(method, s_routing_key, &caches[C_PUB_KEY], routing_key) < 0
+        || slot_set(method, s_mandatory, &caches[C_PUB_MANDATORY], (bits & 1) ? Py_True : Py_False) < 0
+        || slot_set(method, s_immediate, &caches[C_PUB_IMMEDIATE], (bits & 2) ? Py_True : Py_False) < 0)
         goto done;
     event = bare(Content_t);
     if (event == NULL) goto done;
-    if (PyObject_GenericSetAttr(event, s_channel, number) < 0 || PyObject_GenericSetAttr(event, s_method, method) < 0
-        || PyObject_GenericSetAttr(event, s_properties, props) < 0 || PyObject_GenericSetAttr(event, s_body, body) < 0)
+    if (slot_set(event, s_channel, &caches[C_CONTENT_CHANNEL], number) < 0
+        || slot_set(event, s_method, &caches[C_CONTENT_METHOD], method) < 0
+        || slot_set(event, s_properties, &caches[C_CONTENT_PROPS], props) < 0
+        || slot_set(event, s_body, &caches[C_CONTENT_BODY], body) < 0)
         goto done;
     Py_INCREF(event);
     result = pair(event, bend + 1);

@@ -74,3 +74,32 @@ def test_A1_a_closed_log_counts_what_emit_row_sheds_and_is_collected(tmp_path: P
     del audit
     gc.collect()
     assert ref() is None
+
+
+class _SlottedRow:
+    __slots__ = ("id",)
+
+
+class _DictRow:
+    pass
+
+
+def test_A1_emit_row_reads_the_row_id_as_python_does() -> None:
+    """emit_row reads ``row.id`` at the slot's offset it remembers for Row's class: a row of
+    another class (slotted, a dict, a subclass whose id became a property after it was read)
+    gives the id Python's ``row.id`` gives, and an empty slot raises as it does."""
+    recs = fastformat.Records(_plain)
+    slotted, plain = _SlottedRow(), _DictRow()
+    slotted.id = ACK.id
+    plain.id = DELIVER.id  # type: ignore[attr-defined]
+    later_class = type("Later", (_SlottedRow,), {"__slots__": ()})
+    later = later_class()
+    later.id = ENQUEUE.id
+    for row in (PUBLISH_QUEUE, slotted, plain, later, PUBLISH_QUEUE, later):
+        recs.emit_row(row, "/", ())
+    later_class.id = property(lambda self: ACK.id)  # type: ignore[attr-defined]
+    recs.emit_row(later, "/", ())
+    with pytest.raises(AttributeError):
+        recs.emit_row(_SlottedRow(), "/", ())
+    assert [item[1] for item in fastformat.unpack(recs.take())] == [
+        PUBLISH_QUEUE.id, ACK.id, DELIVER.id, ENQUEUE.id, PUBLISH_QUEUE.id, ENQUEUE.id, ACK.id]

@@ -261,3 +261,79 @@ def test_append_deliver_refuses_what_shortstr_refuses(which: Any) -> None:
     assert out == b"kept"  # nothing half-written
     append(out, 1, b"bytes-tag", 1, True, b"ex", b"rk", b"\x00\x00", memoryview(b"body"), 131072)
     assert out.startswith(b"kept") and out.endswith(b"\x03\x00\x01\x00\x00\x00\x04body\xce")
+
+
+# -- the channel's and the events' slots, read and written at their offsets ------------------
+
+class _DictChannel:
+    """A channel of another class, its fields in an instance dict (no slots)."""
+
+    def __init__(self, state: ChannelState, publish: Any) -> None:
+        self.state = state
+        self.publish = publish
+
+
+class _SubChannel(Channel):
+    __slots__ = ()
+
+
+class _PropertyChannel(Channel):
+    """``state`` a property over the slot: the property wins, as for any data descriptor."""
+
+    __slots__ = ()
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        return ChannelState.CLOSING
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        pass  # Channel.__init__ sets it
+
+
+def _channel_of(kind: str, state: ChannelState, publish: Any) -> Any:
+    if kind == "dict":
+        return _DictChannel(state, publish)
+    chan = {"slots": Channel, "subclass": _SubChannel, "property": _PropertyChannel}[kind](1)
+    if kind != "property":
+        chan.state = state
+    chan.publish = publish
+    return chan
+
+
+_PLAIN = (method_frame(1, C.Basic.Publish(exchange="ex", routing_key="rk")) + content_frames(1, b"body"),
+          method_frame(1, C.Basic.Ack(delivery_tag=5)))
+
+
+@needs_compiled
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["slots", "dict", "subclass", "property"]),
+                          st.sampled_from(list(ChannelState)), st.booleans(), st.sampled_from(_PLAIN)),
+                min_size=1, max_size=12))
+def test_fast_event_reads_a_channel_of_any_class_as_python_does(steps: list[Any]) -> None:
+    """W1 (the frames' path is the connection's): the compiled path reads a channel's state and
+    publish at the slot's offset it remembers for the channel's class; a channel of another
+    class met in between (a dict, a subclass, a property over the slot) is read as Python
+    reads it, and so is the remembered class again after it."""
+    for kind, state, mid_content, data in steps:
+        channels = {1: _channel_of(kind, state, C.Basic.Publish() if mid_content else None)}
+        want = _shape(fastpath.py_fast_event(data, 0, 131072, 1 << 20, channels))
+        assert _shape(_frames.fast_event(data, 0, 131072, 1 << 20, channels)) == want
+        assert (want is not None) == (kind != "property" and state is ChannelState.OPEN and not mid_content)
+
+
+@needs_compiled
+def test_fast_event_sees_a_class_changed_after_it_read_it() -> None:
+    """A class whose attributes change after the compiled path remembered its slot's offset
+    (a property put over the slot) is read as Python reads it from then on: the remembered
+    offset holds only under the class's version tag."""
+    changing = type("Changing", (Channel,), {"__slots__": ()})
+    chan = changing(1)
+    chan.state = ChannelState.OPEN
+    channels = {1: chan}
+    for data in _PLAIN:
+        assert _shape(_frames.fast_event(data, 0, 131072, 1 << 20, channels)) is not None
+    changing.state = property(lambda self: ChannelState.CLOSING)  # type: ignore[attr-defined]
+    for data in _PLAIN:
+        assert fastpath.py_fast_event(data, 0, 131072, 1 << 20, channels) is None
+        assert _frames.fast_event(data, 0, 131072, 1 << 20, channels) is None
