@@ -11,7 +11,6 @@ first message that is anything else, and the Python reading goes on from there: 
 reference, and every message taken here is what it would have made of it
 (tests/unit/jetstream/test_wire_scan.py compares the two on random and cut reads). */
 
-#define _GNU_SOURCE  /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
@@ -48,11 +47,18 @@ digits(const char *s, Py_ssize_t n)
 static Py_ssize_t
 find_crlf(const char *p, Py_ssize_t from, Py_ssize_t end)
 {
-    const char *q;
-    if (end - from < 2)
-        return -1;
-    q = memmem(p + from, (size_t)(end - from), "\r\n", 2);
-    return q == NULL ? -1 : (Py_ssize_t)(q - p);
+    /* memchr for the CR: glibc's memmem for a two-byte needle took more instructions than the
+       rest of a run's reading (callgrind, ~1.4k a delivery) */
+    const char *s = p + from, *last = p + end - 1;
+    while (s < last) {
+        s = memchr(s, '\r', (size_t)(last - s));
+        if (s == NULL)
+            return -1;
+        if (s[1] == '\n')
+            return (Py_ssize_t)(s - p);
+        s++;
+    }
+    return -1;
 }
 
 /* The control line at pos split at single spaces: its arguments' starts and lengths, and the
@@ -62,20 +68,24 @@ static int
 split_line(const char *p, Py_ssize_t pos, Py_ssize_t end, Py_ssize_t *eol,
            Py_ssize_t *at, Py_ssize_t *len, int *n)
 {
-    Py_ssize_t i, from = pos;
+    const char *s = p + pos, *e, *sp;
     int k = 0;
     *eol = find_crlf(p, pos, end);
     if (*eol < 0)
         return 0;
-    for (i = pos; i <= *eol; i++) {
-        if (i == *eol || p[i] == ' ') {
-            if (i == from || k == MAX_ARGS)
-                return 0;
-            at[k] = from;
-            len[k] = i - from;
-            k++;
-            from = i + 1;
-        }
+    e = p + *eol;
+    for (;;) {
+        sp = memchr(s, ' ', (size_t)(e - s));
+        if (sp == NULL)
+            sp = e;
+        if (sp == s || k == MAX_ARGS)
+            return 0;
+        at[k] = (Py_ssize_t)(s - p);
+        len[k] = (Py_ssize_t)(sp - s);
+        k++;
+        if (sp == e)
+            break;
+        s = sp + 1;
     }
     *n = k;
     return 1;

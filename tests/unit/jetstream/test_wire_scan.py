@@ -49,11 +49,11 @@ def test_the_compiled_reading_is_built() -> None:
 SIDS = ["1", "2", "3", "9", "01", "+1", "1_0"]
 
 _token = st.text(alphabet="abcXYZ019-_.$", min_size=1, max_size=10).map(str.encode)
-_subject = st.one_of(_token, _token, st.sampled_from([b"\xff\xfe", b"s\xc3\xa9", b"a\tb"]))
+_subject = st.one_of(_token, _token, st.sampled_from([b"\xff\xfe", b"s\xc3\xa9", b"a\tb", b"a\rb", b"a\r"]))
 _reply = st.one_of(st.just(b""), _token, st.just(b"$JS.ACK.S.C.1.5.5.1700000000000000000.0"), st.just(b"r\xff"))
 _id = st.one_of(
     st.text(alphabet="abc019-", max_size=12),
-    st.text(alphabet=" \t\x0b\x1c\x1fab\u00e9\u00a0\u0085\u2003", max_size=8),
+    st.text(alphabet=" \t\r\x0b\x1c\x1fab\u00e9\u00a0\u0085\u2003", max_size=8),
 ).map(lambda s: s.encode("utf-8"))
 _header = st.one_of(
     _id.map(lambda v: b"NATS/1.0\r\nNats-Msg-Id:" + v + b"\r\n\r\n"),
