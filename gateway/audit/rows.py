@@ -12,6 +12,7 @@ same in the gateway and in its audit writer process.
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +22,7 @@ from gateway.audit.record import formatter, line_writer
 
 __all__ = ["ACK", "ACK_MQTT", "DELIVER", "DELIVER_AUTO", "DELIVER_MQTT", "DELIVER_MQTT_AUTO", "ENQUEUE", "PUBLISH_QUEUE", "PUBLISH_QUEUE_VIA",
            "PUBLISH_TOPIC", "PUBLISH_TOPIC_VIA", "ROUTE", "ROWS", "Row",
-           "fields_emitter", "row_emitter"]
+           "fields_emitter", "row_emitter", "values_emitter"]
 
 
 class Row:
@@ -96,6 +97,20 @@ def fields_emitter(sink: Any) -> Callable[[str, str, dict[str, Any]], None]:
     def as_keywords(event: str, vhost: str, fields: dict[str, Any]) -> None:
         emit(event, vhost, **fields)
     return as_keywords
+
+
+def values_emitter(sink: Any) -> Callable[..., None]:
+    """``emit_values(row, vhost, *values)`` for ``sink``: its own where it has one (AuditLog,
+    NullAudit), else ``emit_row(row, vhost, values)`` of ``row_emitter``. Looked up without
+    ``__getattr__``: a sink that forwards what it lacks to another (the metrics tee) must
+    not be passed by."""
+    if inspect.getattr_static(sink, "emit_values", None) is not None:
+        return sink.emit_values  # type: ignore[no-any-return]
+    emit_row = row_emitter(sink)
+
+    def as_row(row: Row, vhost: str, *values: Any) -> None:
+        emit_row(row, vhost, values)
+    return as_row
 
 
 def row_emitter(sink: Any) -> Callable[[Row, str, tuple[Any, ...]], None]:

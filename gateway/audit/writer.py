@@ -123,6 +123,9 @@ class NullAudit:
     def emit_row(self, row: Row, vhost: str, values: tuple[Any, ...]) -> None:
         return None
 
+    def emit_values(self, row: Row, vhost: str, *values: Any) -> None:
+        return None
+
     def flush(self, timeout: float | None = None) -> bool:
         return True
 
@@ -258,6 +261,8 @@ class AuditLog:
         if _thread:
             self._thread.start()
         self.emit, self.emit_fields, self.emit_row = self._fast_emit()  # type: ignore[method-assign]
+        if self._records is not None:  # the Records' own, in C, under emit_row's checks
+            self.emit_values = self._records.emit_values  # type: ignore[method-assign]
 
     def _fast_emit(self) -> tuple[Callable[..., None], Callable[..., None], Callable[..., None]]:
         """``emit``, ``emit_fields`` and ``emit_row`` as closures over the queue, the clock and
@@ -354,6 +359,11 @@ class AuditLog:
     def emit_row(self, row: Row, vhost: str, values: tuple[Any, ...]) -> None:
         """``emit`` of a record of a fixed shape: ``values`` in ``row.keys`` order."""
         self.emit_fields(row.event, vhost, row.fields(values))
+
+    def emit_values(self, row: Row, vhost: str, *values: Any) -> None:
+        """``emit_row(row, vhost, values)`` with the values as arguments (in process mode the
+        packed Records' own, which makes no tuple of them)."""
+        self.emit_row(row, vhost, values)
 
     @property
     def pending(self) -> int:

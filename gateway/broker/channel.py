@@ -91,17 +91,17 @@ class Channel:
             conn.send_get_ok(self.number, tag, redelivered, msg.exchange, msg.routing_key, get_count or 0,
                              props, body)
         no_ack = consumer.no_ack if consumer is not None else no_ack or get_count is None
-        emit_row = s.broker.emit_row
+        emit_values = s.broker.emit_values  # (row, vhost, *values): no tuple a record
         if no_ack:  # no ack record will follow: the delivery says it settled the message
             if s.protocol is None:
-                emit_row(DELIVER_AUTO, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body), True))
+                emit_values(DELIVER_AUTO, s.vhost_name, s.user, s.peer, q.name, msg_id, rc, len(body), True)
             else:
-                emit_row(DELIVER_MQTT_AUTO, s.vhost_name,
-                         (s.user, s.peer, q.name, msg_id, rc, len(body), s.protocol, True))
+                emit_values(DELIVER_MQTT_AUTO, s.vhost_name, s.user, s.peer, q.name, msg_id, rc, len(body),
+                            s.protocol, True)
         elif s.protocol is None:
-            emit_row(DELIVER, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body)))
+            emit_values(DELIVER, s.vhost_name, s.user, s.peer, q.name, msg_id, rc, len(body))
         else:  # MQ7
-            emit_row(DELIVER_MQTT, s.vhost_name, (s.user, s.peer, q.name, msg_id, rc, len(body), s.protocol))
+            emit_values(DELIVER_MQTT, s.vhost_name, s.user, s.peer, q.name, msg_id, rc, len(body), s.protocol)
         if no_ack:
             s.broker.settle_deleted(q, receipt)
             return
@@ -170,8 +170,9 @@ class Channel:
             one = self.unacked.pop(tag, None)
             if one is None:
                 raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
-            if one.consumer is not None:
-                one.consumer.unacked -= 1
+            consumer = one.consumer  # once: a NamedTuple field is read unspecialized
+            if consumer is not None:
+                consumer.unacked -= 1
             broker.ack(session, one)
         if self.channel_prefetch:
             broker.dispatch_channel(self)  # W4: channel credit serves every queue consumed here

@@ -221,8 +221,8 @@ class EmbeddedMessages:
         # The CMQ model's send itself, not BrokerQueue.send around it: a frame on every publish.
         qmsg = q.cmq.send(msg, len(msg.body), now, delay, msg.msg_id or None, expires_at)  # by position: cheaper
         msg_id = qmsg.msg_id
-        emit_row = broker.emit_row  # an instance attribute: called through a local, specialized
-        emit_row(ENQUEUE, vh.name, (q.name, msg_id, len(msg.body), via, subscription))
+        emit_values = broker.emit_values  # an instance attribute: called through a local, specialized
+        emit_values(ENQUEUE, vh.name, q.name, msg_id, len(msg.body), via, subscription)
         if q.durable and msg.persistent:
             key = P.message_key(vh.name, q.name, msg_id)
             body = msg.body

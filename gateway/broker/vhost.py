@@ -46,7 +46,7 @@ from gateway.broker.exchange import (
     sub_label,
     sub_name,
 )
-from gateway.broker.message import NO_CYCLE, Message
+from gateway.broker.message import NO_CYCLE, Message, init_message, new_message
 from gateway.broker.policies import Policy, choose, queue_arguments
 from gateway.broker.queue import BrokerQueue
 from gateway.broker.reply_to import REPLY_PREFIX
@@ -552,8 +552,8 @@ class VHost:
             size = len(body)
             msg_id = out.msg_id = msg_id or new_msg_id()
             if protocol is None:
-                emit_row = broker.emit_row  # an instance attribute: called through a local, specialized
-                emit_row(PUBLISH_QUEUE, self.name, (routing_key, routing_key, msg_id, size, user, peer))
+                emit_values = broker.emit_values  # an instance attribute: called through a local, specialized
+                emit_values(PUBLISH_QUEUE, self.name, routing_key, routing_key, msg_id, size, user, peer)
             else:
                 broker.emit_row(PUBLISH_QUEUE_VIA, self.name,
                                 (routing_key, routing_key, msg_id, size, user, peer, protocol))
@@ -572,7 +572,8 @@ class VHost:
                 self.breach(LimitError("L6", f"message of {size:,} bytes is larger than queue '{q.name}' "
                                        f"max_msg_size {q.attrs.max_msg_size:,} bytes", value=size,
                                        limit=q.attrs.max_msg_size), f"queue:{q.name}", user, peer)
-            msg = Message(body, properties, "", routing_key, now, (), msg_id, ttl)
+            msg = new_message(Message)  # Message(...) without type_call's C frame (message.py)
+            init_message(msg, body, properties, "", routing_key, now, (), msg_id, ttl)
             try:
                 if cycle or (q.durable and msg.persistent):
                     msg.cycle = cycle
@@ -628,7 +629,8 @@ class VHost:
             self.breach(LimitError("L6", f"message of {size} bytes is larger than topic '{exchange}' "
                                    f"MaximumMessageSize {max_size}", value=size, limit=max_size),
                         f"exchange:{exchange}", user, peer)
-        msg = Message(body, properties, exchange, routing_key, now, tags, msg_id, ttl)
+        msg = new_message(Message)  # Message(...) without type_call's C frame (message.py)
+        init_message(msg, body, properties, exchange, routing_key, now, tags, msg_id, ttl)
         msg.cycle = cycle
         if size > QUEUE_MAX_MSG_SIZE_MIN:  # no queue refuses a body this small (L6)
             self._check_sizes(ex, msg, headers, user, peer)

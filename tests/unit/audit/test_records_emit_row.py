@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.audit import fastformat
-from gateway.audit.rows import ACK, DELIVER, ENQUEUE, PUBLISH_QUEUE, ROWS
+from gateway.audit.rows import ACK, DELIVER, ENQUEUE, PUBLISH_QUEUE, ROWS, values_emitter
 from gateway.audit.writer import AuditLog, _plain
 
 pytestmark = pytest.mark.skipif(fastformat.Records is None, reason="the compiled module is not built")
@@ -37,6 +37,40 @@ def test_A1_emit_row_packs_what_add_of_the_row_id_packs(records: list[Any]) -> N
     assert len(by_emit) == len(by_add) == len(records)
     got = [item[1:] for item in fastformat.unpack(by_emit.take())]
     assert got == [item[1:] for item in fastformat.unpack(by_add.take())]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(ROWS), st.sampled_from(["/", "v", "é"]),
+                          st.lists(_VALUE, max_size=8).map(tuple)), max_size=20),
+       st.integers(0, 20), st.integers(-1, 20))
+def test_A1_emit_values_packs_sheds_and_wakes_as_emit_row(records: list[Any], limit: int, wake_at: int) -> None:
+    """emit_values(row, vhost, *values), the broker's hot paths' (no tuple a record), is
+    emit_row(row, vhost, values): the same packing, the same shed and wake calls."""
+    calls: dict[str, list[str]] = {"row": [], "values": []}
+    by_row, by_values = fastformat.Records(_plain), fastformat.Records(_plain)
+    for name, recs in (("row", by_row), ("values", by_values)):
+        recs.watch(limit, wake_at, lambda n=name: calls[n].append("shed"), lambda n=name: calls[n].append("wake"))
+    for row, vhost, values in records:
+        by_row.emit_row(row, vhost, values)
+        by_values.emit_values(row, vhost, *values)
+    assert calls["values"] == calls["row"]
+    assert len(by_values) == len(by_row) == min(limit, len(records))
+    got = [item[1:] for item in fastformat.unpack(by_values.take())]
+    assert got == [item[1:] for item in fastformat.unpack(by_row.take())]
+
+
+def test_A1_emit_values_refuses_what_emit_row_refuses() -> None:
+    recs = fastformat.Records(_plain)
+    for emit in (lambda *a: recs.emit_row(a[0], a[1], a[2:]), recs.emit_values):
+        with pytest.raises(AttributeError):
+            emit(object(), "/")
+        with pytest.raises(TypeError):
+            emit(DELIVER, b"/")
+    with pytest.raises(TypeError):
+        recs.emit_values(DELIVER)
+    with pytest.raises(TypeError):
+        recs.emit_row(DELIVER, "/", iter(()))  # values not a tuple or list
+    assert len(recs) == 0
 
 
 def test_A1_emit_row_sheds_past_its_limit_and_wakes_the_writer_once() -> None:
@@ -103,3 +137,16 @@ def test_A1_emit_row_reads_the_row_id_as_python_does() -> None:
         recs.emit_row(_SlottedRow(), "/", ())
     assert [item[1] for item in fastformat.unpack(recs.take())] == [
         PUBLISH_QUEUE.id, ACK.id, DELIVER.id, ENQUEUE.id, PUBLISH_QUEUE.id, ENQUEUE.id, ACK.id]
+
+
+def test_A1_a_log_in_process_mode_takes_values_in_c_and_sheds_them_once_closed(tmp_path: Path) -> None:
+    audit = AuditLog(str(tmp_path / "audit"))
+    assert audit._records is not None, "process mode packs in C"
+    emit_values = values_emitter(audit)
+    assert emit_values == audit._records.emit_values  # no Python frame a record
+    emit_values(PUBLISH_QUEUE, "/", "q", "q", "m-1", 16, "guest", "peer")
+    assert audit.pending == 1
+    audit.close()
+    dropped = audit.dropped
+    emit_values(PUBLISH_QUEUE, "/", "q", "q", "m-2", 16, "guest", "peer")
+    assert audit.dropped == dropped + 1

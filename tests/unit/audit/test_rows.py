@@ -12,11 +12,21 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.audit import AuditLog
+from gateway.audit import AuditLog, NullAudit
 from gateway.audit.counting import FIELDS_READ, count_key
 from gateway.audit.layout import list_files
 from gateway.audit.record import FIELD_TYPES, format_line
-from gateway.audit.rows import ACK, DELIVER, ENQUEUE, PUBLISH_QUEUE, PUBLISH_TOPIC, ROUTE, ROWS, Row
+from gateway.audit.rows import (
+    ACK,
+    DELIVER,
+    ENQUEUE,
+    PUBLISH_QUEUE,
+    PUBLISH_TOPIC,
+    ROUTE,
+    ROWS,
+    Row,
+    values_emitter,
+)
 from gateway.metrics import Counters
 
 TS = "2026-11-21T10:00:00.000001Z"
@@ -86,13 +96,16 @@ ROWS_SENT: list[tuple[Row, tuple[Any, ...]]] = [
 ]
 
 
-def _write(directory: Path, as_rows: bool, process: bool) -> list[bytes]:
+def _write(directory: Path, as_rows: bool, process: bool, as_values: bool = False) -> list[bytes]:
     clock = StepClock()
     audit = AuditLog(str(directory), clock=clock, process=process)
     if process:  # a test clock keeps the writer in-thread unless told otherwise
         audit._clock = clock  # noqa: SLF001 (the child only formats the times it is given)
+    emit_values = values_emitter(audit)
     for row, values in ROWS_SENT * 50:
-        if as_rows:
+        if as_values:
+            emit_values(row, "/", *values)
+        elif as_rows:
             audit.emit_row(row, "/", values)
         else:
             audit.emit(row.event, "/", **row.fields(values))
@@ -105,6 +118,8 @@ def test_A1_rows_write_the_same_files_as_keyword_records(tmp_path: Path) -> None
     assert len(by_fields) == 8 * 50
     assert _write(tmp_path / "rows-thread", as_rows=True, process=False) == by_fields
     assert _write(tmp_path / "rows-process", as_rows=True, process=True) == by_fields
+    assert _write(tmp_path / "values-thread", as_rows=False, process=False, as_values=True) == by_fields
+    assert _write(tmp_path / "values-process", as_rows=False, process=True, as_values=True) == by_fields
     assert json.loads(by_fields[5])["event"] == "deliver"
 
 
@@ -129,3 +144,15 @@ def test_D9_the_writer_process_counts_what_the_tee_counts(tmp_path: Path) -> Non
     assert fed.queue_stat("/", "q", "redeliver") == 3
     assert fed.exchange_stat("/", "x", "publish_out") == 3
     audit.close()
+
+
+def test_D9_values_reach_the_tee_and_are_counted() -> None:
+    """values_emitter(sink) passes ``emit_values(row, vhost, *values)`` as ``emit_row(row,
+    vhost, values)`` to a sink without its own: the metrics tee counts them, although it
+    forwards what it lacks to its inner sink (whose own emit_values would not count)."""
+    by_row, by_values = Counters(NullAudit()), Counters(NullAudit())
+    emit_values = values_emitter(by_values)
+    for row, values in ROWS_SENT * 3:
+        by_row.emit_row(row, "/", values)
+        emit_values(row, "/", *values)
+    assert dict(by_values.raw) == dict(by_row.raw) and sum(by_row.raw.values()) == len(ROWS_SENT) * 3
