@@ -25,7 +25,7 @@ from pamqp import frame
 from gateway.protocol import codec, fastpath
 from gateway.protocol.channel import Channel, ChannelState
 from gateway.protocol.events import Content, Method
-from gateway.protocol.properties import Properties
+from gateway.protocol.properties import _SCANNED, Properties
 
 _frames: Any = None
 if fastpath.COMPILED:
@@ -337,3 +337,29 @@ def test_fast_event_sees_a_class_changed_after_it_read_it() -> None:
     for data in _PLAIN:
         assert fastpath.py_fast_event(data, 0, 131072, 1 << 20, channels) is None
         assert _frames.fast_event(data, 0, 131072, 1 << 20, channels) is None
+
+
+# -- the last names and property list taken, remembered --------------------------------------
+
+_SAME_LENGTH = ["q-aa", "q-ab", "q-ba", "", "amq.topic"]
+_SAME_LENGTH_PROPS = [*PROPS, Properties.build(delivery_mode=1).raw]  # the length of delivery_mode=2's
+
+
+@needs_compiled
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(_SAME_LENGTH), st.sampled_from(_SAME_LENGTH), st.sampled_from(_SAME_LENGTH_PROPS),
+                          st.booleans()), min_size=1, max_size=15))
+def test_fast_event_gives_each_publish_its_own_names_and_properties(steps: list[Any]) -> None:
+    """W1: the compiled path remembers the last exchange, routing key and property list it
+    took (a publisher repeats them); a publish whose bytes differ, even at the same length, or
+    after the shared caches were emptied, gets its own, as the Python path gives it."""
+    channels = _channels()
+    for exchange, key, props, clear in steps:
+        if clear:
+            codec._NAMES.clear()
+            _SCANNED.clear()
+        data = method_frame(1, C.Basic.Publish(exchange=exchange, routing_key=key))
+        data += _frame(2, 1, struct.pack(">HHQ", 60, 0, 3) + props) + _frame(3, 1, b"abc")
+        want = _shape(fastpath.py_fast_event(data, 0, 131072, 1 << 20, channels))
+        assert want is not None and want[4:6] == (exchange, key) and want[8] == props
+        assert _shape(_frames.fast_event(data, 0, 131072, 1 << 20, channels)) == want
