@@ -28,6 +28,14 @@ whether the gateway and every port still answer at the end.
 runs (scripts/fuzz_requests.py: management JSON bodies and query strings, CMQ API actions),
 counted by status; ``--nats URL`` (or ``jetstream``) runs the gateway on the JetStream store.
 
+Last, the after phase (fuzz_requests.after_phase; ``--no-after`` skips it): what the fuzz left
+behind must break nothing later. Every management list and view, the CMQ API's lists and each
+listed object's attributes, and an AMQP passive declare of every listed queue and exchange
+answer; the gateway stopped, then killed (-9), comes back each time on the same data dir or
+store with no traceback, ERROR or damaged record in its log and the same durable definitions;
+the export is imported whole by a fresh gateway (a fresh nats-server on JetStream) and
+exported back equal. fuzz_sessions.py and fuzz_mqtt.py end with the same phase.
+
     .venv/bin/python scripts/fuzz_http.py --seconds 60 --concurrency 200 [--seed N] [--nofile 1024]
     # issue 26 item 2: 1,100 silent sockets on the CMQ API of a gateway limited to 1,024 descriptors
     .venv/bin/python scripts/fuzz_http.py --nofile 1024 --concurrency 1100 --kinds idle --ports "CMQ API"
@@ -58,7 +66,7 @@ import pika
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fuzz_requests import KEY_ID, SECRET, Requests, fuzz_requests  # noqa: E402
+from fuzz_requests import Requests, after_phase, fuzz_requests, write_config  # noqa: E402
 from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
 
 PORTS = ("CMQ API", "management API", "metrics")
@@ -323,14 +331,14 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=0,
                     help="then this many well-formed requests with hostile contents (scripts/fuzz_requests.py)")
     ap.add_argument("--nats", default=None, help=NATS_HELP)
+    ap.add_argument("--no-after", dest="after", action="store_false",
+                    help="skip the final phase: what the fuzz left behind must survive a stop, a kill -9 and an "
+                         "export/import round trip, and every list (management, CMQ, AMQP declares) must answer")
+    ap.add_argument("--keep-definitions", default=None,
+                    help="write the export taken after the fuzz (the after phase's) to this file")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="fuzz-http-") as tmp, nats_store(args.nats) as store:
-        config = Path(tmp) / "gateway.yaml"
-        config.write_text(json.dumps({
-            "limits": json.loads(args.limits),
-            "users": [{"name": "guest", "password": "guest", "tags": ["administrator"],
-                       "cmq_keys": [{"secret_id": KEY_ID, "secret_key": SECRET}]}],
-            "permissions": [{"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"}]}))
+        config = write_config(Path(tmp) / "gateway.yaml", json.loads(args.limits))
         gw = start_gateway(Path(tmp), config, args.nofile, store)
         requests = Requests()
         try:
@@ -349,6 +357,11 @@ def main() -> int:
             canary.join(30)
             serving = _still_serving(gw)
             alive = gw.proc.poll() is None
+            after_problems: list[str] = []
+            after: dict[str, Any] = {}
+            if args.after and alive:
+                gw, after = after_phase(gw, config, after_problems,
+                                        Path(args.keep_definitions) if args.keep_definitions else None)
         finally:
             gw.stop()
         log = gw.log.read_text(errors="replace")
@@ -373,12 +386,14 @@ def main() -> int:
         "gateway_alive": alive,
         "still_serving": serving,
         "fuzzed_requests": requests.report(),
+        "after": {**after, "problems": len(after_problems), "first_problems": after_problems[:20]},
         "tracebacks_in_log": log.count("Traceback"),
         "errors_in_log": sum(" ERROR " in line or "INTERNAL_ERROR" in line for line in log.splitlines()),
         "first_traceback": log[log.find("Traceback") - 300:log.find("Traceback") + 2500] if "Traceback" in log else "",
     }
     print(json.dumps(report, indent=2))
     bad = (not alive or report["tracebacks_in_log"] or st.status["HTTP 500 (a defect)"] or requests.server_errors
+           or after_problems
            or any(not isinstance(v, int) or v >= 500 for v in serving.values()))
     return 1 if bad else 0
 

@@ -50,9 +50,10 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from crash_trials_mqtt import Gateway, free_port  # noqa: E402
+from crash_trials_mqtt import free_port  # noqa: E402
+from fuzz_requests import after_phase, print_after, write_config  # noqa: E402
 from fuzz_sessions import log_since  # noqa: E402
-from serve_process import NATS_HELP, nats_store  # noqa: E402
+from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
 
 from gateway.mqtt import codec as P  # noqa: E402
 
@@ -481,6 +482,9 @@ def main() -> int:
     ap.add_argument("--keep", default="fuzz-mqtt-failed", help="where a failing session's pieces go")
     ap.add_argument("--progress", type=int, default=200, help="print a line every N sessions")
     ap.add_argument("--nats", default=None, help=NATS_HELP)
+    ap.add_argument("--no-after", dest="after", action="store_false",
+                    help="skip the final phase: what the fuzz left behind must survive a stop, a kill -9 and an "
+                         "export/import round trip, and every list (management, CMQ, AMQP declares) must answer")
     args = ap.parse_args()
     with nats_store(args.nats) as store:
         return fuzz(args, store)
@@ -490,7 +494,11 @@ def fuzz(args: argparse.Namespace, store: str | None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     work = Path(tempfile.mkdtemp(prefix="fuzz-mqtt-"))
     port = free_port()
-    gw = Gateway(work / "data", port, work / "gateway.log", store)
+    config = write_config(work / "gateway.yaml")
+    gw = Served(work / "data", work / "gateway.log", store=store, config=config, mqtt_port=port, management_port=0,
+                cmq_api_port=0)
+    after: dict[str, object] = {}
+    after_problems: list[str] = []
     disconnects: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     internal = failures = 0
@@ -542,9 +550,13 @@ def fuzz(args: argparse.Namespace, store: str | None) -> int:
             if args.progress and done % args.progress == 0:
                 print(f"  {done} sessions, {time.monotonic() - t0:.0f} s, {failures} failed", flush=True)
         t1 = time.monotonic()
+        canary.stop()
+        if args.after and gw.proc.poll() is None and args.replay is None:
+            gw, after = after_phase(gw, config, after_problems)
     finally:
         crashed = int(gw.proc.poll() is not None)
-        canary.stop()
+        if not canary._stop.is_set():
+            canary.stop()
         gw.stop()
     if failures:
         keep = Path(args.keep)
@@ -559,9 +571,11 @@ def fuzz(args: argparse.Namespace, store: str | None) -> int:
         print(f"traceback x{n}: {end}")
     print(f"canary: {len(before)} round trips before, p99 {p99(before):.1f} ms; {len(during)} during the fuzzing, "
           f"p99 {p99(during):.1f} ms; lost {canary.lost}, disconnects {canary.disconnects}")
+    if args.after:
+        print_after(after, after_problems)
     print(f"internal errors: {internal}, failed sessions: {failures}, "
           f"tracebacks in the gateway log: {sum(tracebacks.values())}, crashes: {crashed}")
-    return 1 if internal or failures or crashed or canary.lost or canary.disconnects else 0
+    return 1 if internal or failures or crashed or canary.lost or canary.disconnects or after_problems else 0
 
 
 if __name__ == "__main__":

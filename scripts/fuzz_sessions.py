@@ -44,6 +44,7 @@ from pamqp import base, body, commands, constants, frame, header, heartbeat
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from fuzz_requests import after_phase, print_after, write_config  # noqa: E402
 from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
 
 Frame = tuple[str, bytes]  # what it is, the bytes sent
@@ -417,6 +418,9 @@ def main() -> int:
     ap.add_argument("--keep", default="fuzz-sessions-failed", help="where a failing session's frames go")
     ap.add_argument("--progress", type=int, default=500, help="print a line every N sessions")
     ap.add_argument("--nats", default=None, help=NATS_HELP)
+    ap.add_argument("--no-after", dest="after", action="store_false",
+                    help="skip the final phase: what the fuzz left behind must survive a stop, a kill -9 and an "
+                         "export/import round trip, and every list (management, CMQ, AMQP declares) must answer")
     args = ap.parse_args()
     with nats_store(args.nats) as store:
         return fuzz(args, store)
@@ -427,7 +431,10 @@ def fuzz(args: argparse.Namespace, store: str | None) -> int:
     logging.getLogger("pamqp").setLevel(logging.CRITICAL)  # "Truncating key ..." of long table keys
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     work = Path(tempfile.mkdtemp(prefix="fuzz-sessions-"))
-    gw = Served(work / "data", work / "gateway.log", store=store)
+    config = write_config(work / "gateway.yaml")
+    gw = Served(work / "data", work / "gateway.log", store=store, config=config, management_port=0, cmq_api_port=0)
+    after: dict[str, object] = {}
+    after_problems: list[str] = []
     closes: Counter[str] = Counter()
     internal = failures = 0
     log_at = 0  # how much of the gateway's log the sessions before this one account for
@@ -473,6 +480,8 @@ def fuzz(args: argparse.Namespace, store: str | None) -> int:
                     break
             if args.progress and done % args.progress == 0:
                 print(f"  {done} sessions, {time.monotonic() - t0:.0f} s, {failures} failed", flush=True)
+        if args.after and gw.proc.poll() is None and args.replay is None:
+            gw, after = after_phase(gw, config, after_problems)
     finally:
         crashed = int(gw.proc.poll() is not None)  # before the SIGTERM of the end
         gw.stop()
@@ -485,9 +494,11 @@ def fuzz(args: argparse.Namespace, store: str | None) -> int:
     print("closes by code: " + ", ".join(f"{k}: {v}" for k, v in sorted(closes.items())))
     for end, n in tracebacks.most_common():
         print(f"traceback x{n}: {end}")
+    if args.after:
+        print_after(after, after_problems)
     print(f"541: {internal}, failed sessions: {failures}, tracebacks in the gateway log: {sum(tracebacks.values())}, "
           f"crashes: {crashed}")
-    return 1 if internal or failures or crashed else 0
+    return 1 if internal or failures or crashed or after_problems else 0
 
 
 if __name__ == "__main__":

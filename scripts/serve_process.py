@@ -32,6 +32,8 @@ ANNOUNCED = {"port": re.compile(r"listening on 127\.0\.0\.1:(\d+)"),
              "management_port": re.compile(r"management API on https?://127\.0\.0\.1:(\d+)/"),
              "metrics_port": re.compile(r"metrics on https?://127\.0\.0\.1:(\d+)/"),
              "cmq_api_port": re.compile(r"CMQ API on https?://127\.0\.0\.1:(\d+)/")}
+# The store's recovery line when it found a torn or damaged record (its counts are 0 else).
+DAMAGED = re.compile(r"damaged=[1-9]|set_aside_bytes=[1-9]|set aside")
 NATS_HELP = "--store URL: the JetStream store (nats://HOST:PORT, or 'jetstream' for a nats-server of the run's own)"
 
 
@@ -60,6 +62,7 @@ class Served(crash_trials.Gateway):
                  append: bool = False, header: str = "", prefix: tuple[str, ...] = (), **ports: int | str) -> None:
         self.data_dir = data_dir
         self.store = store
+        self._relaunch = {"store": store, "config": config, "prefix": prefix, **ports}
         start = (log.stat().st_size if append and log.exists() else 0) + len(header.encode())
         self.launch([*prefix, *serve_command(data_dir, store=store, config=config, **ports)], log,
                     ANNOUNCED["port"], append=append, header=header)
@@ -76,6 +79,25 @@ class Served(crash_trials.Gateway):
             self.stop()
             raise RuntimeError(f"the gateway did not announce {sorted(set(wanted) - set(self.ports))} (see {log})")
         self.port = self.ports["port"]
+        self.started_at = start  # where this start's lines begin in the log
+
+    def restarted(self, *, kill: bool) -> Served:
+        """Stopped (SIGTERM, or SIGKILL when ``kill``), then started again on the same data
+        dir and store, its lines appended to the same log (``started_at`` says where)."""
+        if kill:
+            self.kill9()
+        else:
+            self.stop()
+        how = "kill -9" if kill else "stop"
+        return Served(self.data_dir, self.log, append=True, header=f"\n--- restart after a {how} ---\n",
+                      **self._relaunch)  # type: ignore[arg-type]
+
+    def start_problems(self) -> list[str]:
+        """The lines of this start that say something went wrong: a traceback, an ERROR, a
+        record the store found damaged or set aside."""
+        text = self.log.read_bytes()[self.started_at:].decode(errors="replace")
+        return [line for line in text.splitlines() if line.startswith("Traceback") or " ERROR " in line
+                or DAMAGED.search(line)]
 
 
 def log_errors(log: Path) -> int:
