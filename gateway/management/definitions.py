@@ -31,6 +31,7 @@ from gateway.broker.policies import NOT_APPLIED, Policy, PolicyError
 from gateway.management.admin_audit import Actor, actor
 from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
 from semantics.errors import CMQError
+from semantics.names import cmq_name
 
 __all__ = ["IMPORT_PER_TURN", "KINDS", "add_policy_routes", "export_definitions", "export_definitions_in_turns",
            "import_definitions", "import_definitions_in_turns"]
@@ -452,9 +453,17 @@ class _Import:
                     why = _QUEUE_ARG_NOTES.get(arg) or NOT_APPLIED.get(arg[2:], "unknown queue argument")
                     self.report.note("queue", item, arg, f"kept, without effect: {why}")
             existed = name in vh.queues
+            server_name = None
+            if name.startswith("amq.") and not existed:
+                # A name the server gave (amq.gen-... of a durable server-named queue, an MQTT
+                # session's amq.mqtt-..., MQ8): the export holds it, and RabbitMQ's import takes
+                # it, for the reserved prefix is a rule for clients' declares. Declared as the
+                # server names a queue, after the L2 check that path skips.
+                cmq_name(name, "queue")
+                name, server_name = "", name
             vh.declare_queue(None, name, passive=False, durable=bool(raw.get("durable", True)),
                              exclusive=False, auto_delete=bool(raw.get("auto_delete", False)),
-                             arguments=args, user=self.user)
+                             arguments=args, user=self.user, server_name=server_name)
             return not existed
         yield from self.each("queues", self.named, action)
 

@@ -1,0 +1,65 @@
+"""What clients leave behind must not break the gateway later (the fuzz scripts' after phase,
+scripts/fuzz_requests.after_phase): a restart (stop, kill -9) keeps every durable object, the
+definitions export is imported whole by a fresh gateway and exported back equal, and every
+list (management, CMQ API, AMQP passive declares) answers. On both stores (M6, M7, MQ3, L2)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pika
+import pytest
+import requests
+from paho.mqtt.enums import CallbackAPIVersion
+
+from tests.integration.cmq_gateway import STORES
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from fuzz_requests import after_phase, write_config  # noqa: E402
+from serve_process import Served  # noqa: E402
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_M6_MQ3_durable_server_named_and_mqtt_session_queues_survive_the_export_import_round_trip(
+        request: pytest.FixtureRequest, tmp_path: Path, store: str) -> None:
+    """Found by the after phase of scripts/fuzz_mqtt.py (seed 11): a persistent MQTT session's
+    queue is named amq.mqtt-subscription-... (MQ8), and a durable server-named AMQP queue
+    amq.gen-...; the export held them, and POST /api/definitions refused both ("contains
+    reserved prefix 'amq.*'"), and their bindings, so no export of such a gateway was
+    imported whole. RabbitMQ imports a queue of any name: the prefix is the clients' rule."""
+    store_url = str(request.getfixturevalue("nats_single").store_url) if store == "jetstream" else None
+    config = write_config(tmp_path / "gateway.yaml")
+    gw = Served(tmp_path / "data", tmp_path / "gateway.log", store=store_url, config=config, management_port=0,
+                cmq_api_port=0, mqtt_port=0)
+    try:
+        with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", gw.port)) as conn:
+            ch = conn.channel()
+            server_named = ch.queue_declare("", durable=True).method.queue
+            ch.queue_bind(server_named, "amq.topic", "after.#")
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"after-{store}", clean_session=False)
+        client.username_pw_set("guest", "guest")
+        client.connect("127.0.0.1", gw.ports["mqtt_port"])
+        client.loop_start()
+        subscribed = client.subscribe("after/mqtt", qos=1)
+        assert subscribed[0] == 0
+        time.sleep(0.5)  # the SUBACK
+        client.disconnect()
+        client.loop_stop()
+        # The prefix is no way around L2: a 300-byte amq.* name is refused by the import too.
+        mgmt = f"http://127.0.0.1:{gw.ports['management_port']}"
+        long_name = {"queues": [{"name": "amq." + "x" * 300, "vhost": "/", "durable": True}]}
+        answer = requests.post(f"{mgmt}/api/definitions", json=long_name, auth=("guest", "guest"), timeout=30).json()
+        assert answer["complete"] is False and answer["not_imported"][0]["rule"] == "L2", answer
+        problems: list[str] = []
+        gw, report = after_phase(gw, config, problems)
+    finally:
+        gw.stop()
+    assert server_named.startswith("amq.gen-")
+    assert report["objects"]["queues"] >= 2 and report["objects"]["bindings"] >= 2, report
+    assert problems == [], problems
+    assert report["import"]["complete"] is True, report
