@@ -158,6 +158,9 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
             vh.delete_queue(None, qname, if_unused=False, if_empty=False, reason="vhost_deleted")
         for xname in [x for x in vh.exchanges if x and not x.startswith("amq.")]:
             vh.delete_exchange(xname, if_unused=False)
+        # Its policies' records too: a start that recovered one made the vhost again.
+        for pname in list(vh.policies):
+            vh.delete_policy(pname)
         del mgmt.broker.vhosts[name]
         accounts().forget_vhost(name)
         actor(request, mgmt.broker.audit).emit("vhost_deleted", name, f"vhost:{name}")

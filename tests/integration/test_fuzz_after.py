@@ -63,3 +63,37 @@ def test_M6_MQ3_durable_server_named_and_mqtt_session_queues_survive_the_export_
     assert report["objects"]["queues"] >= 2 and report["objects"]["bindings"] >= 2, report
     assert problems == [], problems
     assert report["import"]["complete"] is True, report
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_M1_a_deleted_vhost_stays_deleted_across_a_restart(request: pytest.FixtureRequest, tmp_path: Path,
+                                                           store: str) -> None:
+    """Found by the after phase: DELETE /api/vhosts/{vhost} left the vhost's policies in the
+    store (p/<vhost>/<policy>), and the next start recovered them, and with them the vhost:
+    the deleted vhost, its policy applying again to whatever a client declared in it next.
+    A queue with a name CMQ could not hold (a PF4 report entry, l/<vhost>/...) is there too."""
+    store_url = str(request.getfixturevalue("nats_single").store_url) if store == "jetstream" else None
+    config = write_config(tmp_path / "gateway.yaml")
+    vhost = f"gone-{store}"
+    gw = Served(tmp_path / "data", tmp_path / "gateway.log", store=store_url, config=config, management_port=0,
+                cmq_api_port=0)
+    try:
+        mgmt = f"http://127.0.0.1:{gw.ports['management_port']}"
+        with requests.Session() as s:
+            s.auth = ("guest", "guest")
+            for method, path, body in (
+                    ("PUT", f"/api/vhosts/{vhost}", None),
+                    ("PUT", f"/api/permissions/{vhost}/guest", {"configure": ".*", "write": ".*", "read": ".*"}),
+                    ("PUT", f"/api/policies/{vhost}/p", {"pattern": ".*", "definition": {"max-length": 5}}),
+                    ("PUT", f"/api/queues/{vhost}/a%20b", {"durable": True})):
+                assert s.request(method, mgmt + path, json=body, timeout=30).status_code == 201, path
+            assert s.delete(f"{mgmt}/api/vhosts/{vhost}", timeout=30).status_code == 204
+        problems: list[str] = []
+        gw, report = after_phase(gw, config, problems)
+        mgmt = f"http://127.0.0.1:{gw.ports['management_port']}"
+        vhosts = [v["name"] for v in requests.get(f"{mgmt}/api/vhosts", auth=("guest", "guest"), timeout=30).json()]
+        policies = requests.get(f"{mgmt}/api/policies", auth=("guest", "guest"), timeout=30).json()
+    finally:
+        gw.stop()
+    assert vhost not in vhosts and not [p for p in policies if p["vhost"] == vhost], (vhosts, policies)
+    assert problems == [], problems
