@@ -4,7 +4,8 @@ never an HTTP 500, never a traceback (SE5; CA1-CA3 answer CMQ codes).
 Three kinds, in turn:
 
 * ``body``: a PUT or POST route of the management API (every one authz.RULES lists) with a
-  random JSON body: objects with the routes' own keys holding wrong types, huge and negative
+  JSON body of the route's shape holding hostile values, or a random one, or (DELETES of
+  them) a DELETE route; the random bodies: objects with the routes' own keys holding wrong types, huge and negative
   numbers, NaN, NUL, deep nesting; non-objects, truncated JSON, bytes that are not UTF-8;
 * ``query``: a GET route with a random query string (pagination, columns, sort, rates,
   regexes that do not compile, repeated and empty keys);
@@ -14,8 +15,8 @@ Three kinds, in turn:
 
 Path parameters and CMQ names come from a small pool, mostly of things that exist (a queue,
 an exchange, a CMQ queue and topic made first), so that requests reach the handlers. Nothing
-names the user the canary logs in as, nor the default vhost in a DELETE. At the end every
-list and view of the management API must still answer the administrator 200.
+names the user the canary logs in as, nor the default vhost in a DELETE. After them, the
+after phase (:func:`after_phase`) looks at what they left behind.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ HOSTILE = ["", " ", "0", "1", "-1", "2", "15", "16", "17", "30", "65536", "99999
            "@/etc/passwd", "@", "a" * 70_000, "[]", "{}", "null", "true", "fzq", "fzt", "fzs", "nope", "-",
            "\n", "../", "*", "#", "<script>", "[" * 10_000, '{"deadLetterQueue": "fzq", "policy": "9"}']
 WORKERS = 6
+# The share of the body kind that are DELETEs of what the pool names: what a deletion leaves
+# behind (a vhost's policies once) is for the after phase to find.
+DELETES = 0.15
 TIMEOUT = 60.0
 
 
@@ -283,8 +287,15 @@ def _one(r: random.Random, kind: str, mgmt: str, cmq: CmqClient, session: reques
          bodies: list[tuple[str, str]], gets: list[str]) -> None:
     what = ""
     try:
-        if kind == "body":
-            method, pattern = r.choice(bodies)
+        if kind == "body" and r.random() < DELETES:
+            method, pattern = r.choice([b for b in bodies if b[0] == "DELETE"])
+            path = _path(r, pattern)
+            if pattern == "/api/vhosts/{vhost}":
+                path = "/api/vhosts/" + r.choice([v for v in VHOSTS if v != "%2F"])
+            what = f"DELETE {path}"
+            resp = session.delete(mgmt + path, auth=AUTH, timeout=TIMEOUT)
+        elif kind == "body":
+            method, pattern = r.choice([b for b in bodies if b[0] != "DELETE"])
             path = _path(r, pattern)
             data = json_body(r, pattern)
             what = f"{method} {path} {data[:200]!r}"
@@ -332,7 +343,7 @@ def fuzz_requests(mgmt: str, cmq_endpoint: str, count: int, seed: int) -> Reques
     out = Requests()
     cmq = CmqClient(cmq_endpoint, KEY_ID, SECRET)
     setup(mgmt, cmq)
-    bodies = sorted(k for k in RULES if k[0] in ("PUT", "POST"))
+    bodies = sorted(k for k in RULES if k[0] in ("PUT", "POST", "DELETE"))
     gets = sorted(p for m, p in RULES if m == "GET")
     local = threading.local()
 
