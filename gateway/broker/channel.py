@@ -105,7 +105,7 @@ class Channel:
         if no_ack:
             s.broker.settle_deleted(q, receipt)
             return
-        self.unacked[tag] = new_unacked(Unacked, (q, receipt, msg_id, consumer))
+        self.unacked[tag] = new_unacked(Unacked, q, receipt, msg_id, consumer)
         if consumer is not None:
             consumer.unacked += 1
 

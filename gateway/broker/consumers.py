@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from gateway.protocol.fastpath import tuple_of
+
 if TYPE_CHECKING:
     from gateway.broker.channel import Channel
     from gateway.broker.queue import BrokerQueue
@@ -49,7 +51,8 @@ class Consumer:
 class Unacked(NamedTuple):
     """A delivery waiting for basic.ack/nack/reject: the receipt handle is the CMQ one of
     this receive (Q3: only the latest handle deletes). Made with ``new_unacked`` on the hot
-    path (one a delivery): tuple.__new__ runs no Python frame, a class's __init__ did."""
+    path (one a delivery): no Python frame (a class's __init__ was one), and in C one tuple
+    where tuple.__new__ made four (gateway.protocol.fastpath.tuple_of)."""
 
     queue: BrokerQueue
     handle: Any
@@ -57,4 +60,4 @@ class Unacked(NamedTuple):
     consumer: Consumer | None
 
 
-new_unacked = tuple.__new__  # new_unacked(Unacked, (queue, handle, msg_id, consumer))
+new_unacked = tuple_of  # new_unacked(Unacked, queue, handle, msg_id, consumer)

@@ -684,7 +684,8 @@ class VHost:
             # validates, L3/L4, and fills the cache; a cached () is looked up again there).
             subs = topic._cache.get(msg.routing_key if topic._tags is None else msg.tags) \
                 or topic.match(msg.tags, msg.routing_key)
-            emit_row = self.broker.emit_row
+            emit_values = self.broker.emit_values  # (row, vhost, *values): no tuple a record
+            vhost_name, ex_name, msg_id, routing_key = self.name, ex.name, msg.msg_id, msg.routing_key
             labels = ex.labels
             lean = True  # every subscription an unblocked queue endpoint (below)
             for s in subs:
@@ -696,8 +697,8 @@ class VHost:
                 else:
                     queue = None
                     lean = False
-                emit_row(ROUTE, self.name, (ex.name, msg.msg_id, msg.routing_key,
-                                            labels.get(s.name) or ex.label_of(s.name), queue, tags, size))
+                emit_values(ROUTE, vhost_name, ex_name, msg_id, routing_key,
+                            labels.get(s.name) or ex.label_of(s.name), queue, tags, size)
             matched = len(subs)
             if lean and matched and not (size > topic._max_size and topic.limits.message_size) \
                     and not msg.cycle:

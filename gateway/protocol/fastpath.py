@@ -10,7 +10,10 @@ the frame (with every error reply that path has).
 routing_key, properties, body, frame_max)``: basic.deliver, its content header and its body
 frames (split at ``frame_max``) appended to the bytearray ``out``.
 
-Both are compiled (``gateway/protocol/_frames.c``) where the package was built with a C
+``tuple_of(cls, *items)``: ``tuple.__new__(cls, items)`` (the broker's Unacked, one a
+delivery: the C one makes one tuple where tuple.__new__ made four).
+
+All three are compiled (``gateway/protocol/_frames.c``) where the package was built with a C
 compiler, and are these Python functions otherwise, or when ``CMQ_GATEWAY_PURE_PYTHON=1`` is
 set; ``COMPILED`` says which. Why C: scenario 1's event loop spent a fifth of its time in
 them (docs/BENCHMARKS.md). The tests hold the two to the same results.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any
+from typing import Any, TypeVar
 
 from pamqp import commands
 
@@ -29,7 +32,10 @@ from gateway.protocol.channel import ChannelState
 from gateway.protocol.events import Content, Method
 from gateway.protocol.properties import _SCANNED, Properties
 
-__all__ = ["COMPILED", "append_deliver", "cut", "fast_event", "py_append_deliver", "py_fast_event"]
+__all__ = ["COMPILED", "append_deliver", "cut", "fast_event", "py_append_deliver", "py_fast_event", "py_tuple_of",
+           "tuple_of"]
+
+_T = TypeVar("_T", bound=tuple[Any, ...])
 
 _U32 = struct.Struct(">I")
 _CONTENT_HEAD = struct.Struct(">HHQ")  # class, weight, body size
@@ -123,8 +129,15 @@ def py_append_deliver(out: bytearray, channel: int, consumer_tag: str | bytes, d
                          codec.shortstr(exchange), codec.shortstr(routing_key), properties, body, frame_max)
 
 
+def py_tuple_of(cls: type[_T], *items: Any) -> _T:
+    """``tuple.__new__(cls, items)``: a tuple class's instance (a NamedTuple's without its
+    __new__ frame)."""
+    return tuple.__new__(cls, items)  # type: ignore[type-var, no-any-return]
+
+
 fast_event = py_fast_event
 append_deliver = py_append_deliver
+tuple_of = py_tuple_of
 COMPILED = False
 if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
     try:
@@ -136,4 +149,5 @@ if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
                           codec._NAMES, _SCANNED, _OPEN)
         fast_event = _frames.fast_event
         append_deliver = _frames.append_deliver
+        tuple_of = _frames.tuple_of
         COMPILED = True

@@ -9,11 +9,12 @@ bytes (and the same errors) for deliveries; pamqp is the reference for the bytes
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import struct
 import tracemalloc
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from amqp_pipe import content_frames, method_frame
@@ -363,3 +364,38 @@ def test_fast_event_gives_each_publish_its_own_names_and_properties(steps: list[
         want = _shape(fastpath.py_fast_event(data, 0, 131072, 1 << 20, channels))
         assert want is not None and want[4:6] == (exchange, key) and want[8] == props
         assert _shape(_frames.fast_event(data, 0, 131072, 1 << 20, channels)) == want
+
+
+# -- tuple_of: a tuple class's instance from its items -----------------------------------------
+
+class _Pair(NamedTuple):
+    first: Any
+    second: Any
+
+
+class _Plain(tuple):  # type: ignore[type-arg]
+    __slots__ = ()
+
+
+@needs_compiled
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([tuple, _Pair, _Plain]), st.lists(st.one_of(st.none(), st.integers(), st.text(max_size=3),
+                                                                     st.lists(st.integers(), max_size=2)),
+                                                           min_size=2, max_size=2))
+def test_tuple_of_makes_what_tuple_new_makes(cls: type, items: list[Any]) -> None:
+    """M12 (the delivery a basic.ack settles is an Unacked made by tuple_of): the compiled
+    tuple_of gives what tuple.__new__(cls, items) gives, the same class, the very items,
+    tracked by the collector alike."""
+    want, got = fastpath.py_tuple_of(cls, *items), _frames.tuple_of(cls, *items)
+    assert type(got) is type(want) is cls and got == want
+    assert all(g is i for g, i in zip(got, items, strict=True))
+    assert gc.is_tracked(got) and gc.is_tracked(want)
+
+
+@needs_compiled
+def test_tuple_of_refuses_a_class_that_is_not_a_tuple() -> None:
+    for bad in (list, int, "tuple"):
+        with pytest.raises(TypeError):
+            fastpath.py_tuple_of(bad, 1)  # type: ignore[type-var]
+        with pytest.raises(TypeError):
+            _frames.tuple_of(bad, 1)
