@@ -27,6 +27,8 @@ class Channel:
         self.number = number
         self.next_tag = 1
         self.unacked: dict[int, Unacked] = {}   # delivery tag -> delivery, in tag order
+        # No tag below this is outstanding (take_tagged); restore_unacked sets it back.
+        self.low_tag = 1
         self.consumers: dict[str, Consumer] = {}
         self.consumer_prefetch = 0   # basic.qos global=false: for consumers created after it
         self.channel_prefetch = 0    # basic.qos global=true: the whole channel (W4)
@@ -127,6 +129,22 @@ class Channel:
             taken = list(unacked.items())
             unacked.clear()
         else:
+            # The oldest delivery acked with multiple=true (perf --multi-ack 1, a client acking
+            # in order): nothing outstanding below ``tag``, found by lookups from low_tag
+            # rather than by iterating the dict, whose front holds a deleted slot for every
+            # tag acked since it last grew (CPython does not compact on delete): ~1.2k
+            # instructions a step under callgrind, two steps an ack (issue 28).
+            low = self.low_tag
+            if tag < self.next_tag:  # a tag never delivered leaves low_tag as it is
+                while low < tag and low not in unacked:
+                    low += 1
+                self.low_tag = low
+            if low == tag:
+                u = unacked.pop(tag, None)
+                taken = [] if u is None else [(tag, u)]
+                if not hold and u is not None and u.consumer is not None:
+                    u.consumer.unacked -= 1
+                return taken
             # Tags are in ascending order (restore_unacked keeps them so): the scan stops at
             # the first one past ``tag`` instead of reading every outstanding delivery.
             taken = []
@@ -158,6 +176,7 @@ class Channel:
             return
         for tag, u, _ in settled:
             self.unacked[tag] = u
+        self.low_tag = 1
         self.unacked = dict(sorted(self.unacked.items()))
 
     def ack(self, tag: int, multiple: bool) -> None:

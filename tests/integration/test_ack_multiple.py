@@ -80,3 +80,32 @@ def test_M12_multiple_ack_of_the_last_tag_and_of_tag_zero_settle_everything(rabb
     rabbit = scenario(rabbitmq_url, unique)
     assert rabbit == (0, [], [])
     assert scenario(gateway_url, unique) == rabbit
+
+
+def test_M12_multiple_acks_of_the_oldest_tag_in_order_and_after_a_rollback(rabbitmq_url, gateway_url,
+                                                                           unique) -> None:
+    """A client acking in order with multiple=true names the oldest outstanding tag each time
+    (Channel.take_tagged finds it from ``low_tag`` by lookups, not by walking the window):
+    after single acks left gaps below it, and after tx.rollback gave back acked tags below
+    the one last found (``low_tag`` starts over), the same deliveries settle as on RabbitMQ."""
+    def scenario(url: str, name: str) -> Any:
+        with blocking(url) as conn:
+            ch = conn.channel()
+            _consume_ten(conn, ch, name)
+            ch.basic_ack(1, multiple=True)    # the oldest
+            ch.basic_ack(2, multiple=True)
+            ch.basic_ack(4)                   # a gap above the next oldest
+            ch.basic_ack(3, multiple=True)
+            ch.basic_ack(5, multiple=True)    # 4 went before: 5 is the oldest
+            ch.tx_select()
+            ch.basic_ack(6, multiple=True)    # in the transaction, each the oldest in turn
+            ch.basic_ack(7, multiple=True)
+            ch.tx_rollback()                  # 6 and 7 outstanding again
+            ch.basic_ack(7, multiple=True)    # 6 and 7: 6 is below the oldest last found
+            ch.tx_commit()
+            ch.close()                        # 8 to 10 are requeued
+            return _left_over(conn, name)
+
+    rabbit = scenario(rabbitmq_url, unique)
+    assert rabbit == [(b"7", True), (b"8", True), (b"9", True)]
+    assert scenario(gateway_url, unique) == rabbit
