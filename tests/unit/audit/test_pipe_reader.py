@@ -92,19 +92,23 @@ def test_the_doorbell_wakes_it_at_once(pipes: tuple[int, int, int, int],
     real = P.readable
     returned: list[list[int]] = []
 
+    def request() -> None:
+        os.write(data_w, b"F")  # a request, then the ring that says an answer is awaited
+        os.write(bell_w, b"\0")
+
+    # The request is sent once the reader has found nothing and begins to wait: sent from a
+    # timer started before read(), a loaded machine let it land before the reader's first
+    # look, which then read it without waiting at all (the test failed about 1 run in 6).
+    t = threading.Timer(0.05, request)
+
     def recording(*args: Any) -> list[int]:
+        if not returned:
+            t.start()
         ready = real(*args)
         returned.append(ready)
         return ready
 
     monkeypatch.setattr(P, "readable", recording)
-
-    def request() -> None:
-        os.write(data_w, b"F")  # a request, then the ring that says an answer is awaited
-        os.write(bell_w, b"\0")
-
-    t = threading.Timer(0.05, request)
-    t.start()
     try:
         assert reader.read(1) == b"F"
     finally:
