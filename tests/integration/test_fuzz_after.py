@@ -1,12 +1,13 @@
 """What clients leave behind must not break the gateway later (the fuzz scripts' after phase,
 scripts/fuzz_requests.after_phase): a restart (stop, kill -9) keeps every durable object, the
 definitions export is imported whole by a fresh gateway and exported back equal, and every
-list (management, CMQ API, AMQP passive declares) answers. On both stores (M6, M7, MQ3, L2)."""
+list (management, CMQ API, AMQP passive declares) answers. On both stores (M1, M6, MQ3, L2),
+JetStream on a nats-server of the test's own: the after phase compares whole exports."""
 
 from __future__ import annotations
 
 import sys
-import time
+import threading
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -21,18 +22,22 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from fuzz_requests import after_phase, write_config  # noqa: E402
-from serve_process import Served  # noqa: E402
+from serve_process import Served, nats_store  # noqa: E402
 
 
 @pytest.mark.parametrize("store", STORES)
 def test_M6_MQ3_durable_server_named_and_mqtt_session_queues_survive_the_export_import_round_trip(
-        request: pytest.FixtureRequest, tmp_path: Path, store: str) -> None:
+        tmp_path: Path, store: str) -> None:
     """Found by the after phase of scripts/fuzz_mqtt.py (seed 11): a persistent MQTT session's
     queue is named amq.mqtt-subscription-... (MQ8), and a durable server-named AMQP queue
     amq.gen-...; the export held them, and POST /api/definitions refused both ("contains
     reserved prefix 'amq.*'"), and their bindings, so no export of such a gateway was
     imported whole. RabbitMQ imports a queue of any name: the prefix is the clients' rule."""
-    store_url = str(request.getfixturevalue("nats_single").store_url) if store == "jetstream" else None
+    with nats_store(store if store == "jetstream" else None) as store_url:
+        _round_trip(tmp_path, store, store_url)
+
+
+def _round_trip(tmp_path: Path, store: str, store_url: str | None) -> None:
     config = write_config(tmp_path / "gateway.yaml")
     gw = Served(tmp_path / "data", tmp_path / "gateway.log", store=store_url, config=config, management_port=0,
                 cmq_api_port=0, mqtt_port=0)
@@ -44,10 +49,11 @@ def test_M6_MQ3_durable_server_named_and_mqtt_session_queues_survive_the_export_
         client = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"after-{store}", clean_session=False)
         client.username_pw_set("guest", "guest")
         client.connect("127.0.0.1", gw.ports["mqtt_port"])
+        subacked = threading.Event()
+        client.on_subscribe = lambda *_: subacked.set()
         client.loop_start()
         subscribed = client.subscribe("after/mqtt", qos=1)
-        assert subscribed[0] == 0
-        time.sleep(0.5)  # the SUBACK
+        assert subscribed[0] == 0 and subacked.wait(30)
         client.disconnect()
         client.loop_stop()
         # The prefix is no way around L2: a 300-byte amq.* name is refused by the import too.
@@ -66,13 +72,16 @@ def test_M6_MQ3_durable_server_named_and_mqtt_session_queues_survive_the_export_
 
 
 @pytest.mark.parametrize("store", STORES)
-def test_M1_a_deleted_vhost_stays_deleted_across_a_restart(request: pytest.FixtureRequest, tmp_path: Path,
-                                                           store: str) -> None:
+def test_M1_a_deleted_vhost_stays_deleted_across_a_restart(tmp_path: Path, store: str) -> None:
     """Found by the after phase: DELETE /api/vhosts/{vhost} left the vhost's policies in the
     store (p/<vhost>/<policy>), and the next start recovered them, and with them the vhost:
     the deleted vhost, its policy applying again to whatever a client declared in it next.
     A queue with a name CMQ could not hold (a PF4 report entry, l/<vhost>/...) is there too."""
-    store_url = str(request.getfixturevalue("nats_single").store_url) if store == "jetstream" else None
+    with nats_store(store if store == "jetstream" else None) as store_url:
+        _vhost_deleted(tmp_path, store, store_url)
+
+
+def _vhost_deleted(tmp_path: Path, store: str, store_url: str | None) -> None:
     config = write_config(tmp_path / "gateway.yaml")
     vhost = f"gone-{store}"
     gw = Served(tmp_path / "data", tmp_path / "gateway.log", store=store_url, config=config, management_port=0,

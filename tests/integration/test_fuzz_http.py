@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("store", STORES)
-def test_SE5_CA1_fuzzed_requests_are_never_a_500_on_either_store(request: pytest.FixtureRequest, store: str) -> None:
-    nats = ["--nats", str(request.getfixturevalue("nats_single").store_url)] if store == "jetstream" else []
+def test_SE5_CA1_fuzzed_requests_are_never_a_500_on_either_store(store: str) -> None:
+    # A nats-server of the run's own: the after phase's restarts and exports see only what
+    # this fuzz made, not the objects other tests' gateways leave on the session's server.
+    nats = ["--nats", "jetstream"] if store == "jetstream" else []
     done = subprocess.run([sys.executable, "scripts/fuzz_http.py", "--seconds", "0", "--requests", "1200",
                            "--seed", "7", *nats], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
