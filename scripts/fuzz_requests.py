@@ -363,16 +363,18 @@ def fuzz_requests(mgmt: str, cmq_endpoint: str, count: int, seed: int) -> Reques
 
 
 def lists_answer(mgmt: str, problems: list[str]) -> None:
-    """After the fuzz, every list and view the administrator has still answers 200: no object
-    a hostile request made may break them (a queue name of 300 bytes once made every queue
-    list a 400 for as long as it lived). Each that does not counts as an internal error."""
-    paths = sorted(p.replace("{vhost}", "%2F") for m, p in RULES if m == "GET" and not p.startswith("/api/health")
-                   and p.replace("{vhost}", "", 1).count("{") == 0)
+    """After the fuzz, every list and view the administrator has still answers 200, in every
+    vhost: no object a hostile request made may break them (a queue name of 300 bytes once
+    made every queue list a 400 for as long as it lived). Each that does not is a problem."""
+    patterns = sorted(p for m, p in RULES if m == "GET" and not p.startswith("/api/health")
+                      and p.replace("{vhost}", "", 1).count("{") == 0)
     with requests.Session() as s:
+        vhosts = [v["name"] for v in s.get(f"{mgmt}/api/vhosts", auth=AUTH, timeout=TIMEOUT).json()]
+        paths = sorted({p.replace("{vhost}", urllib.parse.quote(v, safe="")) for p in patterns for v in vhosts})
         for path in paths:
             resp = s.get(mgmt + path, auth=AUTH, timeout=TIMEOUT)
             if resp.status_code != 200:
-                problems.append(f"after the fuzz: GET {path} {resp.status_code} -> {resp.text[:300]}")
+                problems.append(f"after the fuzz: GET {path[:300]} {resp.status_code} -> {resp.text[:300]}")
 
 
 # -- what the fuzz leaves behind ---------------------------------------------------------------
