@@ -577,7 +577,7 @@ def after_phase(gw: Any, config: Path | None, problems: list[str],
         before_count = len(problems)
         everything_answers(gw, problems)
         problems[before_count:] = [f"after a {what}: {p}" for p in problems[before_count:]]
-    with tempfile.TemporaryDirectory(prefix="fuzz-import-") as tmp, \
+    with tempfile.TemporaryDirectory(prefix="fuzz-import-", ignore_cleanup_errors=True) as tmp, \
             nats_store("jetstream" if gw.store else None) as store:
         fresh = Served(Path(tmp) / "data", Path(tmp) / "gateway.log", store=store, config=config,
                        management_port=0, cmq_api_port=0)
