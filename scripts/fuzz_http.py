@@ -66,7 +66,7 @@ import pika
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fuzz_requests import Requests, after_phase, fuzz_requests, write_config  # noqa: E402
+from fuzz_requests import Requests, add_after_argument, after_phase, fuzz_requests, write_config  # noqa: E402
 from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
 
 PORTS = ("CMQ API", "management API", "metrics")
@@ -331,9 +331,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=0,
                     help="then this many well-formed requests with hostile contents (scripts/fuzz_requests.py)")
     ap.add_argument("--nats", default=None, help=NATS_HELP)
-    ap.add_argument("--no-after", dest="after", action="store_false",
-                    help="skip the final phase: what the fuzz left behind must survive a stop, a kill -9 and an "
-                         "export/import round trip, and every list (management, CMQ, AMQP declares) must answer")
+    add_after_argument(ap)
     ap.add_argument("--keep-definitions", default=None,
                     help="write the export taken after the fuzz (the after phase's) to this file")
     args = ap.parse_args()

@@ -51,7 +51,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from crash_trials_mqtt import free_port  # noqa: E402
-from fuzz_requests import after_phase, print_after, write_config  # noqa: E402
+from fuzz_requests import add_after_argument, after_phase, print_after, write_config  # noqa: E402
 from fuzz_sessions import log_since  # noqa: E402
 from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
 
@@ -459,6 +459,9 @@ class Canary:
         return [rtt for sent, rtt in self.samples if start <= sent < end]
 
     def stop(self) -> None:
+        """Once: the fuzz stops it before the after phase, and the end of the run again."""
+        if self._stop.is_set():
+            return
         time.sleep(2)  # the last ones come back
         self._stop.set()
         self._thread.join(5)
@@ -482,9 +485,7 @@ def main() -> int:
     ap.add_argument("--keep", default="fuzz-mqtt-failed", help="where a failing session's pieces go")
     ap.add_argument("--progress", type=int, default=200, help="print a line every N sessions")
     ap.add_argument("--nats", default=None, help=NATS_HELP)
-    ap.add_argument("--no-after", dest="after", action="store_false",
-                    help="skip the final phase: what the fuzz left behind must survive a stop, a kill -9 and an "
-                         "export/import round trip, and every list (management, CMQ, AMQP declares) must answer")
+    add_after_argument(ap)
     args = ap.parse_args()
     with nats_store(args.nats) as store:
         return fuzz(args, store)
@@ -555,8 +556,7 @@ def fuzz(args: argparse.Namespace, store: str | None) -> int:
             gw, after = after_phase(gw, config, after_problems)
     finally:
         crashed = int(gw.proc.poll() is not None)
-        if not canary._stop.is_set():
-            canary.stop()
+        canary.stop()
         gw.stop()
     if failures:
         keep = Path(args.keep)

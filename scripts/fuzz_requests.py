@@ -530,6 +530,13 @@ def write_config(path: Path, limits: dict[str, Any] | None = None) -> Path:
     return path
 
 
+def add_after_argument(ap: Any) -> None:
+    """The fuzz scripts' ``--no-after`` (``args.after``): the after phase is on by default."""
+    ap.add_argument("--no-after", dest="after", action="store_false",
+                    help="skip the final phase: what the fuzz left behind must survive a stop, a kill -9 and an "
+                         "export/import round trip, and every list (management, CMQ, AMQP declares) must answer")
+
+
 def print_after(after: dict[str, Any], problems: list[str]) -> None:
     """The after phase's lines of fuzz_sessions' and fuzz_mqtt's reports."""
     print(f"after: objects {after.get('objects')}, import {after.get('import')}")

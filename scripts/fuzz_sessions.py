@@ -44,7 +44,7 @@ from pamqp import base, body, commands, constants, frame, header, heartbeat
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fuzz_requests import after_phase, print_after, write_config  # noqa: E402
+from fuzz_requests import add_after_argument, after_phase, print_after, write_config  # noqa: E402
 from serve_process import NATS_HELP, Served, nats_store  # noqa: E402
 
 Frame = tuple[str, bytes]  # what it is, the bytes sent
@@ -418,9 +418,7 @@ def main() -> int:
     ap.add_argument("--keep", default="fuzz-sessions-failed", help="where a failing session's frames go")
     ap.add_argument("--progress", type=int, default=500, help="print a line every N sessions")
     ap.add_argument("--nats", default=None, help=NATS_HELP)
-    ap.add_argument("--no-after", dest="after", action="store_false",
-                    help="skip the final phase: what the fuzz left behind must survive a stop, a kill -9 and an "
-                         "export/import round trip, and every list (management, CMQ, AMQP declares) must answer")
+    add_after_argument(ap)
     args = ap.parse_args()
     with nats_store(args.nats) as store:
         return fuzz(args, store)
