@@ -75,6 +75,12 @@ CLOSE_TIMEOUT = 3.0
 LINGER_TIMEOUT = 30.0
 _CONTENT, _METHOD = ev.Content, ev.Method
 _OPEN = ConnState.OPEN
+_ACK_T = fastpath.Ack
+ACK_FRAME = fastpath.ACK_FRAME
+# A run of a consumer's acks (fastpath.ack_run) is taken without the loop's time checks in
+# between: short enough that a light connection still waits about one check interval
+# (LIGHT_CHECK_SECONDS) at most, long enough to take a batch's acks in a few calls.
+ACK_RUN_MAX = 32
 _CHANNEL_EVENTS = frozenset((ev.ChannelOpen, ev.ChannelClose, ev.ChannelCloseOk, ev.ChannelFlow, ev.Method,
                              ev.Content))
 # Events (a publish is one) handled per loop turn before the other connections get theirs,
@@ -337,6 +343,7 @@ class AMQPConnection(ClientProtocol):
             conn = self.conn
             next_event = conn.next_event
             fast_event = fastpath.fast_event
+            ack_run = fastpath.ack_run
             dispatch = self._dispatch
             clock = time.perf_counter
             start = clock()
@@ -365,6 +372,17 @@ class AMQPConnection(ClientProtocol):
                         if kind is _CONTENT:
                             self.publisher = True
                         self.session.on_event(event)
+                        if got is not None and kind is _METHOD and budget > 1 and conn.state is _OPEN \
+                                and type(event.method) is _ACK_T:
+                            # The plain acks right behind this one, on its channel, in one
+                            # call (Session.on_acks; ACK_FRAME octets each), each an event
+                            # of this turn's budget; what it leaves is read as before.
+                            tags = ack_run(conn._in, conn._pos, event.channel, conn.frame_max,
+                                           ACK_RUN_MAX if budget > ACK_RUN_MAX else budget - 1)
+                            if tags is not None:
+                                taken = self.session.on_acks(event.channel, tags)
+                                conn._pos += ACK_FRAME * taken
+                                budget -= taken
                     else:
                         dispatch(event)
                     budget -= 1

@@ -161,6 +161,33 @@ class Session:
         except CMQError as e:
             self.channel_error(ch, e, method)
 
+    def on_acks(self, number: int, tags: list[int]) -> int:
+        """basic.ack (multiple=false) of each of ``tags`` on channel ``number``, as on_event
+        takes such a Method event one by one (the transport's run of a consumer's acks,
+        fastpath.ack_run, read after an ack on_event took). Returns how many it took: it
+        stops before the first that on_event would not hand to ``Channel.ack`` (the channel
+        gone, closing, in a transaction or holding events), and after one that failed (its
+        reply sent as on_event sends it), so the rest go through on_event."""
+        ch = self.channels.get(number)
+        if ch is None or ch.closing or ch.held is not None or ch.tx:
+            return 0
+        taken = 0
+        ack = ch.ack
+        for tag in tags:
+            if ch.closing:
+                break
+            taken += 1
+            try:
+                ack(tag, False)
+            except ConnectionFault as e:
+                cls_id, mid = _ids(_ACK)
+                self.conn.close(e.reply_code, e.reply_text, cls_id, mid)
+                break
+            except CMQError as e:
+                self.channel_error(ch, e, _ACK(delivery_tag=tag, multiple=False))
+                break
+        return taken
+
     def _open_or_close(self, cls: type, event: object) -> None:
         """on_event's channel.open, channel.close and channel.close-ok."""
         number: int = event.channel  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@
  *       -> (event, next_pos) | None
  *   append_deliver(out, channel, consumer_tag, delivery_tag, redelivered, exchange,
  *                  routing_key, properties, body, frame_max) -> None
+ *   ack_run(buf, pos, channel, frame_max, limit) -> [delivery_tag, ...] | None
  *   configure(...) once at import: the event classes, the shared caches, ChannelState.OPEN.
  */
 #define PY_SSIZE_T_CLEAN
@@ -374,6 +375,20 @@ done:
     return result;
 }
 
+/* The octets of a bytes or bytearray read buffer; 0 for anything else (declined). */
+static inline int bytes_of(PyObject *buf, const unsigned char **d, Py_ssize_t *n) {
+    if (PyBytes_CheckExact(buf)) {
+        *d = (const unsigned char *)PyBytes_AS_STRING(buf);
+        *n = PyBytes_GET_SIZE(buf);
+    } else if (PyByteArray_CheckExact(buf)) {
+        *d = (const unsigned char *)PyByteArray_AS_STRING(buf);
+        *n = PyByteArray_GET_SIZE(buf);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *fast_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "fast_event(buf, pos, frame_max, max_message_size, channels)");
@@ -385,16 +400,7 @@ static PyObject *fast_event(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     const unsigned char *d;
     Py_ssize_t n;
-    PyObject *buf = args[0];
-    if (PyBytes_CheckExact(buf)) {
-        d = (const unsigned char *)PyBytes_AS_STRING(buf);
-        n = PyBytes_GET_SIZE(buf);
-    } else if (PyByteArray_CheckExact(buf)) {
-        d = (const unsigned char *)PyByteArray_AS_STRING(buf);
-        n = PyByteArray_GET_SIZE(buf);
-    } else {
-        Py_RETURN_NONE;
-    }
+    if (!bytes_of(args[0], &d, &n)) Py_RETURN_NONE;
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     unsigned long long frame_max = PyLong_AsUnsignedLongLong(args[2]);
     unsigned long long max_size = PyLong_AsUnsignedLongLong(args[3]);
@@ -423,6 +429,45 @@ static PyObject *fast_event(PyObject *self, PyObject *const *args, Py_ssize_t na
         return make_ack(channel, u64(d + start + 4), d[start + 12] & 1, end + 1);
     }
     Py_RETURN_NONE;
+}
+
+/* ack_run(buf, pos, channel, frame_max, limit) -> [tag, ...] | None: the delivery tags of the
+ * basic.ack frames with multiple=false at ``pos`` and after it, back to back on ``channel``,
+ * each whole and well-ended (ACK_FRAME octets: fast_event's ack), at most ``limit``; None
+ * when the frame at ``pos`` is not one. Why: a consumer's acks come in runs (one per
+ * delivery it read), and each took its own turn of the transport's read loop, its own event
+ * objects and Session.on_event's frame (gateway/transport.py takes a run in one call). */
+#define ACK_FRAME 21
+static PyObject *ack_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "ack_run(buf, pos, channel, frame_max, limit)");
+        return NULL;
+    }
+    const unsigned char *d;
+    Py_ssize_t n;
+    if (!bytes_of(args[0], &d, &n)) Py_RETURN_NONE;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    long channel = PyLong_AsLong(args[2]);
+    unsigned long long frame_max = PyLong_AsUnsignedLongLong(args[3]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
+    if (PyErr_Occurred()) return NULL;
+    if (pos < 0 || channel <= 0 || channel > 0xFFFF || (frame_max && frame_max < 13)) Py_RETURN_NONE;
+    Py_ssize_t count = 0;
+    for (Py_ssize_t p = pos; count < limit && n - p >= ACK_FRAME; p += ACK_FRAME, count++) {
+        const unsigned char *f = d + p;
+        if (f[0] != FRAME_METHOD || u16(f + 1) != channel || u32(f + 3) != 13
+            || u32(f + 7) != ((60u << 16) | 80u) || (f[19] & 1) || f[20] != FRAME_END)
+            break;
+    }
+    if (!count) Py_RETURN_NONE;
+    PyObject *tags = PyList_New(count);
+    if (tags == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *tag = PyLong_FromUnsignedLongLong(u64(d + pos + i * ACK_FRAME + 11));
+        if (tag == NULL) { Py_DECREF(tags); return NULL; }
+        PyList_SET_ITEM(tags, i, tag);
+    }
+    return tags;
 }
 
 /* The UTF-8 of a str (cached by CPython in the object) or a bytes' own data. */
@@ -562,6 +607,8 @@ static PyMethodDef methods[] = {
      "The publish (with its header and body) or ack at pos as (event, next_pos), or None."},
     {"append_deliver", (PyCFunction)(void (*)(void))append_deliver, METH_FASTCALL,
      "Append basic.deliver, its content header and body frames to a bytearray."},
+    {"ack_run", (PyCFunction)(void (*)(void))ack_run, METH_FASTCALL,
+     "The delivery tags of the plain basic.ack frames at pos on one channel, or None."},
     {"tuple_of", (PyCFunction)(void (*)(void))tuple_of, METH_FASTCALL,
      "tuple_of(cls, *items): tuple.__new__(cls, items) for a tuple class."},
     {"configure", configure, METH_VARARGS, "Hand over the event classes and shared caches."},

@@ -10,10 +10,16 @@ the frame (with every error reply that path has).
 routing_key, properties, body, frame_max)``: basic.deliver, its content header and its body
 frames (split at ``frame_max``) appended to the bytearray ``out``.
 
+``ack_run(buf, pos, channel, frame_max, limit)``: the delivery tags of the basic.ack frames
+with multiple=false at ``pos`` and after it, back to back on ``channel``, each whole and
+well-ended (what fast_event takes as an ack; ``ACK_FRAME`` octets each), at most ``limit``,
+as a list; None when there is none. A consumer acks in runs, one per delivery it read: the
+transport takes a run in one call instead of a read-loop turn and an event each.
+
 ``tuple_of(cls, *items)``: ``tuple.__new__(cls, items)`` (the broker's Unacked, one a
 delivery: the C one makes one tuple where tuple.__new__ made four).
 
-All three are compiled (``gateway/protocol/_frames.c``) where the package was built with a C
+All four are compiled (``gateway/protocol/_frames.c``) where the package was built with a C
 compiler, and are these Python functions otherwise, or when ``CMQ_GATEWAY_PURE_PYTHON=1`` is
 set; ``COMPILED`` says which. Why C: scenario 1's event loop spent a fifth of its time in
 them (docs/BENCHMARKS.md). The tests hold the two to the same results.
@@ -32,7 +38,7 @@ from gateway.protocol.channel import ChannelState
 from gateway.protocol.events import Content, Method
 from gateway.protocol.properties import _SCANNED, Properties
 
-__all__ = ["COMPILED", "append_deliver", "cut", "fast_event", "py_append_deliver", "py_fast_event", "py_tuple_of",
+__all__ = ["ACK_FRAME", "Ack", "COMPILED", "ack_run", "append_deliver", "cut", "fast_event", "py_ack_run", "py_append_deliver", "py_fast_event", "py_tuple_of",
            "tuple_of"]
 
 _T = TypeVar("_T", bound=tuple[Any, ...])
@@ -41,9 +47,13 @@ _U32 = struct.Struct(">I")
 _CONTENT_HEAD = struct.Struct(">HHQ")  # class, weight, body size
 _PUBLISH = commands.Basic.Publish.index
 _ACK = commands.Basic.Ack.index
+Ack = commands.Basic.Ack
 _OPEN = ChannelState.OPEN
 _FRAME_HEAD = codec.FRAME_HEAD
 _METHOD, _HEADER, _BODY, _END = codec.FRAME_METHOD, codec.FRAME_HEADER, codec.FRAME_BODY, codec.FRAME_END
+ACK_FRAME = 21  # a basic.ack frame: head 7, payload 13 (index, tag, bits), end 1
+_ACK_HEAD = struct.Struct(">BHII")  # type, channel, size, class and method
+_TAG_BITS = struct.Struct(">QBB")  # delivery tag, bits, frame end
 
 
 def _takes(channels: dict[int, Any], channel: int) -> bool:
@@ -129,6 +139,24 @@ def py_append_deliver(out: bytearray, channel: int, consumer_tag: str | bytes, d
                          codec.shortstr(exchange), codec.shortstr(routing_key), properties, body, frame_max)
 
 
+def py_ack_run(buf: bytes | bytearray, pos: int, channel: int, frame_max: int, limit: int) -> list[int] | None:
+    """``ack_run`` in Python (see the module's doc)."""
+    if type(buf) is not bytes and type(buf) is not bytearray:
+        return None
+    if pos < 0 or not 0 < channel <= 0xFFFF or (frame_max and frame_max < 13):
+        return None
+    tags: list[int] = []
+    n = len(buf)
+    while len(tags) < limit and n - pos >= ACK_FRAME:
+        ftype, chan, size, index = _ACK_HEAD.unpack_from(buf, pos)
+        tag, bits, end = _TAG_BITS.unpack_from(buf, pos + 11)
+        if ftype != _METHOD or chan != channel or size != 13 or index != _ACK or bits & 1 or end != _END:
+            break
+        tags.append(tag)
+        pos += ACK_FRAME
+    return tags or None
+
+
 def py_tuple_of(cls: type[_T], *items: Any) -> _T:
     """``tuple.__new__(cls, items)``: a tuple class's instance (a NamedTuple's without its
     __new__ frame)."""
@@ -137,6 +165,7 @@ def py_tuple_of(cls: type[_T], *items: Any) -> _T:
 
 fast_event = py_fast_event
 append_deliver = py_append_deliver
+ack_run = py_ack_run
 tuple_of = py_tuple_of
 COMPILED = False
 if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
@@ -149,5 +178,6 @@ if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
                           codec._NAMES, _SCANNED, _OPEN)
         fast_event = _frames.fast_event
         append_deliver = _frames.append_deliver
+        ack_run = _frames.ack_run
         tuple_of = _frames.tuple_of
         COMPILED = True

@@ -399,3 +399,72 @@ def test_tuple_of_refuses_a_class_that_is_not_a_tuple() -> None:
             fastpath.py_tuple_of(bad, 1)  # type: ignore[type-var]
         with pytest.raises(TypeError):
             _frames.tuple_of(bad, 1)
+
+
+# -- ack_run: a consumer's run of acks ------------------------------------------------------
+
+def _ack_stream(rng: random.Random) -> bytes:
+    """Mostly plain acks on channel 1, with multiple=true ones, other channels, other methods,
+    damage and cuts among them."""
+    parts = []
+    for _ in range(rng.randrange(1, 12)):
+        what = rng.random()
+        channel = 1 if rng.random() < 0.9 else rng.choice([2, 3, 0, 256])
+        if what < 0.8:
+            tag = rng.choice([0, 1, 7, 2**40, 2**64 - 1])
+            bits = 0 if rng.random() < 0.85 else rng.choice([1, 2, 3])
+            parts.append(_frame(1, channel, struct.pack(">HHQB", 60, 80, tag, bits)))
+        else:
+            parts.append(rng.choice([_ack(rng, channel), _publish(rng, channel), codec.HEARTBEAT_FRAME,
+                                     method_frame(max(channel, 1), C.Basic.Nack(delivery_tag=3))]))
+    data = bytearray(b"".join(parts))
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        data[rng.randrange(len(data))] = rng.randrange(256)
+    if rng.random() < 0.2:
+        del data[rng.randrange(len(data) + 1):]
+    return bytes(data)
+
+
+@needs_compiled
+@pytest.mark.parametrize("seed", range(30))
+def test_ack_run_compiled_equals_python_at_every_position(seed: int) -> None:
+    rng = random.Random(seed)
+    runs = 0
+    for _ in range(20):
+        data = _ack_stream(rng)
+        frame_max = rng.choice([0, 131072, 12, 13])
+        channel = rng.choice([1, 1, 1, 2, 0, 70000])
+        limit = rng.choice([32, 32, 1, 3, 0, -1])
+        for buf in (data, bytearray(data)):
+            for pos in range(len(buf) + 1):
+                want = fastpath.py_ack_run(buf, pos, channel, frame_max, limit)
+                assert _frames.ack_run(buf, pos, channel, frame_max, limit) == want, (seed, pos)
+                runs += want is not None
+    assert runs >= 1  # runs were compared, not only declines
+
+
+@given(st.binary(max_size=200), st.data())
+@settings(max_examples=300, deadline=None)
+def test_ack_run_is_fast_event_s_plain_acks_in_a_row(data: bytes, draw: Any) -> None:
+    """Each tag of a run is the ack fast_event takes at its place (multiple false, on the
+    channel), one ACK_FRAME after the other, and the run stops at the first frame that is not
+    one (or at the limit): what the transport takes in one call is what it took one by one."""
+    tags = draw.draw(st.lists(st.integers(0, 2**64 - 1), max_size=6))
+    acks = b"".join(_frame(1, 1, struct.pack(">HHQB", 60, 80, t, draw.draw(st.sampled_from([0, 0, 2, 1]))))
+                    for t in tags)
+    buf = bytearray(acks + data if draw.draw(st.booleans()) else data + acks)
+    pos = draw.draw(st.integers(0, len(buf)))
+    limit = draw.draw(st.integers(1, 8))
+    channels = _channels()
+    for run_of in (fastpath.py_ack_run, fastpath.ack_run):
+        got = run_of(buf, pos, 1, 131072, limit) or []
+        at = pos
+        for tag in got:
+            event, nxt = fastpath.py_fast_event(buf, at, 131072, 1 << 20, channels)
+            assert type(event.method) is C.Basic.Ack and event.channel == 1
+            assert (event.method.delivery_tag, event.method.multiple, nxt) == (tag, False, at + fastpath.ACK_FRAME)
+            at = nxt
+        if len(got) < limit:
+            after = fastpath.py_fast_event(buf, at, 131072, 1 << 20, channels)
+            assert after is None or type(after[0]) is not Method or after[0].method.multiple \
+                or after[1] != at + fastpath.ACK_FRAME
