@@ -149,7 +149,10 @@ SCALARS: list[Any] = [0, 1, -1, 2, 2**31, 2**63, 10**30, 0.5, 1e308, -1e308, Tru
 REGEXES = [".*", "", "^fz", "fz.*", "é", "^$", "(?i)FZ", "[a-z]+", "\\d", "a" * 1000, "(", "\x00", ".*" * 50]
 POLICY_KEYS = ["max-length", "max-length-bytes", "message-ttl", "expires", "dead-letter-exchange",
                "dead-letter-routing-key", "overflow", "delivery-limit", "queue-mode", "ha-mode", "alternate-exchange",
-               "max-priority", "queue-master-locator", "x-cmq-visibility-timeout", "federation-upstream-set", "", "é"]
+               "max-priority", "queue-master-locator", "x-cmq-visibility-timeout", "federation-upstream-set", "", "é",
+               # Keys the gateway keeps without applying, each with RabbitMQ's own validation.
+               "max-age", "queue-version", "dead-letter-strategy", "ha-params", "ha-sync-mode",
+               "stream-max-segment-size-bytes", "queue-leader-locator", "initial-cluster-size"]
 QUEUE_ARGS = ["x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow", "x-dead-letter-exchange",
               "x-dead-letter-routing-key", "x-single-active-consumer", "x-delivery-limit", "x-queue-type",
               "x-max-priority", "x-cmq-dead-letter-queue", "x-cmq-visibility-timeout", "x-cmq-rewind-seconds",
@@ -169,7 +172,8 @@ def templated_body(r: random.Random, pattern: str) -> Any:
     if pattern.startswith("/api/policies"):
         return {"pattern": _scalar(r, REGEXES), "apply-to": _scalar(r, ["all", "queues", "exchanges", "bogus"]),
                 "priority": _scalar(r, [0, 1, 10, -1]),
-                "definition": {r.choice(POLICY_KEYS): _scalar(r, [1, 0, 100, "fz-x", "reject-publish", "lazy", "all"])
+                "definition": {r.choice(POLICY_KEYS): _scalar(r, [1, 0, 100, "fz-x", "reject-publish", "lazy", "all",
+                                                                  "7D", "exactly", "at-least-once", ["rabbit@a"]])
                                for _ in range(r.randint(1, 3))}}
     if pattern.startswith("/api/users"):
         body: dict[str, Any] = {"tags": _scalar(r, ["", "administrator", "management", "a,b", "monitoring,policymaker",
@@ -182,7 +186,7 @@ def templated_body(r: random.Random, pattern: str) -> Any:
     if pattern.startswith("/api/permissions"):
         return {k: _scalar(r, REGEXES) for k in ("configure", "write", "read")}
     if pattern.startswith("/api/queues"):
-        return {"durable": _scalar(r, [True, False]), "auto_delete": _scalar(r, [False, True]),
+        return {"durable": _scalar(r, [True, False, "false"]), "auto_delete": _scalar(r, [False, True, "true"]),
                 "arguments": {r.choice(QUEUE_ARGS): _scalar(r, [1, 1000, 0, "fz-x", "reject-publish", "quorum",
                                                                 "stream", "classic", "fzq", True])
                               for _ in range(r.randint(0, 3))}}

@@ -19,11 +19,16 @@ listed by :meth:`Policy.not_applied` with the reason.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
+
+from gateway.broker.policy_validation import refusal
+
+log = logging.getLogger(__name__)
 
 __all__ = ["APPLY_TO", "NOT_APPLIED", "POLICY_KEYS", "Policy", "PolicyError", "choose",
            "exchange_alternate", "queue_arguments"]
@@ -76,7 +81,7 @@ def _text(v: Any) -> Any:
 
 
 def _check_value(key: str, value: Any) -> None:
-    """RabbitMQ's validation of the keys the gateway applies (rabbit_policies:validate_policy0)."""
+    """The types the gateway needs to apply a key (held by every stored policy, old ones too)."""
     if key in ("dead-letter-exchange", "dead-letter-routing-key", "alternate-exchange"):
         if not isinstance(value, str):
             raise PolicyError(f"{key} {value!r} must be a string")
@@ -93,13 +98,13 @@ class Policy:
     name: str
     pattern: str
     apply_to: str = "all"
-    priority: int = 0
+    priority: int | float = 0  # RabbitMQ takes any JSON number
     definition: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.apply_to not in APPLY_TO:
             raise PolicyError(f"apply-to {self.apply_to!r} must be one of {', '.join(APPLY_TO)}")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int):
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int | float):
             raise PolicyError(f"priority {self.priority!r} must be an integer")
         if not isinstance(self.definition, dict) or not self.definition:
             raise PolicyError("definition must be a non-empty object")
@@ -111,8 +116,24 @@ class Policy:
             _check_value(key, value)
 
     @classmethod
+    def checked(cls, raw: Mapping[str, Any], vhost: str | None = None, name: str | None = None) -> Policy:
+        """A policy a client gives (``PUT /api/policies``, a definitions import): PolicyError
+        with RabbitMQ's reason for whatever RabbitMQ refuses, nothing stored (M7, M16)."""
+        why = refusal(raw)
+        if why is not None:
+            raise PolicyError(why)
+        return cls.from_json(raw, vhost, name)
+
+    @classmethod
     def from_json(cls, raw: Mapping[str, Any], vhost: str | None = None, name: str | None = None) -> Policy:
-        """A policy as RabbitMQ's definitions and ``PUT /api/policies`` spell it."""
+        """A policy as RabbitMQ's definitions spell it, as the store holds it. A store written
+        before the gateway refused what RabbitMQ refuses may hold a policy RabbitMQ would not
+        take (an unknown key, a kept key's bad value): it still loads, as it did, logged."""
+        why = refusal(raw) if isinstance(raw, Mapping) else None
+        if why is not None:
+            log.warning("policy %r in vhost %r holds what RabbitMQ refuses (%s): kept as stored; "
+                        "set it again to correct it", name if name is not None else raw.get("name"),
+                        vhost if vhost is not None else raw.get("vhost"), why.strip().replace("\n\n", ": "))
         if not isinstance(raw, Mapping):
             raise PolicyError("a policy must be an object")
         try:

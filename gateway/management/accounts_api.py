@@ -24,9 +24,9 @@ from aiohttp import web
 from gateway.accounts import Accounts
 from gateway.auth import Permission, User, hash_password
 from gateway.management.admin_audit import actor
-from gateway.management.app import Management, bad_request, not_found, read_json
+from gateway.management.app import Management, bad_request, flag, not_found, read_json
 
-__all__ = ["add_routes", "user_json"]
+__all__ = ["add_routes", "permission_pattern", "user_json"]
 
 HASHING = "rabbit_password_hashing_sha256"
 
@@ -72,7 +72,9 @@ def _password_hash(body: dict[str, Any], current: User | None) -> str:
     raise bad_request("password or password_hash must be set")
 
 
-def _pattern(body: dict[str, Any], key: str) -> str:
+def permission_pattern(body: dict[str, Any], key: str) -> str:
+    """A permission's ``configure``, ``write`` or ``read``: a regular expression, as RabbitMQ
+    refuses any other (a PUT and a definitions import alike)."""
     if key not in body:
         raise bad_request(f"[{{key_missing,{key}}}]")
     value = body[key]
@@ -142,6 +144,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
 
     async def vhost_put(request: web.Request) -> web.Response:
         name = request.match_info["vhost"]
+        flag(await read_json(request), "tracing", False)  # refused as RabbitMQ does; tracing is not kept
         created = accounts().put_vhost(name)
         if created:
             actor(request, mgmt.broker.audit).emit("vhost_created", name, f"vhost:{name}")
@@ -195,7 +198,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
     async def permission_put(request: web.Request) -> web.Response:
         acc, name, v = user_and_vhost(request)
         body = await read_json(request)
-        perm = Permission(_pattern(body, "configure"), _pattern(body, "write"), _pattern(body, "read"))
+        perm = Permission(*(permission_pattern(body, k) for k in ("configure", "write", "read")))
         existed = (name, v) in acc.users.permissions
         acc.set_permission(name, v, perm)
         actor(request, mgmt.broker.audit).emit("permission_created", v, f"permission:{name}")

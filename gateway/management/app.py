@@ -31,7 +31,7 @@ from gateway.transport import is_loopback
 from semantics.errors import CMQError, LimitError
 from semantics.names import cmq_name
 
-__all__ = ["MGMT", "USER", "Management", "make_app", "not_authorised", "start_management"]
+__all__ = ["MGMT", "USER", "Management", "flag", "make_app", "not_authorised", "start_management"]
 
 REALM = 'Basic realm="RabbitMQ Management"'
 RATE_SAMPLE_SECONDS = 5.0
@@ -40,7 +40,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, error: str, reason: str, *, user: str | None = None, cause: str = "") -> None:
+    def __init__(self, status: int, error: str, reason: Any, *, user: str | None = None, cause: str = "") -> None:
         super().__init__(reason)
         self.status = status
         self.error = error
@@ -55,6 +55,18 @@ def not_found() -> ApiError:
 
 def bad_request(reason: str) -> ApiError:
     return ApiError(400, "bad_request", reason)
+
+
+def flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    """A boolean field of a PUT body as RabbitMQ's management API reads it (rabbit_mgmt_util:
+    parse_bool): true, false, "true" or "false"; anything else is 400 ["not_boolean", value],
+    never Python's truth (``bool("false")`` made a queue durable that RabbitMQ makes transient)."""
+    value = body.get(key, default)
+    if value is True or value == "true":
+        return True
+    if value is False or value == "false":
+        return False
+    raise ApiError(400, "bad_request", ["not_boolean", value])
 
 
 def cmq_queue_name(name: str) -> str | None:
@@ -314,6 +326,10 @@ def _exists(vh: Any, kind: str, name: str) -> bool:
     return name == "" or name in vh.exchanges
 
 
+def _not_json(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
 async def read_json(request: web.Request) -> dict[str, Any]:
     # Read (and kept) by the admission middleware already, within its deadline (SE5): the
     # stream is at its end then, so can_read_body says no more whether there was a body.
@@ -321,8 +337,9 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        # NaN and Infinity are not JSON, and RabbitMQ refuses them; Python's reader takes them.
+        body = json.loads(raw, parse_constant=_not_json)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError):
         # RecursionError: nesting past Python's recursion limit (20 KB of "[" does it), a
         # body this reader cannot take: the client's fault, as any other unreadable body.
         raise bad_request("body is not JSON")

@@ -15,6 +15,8 @@ unchanged, and a conflicting one (another type, other arguments) is listed per o
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 from collections import Counter
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from gateway.auth import HASHING_ALGORITHMS, Permission, User, hash_password, ha
 from gateway.broker.arguments import CMQ_ATTRS
 from gateway.broker.exchange import EXCHANGE_TYPES, X_MAX_MESSAGE_SIZE
 from gateway.broker.policies import NOT_APPLIED, Policy, PolicyError
+from gateway.management.accounts_api import permission_pattern
 from gateway.management.admin_audit import Actor, actor
 from gateway.management.app import USER, ApiError, Management, bad_request, jsonable, not_found, read_json
 from semantics.errors import CMQError
@@ -105,11 +108,20 @@ class ImportReport:
                 "not_imported": self.not_imported, "notes": self.notes, "policies_applied": applied}
 
 
+def _flag(raw: dict[str, Any], key: str, default: bool) -> bool:
+    """A definitions file's boolean: RabbitMQ's import refuses any other value (``"false"``
+    too), where Python's truth made a queue durable that the file said was not."""
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} {jsonable(value)!r} must be true or false")
+    return value
+
+
 def _reason(e: Exception) -> tuple[str, str | None]:
     if isinstance(e, CMQError):
         return e.reply_text, e.rule
     if isinstance(e, ApiError):
-        return e.reason, None
+        return e.reason if isinstance(e.reason, str) else json.dumps(jsonable(e.reason)), None
     if isinstance(e, KeyError):
         return f"missing key {e.args[0]!r}", None
     return str(e) or type(e).__name__, None
@@ -368,7 +380,7 @@ class _Import:
                 raise ValueError(f"no user '{user}'")
             if vhost not in db.vhosts:
                 raise ValueError(f"no vhost '{vhost}'")
-            perm = Permission(str(raw["configure"]), str(raw["write"]), str(raw["read"]))
+            perm = Permission(*(permission_pattern(raw, k) for k in ("configure", "write", "read")))
             old = db.permissions.get((user, vhost))
             if old != perm:
                 self._accounts().set_permission(user, vhost, perm)  # SE4: journaled
@@ -403,8 +415,8 @@ class _Import:
 
     def policies(self) -> Iterator[None]:
         def action(raw: dict[str, Any], item: dict[str, Any]) -> bool:
-            policy = Policy.from_json(raw, vhost=item["vhost"])
-            vh = self.mgmt.vhost(policy.vhost)
+            vh = self.mgmt.vhost(item["vhost"])
+            policy = Policy.checked(raw, vhost=vh.name)
             for key, why in policy.not_applied():
                 self.report.note("policy", item, key, f"not applied: {why}")
             self.policy_names.append((policy.vhost, policy.name))
@@ -431,9 +443,9 @@ class _Import:
                 if arg not in _EXCHANGE_ARGS:
                     self.report.note("exchange", item, arg, "unknown exchange argument: kept, without effect")
             existed = name in vh.exchanges
-            vh.declare_exchange(name, xtype, passive=False, durable=bool(raw.get("durable", True)),
-                                auto_delete=bool(raw.get("auto_delete", False)),
-                                internal=bool(raw.get("internal", False)), arguments=args, user=self.user)
+            vh.declare_exchange(name, xtype, passive=False, durable=_flag(raw, "durable", True),
+                                auto_delete=_flag(raw, "auto_delete", False),
+                                internal=_flag(raw, "internal", False), arguments=args, user=self.user)
             return not existed
         yield from self.each("exchanges", self.named, action)
 
@@ -461,8 +473,8 @@ class _Import:
                 # server names a queue, after the L2 check that path skips.
                 cmq_name(name, "queue")
                 name, server_name = "", name
-            vh.declare_queue(None, name, passive=False, durable=bool(raw.get("durable", True)),
-                             exclusive=False, auto_delete=bool(raw.get("auto_delete", False)),
+            vh.declare_queue(None, name, passive=False, durable=_flag(raw, "durable", True),
+                             exclusive=False, auto_delete=_flag(raw, "auto_delete", False),
                              arguments=args, user=self.user, server_name=server_name)
             return not existed
         yield from self.each("queues", self.named, action)
@@ -575,9 +587,10 @@ def add_policy_routes(app: web.Application, mgmt: Management) -> None:
         vh = mgmt.check_vhost(request, request.match_info["vhost"])
         name = request.match_info["name"]
         try:
-            p = Policy.from_json(await read_json(request), vhost=vh.name, name=name)
+            p = Policy.checked(await read_json(request), vhost=vh.name, name=name)
         except PolicyError as e:
-            raise bad_request(f"policy: {e}")
+            # RabbitMQ's reason, escaped as its management API escapes every reason.
+            raise bad_request(html.escape(str(e), quote=False))
         existed = name in vh.policies
         vh.set_policy(p)
         actor(request, mgmt.broker.audit).emit("policy_set", vh.name, f"policy:{name}")

@@ -43,6 +43,7 @@ from gateway.management.app import (
     Management,
     bad_request,
     cmq_queue_name,
+    flag,
     jsonable,
     not_found,
     read_json,
@@ -570,8 +571,8 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         vh = mgmt.check_vhost(request, request.match_info["vhost"])
         body = await read_json(request)
         vh.declare_queue(None, request.match_info["name"], passive=False,
-                         durable=bool(body.get("durable", True)), exclusive=False,
-                         auto_delete=bool(body.get("auto_delete", False)),
+                         durable=flag(body, "durable", True), exclusive=False,
+                         auto_delete=flag(body, "auto_delete", False),
                          arguments=_arguments(body), user=request[USER].name)
         return web.Response(status=201)
 
@@ -694,9 +695,9 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         if "type" not in body:
             raise bad_request("[{key_missing,type}]")
         vh.declare_exchange(request.match_info["name"], str(body["type"]), passive=False,
-                            durable=bool(body.get("durable", True)),
-                            auto_delete=bool(body.get("auto_delete", False)),
-                            internal=bool(body.get("internal", False)),
+                            durable=flag(body, "durable", True),
+                            auto_delete=flag(body, "auto_delete", False),
+                            internal=flag(body, "internal", False),
                             arguments=_arguments(body), user=request[USER].name)
         return web.Response(status=201)
 

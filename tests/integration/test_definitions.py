@@ -204,7 +204,7 @@ async def test_M16_what_cannot_be_imported_is_listed_per_object_with_the_reason(
         assert "inequivalent arg 'durable'" in missing["queue", "orders"]
         assert missing["queue", None] == "missing key 'name'"
         assert "exchange 'ring' was not imported" in missing["binding", "ring"]
-        assert "bcrypt" in missing["user", "old"] and "not a regular expression" in missing["policy", "broken"]
+        assert "bcrypt" in missing["user", "old"] and "should be regular expression" in missing["policy", "broken"]
         assert (report["imported"]["exchanges"], report["imported"]["queues"], report["imported"]["bindings"],
                 report["imported"]["users"], report["imported"]["policies"]) == (1, 1, 2, 1, 1)
         notes = {(n.get("name") or n.get("source"), n["key"]) for n in report["notes"]}
