@@ -153,6 +153,13 @@ POLICY_KEYS = ["max-length", "max-length-bytes", "message-ttl", "expires", "dead
                # Keys the gateway keeps without applying, each with RabbitMQ's own validation.
                "max-age", "queue-version", "dead-letter-strategy", "ha-params", "ha-sync-mode",
                "stream-max-segment-size-bytes", "queue-leader-locator", "initial-cluster-size"]
+# Key and value pairs RabbitMQ takes: the definition keys' validation refuses most random
+# pairs, and a policy that is stored is what the after phase can find broken.
+GOOD_DEFINITIONS: list[tuple[str, Any]] = [
+    ("max-length", 10), ("message-ttl", 60000), ("expires", 3_600_000), ("overflow", "reject-publish"),
+    ("dead-letter-exchange", "fz-x"), ("max-length-bytes", 10**20), ("queue-mode", "lazy"), ("max-age", "7D"),
+    ("queue-version", 2), ("ha-mode", "all"), ("dead-letter-strategy", "at-least-once"), ("delivery-limit", 0),
+    ("queue-leader-locator", "balanced"), ("alternate-exchange", "é")]
 QUEUE_ARGS = ["x-message-ttl", "x-expires", "x-max-length", "x-max-length-bytes", "x-overflow", "x-dead-letter-exchange",
               "x-dead-letter-routing-key", "x-single-active-consumer", "x-delivery-limit", "x-queue-type",
               "x-max-priority", "x-cmq-dead-letter-queue", "x-cmq-visibility-timeout", "x-cmq-rewind-seconds",
@@ -172,9 +179,10 @@ def templated_body(r: random.Random, pattern: str) -> Any:
     if pattern.startswith("/api/policies"):
         return {"pattern": _scalar(r, REGEXES), "apply-to": _scalar(r, ["all", "queues", "exchanges", "bogus"]),
                 "priority": _scalar(r, [0, 1, 10, -1]),
-                "definition": {r.choice(POLICY_KEYS): _scalar(r, [1, 0, 100, "fz-x", "reject-publish", "lazy", "all",
-                                                                  "7D", "exactly", "at-least-once", ["rabbit@a"]])
-                               for _ in range(r.randint(1, 3))}}
+                "definition": dict(r.choice(GOOD_DEFINITIONS) if r.random() < 0.5 else
+                                   (r.choice(POLICY_KEYS), _scalar(r, [1, 0, 100, "fz-x", "reject-publish", "lazy",
+                                                                       "all", "7D", "exactly", ["rabbit@a"]]))
+                                   for _ in range(r.randint(1, 3)))}
     if pattern.startswith("/api/users"):
         body: dict[str, Any] = {"tags": _scalar(r, ["", "administrator", "management", "a,b", "monitoring,policymaker",
                                                     ["management", "x"], "é" * 50])}
