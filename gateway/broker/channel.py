@@ -185,7 +185,7 @@ class Channel:
         if multiple:
             for _, u in self.take_tagged(tag, True):
                 broker.ack(session, u)
-        else:  # one tag, as a consumer acks every message: _take_one inlined
+        else:  # one tag, as a consumer acks every message: _take_one inlined (Session.on_acks repeats these steps)
             one = self.unacked.pop(tag, None)
             if one is None:
                 raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)

@@ -172,13 +172,23 @@ class Session:
         if ch is None or ch.closing or ch.held is not None or ch.tx:
             return 0
         taken = 0
-        ack = ch.ack
+        broker = self.broker
+        ack = broker.ack
         for tag in tags:
             if ch.closing:
                 break
             taken += 1
             try:
-                ack(tag, False)
+                # Channel.ack's one-tag steps, without its frame
+                one = ch.unacked.pop(tag, None)
+                if one is None:
+                    raise precondition(f"unknown delivery tag {tag}", rule="M12", value=tag)
+                consumer = one.consumer
+                if consumer is not None:
+                    consumer.unacked -= 1
+                ack(self, one)
+                if ch.channel_prefetch:
+                    broker.dispatch_channel(ch)
             except ConnectionFault as e:
                 cls_id, mid = _ids(_ACK)
                 self.conn.close(e.reply_code, e.reply_text, cls_id, mid)
