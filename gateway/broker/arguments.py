@@ -15,7 +15,7 @@ from typing import Any
 from semantics.errors import PRECONDITION_FAILED, CMQError
 
 __all__ = ["EXCHANGE_EQUIVALENCE", "QUEUE_EQUIVALENCE", "RECEIVE_METADATA", "QueueArgs", "amqp_type",
-           "check_rabbit_args", "equivalent_args", "parse_queue_args", "receive_metadata", "rewind_to", "text",
+           "check_exchange_args", "check_rabbit_args", "equivalent_args", "parse_queue_args", "receive_metadata", "rewind_to", "text",
            "utf8"]
 
 # x-cmq-* argument -> semantics.queue_attrs.QueueAttributes field (SPEC M7).
@@ -137,6 +137,15 @@ def check_rabbit_args(arguments: Mapping[str, Any] | None, queue: str, vhost: st
     sac = arguments.get("x-single-active-consumer")
     if sac is not None and not isinstance(sac, bool):
         raise bad("x-single-active-consumer", f"{{unacceptable_type,{amqp_type(sac)}}}")
+
+
+def check_exchange_args(arguments: Mapping[str, Any] | None, exchange: str, vhost: str) -> None:
+    """RabbitMQ's check of an exchange's alternate-exchange argument (406, M16): a name, or the
+    exchange would be stored with one no publish can use (and the HTTP API took it too)."""
+    ae = (arguments or {}).get("alternate-exchange")
+    if ae is not None and not utf8(ae):
+        raise CMQError("M16", f"invalid type '{amqp_type(ae)}' for arg 'alternate-exchange' in exchange "
+                       f"'{exchange}' in vhost '{vhost}'", reply_code=PRECONDITION_FAILED, value=ae)
 
 
 # M11 / PF5: a queue or consumer argument asking for the CMQ receive metadata on deliveries.

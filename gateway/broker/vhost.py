@@ -23,6 +23,7 @@ from gateway.broker import persistence as P
 from gateway.broker.arguments import (
     EXCHANGE_EQUIVALENCE,
     QUEUE_EQUIVALENCE,
+    check_exchange_args,
     check_rabbit_args,
     equivalent_args,
     parse_queue_args,
@@ -248,6 +249,7 @@ class VHost:
             # RabbitMQ closes the connection: 503 COMMAND_INVALID "unknown exchange type".
             raise ConnectionFault("M16", f"unknown exchange type '{type}'", reply_code=503, value=type)
         args = dict(arguments or {})
+        check_exchange_args(args, name, self.name)
         existing = self.exchanges.get(name)
         if existing is not None:
             return self._redeclare(existing, type, durable, auto_delete, internal, args)

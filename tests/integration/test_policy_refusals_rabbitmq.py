@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import pika
 import pytest
 import requests
 
@@ -199,6 +200,8 @@ OTHER_PUTS: list[tuple[str, Any]] = [
     ("/api/exchanges/{v}/x-int", {"type": "direct", "durable": True, "internal": "false"}),
     ("/api/exchanges/{v}/x-bad", {"type": "direct", "internal": 1}),
     ("/api/exchanges/{v}/x-dur", {"type": "fanout", "durable": "no"}),
+    ("/api/exchanges/{v}/x-ae", {"type": "direct", "durable": True, "arguments": {"alternate-exchange": 1}}),
+    ("/api/exchanges/{v}/x-ae-ok", {"type": "direct", "durable": True, "arguments": {"alternate-exchange": "a"}}),
     ("/api/vhosts/{v}-t1", {"tracing": "x"}), ("/api/vhosts/{v}-t2", {"tracing": "true"}),
     ("/api/vhosts/{v}-t3", {"tracing": 1}),
     ("/api/permissions/{v}/guest", {"configure": "(", "write": ".*", "read": ".*"}),
@@ -281,3 +284,34 @@ def test_SE1_M7_a_definitions_import_refuses_bad_permission_patterns_and_boolean
     assert refused == [("exchange", "x-str"), ("permission", "guest"), ("permission", "guest"),
                        ("queue", "q-str")], report
     assert perm == 404 and queues == {"q-ok": False} and "x-str" not in exchanges
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_M16_an_alternate_exchange_argument_that_is_not_a_name_is_406_over_amqp(tmp_path: Path, store: str) -> None:
+    """The same check behind the HTTP PUT above, where AMQP clients meet it: RabbitMQ closes
+    the channel 406 and makes nothing; the gateway stored the exchange."""
+    name = f"hpol-ae-{uuid.uuid4().hex[:6]}"
+
+    def declare(port: int) -> tuple[int, str] | None:
+        with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port)) as conn:
+            ch = conn.channel()
+            try:
+                ch.exchange_declare(name, "direct", arguments={"alternate-exchange": 1})
+            except pika.exceptions.ChannelClosedByBroker as e:
+                ch = conn.channel()
+                try:
+                    ch.exchange_declare(name, passive=True)
+                except pika.exceptions.ChannelClosedByBroker:
+                    return e.reply_code, e.reply_text
+                return e.reply_code, "made"
+            conn.channel().exchange_delete(name)
+            return None
+
+    rabbit = declare(5672)
+    with nats_store(store if store == "jetstream" else None) as store_url:
+        gw, _ = _serve(tmp_path, store_url)
+        try:
+            ours = declare(gw.port)
+        finally:
+            gw.stop()
+    assert rabbit is not None and rabbit[0] == 406 and ours == rabbit, (rabbit, ours)
