@@ -22,7 +22,10 @@ Several codes in one call are measured one after the other, alternating per roun
 
     .venv/bin/python scripts/callgrind_jetstream.py --code /tmp/before --code . --backlog 2000 --rounds 3
 
-Needs valgrind (callgrind_control). The nats-server's instructions are not counted.
+Needs valgrind (callgrind_control). The nats-server's instructions are not counted; with
+``--backlog``, its CPU time a message in each half (less an idle time's) is printed, a rough
+figure (a time, moved by what else runs; the gateway under valgrind is slow, so it sees other
+batch sizes than in a flood).
 """
 
 from __future__ import annotations
@@ -186,6 +189,22 @@ def measure(code: str, root: Path, rate: float, duration: float, warmup: float,
         nats.stop()
 
 
+def nats_cpu_ns(nats: NatsCluster) -> int:
+    """CPU time the nats-servers have used so far, every thread (schedstat, ns): what their
+    side of a message costs is not in the gateway's instructions. A time, not a count: other
+    processes on the machine move it (caches, frequency), so a rough figure."""
+    total = 0
+    for server in nats.servers:
+        if server.proc is None:
+            continue
+        for task in Path(f"/proc/{server.proc.pid}/task").iterdir():
+            try:
+                total += int((task / "schedstat").read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total
+
+
 def measure_backlog(code: str, root: Path, count: int, warmup: int, profile: Path | None = None,
                     embedded: bool = False, slow: float = SLOW) -> dict[str, float]:
     """Instructions a message of each half of :func:`_backlog` (publish, consume), less
@@ -209,16 +228,28 @@ def measure_backlog(code: str, root: Path, count: int, warmup: int, profile: Pat
             calls = pstats.Stats(str(profile)).total_calls  # type: ignore[attr-defined]
             return {"publish": 0.0, "consume": calls / n, "idle": 0.0, "received": n}
 
-        result = _backlog(gw.url, count, [lambda: count_on(pid), lambda: count_off(pid)])
-        for phase in ("publish", "consume"):
+        cpu: list[int] = []  # the nats-servers' CPU time at each switch of counting
+
+        def on() -> None:
             count_on(pid)
-            time.sleep(result["took"][phase])
+            cpu.append(nats_cpu_ns(nats))
+
+        def off() -> None:
+            cpu.append(nats_cpu_ns(nats))
             count_off(pid)
+
+        result = _backlog(gw.url, count, [on, off])
+        for phase in ("publish", "consume"):
+            on()
+            time.sleep(result["took"][phase])
+            off()
         time.sleep(1.0)
         pub, con, idle_pub, idle_con = totals(f"{out}.*")
         n = result["received"]
+        spans = [b - a for a, b in zip(cpu[::2], cpu[1::2], strict=True)]
         return {"publish": (pub - idle_pub) / n, "consume": (con - idle_con) / n,
-                "idle": (idle_pub + idle_con) / n, "received": n}
+                "idle": (idle_pub + idle_con) / n, "received": n,
+                "nats_publish": (spans[0] - spans[2]) / n, "nats_consume": (spans[1] - spans[3]) / n}
     finally:
         gw.stop()
         nats.stop()
@@ -263,7 +294,9 @@ def main() -> None:
                     continue
                 print(f"round {r + 1} {code}: {m['received']:,} messages; a message: publish {m['publish']:,.0f}, "
                       f"consume {m['consume']:,.0f}, total {m['publish'] + m['consume']:,.0f} instructions "
-                      f"(idle time's {m['idle']:,.0f}, subtracted)", flush=True)
+                      f"(idle time's {m['idle']:,.0f}, subtracted); nats-server CPU a message "
+                      f"{m.get('nats_publish', 0.0) / 1000:.1f} + {m.get('nats_consume', 0.0) / 1000:.1f} us "
+                      f"(a time: rough)", flush=True)
         return
     for r in range(args.rounds):
         for i, code in enumerate(codes):

@@ -23,7 +23,7 @@ from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.head import EXPIRES_AT, MSG_ID, VISIBLE_AT, stored_message
 from gateway.jetstream.queues import QueueStream, rewind_consumer, subscribe
 from gateway.jetstream.streams import STARTUP_STREAMS_SECONDS
-from gateway.jetstream.wire import Handlers
+from gateway.jetstream.wire import Handlers, compiled
 from semantics import queue as Q
 from semantics.errors import CMQError
 from semantics.jetstream.config import ACK_WAIT_MARGIN
@@ -56,6 +56,9 @@ NAK_LATE_MARGIN = 0.25
 # How long deliveries to a withdrawn inbox are handed back: longer than a pull request waits.
 RETIRED_INBOX_SECONDS = 3 * PULL_WAIT
 EXPIRY_MARGIN = 0.1  # the server counts a request's expiry from when it read it
+# A delivery's numbers read from its reply subject in C (gateway/jetstream/_wire.c), or None:
+# Pulls._take's own reading.
+_ack_numbers = getattr(compiled(), "ack_numbers", None)
 
 
 
@@ -287,16 +290,28 @@ class Pulls:
         delays = s.delays
         restore = cmq.restore
         restore_plain = cmq.restore_plain
-        last = None  # the reply subject's tokens of the latest delivery (consumer seq) read
+        numbers = _ack_numbers
+        # The latest delivery's (consumer seq) pending count, or its reply subject's tokens
+        # (read once, of the latest)
+        last: int | list[str] | None = None
         for i, m in enumerate(msgs):
-            # delivery_counts, without its call; the pending count read once, of the latest
-            t = m.reply.split(".")
-            at = 4 if len(t) == 9 else 6
-            delivered = int(t[at])
-            consumer_seq = int(t[at + 2])
-            if consumer_seq > s.last_delivery:
-                s.last_delivery = consumer_seq
-                last = t
+            # delivery_counts, without its call: read in C where the numbers are plain ASCII
+            # digits (_wire.c's ack_numbers, as delivery_counts reads them: test_ack_numbers.py),
+            # else here; the pending count read once, of the latest
+            nums = numbers(m.reply) if numbers is not None else None
+            if nums is None:
+                t = m.reply.split(".")
+                at = 4 if len(t) == 9 else 6
+                delivered = int(t[at])
+                consumer_seq = int(t[at + 2])
+                if consumer_seq > s.last_delivery:
+                    s.last_delivery = consumer_seq
+                    last = t
+            else:
+                delivered, consumer_seq, pending = nums
+                if consumer_seq > s.last_delivery:
+                    s.last_delivery = consumer_seq
+                    last = pending
             headers = m.headers or {}
             visible_at = headers.get(VISIBLE_AT)
             msg_id = headers.get(MSG_ID, "")
@@ -341,7 +356,7 @@ class Pulls:
             restore(msg, len(msg.body), now, msg_id=msg_id, enqueue_time=msg.published_at,
                     receive_count=count if count > 0 else 0, expires_at=None if exp is None else float(exp))
         if last is not None:
-            q.remote_ready = int(last[8 if len(last) == 9 else 10])
+            q.remote_ready = last if isinstance(last, int) else int(last[8 if len(last) == 9 else 10])
         vh = self.broker.vhosts[q.vhost]
         self.broker.after_queue_change(vh, q)
         self._return_surplus(s)

@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.jetstream import publisher
 from gateway.jetstream.publisher import Publisher
 
 REPLIES = [
@@ -20,6 +21,9 @@ REPLIES = [
     b'{"error":{"code":400,"err_code":10077,"description":"maximum messages exceeded"},"stream":"S","seq":0}',
     b'{"stream":"S", "seq":5, "error":{"code":500}}',
     b"not json",
+    b'{"stream":"S", "seq":007}',  # leading zeros: stored (int() reads 7)
+    b'{"stream":"S", "seq":000,"duplicate": true}',  # staged (0)
+    b'{"stream":"S","seq":12x}',  # not the server's text: read by the JSON decoder (unknown)
 ]
 
 
@@ -72,3 +76,18 @@ def test_CL3_a_staged_duplicate_between_stored_ones_is_not_confirmed() -> None:
     seen, left, again = _outcome([(1, 0), (2, 2), (3, 1)], True)
     assert seen == [("done", 1), ("settled", 1, False), ("done", 3), ("settled", 3, False)]
     assert left == [2, 4, 5] and again == [2]
+
+
+# PubAcks as the server writes them and near misses: the pieces of the text, shuffled in.
+_PIECES = [b'{"stream":"', b"S", b'q.x', b'"', b",", b" ", b"\t", b'"seq":', b"0", b"7", b"00", b"12", b"}", b",",
+           b'"duplicate": true', b'"error":{"code":500}', b"\xd9\xa3", b"x", b"{", b'"stream":"S",']
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=12), st.booleans())
+def test_CL3_the_stored_reading_is_the_match_with_a_sequence_above_0(pieces: list[bytes], prefixed: bool) -> None:
+    """The PubAck rule: _replied_plains tells a stored write by one match (_PUBACK_STORED),
+    the same PubAcks _PUBACK's match with int() of its sequence above 0 tells."""
+    data = (b'{"stream":"S", "seq":' if prefixed else b"") + b"".join(pieces)
+    m = publisher._PUBACK.match(data)
+    assert (publisher._PUBACK_STORED.match(data) is not None) == (m is not None and int(m.group(1)) > 0)

@@ -107,19 +107,27 @@ def test_not_transient_property_lists_are_not_shared_wrongly(monkeypatch: pytest
 
 
 
+@pytest.mark.parametrize("reading", ["compiled", "python", "mixed"])
 @pytest.mark.parametrize("form", ["old", "new"])
-def test_take_reads_counts_as_delivery_counts_does(monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+def test_take_reads_counts_as_delivery_counts_does(monkeypatch: pytest.MonkeyPatch, form: str, reading: str) -> None:
     """M11/Q7: ``_take`` reads a reply subject's counts inline, both forms nats-server writes
     (9 tokens, and 12 with domain, account hash and a random token): the receive count from
     ``<delivered>`` and the queue's undelivered estimate from the ``<pending>`` of the latest
     consumer sequence read, as ``delivery_counts`` reads them; an older delivery read after it
-    (a redelivery) leaves both where they are."""
+    (a redelivery) leaves both where they are. Read in C (_wire.c's ack_numbers), in Python,
+    and mixed: a pending count that int() reads and the C reading declines (" 39") is read in
+    Python within a batch read in C."""
+    if reading != "python" and pulls_mod._ack_numbers is None:
+        pytest.skip("gateway/jetstream/_wire.c not built (or CMQ_GATEWAY_PURE_PYTHON=1)")
+    if reading == "python":
+        monkeypatch.setattr(pulls_mod, "_ack_numbers", None)
     p, s, _ = _pulls(monkeypatch)
 
     def reply(delivered: int, seq: int, pending: int) -> str:
+        token = f" {pending}" if reading == "mixed" and pending == 39 else str(pending)
         if form == "old":
-            return f"$JS.ACK.S.C.{delivered}.{seq}.{seq}.1700000000000000000.{pending}"
-        return f"$JS.ACK.dom.ACCHASH.S.C.{delivered}.{seq}.{seq}.1700000000000000000.{pending}.rnd"
+            return f"$JS.ACK.S.C.{delivered}.{seq}.{seq}.1700000000000000000.{token}"
+        return f"$JS.ACK.dom.ACCHASH.S.C.{delivered}.{seq}.{seq}.1700000000000000000.{token}.rnd"
 
     batch = []
     for msg_id, delivered, seq, pending in (("a", 1, 7, 40), ("b", 3, 8, 39), ("c", 2, 5, 12)):

@@ -192,6 +192,39 @@ def test_the_compiled_reading_takes_the_run_after_its_first() -> None:
 
 
 @needs_compiled
+def test_deliveries_are_made_as_their_class_makes_them() -> None:
+    """take_lone fills a plain __slots__ class's four slots itself (wire.Delivery: its
+    __init__ not called) and calls any other class: either way the same fields, and objects
+    that live on, are changed and go as any other (refcounts, GC)."""
+    import gc
+    import sys
+
+    data = b"".join(_delivery(1, n, f"id{n}") for n in range(3))
+
+    class Called:
+        def __init__(self, subject: str, reply: str, data: bytes, headers: dict[str, str]) -> None:
+            self.subject, self.reply, self.data, self.headers = subject, reply, data, headers
+
+    fields = []
+    for cls in (Delivery, Called, Delivery):
+        out: list[Any] = []
+        assert _compiled.take_lone(data, 0, 1, cls, "Nats-Msg-Id", out) == len(data)
+        assert all(type(d) is cls for d in out)
+        fields.append([(d.subject, d.reply, d.data, d.headers) for d in out])
+    assert fields[0] == fields[1] == fields[2] == [
+        ("Q", f"$JS.ACK.S.C.1.{n}.{n}.1700000000000000000.0", b"body%d" % n, {"Nats-Msg-Id": f"id{n}"})
+        for n in range(3)]
+    fields.clear()
+    d = out[0]
+    refs = sys.getrefcount(d.headers), sys.getrefcount(d.reply), sys.getrefcount(d.data)
+    assert gc.is_tracked(d) and refs == (2, 2, 2)  # held by the delivery alone (and the call)
+    d.reply = "changed"
+    assert d.reply == "changed"
+    del out, d
+    gc.collect()
+
+
+@needs_compiled
 def test_every_cut_of_a_read_reads_as_the_python_reading() -> None:
     """A read cut anywhere (inside a control line, a header, a body, its closing CRLF): what
     was whole is taken, what was cut off goes before the next read, either way the same."""
