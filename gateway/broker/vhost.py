@@ -24,6 +24,7 @@ from gateway.broker.arguments import (
     EXCHANGE_EQUIVALENCE,
     QUEUE_EQUIVALENCE,
     check_exchange_args,
+    check_queue_kind_args,
     check_rabbit_args,
     equivalent_args,
     parse_queue_args,
@@ -354,6 +355,8 @@ class VHost:
             self.broker.touch_queue(existing)
             return existing
         check_rabbit_args(args, name, self.name)
+        if server_name is None:  # a stored or another gateway's queue loads as it was declared
+            check_queue_kind_args(args, name, self.name)
         policy, qargs, attrs = self._queue_settings(name, args)
         q = self._make_queue(name, durable=durable, owner=session if exclusive else None,
                              auto_delete=auto_delete, arguments=args, qargs=qargs, attrs=attrs)

@@ -27,7 +27,7 @@ from aiohttp import web
 from gateway.accounts import Accounts
 from gateway.admission import http_peer
 from gateway.auth import HASHING_ALGORITHMS, Permission, User, hash_password, hashing_algorithm
-from gateway.broker.arguments import CMQ_ATTRS
+from gateway.broker.arguments import CMQ_ATTRS, check_queue_kind_args
 from gateway.broker.exchange import EXCHANGE_TYPES, X_MAX_MESSAGE_SIZE
 from gateway.broker.policies import NOT_APPLIED, Policy, PolicyError
 from gateway.management.accounts_api import permission_pattern
@@ -464,6 +464,7 @@ class _Import:
                 elif arg not in _QUEUE_ARGS:
                     why = _QUEUE_ARG_NOTES.get(arg) or NOT_APPLIED.get(arg[2:], "unknown queue argument")
                     self.report.note("queue", item, arg, f"kept, without effect: {why}")
+            check_queue_kind_args(args, name, vh.name)  # the amq.* names below skip the declare's
             existed = name in vh.queues
             server_name = None
             if name.startswith("amq.") and not existed:

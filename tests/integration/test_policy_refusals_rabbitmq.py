@@ -202,6 +202,9 @@ OTHER_PUTS: list[tuple[str, Any]] = [
     ("/api/exchanges/{v}/x-dur", {"type": "fanout", "durable": "no"}),
     ("/api/exchanges/{v}/x-ae", {"type": "direct", "durable": True, "arguments": {"alternate-exchange": 1}}),
     ("/api/exchanges/{v}/x-ae-ok", {"type": "direct", "durable": True, "arguments": {"alternate-exchange": "a"}}),
+    ("/api/queues/{v}/q-type", {"durable": True, "arguments": {"x-queue-type": "Quorum"}}),
+    ("/api/queues/{v}/q-mode", {"durable": True, "arguments": {"x-queue-mode": "lazy"}}),
+    ("/api/queues/{v}/q-version", {"durable": True, "arguments": {"x-queue-version": 3}}),
     ("/api/vhosts/{v}-t1", {"tracing": "x"}), ("/api/vhosts/{v}-t2", {"tracing": "true"}),
     ("/api/vhosts/{v}-t3", {"tracing": 1}),
     ("/api/permissions/{v}/guest", {"configure": "(", "write": ".*", "read": ".*"}),
@@ -286,32 +289,47 @@ def test_SE1_M7_a_definitions_import_refuses_bad_permission_patterns_and_boolean
     assert perm == 404 and queues == {"q-ok": False} and "x-str" not in exchanges
 
 
-@pytest.mark.parametrize("store", STORES)
-def test_M16_an_alternate_exchange_argument_that_is_not_a_name_is_406_over_amqp(tmp_path: Path, store: str) -> None:
-    """The same check behind the HTTP PUT above, where AMQP clients meet it: RabbitMQ closes
-    the channel 406 and makes nothing; the gateway stored the exchange."""
-    name = f"hpol-ae-{uuid.uuid4().hex[:6]}"
+AMQP_DECLARES: list[tuple[str, dict[str, Any]]] = [
+    ("exchange", {"alternate-exchange": 1}), ("exchange", {"alternate-exchange": "spill"}),
+    ("queue", {"x-queue-type": "Quorum"}), ("queue", {"x-queue-type": 1}), ("queue", {"x-queue-type": "stream"}),
+    ("queue", {"x-queue-mode": "eager"}), ("queue", {"x-queue-mode": "lazy"}), ("queue", {"x-queue-version": 3}),
+    ("queue", {"x-queue-version": "2"}), ("queue", {"x-queue-version": 2}),
+]
 
-    def declare(port: int) -> tuple[int, str] | None:
+
+@pytest.mark.parametrize("store", STORES)
+def test_M16_queue_kind_and_alternate_exchange_arguments_are_406_over_amqp_as_on_rabbitmq(tmp_path: Path,
+                                                                                          store: str) -> None:
+    """RabbitMQ closes the channel 406 for an x-queue-type, x-queue-mode or x-queue-version it
+    does not know and for an alternate-exchange that is not a name, and makes nothing; the
+    gateway made the object (a "Quorum" typo: a classic queue). The HTTP PUTs and the import
+    go through the same checks."""
+
+    def declare(port: int, kind: str, name: str, args: dict[str, Any]) -> tuple[int, str] | None:
         with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port)) as conn:
             ch = conn.channel()
             try:
-                ch.exchange_declare(name, "direct", arguments={"alternate-exchange": 1})
+                if kind == "queue":
+                    ch.queue_declare(name, durable=True, arguments=args)
+                else:
+                    ch.exchange_declare(name, "direct", arguments=args)
             except pika.exceptions.ChannelClosedByBroker as e:
                 ch = conn.channel()
                 try:
-                    ch.exchange_declare(name, passive=True)
+                    (ch.queue_declare if kind == "queue" else ch.exchange_declare)(name, passive=True)
                 except pika.exceptions.ChannelClosedByBroker:
-                    return e.reply_code, e.reply_text
-                return e.reply_code, "made"
-            conn.channel().exchange_delete(name)
+                    return e.reply_code, e.reply_text.replace(name, "NAME")
+                return e.reply_code, "made anyway"
+            ch = conn.channel()
+            (ch.queue_delete if kind == "queue" else ch.exchange_delete)(name)
             return None
 
-    rabbit = declare(5672)
     with nats_store(store if store == "jetstream" else None) as store_url:
         gw, _ = _serve(tmp_path, store_url)
         try:
-            ours = declare(gw.port)
+            for kind, args in AMQP_DECLARES:
+                name = f"hpol-{uuid.uuid4().hex[:6]}"
+                rabbit, ours = declare(5672, kind, name, args), declare(gw.port, kind, name, args)
+                assert ours == rabbit, (kind, args, rabbit, ours)
         finally:
             gw.stop()
-    assert rabbit is not None and rabbit[0] == 406 and ours == rabbit, (rabbit, ours)
