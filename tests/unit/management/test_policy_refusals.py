@@ -39,3 +39,24 @@ async def test_M7_a_stored_policy_rabbitmq_refuses_still_loads_and_is_logged(tmp
 def test_M16_values_are_written_as_rabbitmq_writes_them() -> None:
     assert [erl(v) for v in ("NaN", "", 1, 1.5, 1e20, 100.0, True, None, [1, "a"], {"k": 1})] == \
         ['<<"NaN">>', "<<>>", "1", "1.5", "1.0e20", "100.0", "true", "null", '[1,<<"a">>]', '#{<<"k">> => 1}']
+
+
+async def test_M16_a_stored_queue_with_a_queue_type_rabbitmq_refuses_still_loads(tmp_path) -> None:
+    """A store written before x-queue-type was checked may hold a 'Quorum' queue: it loads, as
+    it was declared; a client's new declare of the same is refused (406)."""
+    from gateway.broker import persistence as P
+    from semantics.errors import CMQError
+
+    clock = ManualClock()
+    b = await Broker.open(str(tmp_path), clock=clock)
+    b.persist(P.queue_key("/", "typo"), P.encode_json({"vhost": "/", "name": "typo", "auto_delete": False,
+                                                       "arguments": {"x-queue-type": "Quorum"}}))
+    await b.close()
+    b2 = await Broker.open(str(tmp_path), clock=clock)
+    try:
+        assert b2.vhosts["/"].queues["typo"].arguments == {"x-queue-type": "Quorum"}
+        with pytest.raises(CMQError, match="unsupported queue type 'Quorum'"):
+            b2.vhost("/").declare_queue(None, "typo2", passive=False, durable=True, exclusive=False,
+                                        auto_delete=False, arguments={"x-queue-type": "Quorum"})
+    finally:
+        await b2.close()
