@@ -139,10 +139,12 @@ def check_rabbit_args(arguments: Mapping[str, Any] | None, queue: str, vhost: st
         raise bad("x-single-active-consumer", f"{{unacceptable_type,{amqp_type(sac)}}}")
 
 
-def check_queue_kind_args(arguments: Mapping[str, Any] | None, queue: str, vhost: str) -> None:
+def check_queue_kind_args(arguments: Mapping[str, Any] | None, queue: str, vhost: str, *, durable: bool = True,
+                          exclusive: bool = False, auto_delete: bool = False) -> None:
     """RabbitMQ's checks of x-queue-type, x-queue-mode and x-queue-version (406, M16): a typo
-    ("Quorum") made a classic queue here where RabbitMQ refuses it. For clients' declares only:
-    a queue a store already holds loads as it was declared (VHost.declare_queue_here)."""
+    ("Quorum") made a classic queue here where RabbitMQ refuses it; a quorum queue or a stream
+    is durable, not exclusive, not auto-delete. For clients' declares only: a queue a store
+    already holds loads as it was declared (VHost.declare_queue_here)."""
     if not arguments:
         return
     for arg, values, what in (("x-queue-type", ("classic", "quorum", "stream"), "type"),
@@ -155,6 +157,11 @@ def check_queue_kind_args(arguments: Mapping[str, Any] | None, queue: str, vhost
         if why is not None:
             raise CMQError("M16", f"invalid arg '{arg}' for queue '{queue}' in vhost '{vhost}': {why}",
                            reply_code=PRECONDITION_FAILED, value=v)
+    if text(arguments.get("x-queue-type") or "") in ("quorum", "stream"):
+        for refused, prop in ((auto_delete, "auto-delete"), (exclusive, "exclusive-owner"), (not durable, "non-durable")):
+            if refused:
+                raise CMQError("M16", f"invalid property '{prop}' for queue '{queue}' in vhost '{vhost}'",
+                               reply_code=PRECONDITION_FAILED, value=prop)
     v = arguments.get("x-queue-version")
     if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (1, 2)):
         why = f"\"unsupported queue version '{v}'\"" if isinstance(v, int) and not isinstance(v, bool) else \

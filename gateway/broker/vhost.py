@@ -356,7 +356,7 @@ class VHost:
             return existing
         check_rabbit_args(args, name, self.name)
         if server_name is None:  # a stored or another gateway's queue loads as it was declared
-            check_queue_kind_args(args, name, self.name)
+            check_queue_kind_args(args, name, self.name, durable=durable, exclusive=exclusive, auto_delete=auto_delete)
         policy, qargs, attrs = self._queue_settings(name, args)
         q = self._make_queue(name, durable=durable, owner=session if exclusive else None,
                              auto_delete=auto_delete, arguments=args, qargs=qargs, attrs=attrs)

@@ -464,7 +464,9 @@ class _Import:
                 elif arg not in _QUEUE_ARGS:
                     why = _QUEUE_ARG_NOTES.get(arg) or NOT_APPLIED.get(arg[2:], "unknown queue argument")
                     self.report.note("queue", item, arg, f"kept, without effect: {why}")
-            check_queue_kind_args(args, name, vh.name)  # the amq.* names below skip the declare's
+            # The amq.* names below skip the declare's check.
+            check_queue_kind_args(args, name, vh.name, durable=_flag(raw, "durable", True),
+                                  auto_delete=_flag(raw, "auto_delete", False))
             existed = name in vh.queues
             server_name = None
             if name.startswith("amq.") and not existed:

@@ -289,11 +289,14 @@ def test_SE1_M7_a_definitions_import_refuses_bad_permission_patterns_and_boolean
     assert perm == 404 and queues == {"q-ok": False} and "x-str" not in exchanges
 
 
-AMQP_DECLARES: list[tuple[str, dict[str, Any]]] = [
+AMQP_DECLARES: list[tuple[Any, ...]] = [
     ("exchange", {"alternate-exchange": 1}), ("exchange", {"alternate-exchange": "spill"}),
     ("queue", {"x-queue-type": "Quorum"}), ("queue", {"x-queue-type": 1}), ("queue", {"x-queue-type": "stream"}),
     ("queue", {"x-queue-mode": "eager"}), ("queue", {"x-queue-mode": "lazy"}), ("queue", {"x-queue-version": 3}),
     ("queue", {"x-queue-version": "2"}), ("queue", {"x-queue-version": 2}),
+    *(("queue", {"x-queue-type": t}, flags) for t in ("quorum", "stream") for flags in (
+        {"durable": False}, {"exclusive": True}, {"auto_delete": True}, {"durable": False, "exclusive": True},
+        {"durable": False, "exclusive": True, "auto_delete": True})),
 ]
 
 
@@ -301,16 +304,17 @@ AMQP_DECLARES: list[tuple[str, dict[str, Any]]] = [
 def test_M16_queue_kind_and_alternate_exchange_arguments_are_406_over_amqp_as_on_rabbitmq(tmp_path: Path,
                                                                                           store: str) -> None:
     """RabbitMQ closes the channel 406 for an x-queue-type, x-queue-mode or x-queue-version it
-    does not know and for an alternate-exchange that is not a name, and makes nothing; the
+    does not know, for a quorum queue or stream that is not durable or is exclusive or
+    auto-delete, and for an alternate-exchange that is not a name, and makes nothing; the
     gateway made the object (a "Quorum" typo: a classic queue). The HTTP PUTs and the import
     go through the same checks."""
 
-    def declare(port: int, kind: str, name: str, args: dict[str, Any]) -> tuple[int, str] | None:
+    def declare(port: int, kind: str, name: str, args: dict[str, Any], flags: dict[str, bool]) -> tuple[int, str] | None:
         with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port)) as conn:
             ch = conn.channel()
             try:
                 if kind == "queue":
-                    ch.queue_declare(name, durable=True, arguments=args)
+                    ch.queue_declare(name, arguments=args, **{"durable": True, **flags})
                 else:
                     ch.exchange_declare(name, "direct", arguments=args)
             except pika.exceptions.ChannelClosedByBroker as e:
@@ -327,9 +331,9 @@ def test_M16_queue_kind_and_alternate_exchange_arguments_are_406_over_amqp_as_on
     with nats_store(store if store == "jetstream" else None) as store_url:
         gw, _ = _serve(tmp_path, store_url)
         try:
-            for kind, args in AMQP_DECLARES:
+            for kind, args, *flags in AMQP_DECLARES:
                 name = f"hpol-{uuid.uuid4().hex[:6]}"
-                rabbit, ours = declare(5672, kind, name, args), declare(gw.port, kind, name, args)
-                assert ours == rabbit, (kind, args, rabbit, ours)
+                rabbit, ours = (declare(port, kind, name, args, flags[0] if flags else {}) for port in (5672, gw.port))
+                assert ours == rabbit, (kind, args, flags, rabbit, ours)
         finally:
             gw.stop()
