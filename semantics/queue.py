@@ -811,7 +811,9 @@ class CmqQueue:
         if msg.first_receive_time is None:
             msg.first_receive_time = now
         self._n_active -= 1
-        self._finish_delete(msg)
+        self._n_inactive += 1
+        msg.state = INACTIVE  # as receive leaves it, for delete to end with its latest handle
+        self.delete(_new_receipt(Receipt, (msg, msg.handle)), now)
         return msg
 
     def delete(self, receipt: Receipt, now: float) -> bool:
@@ -831,16 +833,13 @@ class CmqQueue:
             self._active_stale += 1
         else:
             return False
-        self._finish_delete(msg)
-        return True
-
-    def _finish_delete(self, msg: QueueMessage) -> None:
         msg.handle = 0
         # Deleted in the order received (a FIFO consumer's acks), the message's entries are
         # the heads of the timer lanes: dropped now, while it is in the cache, not by
         # next_wakeup later, when reading its state missed the cache once an entry (two of
         # those a message were 5 % of scenario 1's event loop). Stale entries only: its
-        # visibility ended with the delete; its deadline unless Q6 keeps it.
+        # visibility ended with the delete; its deadline unless Q6 keeps it. (These steps
+        # were a method of their own, a frame on every ack.)
         vis = self._vis
         if vis and vis[0][2] is msg:
             vis.popleft()
@@ -855,6 +854,7 @@ class CmqQueue:
             del self._messages[msg.msg_id]
             if not self._messages and not self._n_cold:
                 self._emptied()
+        return True
 
     def release(self, receipt: Receipt, now: float) -> bool:
         """basic.nack/reject with requeue (M13): Active again at once, at its original position.
