@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pika
@@ -17,6 +17,7 @@ import pytest
 
 from gateway.management.testing import LOOPBACK_PUSH
 from gateway.server import gateway_in_thread
+from tests.support.http_endpoint import EndpointServer
 from tests.support.natsd import NatsCluster
 
 
@@ -39,7 +40,7 @@ class Endpoint:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = EndpointServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/notify"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

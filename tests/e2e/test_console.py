@@ -29,6 +29,7 @@ from playwright.sync_api import Browser, Page, expect  # noqa: E402
 from gateway.config import AuditSettings  # noqa: E402
 from gateway.management.testing import LOOPBACK_PUSH  # noqa: E402
 from gateway.server import gateway_in_thread  # noqa: E402
+from tests.support.http_endpoint import serve_endpoint  # noqa: E402
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 PAYLOAD = "<img src=x onerror=alert(1)>"
@@ -495,7 +496,6 @@ def test_UI3_topics_with_subscriptions(console: Console, tab: Tab) -> None:
 def failing_endpoint() -> Iterator[str]:
     """An HTTP endpoint that answers every push 500."""
     import http.server
-    import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (http.server's name)
@@ -507,12 +507,8 @@ def failing_endpoint() -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
-    server.shutdown()
-    server.server_close()
+    with serve_endpoint(Handler) as base:
+        yield f"{base}/hook"
 
 
 def test_UI3_http_subscription_shows_its_endpoint_retry_state_and_last_error(

@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -27,6 +27,7 @@ from tests.integration.cmq_gateway import (
     reader,
     store_of,
 )
+from tests.support.http_endpoint import serve_endpoint
 
 
 @pytest.fixture(scope="module", params=STORES)
@@ -380,13 +381,8 @@ class _Endpoint(BaseHTTPRequestHandler):
 @pytest.fixture
 def http_endpoint() -> Iterator[tuple[str, type[_Endpoint]]]:
     handler = type("Handler", (_Endpoint,), {"received": [], "status": 200})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/cmq", handler
-    finally:
-        server.shutdown()
+    with serve_endpoint(handler) as base:
+        yield f"{base}/cmq", handler
 
 
 def test_CA3_D7_http_subscription(cmq: CmqClient, unique: str, http_endpoint: tuple[str, Any]) -> None:

@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 from tests.integration.cmq_client import CmqClient
 from tests.integration.cmq_gateway import STORES, admin, cmq_gateway, drain, eventually, store_of
+from tests.support.http_endpoint import serve_endpoint
 
 TAGS = ["apple", "imac", "iphone", "macbook"]  # the producer's message filter tags
 
@@ -89,12 +89,8 @@ class _Failing(BaseHTTPRequestHandler):
 @pytest.fixture
 def failing_endpoint() -> Iterator[tuple[str, type[_Failing]]]:
     handler = type("Handler", (_Failing,), {"ok": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/a", handler
-    finally:
-        server.shutdown()
+    with serve_endpoint(handler) as base:
+        yield f"{base}/a", handler
 
 
 def test_D2_D8_scenario_4_retention_blocking_and_republish(cmq: CmqClient, unique: str,
