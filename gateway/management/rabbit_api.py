@@ -571,7 +571,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         vh = mgmt.check_vhost(request, request.match_info["vhost"])
         body = await read_json(request)
         vh.declare_queue(None, request.match_info["name"], passive=False,
-                         durable=flag(body, "durable", True), exclusive=False,
+                         durable=flag(body, "durable", False), exclusive=False,
                          auto_delete=flag(body, "auto_delete", False),
                          arguments=_arguments(body), user=request[USER].name)
         return web.Response(status=201)
@@ -695,7 +695,7 @@ def add_routes(app: web.Application, mgmt: Management) -> None:
         if "type" not in body:
             raise bad_request("[{key_missing,type}]")
         vh.declare_exchange(request.match_info["name"], str(body["type"]), passive=False,
-                            durable=flag(body, "durable", True),
+                            durable=flag(body, "durable", False),
                             auto_delete=flag(body, "auto_delete", False),
                             internal=flag(body, "internal", False),
                             arguments=_arguments(body), user=request[USER].name)

@@ -190,13 +190,14 @@ def test_M7_M16_a_definitions_import_refuses_the_policy_rabbitmq_refuses_and_sto
 # The other things a management PUT stores: RabbitMQ reads a boolean field as true, false,
 # "true" or "false" and refuses any other (["not_boolean", value]); a permission is three
 # regular expressions. The gateway took Python's truth ("false" made a durable queue) and
-# ignored vhost fields RabbitMQ refuses. (durable given: RabbitMQ 3.10.8's PUT without it makes a
-# transient queue or exchange, the gateway's a durable one: README's compatibility table.)
+# ignored vhost fields RabbitMQ refuses. Without "durable" RabbitMQ's PUT makes a transient queue
+# or exchange (the management API's default; AMQP's too), where the gateway made a durable one.
 OTHER_PUTS: list[tuple[str, Any]] = [
     ("/api/queues/{v}/q-false", {"durable": "false"}), ("/api/queues/{v}/q-true", {"durable": "true"}),
     ("/api/queues/{v}/q-x", {"durable": "x"}), ("/api/queues/{v}/q-one", {"durable": 1}),
     ("/api/queues/{v}/q-null", {"durable": None}), ("/api/queues/{v}/q-ad", {"auto_delete": "yes"}),
     ("/api/queues/{v}/q-ok", {"durable": False, "auto_delete": "false"}),
+    ("/api/queues/{v}/q-default", {}), ("/api/exchanges/{v}/x-default", {"type": "topic"}),
     ("/api/exchanges/{v}/x-int", {"type": "direct", "durable": True, "internal": "false"}),
     ("/api/exchanges/{v}/x-bad", {"type": "direct", "internal": 1}),
     ("/api/exchanges/{v}/x-dur", {"type": "fanout", "durable": "no"}),
