@@ -22,9 +22,9 @@ from typing import Any
 from aiohttp import web
 
 from gateway.accounts import Accounts
-from gateway.auth import Permission, User, hash_password
+from gateway.auth import HASHING_ALGORITHMS, Permission, User, hash_password, hashing_algorithm
 from gateway.management.admin_audit import actor
-from gateway.management.app import Management, bad_request, flag, not_found, read_json
+from gateway.management.app import ApiError, Management, bad_request, flag, not_found, read_json
 
 __all__ = ["add_routes", "permission_pattern", "user_json"]
 
@@ -32,7 +32,8 @@ HASHING = "rabbit_password_hashing_sha256"
 
 
 def user_json(u: User) -> dict[str, Any]:
-    return {"name": u.name, "password_hash": u.password_hash, "hashing_algorithm": HASHING,
+    return {"name": u.name, "password_hash": u.password_hash,
+            "hashing_algorithm": hashing_algorithm(u.password_hash) or HASHING,
             "tags": list(u.tags), "limits": {}}
 
 
@@ -51,25 +52,36 @@ def _tags(value: Any) -> list[str]:
 
 
 def _password_hash(body: dict[str, Any], current: User | None) -> str:
+    """The stored hash a PUT of a user gives: from ``password``, or ``password_hash`` made by
+    one of RabbitMQ's three hashing modules (``hashing_algorithm``, sha256 when absent, as an
+    export from any RabbitMQ 3.6+ names it). ``""``, or neither on a new user, is a user with
+    no password, who can log in only by EXTERNAL (RabbitMQ's passwordless user). RabbitMQ
+    also stores a hash whose length its algorithm cannot have, or an algorithm it does not
+    know; such a user can never log in there, and here it is refused (400)."""
     if "password" in body:
         if not isinstance(body["password"], str):
             raise bad_request("password must be a string")
         return hash_password(body["password"])
     if "password_hash" in body:
-        algorithm = body.get("hashing_algorithm", HASHING)
-        if algorithm != HASHING:
-            raise bad_request(f"hashing algorithm {algorithm} is not supported")
         value = body["password_hash"]
+        if not isinstance(value, str):
+            raise ApiError(400, "bad_request", ["not_base64", value])
+        if value == "":
+            return ""
         try:
-            ok = isinstance(value, str) and len(base64.b64decode(value, validate=True)) == 36
+            base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
-            ok = False
-        if not ok:
-            raise bad_request("password_hash must be a base64 salted SHA-256 hash (36 bytes)")
-        return str(value)
+            raise ApiError(400, "bad_request", ["not_base64", value]) from None
+        algorithm = body.get("hashing_algorithm", HASHING)
+        if algorithm not in HASHING_ALGORITHMS.values():
+            raise bad_request(f"hashing algorithm {algorithm!r} is not one of RabbitMQ's "
+                              f"({', '.join(sorted(HASHING_ALGORITHMS.values()))})")
+        if hashing_algorithm(value) != algorithm:
+            raise bad_request(f"password_hash is not a {algorithm} hash (a 4-byte salt and its digest, base64)")
+        return value
     if current is not None:
         return current.password_hash
-    raise bad_request("password or password_hash must be set")
+    return ""
 
 
 def permission_pattern(body: dict[str, Any], key: str) -> str:
