@@ -51,7 +51,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from semantics import limits
 from semantics.errors import CMQError
@@ -165,7 +165,7 @@ class QueueMessage:
 
 # A message's hot-path construction (send, restore_plain): object.__new__ and the class's
 # __init__ called directly (~0.3k instructions fewer a message than calling the class).
-_new_object = object.__new__
+_new_object: Any = object.__new__  # or use_makers' object_new
 _init_message = QueueMessage.__init__
 
 
@@ -182,7 +182,17 @@ class Receipt(NamedTuple):
 _Entry = tuple[float, int, QueueMessage, int]
 _HeapEntry = tuple[float, int, int, QueueMessage, int]
 
-_new_receipt = tuple.__new__  # skips NamedTuple's Python-level __new__ on the hot path
+_new_receipt: Any = tuple.__new__  # (or use_makers' tuple_new) skips NamedTuple's Python-level __new__ on the hot path
+
+
+def use_makers(object_new: Callable[[type], object], tuple_new: Callable[[type, Any], tuple[Any, ...]]) -> None:
+    """Make QueueMessages and Receipts with ``object_new(cls)`` and ``tuple_new(cls, items)``
+    from now on: equivalents of ``object.__new__`` and ``tuple.__new__`` that the caller holds
+    to the same results (the gateway's compiled ones, gateway.protocol.fastpath: ~0.5k
+    instructions fewer each, one of each a delivery). This package stays pure Python."""
+    global _new_object, _new_receipt
+    _new_object = object_new
+    _new_receipt = tuple_new
 
 
 @dataclass(frozen=True, slots=True)

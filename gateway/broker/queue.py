@@ -13,9 +13,14 @@ from typing import TYPE_CHECKING, Any
 from gateway.broker.arguments import QueueArgs
 from gateway.broker.consumers import Consumer
 from gateway.broker.policies import Policy
-from semantics.queue import CmqQueue, Receipt
+from gateway.protocol import fastpath
+from semantics.queue import CmqQueue, Receipt, use_makers
 from semantics.queue_attrs import QueueAttributes
 from semantics.waiters import Waiters
+
+# The model's QueueMessage (a message a queue) and Receipt (a delivery) made by the compiled
+# object.__new__ / tuple.__new__ where the package was built (fastpath says why).
+use_makers(fastpath.object_new, fastpath.tuple_new)
 
 if TYPE_CHECKING:
     from gateway.broker.session import Session

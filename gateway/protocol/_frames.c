@@ -579,6 +579,41 @@ static PyObject *tuple_of(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return out;
 }
 
+/* tuple_new(cls, items): tuple.__new__(cls, items), called as a METH_FASTCALL function, not
+ * through tp_new_wrapper (its argument tuple, slice and subtype checks: ~0.5k instructions;
+ * semantics' CmqQueue makes one Receipt a delivery this way). The same object as
+ * tuple_subtype_new makes: the items' tuple (items itself when it is one) copied into the
+ * class's tp_alloc; tuple itself gets that tuple. */
+static PyObject *tuple_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyType_Check(args[0]) || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "tuple_new(cls, items): cls is tuple or a subclass of it");
+        return NULL;
+    }
+    PyTypeObject *t = (PyTypeObject *)args[0];
+    PyObject *items = PySequence_Tuple(args[1]);  /* a new reference; items itself for an exact tuple */
+    if (items == NULL || t == &PyTuple_Type) return items;
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *out = t->tp_alloc(t, n);
+    if (out != NULL)
+        for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(out, i, Py_NewRef(PyTuple_GET_ITEM(items, i)));
+    Py_DECREF(items);
+    return out;
+}
+
+/* object_new(cls): object.__new__(cls) for a class that takes object's __new__ (no __new__
+ * of its own, not abstract), as a METH_O function rather than through tp_new_wrapper:
+ * object_new's own step, the class's tp_alloc (semantics' QueueMessage, one a message a
+ * queue). Any other class is refused (TypeError), never made differently. */
+static PyObject *object_new(PyObject *self, PyObject *cls) {
+    if (!PyType_Check(cls) || ((PyTypeObject *)cls)->tp_new != PyBaseObject_Type.tp_new
+            || PyType_HasFeature((PyTypeObject *)cls, Py_TPFLAGS_IS_ABSTRACT)) {
+        PyErr_SetString(PyExc_TypeError, "object_new(cls): cls takes object.__new__ and is not abstract");
+        return NULL;
+    }
+    PyTypeObject *t = (PyTypeObject *)cls;
+    return t->tp_alloc(t, 0);
+}
+
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *c, *m, *p, *a, *pr, *nm, *sc, *op;
     if (!PyArg_ParseTuple(args, "OOOOOO!O!O:configure", &c, &m, &p, &a, &pr, &PyDict_Type, &nm, &PyDict_Type, &sc, &op))
@@ -611,6 +646,10 @@ static PyMethodDef methods[] = {
      "The delivery tags of the plain basic.ack frames at pos on one channel, or None."},
     {"tuple_of", (PyCFunction)(void (*)(void))tuple_of, METH_FASTCALL,
      "tuple_of(cls, *items): tuple.__new__(cls, items) for a tuple class."},
+    {"tuple_new", (PyCFunction)(void (*)(void))tuple_new, METH_FASTCALL,
+     "tuple_new(cls, items): tuple.__new__(cls, items)."},
+    {"object_new", (PyCFunction)object_new, METH_O,
+     "object_new(cls): object.__new__(cls) for a class that takes object's __new__."},
     {"configure", configure, METH_VARARGS, "Hand over the event classes and shared caches."},
     {NULL, NULL, 0, NULL},
 };

@@ -19,7 +19,13 @@ transport takes a run in one call instead of a read-loop turn and an event each.
 ``tuple_of(cls, *items)``: ``tuple.__new__(cls, items)`` (the broker's Unacked, one a
 delivery: the C one makes one tuple where tuple.__new__ made four).
 
-All four are compiled (``gateway/protocol/_frames.c``) where the package was built with a C
+``tuple_new(cls, items)`` and ``object_new(cls)``: ``tuple.__new__`` and ``object.__new__``
+themselves in Python; compiled, called without tp_new_wrapper's argument tuples and checks
+(semantics' CmqQueue makes a Receipt a delivery and a QueueMessage a message a queue with
+them once the broker hands them over: ``semantics.queue.use_makers``). ``object_new`` takes
+only a class whose instances object.__new__ makes (TypeError otherwise).
+
+All of them are compiled (``gateway/protocol/_frames.c``) where the package was built with a C
 compiler, and are these Python functions otherwise, or when ``CMQ_GATEWAY_PURE_PYTHON=1`` is
 set; ``COMPILED`` says which. Why C: scenario 1's event loop spent a fifth of its time in
 them (docs/BENCHMARKS.md). The tests hold the two to the same results.
@@ -38,8 +44,8 @@ from gateway.protocol.channel import ChannelState
 from gateway.protocol.events import Content, Method
 from gateway.protocol.properties import _SCANNED, Properties
 
-__all__ = ["ACK_FRAME", "Ack", "COMPILED", "ack_run", "append_deliver", "cut", "fast_event", "py_ack_run", "py_append_deliver", "py_fast_event", "py_tuple_of",
-           "tuple_of"]
+__all__ = ["ACK_FRAME", "Ack", "COMPILED", "ack_run", "append_deliver", "cut", "fast_event", "py_ack_run", "py_append_deliver", "py_fast_event", "py_object_new", "py_tuple_new", "py_tuple_of",
+           "object_new", "tuple_new", "tuple_of"]
 
 _T = TypeVar("_T", bound=tuple[Any, ...])
 
@@ -166,7 +172,13 @@ def py_tuple_of(cls: type[_T], *items: Any) -> _T:
 fast_event = py_fast_event
 append_deliver = py_append_deliver
 ack_run = py_ack_run
+py_tuple_new = tuple.__new__
+py_object_new = object.__new__
+
+
 tuple_of = py_tuple_of
+tuple_new: Any = py_tuple_new
+object_new: Any = py_object_new
 COMPILED = False
 if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
     try:
@@ -180,4 +192,6 @@ if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
         append_deliver = _frames.append_deliver
         ack_run = _frames.ack_run
         tuple_of = _frames.tuple_of
+        tuple_new = _frames.tuple_new
+        object_new = _frames.object_new
         COMPILED = True

@@ -9,6 +9,7 @@ bytes (and the same errors) for deliveries; pamqp is the reference for the bytes
 
 from __future__ import annotations
 
+import abc
 import gc
 import os
 import random
@@ -27,6 +28,8 @@ from gateway.protocol import codec, fastpath
 from gateway.protocol.channel import Channel, ChannelState
 from gateway.protocol.events import Content, Method
 from gateway.protocol.properties import _SCANNED, Properties
+from semantics.queue import QueueMessage, Receipt
+from semantics.queue_attrs import QueueAttributes
 
 _frames: Any = None
 if fastpath.COMPILED:
@@ -399,6 +402,93 @@ def test_tuple_of_refuses_a_class_that_is_not_a_tuple() -> None:
             fastpath.py_tuple_of(bad, 1)  # type: ignore[type-var]
         with pytest.raises(TypeError):
             _frames.tuple_of(bad, 1)
+
+
+# -- tuple_new, object_new: tuple.__new__ and object.__new__ without tp_new_wrapper ----------
+
+@needs_compiled
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([tuple, _Pair, _Plain, Receipt]),
+       st.one_of(st.tuples(st.none(), st.integers()), st.lists(st.integers(), max_size=3), st.text(max_size=3)))
+def test_tuple_new_makes_what_tuple_new_makes(cls: type, items: Any) -> None:
+    """M12 (the Receipt a delivery's ack deletes by is made by tuple_new once the broker is
+    loaded): the compiled tuple_new gives what tuple.__new__(cls, items) gives for any
+    iterable, the same class and the very items, tracked by the collector alike; an exact
+    tuple handed to tuple itself comes back as itself, as from tuple.__new__. A NamedTuple
+    whose items do not fit its fields is made by both alike (tuple.__new__ does not check)."""
+    want, got = fastpath.py_tuple_new(cls, items), _frames.tuple_new(cls, items)
+    assert type(got) is type(want) is cls and got == want
+    if not isinstance(items, str):  # a str's characters are new objects at each iteration
+        assert all(g is i for g, i in zip(got, items, strict=True))
+    assert gc.is_tracked(got) == gc.is_tracked(want)
+    if cls is tuple and type(items) is tuple:
+        assert got is items and want is items
+
+
+@needs_compiled
+def test_tuple_new_refuses_what_tuple_new_refuses() -> None:
+    for cls, items in ((list, (1,)), (int, (1,)), ("tuple", (1,)), (tuple, 5), (Receipt, None)):
+        with pytest.raises(TypeError):
+            fastpath.py_tuple_new(cls, items)
+        with pytest.raises(TypeError):
+            _frames.tuple_new(cls, items)
+
+
+class _Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: int) -> None:
+        self.a = a
+
+
+class _Dicted:
+    pass
+
+
+@needs_compiled
+@pytest.mark.parametrize("cls", [QueueMessage, _Slotted, _Dicted, object])
+def test_object_new_makes_what_object_new_makes(cls: type) -> None:
+    """Q3 (a QueueMessage made by object_new once the broker is loaded): the same class, no
+    slot set (reading one raises as on object.__new__'s), a __dict__ where the class has one,
+    tracked by the collector alike; the class's __init__ not called."""
+    want, got = fastpath.py_object_new(cls), _frames.object_new(cls)
+    assert type(got) is type(want) is cls
+    assert gc.is_tracked(got) == gc.is_tracked(want)
+    assert hasattr(got, "__dict__") == hasattr(want, "__dict__")
+    for slot in getattr(cls, "__slots__", ()):
+        assert not hasattr(got, slot) and not hasattr(want, slot)
+
+
+class _Abstract(abc.ABC):
+    @abc.abstractmethod
+    def f(self) -> None: ...
+
+
+@needs_compiled
+def test_object_new_refuses_what_it_cannot_make_as_object_new_does() -> None:
+    """A class with a __new__ of its own (tuple, int, a NamedTuple), an abstract class or no
+    class: object_new refuses all (TypeError) rather than make one another way; object.__new__
+    refuses them too."""
+    for bad in (tuple, int, Receipt, _Abstract, "x"):
+        with pytest.raises(TypeError):
+            fastpath.py_object_new(bad)
+        with pytest.raises(TypeError):
+            _frames.object_new(bad)
+
+
+def test_the_broker_hands_its_makers_to_the_queue_model() -> None:
+    """Once the broker is loaded the model makes its QueueMessages and Receipts with
+    fastpath's makers (compiled or, pure Python, object.__new__ / tuple.__new__ themselves),
+    and a send / receive / delete goes through them as before."""
+    import gateway.broker.queue  # noqa: F401  (it hands the makers over)
+    import semantics.queue as Q
+
+    assert Q._new_object is fastpath.object_new and Q._new_receipt is fastpath.tuple_new
+    q = Q.CmqQueue("q", QueueAttributes())
+    m = q.send("p", 1, 0.0)
+    r = q.receive(0.0)
+    assert type(m) is QueueMessage and type(r) is Receipt and r.message is m and r.handle == m.handle
+    assert q.delete(r, 0.0) and q.receive(0.0) is None
 
 
 # -- ack_run: a consumer's run of acks ------------------------------------------------------
