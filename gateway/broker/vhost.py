@@ -693,6 +693,7 @@ class VHost:
             vhost_name, ex_name, msg_id, routing_key = self.name, ex.name, msg.msg_id, msg.routing_key
             labels = ex.labels
             lean = True  # every subscription an unblocked queue endpoint (below)
+            sub_labels = []  # each subscription's label, read once for its route and its enqueue
             for s in subs:
                 endpoint = s.endpoint
                 if type(endpoint) is tuple and endpoint[0] == "q":
@@ -702,8 +703,9 @@ class VHost:
                 else:
                     queue = None
                     lean = False
-                emit_values(ROUTE, vhost_name, ex_name, msg_id, routing_key,
-                            labels.get(s.name) or ex.label_of(s.name), queue, tags, size)
+                label = labels.get(s.name) or ex.label_of(s.name)
+                sub_labels.append(label)
+                emit_values(ROUTE, vhost_name, ex_name, msg_id, routing_key, label, queue, tags, size)
             matched = len(subs)
             if lean and matched and not (size > topic._max_size and topic.limits.message_size) \
                     and not msg.cycle:
@@ -715,21 +717,21 @@ class VHost:
                 failed: list[Any] | None = None
                 queues = self.queues
                 broker = self.broker
+                enqueue = broker.messages.enqueue
                 ttl = msg.ttl
                 expires_at = None if ttl is None else message_expiry(now, None, ttl)
-                for s in subs:
+                for s, label in zip(subs, sub_labels, strict=True):
                     q = queues.get(s.endpoint[1])  # type: ignore[index]  # a ("q", name), above
                     if q is None:
                         ok = False  # D7: the endpoint queue does not exist
                     elif not fresh and q.cmq.get(msg.msg_id) is not None:
                         out.routed = ok = True  # reached twice (exchange bindings): once, as RabbitMQ
                     elif q.durable and msg.persistent and broker.read_only:
-                        self._enqueue(q, msg, now, None, out, ex.name, labels.get(s.name) or ex.label_of(s.name))
+                        self._enqueue(q, msg, now, None, out, ex_name, label)
                         ok = True  # _enqueue's store_failed discard: the attempt took it
                     else:
                         try:
-                            out.lsn = broker.messages.enqueue(self, q, msg, now, None, expires_at, out.lsn, ex.name,
-                                                              labels.get(s.name) or ex.label_of(s.name))
+                            out.lsn = enqueue(self, q, msg, now, None, expires_at, out.lsn, ex_name, label)
                         except CMQError:
                             ok = False  # D7: the queue did not accept: the retry policy takes over
                         else:
