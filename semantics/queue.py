@@ -185,14 +185,26 @@ _HeapEntry = tuple[float, int, int, QueueMessage, int]
 _new_receipt: Any = tuple.__new__  # (or use_makers' tuple_new) skips NamedTuple's Python-level __new__ on the hot path
 
 
-def use_makers(object_new: Callable[[type], object], tuple_new: Callable[[type, Any], tuple[Any, ...]]) -> None:
+# What QueueMessage.__init__ sets, in its order: a message made by use_makers' slots_new is
+# given these, with __init__'s values (send, restore_plain).
+_MESSAGE_SLOTS = ("msg_id", "payload", "size", "enqueue_time", "first_receive_time", "next_visible_time",
+                  "receive_count", "state", "expires_at", "handle", "pos", "seq", "deadline")
+_slots_new: Any = None  # or use_makers' slots_new
+
+
+def use_makers(object_new: Callable[[type], object], tuple_new: Callable[[type, Any], tuple[Any, ...]],
+               slots_new: Callable[..., object] | None = None) -> None:
     """Make QueueMessages and Receipts with ``object_new(cls)`` and ``tuple_new(cls, items)``
     from now on: equivalents of ``object.__new__`` and ``tuple.__new__`` that the caller holds
     to the same results (the gateway's compiled ones, gateway.protocol.fastpath: ~0.5k
-    instructions fewer each, one of each a delivery). This package stays pure Python."""
-    global _new_object, _new_receipt
+    instructions fewer each, one of each a delivery). ``slots_new(cls, names, *values)``, if
+    given: ``object_new(cls)`` with each name set to its value, in order; QueueMessages are
+    then made by it with what their ``__init__`` would set (no __init__ frame). This package
+    stays pure Python."""
+    global _new_object, _new_receipt, _slots_new
     _new_object = object_new
     _new_receipt = tuple_new
+    _slots_new = slots_new
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,8 +504,12 @@ class CmqQueue:
             raise CMQError("Q3", f"message ID {msg_id!r} is already in queue '{self.name}'", value=msg_id)
         seq = self._next_seq
         self._next_seq = seq + 1
-        msg = _new_object(QueueMessage)  # its __init__ called, not its class: no type_call, slot_tp_init
-        _init_message(msg, msg_id, payload, size, now, seq, expires_at)
+        if _slots_new is None:
+            msg = _new_object(QueueMessage)  # its __init__ called, not its class: no type_call, slot_tp_init
+            _init_message(msg, msg_id, payload, size, now, seq, expires_at)
+        else:  # __init__'s values, _MESSAGE_SLOTS' order
+            msg = _slots_new(QueueMessage, _MESSAGE_SLOTS, msg_id, payload, size, now, None, now, 0, ACTIVE,
+                             expires_at, 0, 0, seq, 0.0)
         self._messages[msg_id] = msg
         if expires_at is None and self._dlq_ttl is None:
             # The common case, inlined: the deadline is the retention end (Q1), in send order.
@@ -574,8 +590,12 @@ class CmqQueue:
             raise CMQError("Q3", f"message ID {msg_id!r} is already in queue '{self.name}'", value=msg_id)
         seq = self._next_seq
         self._next_seq = seq + 1
-        msg = _new_object(QueueMessage)  # as in send
-        _init_message(msg, msg_id, payload, size, enqueue_time, seq, None)
+        if _slots_new is None:  # as in send
+            msg = _new_object(QueueMessage)
+            _init_message(msg, msg_id, payload, size, enqueue_time, seq, None)
+        else:
+            msg = _slots_new(QueueMessage, _MESSAGE_SLOTS, msg_id, payload, size, enqueue_time, None, enqueue_time,
+                             0, ACTIVE, None, 0, 0, seq, 0.0)
         self._messages[msg_id] = msg
         # _push_deadline: the retention end (Q1); its seq is the newest, so the lane takes
         # it unless a later time is before it. Inlined as in send (a call each would cost

@@ -20,7 +20,7 @@ from semantics.waiters import Waiters
 
 # The model's QueueMessage (a message a queue) and Receipt (a delivery) made by the compiled
 # object.__new__ / tuple.__new__ where the package was built (fastpath says why).
-use_makers(fastpath.object_new, fastpath.tuple_new)
+use_makers(fastpath.object_new, fastpath.tuple_new, fastpath.slots_new)
 
 if TYPE_CHECKING:
     from gateway.broker.session import Session

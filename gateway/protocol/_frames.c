@@ -614,6 +614,62 @@ static PyObject *object_new(PyObject *self, PyObject *cls) {
     return t->tp_alloc(t, 0);
 }
 
+/* slots_new(cls, names, *values): object.__new__(cls) then setattr(obj, names[i], values[i])
+ * in order, for a class that takes object's __new__ and setattr (no __setattr__ of its own)
+ * whose every name is a plain slot of it (a member descriptor of type T_OBJECT_EX): each
+ * value written at its slot's offset, without a Python __init__ frame and its stores
+ * (semantics' QueueMessage: 13 slots, one a message a queue). The offsets are kept for the
+ * last (cls, names) pair while the class's version tag stays; anything else is a TypeError,
+ * never made another way. */
+#define SLOTS_MAX 32
+static PyTypeObject *sn_type;   /* strong, as names: their addresses are not reused while kept */
+static PyObject *sn_names;
+static unsigned int sn_version;
+static Py_ssize_t sn_offsets[SLOTS_MAX];
+
+static int slots_learn(PyTypeObject *t, PyObject *names) {
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (t->tp_new != PyBaseObject_Type.tp_new || t->tp_setattro != PyObject_GenericSetAttr
+            || PyType_HasFeature(t, Py_TPFLAGS_IS_ABSTRACT) || n > SLOTS_MAX)
+        goto refuse;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        PyObject *d = PyUnicode_CheckExact(name) ? _PyType_Lookup(t, name) : NULL;
+        PyMemberDef *m = d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) ? ((PyMemberDescrObject *)d)->d_member : NULL;
+        if (m == NULL || m->type != T_OBJECT_EX || (m->flags & READONLY)) goto refuse;
+        sn_offsets[i] = m->offset;
+    }
+    Py_INCREF(t);
+    Py_XSETREF(sn_type, t);
+    Py_INCREF(names);
+    Py_XSETREF(sn_names, names);
+    sn_version = t->tp_version_tag;  /* the lookups gave it one; 0 (none to be had): learnt each call */
+    return 0;
+refuse:
+    PyErr_SetString(PyExc_TypeError, "slots_new(cls, names, *values): cls takes object's __new__ and setattr, "
+                    "each name a plain slot of it");
+    return -1;
+}
+
+static PyObject *slots_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || !PyType_Check(args[0]) || !PyTuple_CheckExact(args[1])
+            || PyTuple_GET_SIZE(args[1]) != nargs - 2) {
+        PyErr_SetString(PyExc_TypeError, "slots_new(cls, names, *values): a class, a tuple, a value a name");
+        return NULL;
+    }
+    PyTypeObject *t = (PyTypeObject *)args[0];
+    if (t != sn_type || args[1] != sn_names || t->tp_version_tag != sn_version || sn_version == 0) {
+        if (slots_learn(t, args[1]) < 0) return NULL;
+    }
+    PyObject *out = t->tp_alloc(t, 0);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < nargs - 2; i++) {
+        PyObject **at = (PyObject **)((char *)out + sn_offsets[i]);
+        Py_XSETREF(*at, Py_NewRef(args[i + 2]));  /* a name twice: the last value, as setattr */
+    }
+    return out;
+}
+
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *c, *m, *p, *a, *pr, *nm, *sc, *op;
     if (!PyArg_ParseTuple(args, "OOOOOO!O!O:configure", &c, &m, &p, &a, &pr, &PyDict_Type, &nm, &PyDict_Type, &sc, &op))
@@ -650,6 +706,8 @@ static PyMethodDef methods[] = {
      "tuple_new(cls, items): tuple.__new__(cls, items)."},
     {"object_new", (PyCFunction)object_new, METH_O,
      "object_new(cls): object.__new__(cls) for a class that takes object's __new__."},
+    {"slots_new", (PyCFunction)(void (*)(void))slots_new, METH_FASTCALL,
+     "slots_new(cls, names, *values): object.__new__(cls) with each named slot set."},
     {"configure", configure, METH_VARARGS, "Hand over the event classes and shared caches."},
     {NULL, NULL, 0, NULL},
 };

@@ -24,6 +24,9 @@ themselves in Python; compiled, called without tp_new_wrapper's argument tuples 
 (semantics' CmqQueue makes a Receipt a delivery and a QueueMessage a message a queue with
 them once the broker hands them over: ``semantics.queue.use_makers``). ``object_new`` takes
 only a class whose instances object.__new__ makes (TypeError otherwise).
+``slots_new(cls, names, *values)``: ``object.__new__(cls)`` with ``setattr(obj, name, value)``
+for each name in order, for a class whose names are plain slots (TypeError otherwise):
+CmqQueue's QueueMessage without its ``__init__`` frame.
 
 All of them are compiled (``gateway/protocol/_frames.c``) where the package was built with a C
 compiler, and are these Python functions otherwise, or when ``CMQ_GATEWAY_PURE_PYTHON=1`` is
@@ -44,8 +47,8 @@ from gateway.protocol.channel import ChannelState
 from gateway.protocol.events import Content, Method
 from gateway.protocol.properties import _SCANNED, Properties
 
-__all__ = ["ACK_FRAME", "Ack", "COMPILED", "ack_run", "append_deliver", "cut", "fast_event", "py_ack_run", "py_append_deliver", "py_fast_event", "py_object_new", "py_tuple_new", "py_tuple_of",
-           "object_new", "tuple_new", "tuple_of"]
+__all__ = ["ACK_FRAME", "Ack", "COMPILED", "ack_run", "append_deliver", "cut", "fast_event", "py_ack_run", "py_append_deliver", "py_fast_event", "py_object_new", "py_slots_new", "py_tuple_new", "py_tuple_of",
+           "object_new", "slots_new", "tuple_new", "tuple_of"]
 
 _T = TypeVar("_T", bound=tuple[Any, ...])
 
@@ -176,9 +179,20 @@ py_tuple_new = tuple.__new__
 py_object_new = object.__new__
 
 
+def py_slots_new(cls: type[_T], names: tuple[str, ...], *values: Any) -> _T:
+    """``object.__new__(cls)`` with each of ``names`` set to its value, in order."""
+    if type(names) is not tuple or len(names) != len(values):
+        raise TypeError("slots_new(cls, names, *values): a class, a tuple, a value a name")
+    out: Any = object.__new__(cls)
+    for name, value in zip(names, values, strict=True):
+        setattr(out, name, value)
+    return out  # type: ignore[no-any-return]
+
+
 tuple_of = py_tuple_of
 tuple_new: Any = py_tuple_new
 object_new: Any = py_object_new
+slots_new: Any = None  # pure Python: the model makes its messages itself (use_makers)
 COMPILED = False
 if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
     try:
@@ -194,4 +208,5 @@ if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
         tuple_of = _frames.tuple_of
         tuple_new = _frames.tuple_new
         object_new = _frames.object_new
+        slots_new = _frames.slots_new
         COMPILED = True

@@ -476,6 +476,67 @@ def test_object_new_refuses_what_it_cannot_make_as_object_new_does() -> None:
             _frames.object_new(bad)
 
 
+@needs_compiled
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(("a", "b")), min_size=0, max_size=3),
+       st.lists(st.one_of(st.none(), st.integers(), st.floats(allow_nan=False), st.text(max_size=3)),
+                min_size=3, max_size=3))
+def test_slots_new_makes_what_object_new_and_setattr_make(names: list[str], values: list[Any]) -> None:
+    """Q3 (a QueueMessage made by slots_new once the broker is loaded): the compiled
+    slots_new gives what object.__new__(cls) and a setattr a name give, in order (a name
+    twice: its last value), the unnamed slots unset, the very values."""
+    names_t = tuple(names)
+    vals = values[:len(names_t)]
+    want, got = fastpath.py_slots_new(_Slotted, names_t, *vals), _frames.slots_new(_Slotted, names_t, *vals)
+    assert type(got) is type(want) is _Slotted
+    for slot in ("a", "b"):
+        assert hasattr(got, slot) == hasattr(want, slot)
+        if hasattr(want, slot):
+            assert getattr(got, slot) is getattr(want, slot)
+    assert gc.is_tracked(got) == gc.is_tracked(want)
+
+
+@needs_compiled
+def test_slots_new_refuses_what_is_not_a_plain_slot_and_relearns_a_changed_class() -> None:
+    """Not a slot (a __dict__ class's attribute, a method), a count that does not match, a
+    class with a __new__ of its own: TypeError, nothing made another way (the twin, setattr,
+    would take the first). A class changed since (its version tag) is looked up again."""
+    for cls, names, vals in ((_Dicted, ("a",), (1,)), (_Slotted, ("__init__",), (1,)), (_Slotted, ("a",), ()),
+                             (_Slotted, ["a"], (1,)), (Receipt, ("message",), (1,)), (_Slotted, ("c",), (1,))):
+        with pytest.raises(TypeError):
+            _frames.slots_new(cls, names, *vals)
+    names = ("b", "a")
+    first = _frames.slots_new(_Slotted, names, 1, 2)
+    _Slotted.extra = 5  # type: ignore[attr-defined]  # a new version tag
+    try:
+        again = _frames.slots_new(_Slotted, names, 3, 4)
+    finally:
+        del _Slotted.extra  # type: ignore[attr-defined]
+    assert (first.a, first.b, again.a, again.b) == (2, 1, 4, 3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(min_size=1, max_size=8), st.integers(0, 65536), st.floats(0, 1e9),
+       st.one_of(st.none(), st.floats(1e9, 2e9)))
+def test_a_message_of_the_model_is_what_its_init_makes(msg_id: str, size: int, now: float,
+                                                       expires_at: float | None) -> None:
+    """Q3, Q7: a message sent or restored (restore_plain) through the model, made by the
+    broker's makers (compiled or not), holds in every slot what QueueMessage.__init__ sets."""
+    import gateway.broker.queue  # noqa: F401  (it hands the makers over)
+    import semantics.queue as Q
+
+    q = Q.CmqQueue("q", QueueAttributes())
+    sent = q.send("p", size, now, None, msg_id, expires_at)
+    restored = q.restore_plain("r", size, now, msg_id + "-r", now - 1.0)
+    for m, want in ((sent, QueueMessage(msg_id, "p", size, now, sent.seq, expires_at)),
+                    (restored, QueueMessage(msg_id + "-r", "r", size, now - 1.0, restored.seq, None))):
+        # what the queue changes after making it, set alike on the reference
+        for later in ("state", "pos", "deadline", "next_visible_time", "receive_count", "handle"):
+            setattr(want, later, getattr(m, later))
+        assert type(m) is QueueMessage
+        assert [getattr(m, n) for n in QueueMessage.__slots__] == [getattr(want, n) for n in QueueMessage.__slots__]
+
+
 def test_the_broker_hands_its_makers_to_the_queue_model() -> None:
     """Once the broker is loaded the model makes its QueueMessages and Receipts with
     fastpath's makers (compiled or, pure Python, object.__new__ / tuple.__new__ themselves),
@@ -484,6 +545,7 @@ def test_the_broker_hands_its_makers_to_the_queue_model() -> None:
     import semantics.queue as Q
 
     assert Q._new_object is fastpath.object_new and Q._new_receipt is fastpath.tuple_new
+    assert Q._slots_new is fastpath.slots_new and (fastpath.slots_new is None) == (not fastpath.COMPILED)
     q = Q.CmqQueue("q", QueueAttributes())
     m = q.send("p", 1, 0.0)
     r = q.receive(0.0)
