@@ -57,7 +57,9 @@ def held(q: BrokerQueue, s: QueueStream) -> int:
     delayed) and naked here for the rest of a delay. Leases other gateways hold are not in it;
     for those the stream's own max_msgs refuses (a basic.nack, M14)."""
     cmq = q.cmq
-    held = q.remote_ready + cmq.active + cmq.inactive + cmq.delayed
+    # the counts' fields, not their properties (active, inactive, delayed): a Python call each,
+    # ~1.6k instructions a publish together (callgrind, issue 28)
+    held = q.remote_ready + cmq._n_active + cmq._n_inactive + cmq._n_delayed + cmq._n_parked
     return held + sum(naked for _, naked in s.delays.values()) if s.delays else held
 
 
@@ -116,14 +118,17 @@ class JetStreamMessages:
         # call for them (issue 28: CPU a message).
         if size > attrs.max_msg_size:
             check_size(q.name, size, attrs.max_msg_size, q.cmq.refuse_size)
-        check_heap(q.name, held(q, s), int(attrs.max_msg_heap_num))
+        n, heap_num = held(q, s), int(attrs.max_msg_heap_num)
+        if n >= heap_num:
+            check_heap(q.name, n, heap_num)  # L8's refusal (called only when it refuses)
         delay = float(attrs.delay_seconds) if delay is None else send_delay(delay, float(attrs.delay_seconds))
         if attrs.max_length is not None:
             # x-max-length on JetStream's count of ready messages (gateway.jetstream.maxlength).
             check_room(q.name, delay, q.remote_ready + q.cmq.active, attrs.max_length, attrs.overflow)
-        if attrs.message_ttl is not None:
+        # message_ttl_ms, not the message_ttl property made of it: no call a publish
+        if attrs.message_ttl_ms is not None:
             expires_at = send_expiry(now, delay, attrs.message_ttl, expires_at)
-        if expires_at is not None and attrs.message_ttl is None:
+        if expires_at is not None and attrs.message_ttl_ms is None:
             self.sweeper.note_expiring(q)  # a message's own TTL: the sweeper looks at this queue
         broker.emit_row(ENQUEUE, vh.name, (q.name, msg.msg_id, size, via, subscription))
         lsn = self.writes.publish(s, msg, now, delay or None, expires_at)

@@ -1,0 +1,115 @@
+"""The publisher's C readings and writings (gateway/jetstream/_wire.c, issue 28: CPU a message)
+against their Python references: a PubAck's stored LSN (``stored_lsn``: the PubAck rule, CL3)
+and a one-header write's HPUB command (``wire.hpub`` with the reply subject ``<prefix>.<lsn>``).
+C either gives what Python gives or declines (None), and declines only what it says it does."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.jetstream import publisher, wire
+
+_compiled: Any = None
+try:
+    from gateway.jetstream import _wire as _compiled  # type: ignore[attr-defined, no-redef]
+except ImportError:
+    pass
+
+needs_compiled = pytest.mark.skipif(_compiled is None or not hasattr(_compiled, "stored_lsn"),
+                                    reason="gateway/jetstream/_wire.c not built: no compiled twin to compare")
+
+# PubAcks as the server writes them and near misses, in pieces (as test_pubacks_together.py).
+_PIECES = [b'{"stream":"', b"S", b'q.x', b'"', b",", b" ", b"\t", b"\x0b", b"\x0c", b"\r\n", b'"seq":', b"0", b"7",
+           b"00", b"12", b"}", b",", b'"duplicate": true', b'"error":{"code":500}', b'"error"', b'"erro', b"\xd9\xa3",
+           b"x", b"{", b'"stream":"S",', b"\x00"]
+# LSN tokens: plain numbers (also longer than C reads), what int() reads and C does not, and junk.
+_LSN = st.one_of(
+    st.integers(min_value=0, max_value=10**20).map(lambda n: str(n).encode()),
+    st.binary(max_size=4),
+    st.sampled_from([b"", b"+3", b"-3", b" 7", b"7 ", b"1_0", b"\xd9\xa3", b"0x1", b"3\n", b"007"]),
+)
+
+
+def _plain(token: bytes) -> bool:
+    return 0 < len(token) <= 18 and all(48 <= c <= 57 for c in token)
+
+
+@needs_compiled
+def test_the_publisher_reads_and_writes_in_c() -> None:
+    pure = os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") not in ("", "0")
+    assert publisher._stored_lsn is (None if pure else _compiled.stored_lsn)
+    assert publisher._hpub_lsn is (None if pure else _compiled.hpub_lsn)
+
+
+@needs_compiled
+@settings(max_examples=2000, deadline=None)
+@given(st.sampled_from([b"_INBOX.abc", b"", b"_INBOX.a.b", b"x"]), st.booleans(), _LSN,
+       st.lists(st.sampled_from(_PIECES), max_size=12), st.booleans())
+def test_CL3_a_stored_pubAck_is_read_in_c_as_in_python_or_left_to_python(
+        prefix: bytes, dotted: bool, lsn: bytes, pieces: list[bytes], started: bool) -> None:
+    subject = prefix + (b"." if dotted else b"") + lsn
+    data = (b'{"stream":"S", "seq":' if started else b"") + b"".join(pieces)
+    c = _compiled.stored_lsn(subject, data)
+    py = publisher.stored_lsn(subject, data)
+    if c is not None:
+        assert c == py
+    elif py is not None:
+        # declined: only an LSN that is not 1-18 plain digits (the PubAck itself C reads alike)
+        assert not _plain(subject[subject.rindex(b".") + 1:])
+        assert _compiled.stored_lsn(subject[:subject.rindex(b".")] + b".1", data) == 1
+
+
+@needs_compiled
+@pytest.mark.parametrize(("data", "lsn"), [
+    (b'{"stream":"S", "seq":7}', 12),
+    (b'{"stream":"cmq_q_x","seq":8,"duplicate": true}', 12),
+    (b'{"stream":"S", "seq":007}', 12),
+    (b'{"stream":"S", "seq":0,"duplicate": true}', None),  # staged, not stored (CL3)
+    (b'{"stream":"S", "seq":000}', None),
+    (b'{"stream":"S", "seq":5, "error":{"code":500}}', None),  # a refusal
+    (b'{"error":{"code":400},"stream":"S","seq":0}', None),
+    (b'{"stream":"S","seq":12x}', None),
+])
+def test_CL3_server_pubacks(data: bytes, lsn: int | None) -> None:
+    assert _compiled.stored_lsn(b"_INBOX.abc.12", data) == publisher.stored_lsn(b"_INBOX.abc.12", data) == lsn
+
+
+def test_a_reply_without_an_lsn_is_none() -> None:
+    for fn in (publisher.stored_lsn, *([_compiled.stored_lsn] if _compiled is not None
+                                       and hasattr(_compiled, "stored_lsn") else [])):
+        assert fn(b"nodot", b'{"stream":"S", "seq":7}') is None
+        assert fn(b"_INBOX.x.", b'{"stream":"S", "seq":7}') is None
+
+
+_text = st.one_of(st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._-:$", max_size=20), st.text(max_size=8))
+
+
+@needs_compiled
+@settings(max_examples=1500, deadline=None)
+@given(_text, _text, st.one_of(st.integers(min_value=0, max_value=10**18), st.integers(min_value=-5, max_value=10**20)),
+       st.dictionaries(_text, _text, min_size=0, max_size=2), st.binary(max_size=40))
+def test_a_one_header_write_is_the_command_hpub_makes(subject: str, prefix: str, lsn: int, headers: dict[str, str],
+                                                       payload: bytes) -> None:
+    c = _compiled.hpub_lsn(subject, prefix, lsn, headers, payload)
+    plain = (len(headers) == 1 and 0 <= lsn < 10**18
+             and all(s.isascii() for s in (subject, prefix, *headers, *headers.values())))
+    if not plain:
+        assert c is None
+        return
+    py = wire.hpub(subject, f"{prefix}.{lsn}", headers, payload)
+    assert c == py
+    assert type(c[0]) is bytes and type(c[2]) is str and c[1] is subject and c[3] is payload and c[4] is headers
+
+
+@needs_compiled
+def test_other_types_are_left_to_python() -> None:
+    assert _compiled.hpub_lsn("S", "_INBOX.a", True, {"k": "v"}, b"x") is None  # a bool is not an exact int
+    assert _compiled.hpub_lsn("S", "_INBOX.a", 1, {"k": "v"}, bytearray(b"x")) is None
+    assert _compiled.hpub_lsn("S", "_INBOX.a", 1, {"k": 1}, b"x") is None
+    with pytest.raises(TypeError):
+        _compiled.stored_lsn("_INBOX.a.1", b"{}")
