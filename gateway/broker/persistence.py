@@ -235,11 +235,14 @@ def decode_message_head(head: bytes, names: dict[bytes, tuple[str, str, str, str
     _, enq, lv, lq, le, lr, lp = _MSG_HEAD.unpack_from(head)
     pos = _MSG_HEAD.size
     end = pos + lv + lq + le + lr
-    raw = head[pos:end]
+    # cached by the four lengths and the names: by the names' bytes alone, vhost "/" with queue
+    # "ab" and exchange "" joins as queue "a" with exchange "b" (and exchange "logs" with key
+    # ".a" as exchange "" with key "logs.a"), and the second record read got the first's names
+    raw = head[9:end]
     four = names.get(raw)
     if four is None:
-        a, b, c = lv, lv + lq, lv + lq + le
-        four = names[raw] = (raw[:a].decode(), raw[a:b].decode(), raw[b:c].decode(), raw[c:].decode())
+        a, b, c = 12 + lv, 12 + lv + lq, 12 + lv + lq + le
+        four = names[raw] = (raw[12:a].decode(), raw[a:b].decode(), raw[b:c].decode(), raw[c:].decode())
     nul = head.find(b"\x00", end)
     if nul < 0 or nul + 1 + lp > len(head):
         return None

@@ -47,3 +47,26 @@ def test_the_cache_stays_bounded() -> None:
     for i in range(P._ENCODED_NAMES_MAX * 2 + 3):
         P.encode_message("/", f"q{i}", "m", 0.0, "", f"q{i}", b"", b"x")
     assert 0 < len(P._ENCODED_NAMES) <= P._ENCODED_NAMES_MAX
+
+
+def test_M14_names_that_join_to_the_same_bytes_read_back_apart() -> None:
+    """Recovery reads records through one names cache (``decode_message_head``): vhost "/" with
+    queue "ab", exchange "" and key "ab" joins to the same bytes as queue "a", exchange "b" and
+    key "ab". Cached by the bytes alone, the second record read came back in the first's queue
+    (a message restored into another queue after a restart)."""
+    cache: dict[bytes, tuple[str, str, str, str]] = {}
+    records = [("/", "ab", "", "ab"), ("/", "a", "b", "ab"), ("/", "", "ab", "ab"), ("/a", "b", "", "ab")]
+    for vhost, queue, exchange, key in records * 2:
+        raw = P.encode_message(vhost, queue, "id", 1.0, exchange, key, b"", b"body")
+        head = P.decode_message_head(raw, cache)
+        assert head is not None and head[1] == (vhost, queue, exchange, key)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_name, _name, _name, _name), min_size=1, max_size=8))
+def test_M14_one_names_cache_reads_every_record_s_own_names(names: list[tuple[str, str, str, str]]) -> None:
+    cache: dict[bytes, tuple[str, str, str, str]] = {}
+    for vhost, queue, exchange, key in names * 2:
+        raw = P.encode_message(vhost, queue, "m", 2.0, exchange, key, b"p", b"b")
+        head = P.decode_message_head(raw, cache)
+        assert head is not None and head[1] == (vhost, queue, exchange, key) and head[3] == b"p"
