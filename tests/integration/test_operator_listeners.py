@@ -5,6 +5,7 @@ one line naming the option that moves it."""
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import sys
@@ -63,12 +64,35 @@ def test_configured_host_keeps_one_address(tmp_path: Path) -> None:
 
 
 def _taken(family: socket.AddressFamily, host: str) -> socket.socket:
-    sock = socket.socket(family)
     if family == socket.AF_INET6:
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        return _taken_on_ipv6_only(host)
+    sock = socket.socket(family)
     sock.bind((host, 0))
     sock.listen()
     return sock
+
+
+def _taken_on_ipv6_only(host: str) -> socket.socket:
+    """A port listened on over IPv6 only, and free over IPv4. An ephemeral IPv6 port could be
+    some other connection's local port over IPv4 at that moment (the CI saw the gateway find
+    0.0.0.0:P taken too, once in a full run); so the port comes from below the kernel's
+    ephemeral range, where no connect() takes one, and is checked free on IPv4 first."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    while True:
+        port = rng.randrange(max(1024, low // 2), low)
+        probe, sock = socket.socket(socket.AF_INET), socket.socket(socket.AF_INET6)
+        try:
+            probe.bind(("0.0.0.0", port))
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            continue
+        finally:
+            probe.close()
+        sock.listen()
+        return sock
 
 
 MOVES = {
