@@ -109,13 +109,11 @@ async def removed(js: Any, s: QueueStream, seq: int | None) -> bool:
 
 
 # The four names of a stored record (vhost, queue, exchange, routing key) by their lengths and
-# bytes (the record's bytes 9 to the names' end): a queue's messages share a few, decoded once
-# rather than four decodes per message pulled. By the bytes alone, exchange "logs" with routing
-# key ".a" and exchange "" with routing key "logs.a" would be one entry.
+# bytes (the record's bytes 9 to the names' end, as decode_message_head keys its cache and C's
+# message_head gives them): a queue's messages share a few, decoded once rather than four
+# decodes per message pulled. By the bytes alone, exchange "logs" with routing key ".a" and
+# exchange "" with routing key "logs.a" would be one entry.
 _NAMES: dict[bytes, tuple[str, str, str, str]] = {}
-# Without the C reading: decode_message_head's own cache (by the names' bytes) within the
-# records of one set of lengths, by those lengths.
-_NAMES_BY_LENGTHS: dict[bytes, dict[bytes, tuple[str, str, str, str]]] = {}
 _NAMES_MAX = 1024
 # Likewise a queue's messages share a few property lists: one Properties (read-only: raw
 # bytes and what is decoded from them) serves every message pulled with the same bytes, as
@@ -123,6 +121,16 @@ _NAMES_MAX = 1024
 _PROPERTIES: dict[bytes, Properties] = {}
 # decode_message_head's reading in C, or None (CMQ_GATEWAY_PURE_PYTHON=1, no compiler)
 _message_head = getattr(compiled(), "message_head", None)
+
+
+def _read_head(raw: bytes) -> tuple[float, tuple[str, str, str, str], str, bytes, int]:
+    """The reference reading of a record's head, its names kept in (and taken from) _NAMES."""
+    if len(_NAMES) >= _NAMES_MAX:
+        _NAMES.clear()
+    read = P.decode_message_head(raw, _NAMES)
+    if read is None:
+        raise ValueError("a queue stream's record shorter than its head")
+    return read
 
 
 def stored_message(raw: bytes, msg_id: str, body: bytes | None = None) -> Message:
@@ -137,24 +145,10 @@ def stored_message(raw: bytes, msg_id: str, body: bytes | None = None) -> Messag
         enqueue_time, key, properties, start = head
         four = _NAMES.get(key)
         if four is None:
-            read = P.decode_message_head(raw, {})
-            if read is None:
-                raise ValueError("a queue stream's record shorter than its head")
-            if len(_NAMES) >= _NAMES_MAX:
-                _NAMES.clear()
-            four = _NAMES[key] = read[1]
+            four = _read_head(raw)[1]
         _, _, exchange, routing_key = four
     else:
-        lengths = raw[9:17]
-        names = _NAMES_BY_LENGTHS.get(lengths)
-        if names is None or len(names) >= _NAMES_MAX:
-            if len(_NAMES_BY_LENGTHS) >= _NAMES_MAX:
-                _NAMES_BY_LENGTHS.clear()
-            names = _NAMES_BY_LENGTHS[lengths] = {}
-        read = P.decode_message_head(raw, names)
-        if read is None:
-            raise ValueError("a queue stream's record shorter than its head")
-        enqueue_time, (_, _, exchange, routing_key), _, properties, start = read
+        enqueue_time, (_, _, exchange, routing_key), _, properties, start = _read_head(raw)
     props = _PROPERTIES.get(properties)
     if props is None:
         if len(_PROPERTIES) >= _NAMES_MAX:
