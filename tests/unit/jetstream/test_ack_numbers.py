@@ -6,24 +6,13 @@ queue's undelivered estimate from ``<pending>``; the latest consumer sequence fr
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.jetstream import pulls
 from gateway.jetstream.queues import delivery_counts
-
-_compiled: Any = None
-try:
-    from gateway.jetstream import _wire as _compiled  # type: ignore[attr-defined, no-redef]
-except ImportError:
-    pass
-
-needs_compiled = pytest.mark.skipif(_compiled is None or not hasattr(_compiled, "ack_numbers"),
-                                    reason="gateway/jetstream/_wire.c not built: no compiled twin to compare")
+from tests.unit.jetstream.compiled import compiled, needs_compiled
 
 OLD = "$JS.ACK.cmq_q_abc.cmqc.3.1055.1012.1764498000123456789.41"
 NEW = "$JS.ACK.dom.ACCHASH.cmq_q_abc.cmqc.3.1055.1012.1764498000123456789.41.rnd"
@@ -50,25 +39,23 @@ def _plain(token: str) -> bool:
     return 0 < len(token) <= 18 and all("0" <= c <= "9" for c in token)
 
 
-@needs_compiled
 def test_the_gateway_reads_them_in_c() -> None:
     """Pulls._take uses the compiled reading where it was built, unless told not to."""
-    pure = os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") not in ("", "0")
-    assert pulls._ack_numbers is (None if pure else _compiled.ack_numbers)
+    assert pulls._ack_numbers is getattr(compiled, "ack_numbers", None)
 
 
-@needs_compiled
+@needs_compiled("ack_numbers")
 @pytest.mark.parametrize("reply", [OLD, NEW, NEW.rpartition(".")[0]])
 def test_both_forms_nats_server_writes_are_read_in_c(reply: str) -> None:
-    assert _compiled.ack_numbers(reply) == delivery_counts(reply) == (3, 1012, 41)
+    assert compiled.ack_numbers(reply) == delivery_counts(reply) == (3, 1012, 41)
 
 
-@needs_compiled
+@needs_compiled("ack_numbers")
 @settings(max_examples=1500, deadline=None)
 @given(st.lists(_token, min_size=1, max_size=14))
 def test_c_reads_as_python_or_declines(tokens: list[str]) -> None:
     reply = ".".join(tokens)
-    got = _compiled.ack_numbers(reply)
+    got = compiled.ack_numbers(reply)
     want = _python(reply)
     if got is not None:
         assert got == want
@@ -81,16 +68,16 @@ def test_c_reads_as_python_or_declines(tokens: list[str]) -> None:
         assert n not in (9,) and n < 11 or not all(_plain(tokens[i]) for i in (at, at + 2, at + 4))
 
 
-@needs_compiled
+@needs_compiled("ack_numbers")
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 10**18 - 1), st.integers(0, 10**18 - 1), st.integers(0, 10**18 - 1), st.booleans())
 def test_every_plain_number_is_read_in_c(delivered: int, seq: int, pending: int, new: bool) -> None:
     prefix = "$JS.ACK.dom.HASH.S.C" if new else "$JS.ACK.S.C"
     reply = f"{prefix}.{delivered}.77.{seq}.1764498000123456789.{pending}" + (".r" if new else "")
-    assert _compiled.ack_numbers(reply) == delivery_counts(reply) == (delivered, seq, pending)
+    assert compiled.ack_numbers(reply) == delivery_counts(reply) == (delivered, seq, pending)
 
 
-@needs_compiled
+@needs_compiled("ack_numbers")
 def test_not_a_str_is_a_type_error() -> None:
     with pytest.raises(TypeError):
-        _compiled.ack_numbers(OLD.encode())
+        compiled.ack_numbers(OLD.encode())

@@ -14,15 +14,7 @@ from hypothesis import strategies as st
 
 from gateway.broker import persistence as P
 from gateway.jetstream import head
-
-_compiled: Any = None
-try:
-    from gateway.jetstream import _wire as _compiled  # type: ignore[attr-defined, no-redef]
-except ImportError:
-    pass
-
-needs_compiled = pytest.mark.skipif(_compiled is None or not hasattr(_compiled, "message_head"),
-                                    reason="gateway/jetstream/_wire.c not built: no compiled twin to compare")
+from tests.unit.jetstream.compiled import compiled, needs_compiled
 
 _name = st.text(max_size=12)
 # message IDs end at a NUL in the record: the gateway's have none
@@ -42,7 +34,7 @@ def _python(raw: bytes, names: dict[bytes, tuple[str, str, str, str]]) -> tuple[
     return enq, raw[9:start - len(props) - 1 - len(h[2].encode())], props, start
 
 
-@needs_compiled
+@needs_compiled("message_head")
 @settings(max_examples=1500, deadline=None)
 @given(_record, st.one_of(st.none(), st.tuples(st.integers(0, 200), st.integers(0, 255)), st.integers(0, 200)))
 # the CI's case once decode_message_head's cache held the lengths too (eb77a26): a routing key
@@ -57,7 +49,7 @@ def test_the_head_is_read_in_c_as_in_python_or_left_to_python(record: tuple[Any,
             raw = raw[:at] + bytes([value]) + raw[at + 1:]
     elif isinstance(damage, int):  # cut short
         raw = raw[:damage]
-    c = _compiled.message_head(raw)
+    c = compiled.message_head(raw)
     if c is not None:
         # C does not decode the four names: stored_message has the reference decode them when
         # they are not in its cache yet, so the reference is asked with them cached (by the
@@ -91,10 +83,10 @@ def test_stored_message_is_the_same_read_either_way(record: tuple[Any, ...], pro
             body, props, exchange, key, enq, msg_id, ())
 
 
-@needs_compiled
+@needs_compiled("message_head")
 def test_not_bytes_is_a_type_error() -> None:
     with pytest.raises(TypeError):
-        _compiled.message_head("x" * 30)
+        compiled.message_head("x" * 30)
 
 
 @pytest.mark.parametrize("in_c", [True, False])

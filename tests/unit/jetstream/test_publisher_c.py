@@ -5,23 +5,12 @@ C either gives what Python gives or declines (None), and declines only what it s
 
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.jetstream import publisher, wire
-
-_compiled: Any = None
-try:
-    from gateway.jetstream import _wire as _compiled  # type: ignore[attr-defined, no-redef]
-except ImportError:
-    pass
-
-needs_compiled = pytest.mark.skipif(_compiled is None or not hasattr(_compiled, "stored_lsn"),
-                                    reason="gateway/jetstream/_wire.c not built: no compiled twin to compare")
+from tests.unit.jetstream.compiled import compiled, needs_compiled
 
 # PubAcks as the server writes them and near misses, in pieces (as test_pubacks_together.py).
 _PIECES = [b'{"stream":"', b"S", b'q.x', b'"', b",", b" ", b"\t", b"\x0b", b"\x0c", b"\r\n", b'"seq":', b"0", b"7",
@@ -39,14 +28,13 @@ def _plain(token: bytes) -> bool:
     return 0 < len(token) <= 18 and all(48 <= c <= 57 for c in token)
 
 
-@needs_compiled
 def test_the_publisher_reads_and_writes_in_c() -> None:
-    pure = os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") not in ("", "0")
-    assert publisher._stored_lsn is (None if pure else _compiled.stored_lsn)
-    assert publisher._hpub_lsn is (None if pure else _compiled.hpub_lsn)
+    """In C where it was built, unless told not to."""
+    assert publisher._stored_lsn is getattr(compiled, "stored_lsn", None)
+    assert publisher._hpub_lsn is getattr(compiled, "hpub_lsn", None)
 
 
-@needs_compiled
+@needs_compiled("stored_lsn")
 @settings(max_examples=2000, deadline=None)
 @given(st.sampled_from([b"_INBOX.abc", b"", b"_INBOX.a.b", b"x"]), st.booleans(), _LSN,
        st.lists(st.sampled_from(_PIECES), max_size=12), st.booleans())
@@ -54,17 +42,17 @@ def test_CL3_a_stored_pubAck_is_read_in_c_as_in_python_or_left_to_python(
         prefix: bytes, dotted: bool, lsn: bytes, pieces: list[bytes], started: bool) -> None:
     subject = prefix + (b"." if dotted else b"") + lsn
     data = (b'{"stream":"S", "seq":' if started else b"") + b"".join(pieces)
-    c = _compiled.stored_lsn(subject, data)
+    c = compiled.stored_lsn(subject, data)
     py = publisher.stored_lsn(subject, data)
     if c is not None:
         assert c == py
     elif py is not None:
         # declined: only an LSN that is not 1-18 plain digits (the PubAck itself C reads alike)
         assert not _plain(subject[subject.rindex(b".") + 1:])
-        assert _compiled.stored_lsn(subject[:subject.rindex(b".")] + b".1", data) == 1
+        assert compiled.stored_lsn(subject[:subject.rindex(b".")] + b".1", data) == 1
 
 
-@needs_compiled
+@needs_compiled("stored_lsn")
 @pytest.mark.parametrize(("data", "lsn"), [
     (b'{"stream":"S", "seq":7}', 12),
     (b'{"stream":"cmq_q_x","seq":8,"duplicate": true}', 12),
@@ -76,12 +64,11 @@ def test_CL3_a_stored_pubAck_is_read_in_c_as_in_python_or_left_to_python(
     (b'{"stream":"S","seq":12x}', None),
 ])
 def test_CL3_server_pubacks(data: bytes, lsn: int | None) -> None:
-    assert _compiled.stored_lsn(b"_INBOX.abc.12", data) == publisher.stored_lsn(b"_INBOX.abc.12", data) == lsn
+    assert compiled.stored_lsn(b"_INBOX.abc.12", data) == publisher.stored_lsn(b"_INBOX.abc.12", data) == lsn
 
 
 def test_a_reply_without_an_lsn_is_none() -> None:
-    for fn in (publisher.stored_lsn, *([_compiled.stored_lsn] if _compiled is not None
-                                       and hasattr(_compiled, "stored_lsn") else [])):
+    for fn in (publisher.stored_lsn, *([compiled.stored_lsn] if hasattr(compiled, "stored_lsn") else [])):
         assert fn(b"nodot", b'{"stream":"S", "seq":7}') is None
         assert fn(b"_INBOX.x.", b'{"stream":"S", "seq":7}') is None
 
@@ -89,13 +76,13 @@ def test_a_reply_without_an_lsn_is_none() -> None:
 _text = st.one_of(st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._-:$", max_size=20), st.text(max_size=8))
 
 
-@needs_compiled
+@needs_compiled("hpub_lsn")
 @settings(max_examples=1500, deadline=None)
 @given(_text, _text, st.one_of(st.integers(min_value=0, max_value=10**18), st.integers(min_value=-5, max_value=10**20)),
        st.dictionaries(_text, _text, min_size=0, max_size=2), st.binary(max_size=40))
 def test_a_one_header_write_is_the_command_hpub_makes(subject: str, prefix: str, lsn: int, headers: dict[str, str],
                                                        payload: bytes) -> None:
-    c = _compiled.hpub_lsn(subject, prefix, lsn, headers, payload)
+    c = compiled.hpub_lsn(subject, prefix, lsn, headers, payload)
     plain = (len(headers) == 1 and 0 <= lsn < 10**18
              and all(s.isascii() for s in (subject, prefix, *headers, *headers.values())))
     if not plain:
@@ -106,10 +93,10 @@ def test_a_one_header_write_is_the_command_hpub_makes(subject: str, prefix: str,
     assert type(c[0]) is bytes and type(c[2]) is str and c[1] is subject and c[3] is payload and c[4] is headers
 
 
-@needs_compiled
+@needs_compiled("stored_lsn", "hpub_lsn")
 def test_other_types_are_left_to_python() -> None:
-    assert _compiled.hpub_lsn("S", "_INBOX.a", True, {"k": "v"}, b"x") is None  # a bool is not an exact int
-    assert _compiled.hpub_lsn("S", "_INBOX.a", 1, {"k": "v"}, bytearray(b"x")) is None
-    assert _compiled.hpub_lsn("S", "_INBOX.a", 1, {"k": 1}, b"x") is None
+    assert compiled.hpub_lsn("S", "_INBOX.a", True, {"k": "v"}, b"x") is None  # a bool is not an exact int
+    assert compiled.hpub_lsn("S", "_INBOX.a", 1, {"k": "v"}, bytearray(b"x")) is None
+    assert compiled.hpub_lsn("S", "_INBOX.a", 1, {"k": 1}, b"x") is None
     with pytest.raises(TypeError):
-        _compiled.stored_lsn("_INBOX.a.1", b"{}")
+        compiled.stored_lsn("_INBOX.a.1", b"{}")
