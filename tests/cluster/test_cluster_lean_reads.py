@@ -24,6 +24,7 @@ from gateway.jetstream import wire
 from gateway.jetstream.head import stored_message
 from gateway.jetstream.publisher import Publisher
 from tests.support.natsd import NatsCluster
+from tests.support.natsd_interest import subscribed
 
 
 def test_plain_handler_takes_the_messages_without_headers_and_the_order_holds(tmp_path: Path) -> None:
@@ -53,7 +54,7 @@ def test_plain_handler_takes_the_messages_without_headers_and_the_order_holds(tm
 
             sub = await reader.subscribe("h1.lean.*", pending_msgs_limit=-1, pending_bytes_limit=-1)
             handlers.add(sub, handler, on_plain)
-            await reader.flush()
+            await subscribed(reader)  # flush() alone: its PING may pass the SUB
             for i in range(400):
                 data = rnd.randbytes(rnd.choice((0, 16, 300, 70_000)))
                 headers = rnd.choice((None, {"Nats-Msg-Id": f"msg-{i}"}))

@@ -24,6 +24,7 @@ from gateway.broker.persistence import message_body
 from gateway.jetstream.publisher import REFUSED, STORED, UNKNOWN, reading
 from gateway.jetstream.queues import delivery_counts
 from semantics.jetstream.names import queue_stream, queue_subject
+from tests.support.natsd_interest import subscribed
 
 
 def test_CL3_a_puback_counts_only_when_it_names_a_stream_sequence() -> None:
@@ -92,7 +93,7 @@ async def test_CL3_a_duplicate_puback_without_a_sequence_is_no_confirm(js_gatewa
             await msg.respond(b'{"stream":"S","seq":41}')
 
     await nc.subscribe(subject, cb=stand_in)
-    await nc.flush()
+    await subscribed(nc)  # flush() alone: its PING may pass the SUB
     conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
     try:
         ch = await conn.channel(publisher_confirms=True)
@@ -116,7 +117,7 @@ async def test_CL3_a_refused_puback_is_a_nack(js_gateways: Callable[..., Any]) -
                                                 "description": "maximum messages exceeded"}}).encode())
 
     await nc.subscribe(subject, cb=stand_in)
-    await nc.flush()
+    await subscribed(nc)  # flush() alone: its PING may pass the SUB
     conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
     try:
         ch = await conn.channel(publisher_confirms=True)
@@ -149,7 +150,7 @@ async def test_CL3_M14_no_confirm_passes_a_publish_whose_puback_has_not_come(
             await msg.respond(json.dumps({"stream": "S", "seq": len(seen)}).encode())
 
     await nc.subscribe(subject, cb=stand_in)
-    await nc.flush()
+    await subscribed(nc)  # flush() alone: its PING may pass the SUB
     conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
     try:
         ch = await conn.channel(publisher_confirms=True)
@@ -192,7 +193,7 @@ async def test_pulls_follow_the_consumers_credit_in_batches(js_gateways: Callabl
             requests.append(json.loads(msg.data).get("batch", 1))
 
         await nc.subscribe(f"$JS.API.CONSUMER.MSG.NEXT.{queue_stream('/', name)}.cmq", cb=watch)
-        await nc.flush()
+        await subscribed(nc)  # flush() alone: its PING may pass the SUB
         cch = await conn.channel()
         await cch.set_qos(prefetch_count=100)
         got: list[bytes] = []
@@ -241,7 +242,7 @@ async def test_CL3_a_publisher_is_not_read_while_jetstream_owes_many_pubacks(
         await msg.respond(json.dumps({"stream": "S", "seq": len(stored)}).encode())
 
     await nc.subscribe(subject, cb=stand_in, pending_msgs_limit=-1, pending_bytes_limit=-1)
-    await nc.flush()
+    await subscribed(nc)  # flush() alone: its PING may pass the SUB
     conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
     publisher = gw.broker.messages.writes.publisher
     try:
@@ -296,7 +297,7 @@ async def test_CL3_M14_a_message_one_of_whose_queues_refuses_it_is_nacked(
                                                 "description": "maximum messages exceeded"}}).encode())
 
     await nc.subscribe(queue_subject("/", names[refusing]), cb=stand_in)
-    await nc.flush()
+    await subscribed(nc)  # flush() alone: its PING may pass the SUB
     conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{gw.port}/")
     try:
         ch = await conn.channel(publisher_confirms=True)
