@@ -375,22 +375,13 @@ take_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
    reading decides those). The split of a str into nine and two int() were ~2.5k instructions
    a delivery (issue 28). */
 #define MAX_TOKENS 64
-static PyObject *
-ack_numbers(PyObject *self, PyObject *reply)
+/* The three numbers of a reply subject's bytes, as ack_numbers reads them: 1, or 0 when it
+   declines. */
+static int
+reply_numbers(const char *p, Py_ssize_t size, long long nums[3])
 {
-    const char *p;
-    Py_ssize_t size, i, at, starts[MAX_TOKENS], lens[MAX_TOKENS];
+    Py_ssize_t i, at, starts[MAX_TOKENS], lens[MAX_TOKENS];
     int n = 0;
-    long long delivered, consumer_seq, pending;
-    if (!PyUnicode_Check(reply)) {
-        PyErr_SetString(PyExc_TypeError, "reply must be a str");
-        return NULL;
-    }
-    p = PyUnicode_AsUTF8AndSize(reply, &size);
-    if (p == NULL) {
-        PyErr_Clear();  /* lone surrogates: the Python reading's */
-        Py_RETURN_NONE;
-    }
     /* memchr for the dots: a byte loop over the subject was most of this call */
     starts[0] = 0;
     for (;;) {
@@ -398,7 +389,7 @@ ack_numbers(PyObject *self, PyObject *reply)
         if (dot == NULL)
             break;
         if (n + 1 >= MAX_TOKENS)
-            Py_RETURN_NONE;
+            return 0;
         i = (Py_ssize_t)(dot - p);
         lens[n] = i - starts[n];
         n++;
@@ -411,15 +402,32 @@ ack_numbers(PyObject *self, PyObject *reply)
     else if (n >= 11)
         at = 6;
     else
+        return 0;
+    nums[0] = digits(p + starts[at], lens[at]);
+    nums[1] = digits(p + starts[at + 2], lens[at + 2]);
+    nums[2] = digits(p + starts[at + 4], lens[at + 4]);
+    return nums[0] >= 0 && nums[1] >= 0 && nums[2] >= 0;
+}
+
+static PyObject *
+ack_numbers(PyObject *self, PyObject *reply)
+{
+    const char *p;
+    Py_ssize_t size, i;
+    long long nums[3];
+    if (!PyUnicode_Check(reply)) {
+        PyErr_SetString(PyExc_TypeError, "reply must be a str");
+        return NULL;
+    }
+    p = PyUnicode_AsUTF8AndSize(reply, &size);
+    if (p == NULL) {
+        PyErr_Clear();  /* lone surrogates: the Python reading's */
         Py_RETURN_NONE;
-    delivered = digits(p + starts[at], lens[at]);
-    consumer_seq = digits(p + starts[at + 2], lens[at + 2]);
-    pending = digits(p + starts[at + 4], lens[at + 4]);
-    if (delivered < 0 || consumer_seq < 0 || pending < 0)
+    }
+    if (!reply_numbers(p, size, nums))
         Py_RETURN_NONE;
     {
         PyObject *t = PyTuple_New(3), *v;
-        long long nums[3] = {delivered, consumer_seq, pending};
         if (t == NULL)
             return NULL;
         for (i = 0; i < 3; i++) {
@@ -447,64 +455,158 @@ is_re_space(unsigned char c)
     return c == ' ' || (c >= 0x09 && c <= 0x0d);
 }
 
-static PyObject *
-stored_lsn(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The LSN stored_lsn reads of a reply's subject and data, or -1 where it declines. */
+static long long
+stored_lsn_of(const char *s, Py_ssize_t sn, const char *d, Py_ssize_t dn)
 {
-    const char *s, *d, *dot, *q;
-    Py_ssize_t sn, dn, i;
+    const char *dot, *q;
+    Py_ssize_t i;
     long long lsn;
     static const char HEAD[] = "{\"stream\":\"";
     static const char SEQ[] = "\"seq\":";
     static const char ERR[] = "\"error\"";
-    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "stored_lsn(subject: bytes, data: bytes)");
-        return NULL;
-    }
-    s = PyBytes_AS_STRING(args[0]);
-    sn = PyBytes_GET_SIZE(args[0]);
-    d = PyBytes_AS_STRING(args[1]);
-    dn = PyBytes_GET_SIZE(args[1]);
     dot = s + sn;  /* the last ".", by hand: memrchr is a GNU extension */
     while (dot > s && dot[-1] != '.')
         dot--;
     if (dot == s)
-        Py_RETURN_NONE;
+        return -1;
     dot--;
     lsn = digits(dot + 1, sn - (Py_ssize_t)(dot + 1 - s));
     if (lsn < 0)
-        Py_RETURN_NONE;
+        return -1;
     if (dn < (Py_ssize_t)sizeof(HEAD) - 1 || memcmp(d, HEAD, sizeof(HEAD) - 1) != 0)
-        Py_RETURN_NONE;
+        return -1;
     i = sizeof(HEAD) - 1;
     q = memchr(d + i, '"', (size_t)(dn - i));
     if (q == NULL)
-        Py_RETURN_NONE;
+        return -1;
     i = (Py_ssize_t)(q - d) + 1;
     if (i >= dn || d[i] != ',')
-        Py_RETURN_NONE;
+        return -1;
     i++;
     while (i < dn && is_re_space((unsigned char)d[i]))
         i++;
     if (dn - i < (Py_ssize_t)sizeof(SEQ) - 1 || memcmp(d + i, SEQ, sizeof(SEQ) - 1) != 0)
-        Py_RETURN_NONE;
+        return -1;
     i += sizeof(SEQ) - 1;
     while (i < dn && d[i] == '0')
         i++;
     if (i >= dn || d[i] < '1' || d[i] > '9')
-        Py_RETURN_NONE;
+        return -1;
     while (i < dn && d[i] >= '0' && d[i] <= '9')
         i++;
     if (i >= dn || (d[i] != ',' && d[i] != '}'))
-        Py_RETURN_NONE;
+        return -1;
     /* no "error" anywhere (memmem is a GNU extension: memchr for each quote) */
     for (q = memchr(d, '"', (size_t)dn); q != NULL;
          q = memchr(q + 1, '"', (size_t)(dn - (q + 1 - d)))) {
         if (dn - (q - d) >= (Py_ssize_t)sizeof(ERR) - 1 && memcmp(q, ERR, sizeof(ERR) - 1) == 0)
-            Py_RETURN_NONE;
+            return -1;
         if (q + 1 >= d + dn)
             break;
     }
+    return lsn;
+}
+
+static PyObject *
+stored_lsn(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long lsn;
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "stored_lsn(subject: bytes, data: bytes)");
+        return NULL;
+    }
+    lsn = stored_lsn_of(PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), PyBytes_AS_STRING(args[1]),
+                        PyBytes_GET_SIZE(args[1]));
+    if (lsn < 0)
+        Py_RETURN_NONE;
     return PyLong_FromLongLong(lsn);
+}
+
+/* stored_run(replies, i, writes, sent, again, settled, out) -> i: Publisher._replied_plains'
+   loop body for its common case, run over replies[i:] in one call (publisher.stored_run is the
+   reference): each (subject, data) bytes pair that stored_lsn reads as a stored write's PubAck
+   either names no write in ``writes`` (passed over) or one whose settle callable (item 5) is
+   ``settled``, which is then taken out of ``writes``, ``sent`` and ``again`` and appended to
+   ``out`` as (lsn, its done callable, item 3). Stops at the first reply that is anything else
+   and returns its index: the loop body takes it. The loop body was ~2k instructions a PubAck
+   (callgrind, issue 28). */
+static PyObject *
+stored_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *replies, *writes, *sent, *again, *settled, *out;
+    Py_ssize_t i, n;
+    if (nargs != 7 || !PyList_Check(args[0]) || !PyDict_CheckExact(args[2]) || !PyDict_CheckExact(args[3])
+            || !PySet_CheckExact(args[4]) || !PyList_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "stored_run(replies: list, i, writes: dict, sent: dict, again: set, "
+                                         "settled, out: list)");
+        return NULL;
+    }
+    replies = args[0];
+    writes = args[2];
+    sent = args[3];
+    again = args[4];
+    settled = args[5];
+    out = args[6];
+    i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i < 0)
+        i = 0;
+    n = PyList_GET_SIZE(replies);
+    for (; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(replies, i), *subject, *data, *key, *w, *item;
+        long long lsn;
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2)
+            break;
+        subject = PyTuple_GET_ITEM(t, 0);
+        data = PyTuple_GET_ITEM(t, 1);
+        if (!PyBytes_CheckExact(subject) || !PyBytes_CheckExact(data))
+            break;
+        lsn = stored_lsn_of(PyBytes_AS_STRING(subject), PyBytes_GET_SIZE(subject), PyBytes_AS_STRING(data),
+                            PyBytes_GET_SIZE(data));
+        if (lsn < 0)
+            break;  /* not read here: the loop body's reading */
+        key = PyLong_FromLongLong(lsn);
+        if (key == NULL)
+            return NULL;
+        w = PyDict_GetItemWithError(writes, key);
+        if (w == NULL) {
+            Py_DECREF(key);
+            if (PyErr_Occurred())
+                return NULL;
+            continue;  /* settled already (an earlier attempt's answer) */
+        }
+        if (!PyTuple_CheckExact(w) || PyTuple_GET_SIZE(w) != 6 || PyTuple_GET_ITEM(w, 5) != settled) {
+            Py_DECREF(key);
+            break;
+        }
+        item = PyTuple_New(2);
+        if (item == NULL) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        Py_INCREF(PyTuple_GET_ITEM(w, 3));
+        PyTuple_SET_ITEM(item, 1, PyTuple_GET_ITEM(w, 3));
+        Py_INCREF(key);
+        PyTuple_SET_ITEM(item, 0, key);
+        if (PyDict_DelItem(writes, key) < 0 || PyList_Append(out, item) < 0) {
+            Py_DECREF(key);
+            Py_DECREF(item);
+            return NULL;
+        }
+        Py_DECREF(item);
+        {
+            int has = PyDict_Contains(sent, key);
+            if (has < 0 || (has && PyDict_DelItem(sent, key) < 0)
+                    || (PySet_GET_SIZE(again) && PySet_Discard(again, key) < 0)) {
+                Py_DECREF(key);
+                return NULL;
+            }
+        }
+        Py_DECREF(key);
+    }
+    return PyLong_FromSsize_t(i);
 }
 
 /* Publisher._next_batch's command for a write with one header (a queue message's
@@ -627,11 +729,45 @@ hpub_lsn(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
    what is not UTF-8) or the NUL or the properties are not there. The Python reading was
    ~3k instructions a pulled message (an unpack, four slices, a find, a decode). */
 #define MSG_HEAD_SIZE 21
+/* The head of record ``p`` (``n`` bytes) as message_head reads it: 1 with the enqueue time,
+   the names' end (they are bytes 9 to it, with their lengths), the properties' start and
+   length (the body follows them); 0 when it declines. */
+static int
+read_head(const unsigned char *p, Py_ssize_t n, double *enq, Py_ssize_t *names_end,
+          Py_ssize_t *props_at, Py_ssize_t *props_len)
+{
+    Py_ssize_t end, nul, lp;
+    int i;
+    if (n < MSG_HEAD_SIZE)
+        return 0;
+    *enq = PyFloat_Unpack8((const char *)p + 1, 0);
+    if (*enq == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    end = MSG_HEAD_SIZE;
+    for (i = 0; i < 4; i++)
+        end += ((Py_ssize_t)p[9 + 2 * i] << 8) | p[10 + 2 * i];
+    lp = ((Py_ssize_t)p[17] << 24) | ((Py_ssize_t)p[18] << 16) | ((Py_ssize_t)p[19] << 8) | p[20];
+    if (end > n)
+        return 0;
+    for (nul = end; nul < n && p[nul] != 0; nul++) {
+        if (p[nul] > 0x7f)
+            return 0;
+    }
+    if (nul >= n || nul + 1 + lp > n)
+        return 0;
+    *names_end = end;
+    *props_at = nul + 1;
+    *props_len = lp;
+    return 1;
+}
+
 static PyObject *
 message_head(PyObject *self, PyObject *raw)
 {
     const unsigned char *p;
-    Py_ssize_t n, end, nul, lp, i;
+    Py_ssize_t end, pa, lp;
     double enq;
     PyObject *enq_obj, *names, *props, *start, *out;
     if (!PyBytes_Check(raw)) {
@@ -639,30 +775,12 @@ message_head(PyObject *self, PyObject *raw)
         return NULL;
     }
     p = (const unsigned char *)PyBytes_AS_STRING(raw);
-    n = PyBytes_GET_SIZE(raw);
-    if (n < MSG_HEAD_SIZE)
-        Py_RETURN_NONE;
-    enq = PyFloat_Unpack8((const char *)p + 1, 0);
-    if (enq == -1.0 && PyErr_Occurred()) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    end = MSG_HEAD_SIZE;
-    for (i = 0; i < 4; i++)
-        end += ((Py_ssize_t)p[9 + 2 * i] << 8) | p[10 + 2 * i];
-    lp = ((Py_ssize_t)p[17] << 24) | ((Py_ssize_t)p[18] << 16) | ((Py_ssize_t)p[19] << 8) | p[20];
-    if (end > n)
-        Py_RETURN_NONE;
-    for (nul = end; nul < n && p[nul] != 0; nul++) {
-        if (p[nul] > 0x7f)
-            Py_RETURN_NONE;
-    }
-    if (nul >= n || nul + 1 + lp > n)
+    if (!read_head(p, PyBytes_GET_SIZE(raw), &enq, &end, &pa, &lp))
         Py_RETURN_NONE;
     enq_obj = PyFloat_FromDouble(enq);
     names = PyBytes_FromStringAndSize((const char *)p + 9, end - 9);  /* with their lengths */
-    props = PyBytes_FromStringAndSize((const char *)p + nul + 1, lp);
-    start = PyLong_FromSsize_t(nul + 1 + lp);
+    props = PyBytes_FromStringAndSize((const char *)p + pa, lp);
+    start = PyLong_FromSsize_t(pa + lp);
     if (enq_obj == NULL || names == NULL || props == NULL || start == NULL) {
         Py_XDECREF(enq_obj);
         Py_XDECREF(names);
@@ -685,6 +803,342 @@ message_head(PyObject *self, PyObject *raw)
     return out;
 }
 
+/* take_plains(msgs, i, s, now, leases, delays, restore_plain, names, props, new_message,
+   init_message, message_cls, cmq_error, key) -> (i, pending | None): Pulls._take's loop body
+   for its common case, run over msgs[i:] in one call: each delivery (a wire.Delivery, read
+   at its slots) whose reply subject ack_numbers reads, delivered once, whose headers are
+   {key: its str id} alone and whose record's head message_head reads, with its names and
+   properties already in head.py's caches ``names`` and ``props``: its id popped from
+   ``delays`` (when any), its message made as head.stored_message makes it
+   (``init_message(new_message(message_cls), body, properties, exchange, routing key, enqueue
+   time, (), id)``), leased (``leases[id] = delivery``) and restored
+   (``restore_plain(message, len(body), now, id, enqueue time)``, a CMQError of rule Q3
+   ignored). ``s.last_delivery`` follows the consumer sequences; the pending count of the
+   delivery that last raised it is returned, else None. Stops at the first delivery that is
+   anything else, returning its index: the Python loop body (the reference: pulls.take_plains)
+   takes it. The loop body, ack_numbers' call and stored_message's frame were ~5k
+   instructions a pulled message (callgrind, issue 28). */
+static PyObject *object_new = NULL;  /* object.__new__, the new_message take_plains is given */
+
+static PyObject *
+take_plains(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *msgs, *s, *now, *leases, *delays, *restore, *names, *props, *new_message, *init, *cls, *cmq_error, *key;
+    PyObject *last_pending = NULL, *empty, *ld_obj, *out;
+    Py_ssize_t i, n;
+    long long last_delivery;
+    int overflow = 0, failed = 0;
+    if (nargs != 14) {
+        PyErr_SetString(PyExc_TypeError, "take_plains takes 14 arguments");
+        return NULL;
+    }
+    msgs = args[0];
+    s = args[2];
+    now = args[3];
+    leases = args[4];
+    delays = args[5];
+    restore = args[6];
+    names = args[7];
+    props = args[8];
+    new_message = args[9];
+    init = args[10];
+    cls = args[11];
+    cmq_error = args[12];
+    key = args[13];
+    if (!PyList_Check(msgs) || !PyDict_Check(leases) || !PyDict_Check(delays) || !PyDict_Check(names)
+            || !PyDict_Check(props)) {
+        PyErr_SetString(PyExc_TypeError, "take_plains: msgs a list; leases, delays, names, props dicts");
+        return NULL;
+    }
+    i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    ld_obj = PyObject_GetAttrString(s, "last_delivery");
+    if (ld_obj == NULL)
+        return NULL;
+    last_delivery = PyLong_CheckExact(ld_obj) ? PyLong_AsLongLongAndOverflow(ld_obj, &overflow) : 0;
+    if (!PyLong_CheckExact(ld_obj) || overflow || (last_delivery == -1 && PyErr_Occurred())) {
+        Py_DECREF(ld_obj);
+        PyErr_Clear();
+        return Py_BuildValue("(nO)", i, Py_None);  /* not a plain int: the Python reading's */
+    }
+    Py_DECREF(ld_obj);
+    if (object_new == NULL) {
+        object_new = PyObject_GetAttrString((PyObject *)&PyBaseObject_Type, "__new__");
+        if (object_new == NULL)
+            return NULL;
+    }
+    empty = PyTuple_New(0);
+    if (empty == NULL)
+        return NULL;
+    n = PyList_GET_SIZE(msgs);
+    for (; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        PyObject *reply, *headers, *data, *msg_id, *dkey, *dval, *four, *pr, *namekey, *propkey;
+        PyObject *enq_obj, *body, *msg, *r, *callargs[8];
+        const char *rp;
+        const unsigned char *dp;
+        Py_ssize_t rn, dn, pos = 0, names_end, pa, lp;
+        long long nums[3];
+        double enq;
+        if (!has_slots((PyObject *)Py_TYPE(m)))
+            break;
+        reply = *(PyObject **)((char *)m + slot_off[1]);
+        data = *(PyObject **)((char *)m + slot_off[2]);
+        headers = *(PyObject **)((char *)m + slot_off[3]);
+        if (reply == NULL || data == NULL || headers == NULL || !PyUnicode_CheckExact(reply)
+                || !PyBytes_CheckExact(data) || !PyDict_CheckExact(headers) || PyDict_GET_SIZE(headers) != 1)
+            break;
+        if (!PyDict_Next(headers, &pos, &dkey, &dval) || !PyUnicode_CheckExact(dkey) || !PyUnicode_CheckExact(dval))
+            break;
+        if (dkey != key && PyUnicode_Compare(dkey, key) != 0) {
+            if (PyErr_Occurred())
+                PyErr_Clear();
+            break;
+        }
+        msg_id = dval;
+        rp = PyUnicode_AsUTF8AndSize(reply, &rn);
+        if (rp == NULL) {
+            PyErr_Clear();
+            break;
+        }
+        if (!reply_numbers(rp, rn, nums) || nums[0] > 1)
+            break;  /* a redelivery (a receive count), or numbers the Python reading reads */
+        dp = (const unsigned char *)PyBytes_AS_STRING(data);
+        dn = PyBytes_GET_SIZE(data);
+        if (!read_head(dp, dn, &enq, &names_end, &pa, &lp))
+            break;
+        namekey = PyBytes_FromStringAndSize((const char *)dp + 9, names_end - 9);
+        if (namekey == NULL) {
+            failed = 1;
+            break;
+        }
+        four = PyDict_GetItemWithError(names, namekey);
+        Py_DECREF(namekey);
+        if (four == NULL || !PyTuple_CheckExact(four) || PyTuple_GET_SIZE(four) != 4) {
+            if (PyErr_Occurred())
+                failed = 1;
+            break;  /* names not seen yet: stored_message reads and keeps them */
+        }
+        propkey = PyBytes_FromStringAndSize((const char *)dp + pa, lp);
+        if (propkey == NULL) {
+            failed = 1;
+            break;
+        }
+        pr = PyDict_GetItemWithError(props, propkey);
+        Py_DECREF(propkey);
+        if (pr == NULL) {
+            if (PyErr_Occurred())
+                failed = 1;
+            break;
+        }
+        /* taken here from now on: what the Python loop body does, in its order */
+        if (nums[1] > last_delivery) {
+            PyObject *pend = PyLong_FromLongLong(nums[2]);
+            if (pend == NULL) {
+                failed = 1;
+                break;
+            }
+            last_delivery = nums[1];
+            Py_XSETREF(last_pending, pend);
+        }
+        if (PyDict_GET_SIZE(delays)) {
+            r = PyObject_CallMethod(delays, "pop", "OO", msg_id, Py_None);
+            if (r == NULL) {
+                failed = 1;
+                break;
+            }
+            Py_DECREF(r);
+        }
+        Py_INCREF(four);
+        Py_INCREF(pr);
+        enq_obj = PyFloat_FromDouble(enq);
+        body = enq_obj == NULL ? NULL : PyBytes_FromStringAndSize((const char *)dp + pa + lp, dn - pa - lp);
+        if (body == NULL)
+            msg = NULL;
+        else if (new_message == object_new && PyType_Check(cls)
+                 && ((PyTypeObject *)cls)->tp_new == PyBaseObject_Type.tp_new)
+            /* object.__new__(cls) without its wrapper's argument tuple and checks (~1.2k
+               instructions a call): object's own tp_new, as that wrapper calls it */
+            msg = PyBaseObject_Type.tp_new((PyTypeObject *)cls, empty, NULL);
+        else
+            msg = PyObject_CallOneArg(new_message, cls);
+        if (msg != NULL) {
+            callargs[0] = msg;
+            callargs[1] = body;
+            callargs[2] = pr;
+            callargs[3] = PyTuple_GET_ITEM(four, 2);
+            callargs[4] = PyTuple_GET_ITEM(four, 3);
+            callargs[5] = enq_obj;
+            callargs[6] = empty;
+            callargs[7] = msg_id;
+            r = PyObject_Vectorcall(init, callargs, 8, NULL);
+            if (r == NULL)
+                Py_CLEAR(msg);
+            else
+                Py_DECREF(r);
+        }
+        Py_DECREF(four);
+        Py_DECREF(pr);
+        if (msg == NULL || PyDict_SetItem(leases, msg_id, m) < 0) {
+            Py_XDECREF(msg);
+            Py_XDECREF(body);
+            Py_XDECREF(enq_obj);
+            failed = 1;
+            break;
+        }
+        {
+            PyObject *size = PyLong_FromSsize_t(PyBytes_GET_SIZE(body));
+            if (size == NULL) {
+                r = NULL;
+            }
+            else {
+                callargs[0] = msg;
+                callargs[1] = size;
+                callargs[2] = now;
+                callargs[3] = msg_id;
+                callargs[4] = enq_obj;
+                r = PyObject_Vectorcall(restore, callargs, 5, NULL);
+                Py_DECREF(size);
+            }
+        }
+        Py_DECREF(msg);
+        Py_DECREF(body);
+        Py_DECREF(enq_obj);
+        if (r != NULL) {
+            Py_DECREF(r);
+            continue;
+        }
+        /* JetStream's delivery of a message leased here already (Q3): the newer lease */
+        if (PyErr_ExceptionMatches(cmq_error)) {
+            PyObject *et, *ev, *etb, *rule;
+            int q3;
+            PyErr_Fetch(&et, &ev, &etb);
+            PyErr_NormalizeException(&et, &ev, &etb);
+            rule = ev == NULL ? NULL : PyObject_GetAttrString(ev, "rule");
+            q3 = rule != NULL && PyUnicode_Check(rule) && PyUnicode_CompareWithASCIIString(rule, "Q3") == 0;
+            Py_XDECREF(rule);
+            if (q3) {
+                PyErr_Clear();
+                Py_XDECREF(et);
+                Py_XDECREF(ev);
+                Py_XDECREF(etb);
+                continue;
+            }
+            PyErr_Restore(et, ev, etb);
+        }
+        failed = 1;
+        break;
+    }
+    Py_DECREF(empty);
+    {
+        /* s.last_delivery as far as taken, also when an error stops the run (as the Python
+           loop leaves it) */
+        PyObject *et, *ev, *etb, *v;
+        int set;
+        PyErr_Fetch(&et, &ev, &etb);
+        v = PyLong_FromLongLong(last_delivery);
+        set = v != NULL && PyObject_SetAttrString(s, "last_delivery", v) == 0;
+        Py_XDECREF(v);
+        if (failed) {
+            if (!set)
+                PyErr_Clear();
+            PyErr_Restore(et, ev, etb);
+            Py_XDECREF(last_pending);
+            return NULL;
+        }
+        if (!set) {
+            Py_XDECREF(last_pending);
+            return NULL;
+        }
+    }
+    out = PyTuple_New(2);
+    if (out == NULL) {
+        Py_XDECREF(last_pending);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(out, 0, PyLong_FromSsize_t(i));
+    if (PyTuple_GET_ITEM(out, 0) == NULL) {
+        Py_DECREF(out);
+        Py_XDECREF(last_pending);
+        return NULL;
+    }
+    if (last_pending == NULL) {
+        Py_INCREF(Py_None);
+        last_pending = Py_None;
+    }
+    PyTuple_SET_ITEM(out, 1, last_pending);
+    return out;
+}
+
+/* ack_pubs(replies) -> commands: wire.pubs(replies), the reference, made here for a list of
+   (str subject, bytes payload): (b"PUB <subject> <len>\r\n<payload>\r\n", subject, "",
+   payload, None) each. None when an item is anything else or a subject is not ASCII
+   (wire.pubs makes them). The list comprehension's encode and concatenations were ~1k
+   instructions an ack (callgrind, issue 28). */
+static PyObject *
+ack_pubs(PyObject *self, PyObject *replies)
+{
+    Py_ssize_t i, n;
+    PyObject *out, *empty;
+    if (!PyList_Check(replies)) {
+        PyErr_SetString(PyExc_TypeError, "ack_pubs(replies: list)");
+        return NULL;
+    }
+    n = PyList_GET_SIZE(replies);
+    for (i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(replies, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(t, 0))
+                || !PyUnicode_IS_ASCII(PyTuple_GET_ITEM(t, 0)) || !PyBytes_CheckExact(PyTuple_GET_ITEM(t, 1)))
+            Py_RETURN_NONE;
+    }
+    empty = PyUnicode_New(0, 0);
+    if (empty == NULL)
+        return NULL;
+    out = PyList_New(n);
+    if (out == NULL) {
+        Py_DECREF(empty);
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(replies, i), *subject = PyTuple_GET_ITEM(t, 0), *payload = PyTuple_GET_ITEM(t, 1);
+        PyObject *cmd, *item;
+        Py_ssize_t sn = PyUnicode_GET_LENGTH(subject), bn = PyBytes_GET_SIZE(payload);
+        char lens[24];
+        int ln;
+        char *w;
+        ln = put_decimal(lens, (unsigned long long)bn);
+        cmd = PyBytes_FromStringAndSize(NULL, 4 + sn + 1 + ln + 2 + bn + 2);
+        item = cmd == NULL ? NULL : PyTuple_New(5);
+        if (item == NULL) {
+            Py_XDECREF(cmd);
+            Py_DECREF(out);
+            Py_DECREF(empty);
+            return NULL;
+        }
+        w = PyBytes_AS_STRING(cmd);
+        memcpy(w, "PUB ", 4); w += 4;
+        memcpy(w, PyUnicode_DATA(subject), (size_t)sn); w += sn;
+        *w++ = ' ';
+        memcpy(w, lens, (size_t)ln); w += ln;
+        memcpy(w, "\r\n", 2); w += 2;
+        memcpy(w, PyBytes_AS_STRING(payload), (size_t)bn); w += bn;
+        memcpy(w, "\r\n", 2);
+        PyTuple_SET_ITEM(item, 0, cmd);
+        Py_INCREF(subject);
+        PyTuple_SET_ITEM(item, 1, subject);
+        Py_INCREF(empty);
+        PyTuple_SET_ITEM(item, 2, empty);
+        Py_INCREF(payload);
+        PyTuple_SET_ITEM(item, 3, payload);
+        Py_INCREF(Py_None);
+        PyTuple_SET_ITEM(item, 4, Py_None);
+        PyList_SET_ITEM(out, i, item);
+    }
+    Py_DECREF(empty);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"take_lone", (PyCFunction)(void (*)(void))take_lone, METH_FASTCALL,
      "take_lone(data, pos, sid, delivery, key, out) -> pos"},
@@ -692,10 +1146,16 @@ static PyMethodDef methods[] = {
      "take_plain(data, pos, sid, out) -> pos"},
     {"ack_numbers", (PyCFunction)ack_numbers, METH_O,
      "ack_numbers(reply) -> (delivered, consumer seq, pending) | None"},
+    {"stored_run", (PyCFunction)(void (*)(void))stored_run, METH_FASTCALL,
+     "stored_run(replies, i, writes, sent, again, settled, out) -> i"},
     {"stored_lsn", (PyCFunction)(void (*)(void))stored_lsn, METH_FASTCALL,
      "stored_lsn(subject, data) -> lsn | None"},
     {"message_head", (PyCFunction)message_head, METH_O,
      "message_head(raw) -> (enqueue time, names, properties, body start) | None"},
+    {"take_plains", (PyCFunction)(void (*)(void))take_plains, METH_FASTCALL,
+     "take_plains(msgs, i, s, now, leases, delays, restore_plain, names, props, new_message, init_message, "
+     "message_cls, cmq_error, key) -> (i, pending | None)"},
+    {"ack_pubs", (PyCFunction)ack_pubs, METH_O, "ack_pubs(replies) -> commands | None"},
     {"hpub_lsn", (PyCFunction)(void (*)(void))hpub_lsn, METH_FASTCALL,
      "hpub_lsn(subject, prefix, lsn, headers, payload) -> (command, subject, reply, payload, headers) | None"},
     {NULL, NULL, 0, NULL},

@@ -79,6 +79,40 @@ def stored_lsn(subject: bytes, data: bytes) -> int | None:
 # The same read in C where the LSN is plain ASCII digits (None: the Python reading's); one
 # C call for the rindex, int() and regex match that were ~3.5k instructions a PubAck (issue 28).
 _stored_lsn = getattr(wire.compiled(), "stored_lsn", None)
+# stored_run in C (None: _replied_plains' loop body reads every reply)
+_stored_run = getattr(wire.compiled(), "stored_run", None)
+
+
+def stored_run(replies: list[tuple[bytes, bytes]], i: int, writes: dict[int, Any], sent: dict[int, float],
+               again: set[int], settled: Any, out: list[tuple[int, Callable[[], None]]]) -> int:
+    """_replied_plains' loop body for its common case over replies[i:], the reference for
+    _wire.c's stored_run (one call a run, not ~2k instructions a PubAck: issue 28): each reply
+    that ``stored_lsn``'s C reading takes as a stored write's PubAck (plain digits) names no
+    write (passed over: an earlier attempt's answer) or one of ``settled``'s, which is taken
+    out of ``writes``, ``sent`` and ``again`` into ``out`` as (lsn, done). Returns the index of
+    the first reply that is anything else (the loop body's)."""
+    while i < len(replies):
+        t = replies[i]
+        if type(t) is not tuple or len(t) != 2 or type(t[0]) is not bytes or type(t[1]) is not bytes:
+            break
+        subject, data = t
+        tail = subject[subject.rfind(b".") + 1:]
+        if b"." not in subject or not (0 < len(tail) <= 18 and tail.isdigit()):
+            break  # an LSN the C reading declines
+        lsn = stored_lsn(subject, data)
+        if lsn is None:
+            break
+        w = writes.get(lsn)
+        if w is not None:
+            if type(w) is not tuple or len(w) != 6 or w[5] is not settled:
+                break
+            del writes[lsn]
+            sent.pop(lsn, None)
+            if again:
+                again.discard(lsn)
+            out.append((lsn, w[3]))
+        i += 1
+    return i
 # wire.hpub of a one-header write with its reply subject made from the LSN, in C (None where
 # the C module is not there or declines: wire.hpub makes it)
 _hpub_lsn = getattr(wire.compiled(), "hpub_lsn", None)
@@ -295,7 +329,16 @@ class Publisher:
         stored: list[tuple[int, Callable[[], None]]] = []
         stored_ack = _PUBACK_STORED.match
         c_lsn = _stored_lsn
-        for subject, data in replies:
+        run = _stored_run if one is not None else None
+        i, n = 0, len(replies)
+        while i < n:
+            if run is not None:
+                # the common case's run from here, in C (stored_run): the body below for each
+                i = run(replies, i, writes, sent, again, one, stored)
+                if i >= n:
+                    break
+            subject, data = replies[i]
+            i += 1
             # stored_lsn: in C where the LSN is plain digits, else read here
             lsn = c_lsn(subject, data) if c_lsn is not None else None
             if lsn is None:

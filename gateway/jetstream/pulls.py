@@ -17,10 +17,12 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from gateway.broker.message import Message, init_message, new_message
 from gateway.jetstream import wire
 from gateway.jetstream.api_receive import answer_receives
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
-from gateway.jetstream.head import EXPIRES_AT, MSG_ID, VISIBLE_AT, stored_message
+from gateway.jetstream.head import _NAMES, _PROPERTIES, EXPIRES_AT, MSG_ID, VISIBLE_AT, stored_message
+from gateway.jetstream.plain_takes import compiled_take_plains
 from gateway.jetstream.queues import QueueStream, rewind_consumer, subscribe
 from gateway.jetstream.streams import STARTUP_STREAMS_SECONDS
 from gateway.jetstream.wire import Handlers, compiled
@@ -59,6 +61,8 @@ EXPIRY_MARGIN = 0.1  # the server counts a request's expiry from when it read it
 # A delivery's numbers read from its reply subject in C (gateway/jetstream/_wire.c), or None:
 # Pulls._take's own reading.
 _ack_numbers = getattr(compiled(), "ack_numbers", None)
+# wire.pubs in C (None: wire.pubs makes the acks' and naks' commands)
+_ack_pubs = getattr(compiled(), "ack_pubs", None)
 
 
 
@@ -294,7 +298,20 @@ class Pulls:
         # The latest delivery's (consumer seq) pending count, or its reply subject's tokens
         # (read once, of the latest)
         last: int | list[str] | None = None
-        for i, m in enumerate(msgs):
+        plains = compiled_take_plains
+        i, n = 0, len(msgs)
+        while i < n:
+            if plains is not None:
+                # the common case's run from here, in C (gateway.jetstream.plain_takes): what
+                # the body below does for each, in one call
+                i, pending = plains(msgs, i, s, now, leases, delays, restore_plain, _NAMES, _PROPERTIES,
+                                    new_message, init_message, Message, CMQError, MSG_ID)
+                if pending is not None:
+                    last = pending
+                if i >= n:
+                    break
+            m = msgs[i]
+            i += 1
             # delivery_counts, without its call: read in C where the numbers are plain ASCII
             # digits (_wire.c's ack_numbers, as delivery_counts reads them: test_ack_numbers.py),
             # else here; the pending count read once, of the latest
@@ -346,7 +363,7 @@ class Pulls:
             if BODY_HEADER in headers:
                 body = s.fetched.pop(msg_id, None)
                 if body is None:
-                    s.held_back = msgs[i:]  # this one and those after it wait for its body
+                    s.held_back = msgs[i - 1:]  # this one and those after it wait for its body
                     self.spawn(self._fetch_body(s, m, headers[BODY_HEADER], msg_id))
                     break
                 msg = stored_message(m.data, msg_id, body)
@@ -424,7 +441,9 @@ class Pulls:
         replies, self._replies = self._replies, []
         if not replies:
             return  # sent at the end of the batch that settled them (end_batch)
-        self._send(self.link.nc, wire.pubs(replies))
+        # wire.pubs' commands, made in C where every subject is ASCII (_wire.c's ack_pubs)
+        commands = _ack_pubs(replies) if _ack_pubs is not None else None
+        self._send(self.link.nc, commands if commands is not None else wire.pubs(replies))
 
     def send_replies(self) -> None:
         """The acks and naks settled so far, now (the end of a client's read)."""
