@@ -282,6 +282,17 @@ def _timer_live(when: float, kind: int, msg: QueueMessage, token: int) -> bool:
 class CmqQueue:
     """A CMQ queue (SPEC "Queue model"); see the module docstring."""
 
+    # Slots: a compiled twin of the hot methods (use_compiled) reads and writes them at their
+    # offsets; the Python methods read them as fast as instance attributes.
+    __slots__ = ("name", "refuse_size", "leased", "on_rewind", "_messages", "_active", "_returned",
+                 "_active_stale", "_parked", "_vis", "_dl", "_heap", "_vis_limit", "_dl_limit", "_heap_limit",
+                 "_next_due", "_handles", "outbox", "_next_pos", "_next_seq", "_n_active", "_n_inactive",
+                 "_n_delayed", "_n_parked", "_n_rewindable", "_rewound_to", "_runs", "_n_cold", "_freezer",
+                 "_fold_at", "_fold_keep", "_fold_tail", "_fold_batch", "_fold_retry", "_fold_wait", "_live_max",
+                 "_unordered", "on_drained", "_had_runs", "_priority_of", "_max_priority", "max_inflight",
+                 "attributes", "_vt", "_retention", "_max_size", "_heap_num", "_default_delay", "_ttl",
+                 "_max_length", "_overflow", "_dlq", "_max_receive", "_dlq_ttl", "_rewind", "__weakref__")
+
     def __init__(self, name: str, attributes: QueueAttributes | None = None, *,
                  refuse_size: bool = True, leased: bool = False) -> None:
         self.name = name
@@ -1300,4 +1311,22 @@ class CmqQueue:
     def __repr__(self) -> str:
         return (f"CmqQueue({self.name!r}, active={self._n_active}, inactive={self._n_inactive}, "
                 f"delayed={self.delayed}, rewindable={self._n_rewindable})")
+
+
+# The Python methods of the common path: the model itself, and the reference and fallback of a
+# compiled twin (use_compiled).
+py_send = CmqQueue.send
+py_receive = CmqQueue.receive
+py_delete = CmqQueue.delete
+
+
+def use_compiled(send: Callable[..., QueueMessage], receive: Callable[..., Receipt | None],
+                 delete: Callable[..., bool]) -> None:
+    """Make ``send``, ``receive`` and ``delete`` of every CmqQueue these: twins of py_send,
+    py_receive and py_delete (same arguments, results, state and events) that the caller holds
+    to the same results, each handing any case it does not take to the Python method (the
+    gateway's compiled ones, gateway.broker.queue). This package stays pure Python."""
+    CmqQueue.send = send  # type: ignore[method-assign]
+    CmqQueue.receive = receive  # type: ignore[method-assign]
+    CmqQueue.delete = delete  # type: ignore[method-assign]
 

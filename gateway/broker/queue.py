@@ -7,6 +7,7 @@ here was a frame on every publish); receives go through ``receive`` below.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ from gateway.broker.arguments import QueueArgs
 from gateway.broker.consumers import Consumer
 from gateway.broker.policies import Policy
 from gateway.protocol import fastpath
+from semantics import queue as _model
 from semantics.queue import CmqQueue, Receipt, use_makers
 from semantics.queue_attrs import QueueAttributes
 from semantics.waiters import Waiters
@@ -21,6 +23,29 @@ from semantics.waiters import Waiters
 # The model's QueueMessage (a message a queue) and Receipt (a delivery) made by the compiled
 # object.__new__ / tuple.__new__ where the package was built (fastpath says why).
 use_makers(fastpath.object_new, fastpath.tuple_new, fastpath.slots_new)
+
+
+def compiled_methods() -> dict[str, Any] | None:
+    """CmqQueue's send / receive / delete with their common case compiled
+    (gateway/broker/_queue.c: a fanout delivery is one of each, and they were the largest part
+    of its interpreter loop), or None where the package was built without a compiler or
+    ``CMQ_GATEWAY_PURE_PYTHON=1`` is set: the model's Python methods then, as they are the
+    compiled ones' fallback for every other case."""
+    if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from gateway.broker import _queue  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    made: dict[str, Any] = _queue.configure(
+        CmqQueue, _model.QueueMessage, Receipt, _model.py_send, _model.py_receive, _model.py_delete,
+        (_model.ACTIVE, _model.INACTIVE, _model.DELETED, _model.REMOVED), (_model._VISIBLE, _model._DEADLINE))
+    return made
+
+
+COMPILED = compiled_methods()
+if COMPILED is not None:
+    _model.use_compiled(COMPILED["send"], COMPILED["receive"], COMPILED["delete"])
 
 if TYPE_CHECKING:
     from gateway.broker.session import Session

@@ -1,0 +1,225 @@
+"""The queue model's compiled common path (gateway/broker/_queue.c) against the Python model.
+
+CmqQueue's send / receive / delete are the C twins once gateway.broker.queue is imported
+(semantics.queue.use_compiled); ``PyQueue`` keeps the Python methods (py_send, py_receive,
+py_delete). Random sequences of sends (plain, delayed, with a TTL, a duplicate or too large),
+receives, deletes (stale receipts too), nacks with and without requeue, time passing
+(visibility ends, delays, deadlines), purges and receive-and-deletes run through one queue of
+each, over random attributes (x-max-length, TTL, a dead-letter policy, rewind, a default
+delay), lanes and folds at small limits: every result, refusal, event and every slot of the
+queue and of its messages must be the same. SPEC Q1, Q3, Q4, Q6, Q8, M7, M12, M13.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import deque
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.broker import queue as broker_queue
+from semantics import queue as Q
+from semantics.errors import CMQError
+from semantics.queue_attrs import QueueAttributes
+from semantics.queue_cold import ColdRun, LiveRun
+
+pytestmark = pytest.mark.skipif(broker_queue.COMPILED is None, reason="pure Python: no compiled twin to compare")
+
+
+class PyQueue(Q.CmqQueue):
+    """The model with its Python methods (the reference)."""
+
+    __slots__ = ()
+    send = Q.py_send  # type: ignore[assignment]
+    receive = Q.py_receive  # type: ignore[assignment]
+    delete = Q.py_delete  # type: ignore[assignment]
+
+
+class Freezer:
+    def __init__(self) -> None:
+        self.payloads: list[object] = []
+
+    def freeze(self, msg_id: str, payload: object, enqueue_time: float) -> int:
+        if len(self.payloads) % 5 == 4:
+            self.payloads.append(None)
+            return -1  # refused for now, as the gateway's may
+        self.payloads.append(payload)
+        return len(self.payloads) - 1
+
+    def thaw(self, index: int, msg_id: str, enqueue_time: float, size: int, ref: int) -> object:
+        return self.payloads[ref]
+
+
+_QUEUE_SLOTS = [s for s in Q.CmqQueue.__slots__ if s not in ("__weakref__", "on_drained", "on_rewind")]
+
+
+def _message(m: Q.QueueMessage) -> tuple[Any, ...]:
+    return tuple(getattr(m, s, "<unset>") for s in Q._MESSAGE_SLOTS)
+
+
+def _value(v: Any) -> Any:
+    if isinstance(v, Q.QueueMessage):
+        return ("msg", _message(v))
+    if isinstance(v, Q.QueueEvent):
+        return (type(v).__name__, *(_value(getattr(v, f)) for f in v.__slots__))
+    if isinstance(v, (tuple, list, deque)):
+        return (type(v).__name__, [_value(x) for x in v])
+    if isinstance(v, dict):
+        return ("dict", [(k, _value(x)) for k, x in v.items()])
+    if isinstance(v, itertools.count):
+        return repr(v)
+    if isinstance(v, (LiveRun, ColdRun)):
+        return (type(v).__name__, len(v), v.last() if len(v) else None)
+    if isinstance(v, (Freezer, QueueAttributes)) or v is None or isinstance(v, (int, float, str, bool)):
+        return v if not isinstance(v, Freezer) else "freezer"
+    raise AssertionError(f"no snapshot for {type(v)}")
+
+
+def snapshot(q: Q.CmqQueue) -> dict[str, Any]:
+    """Every slot of the queue, its messages by value (their every slot)."""
+    return {s: _value(getattr(q, s)) for s in _QUEUE_SLOTS}
+
+
+def outcome(call: Any) -> Any:
+    try:
+        return ("ok", _value(call()))
+    except CMQError as e:  # LimitError and MaxLengthRejected are CMQErrors
+        return (type(e).__name__, str(e))
+
+
+# Sends and receives weigh more, time mostly moves a little: the Active order and the lanes
+# then grow to their limits, and most calls are the plain case the C path takes.
+KINDS = ["send"] * 7 + ["receive"] * 6 + ["delete"] * 3 + ["release", "drop", "tick", "receive_and_delete", "purge"]
+SENDS = ["plain"] * 6 + ["delay", "ttl", "dup", "big"]
+RECEIVES: list[float | None] = [None] * 6 + [1.0, 5.0]
+ops = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 1000),
+                         st.floats(0, 1.5)), min_size=20, max_size=150)
+
+attributes = st.fixed_dictionaries({}, optional={
+    "visibility_timeout": st.sampled_from([1, 2, 10]),
+    "msg_retention_seconds": st.sampled_from([60, 90]),
+    "max_msg_size": st.just(1024),
+    "rewind_seconds": st.sampled_from([0, 30]),
+    "delay_seconds": st.sampled_from([0, 0, 2]),
+    "message_ttl_ms": st.sampled_from([5000, 20000]),
+    "max_length": st.sampled_from([3, 10]),
+    "max_msg_heap_num": st.sampled_from([5, 1000]),
+})
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(attrs=attributes, dead_letter=st.sampled_from([None, "receive", "ttl"]), ops=ops,
+       small=st.booleans(), fold=st.booleans())
+def test_compiled_queue_is_the_python_model(attrs: dict[str, Any], dead_letter: str | None,
+                                            ops: list[tuple[str, int, float]], small: bool, fold: bool) -> None:
+    if dead_letter == "receive":
+        attrs = {**attrs, "dead_letter_queue": "dlq", "max_receive_count": 2}
+    elif dead_letter == "ttl":
+        attrs = {**attrs, "dead_letter_queue": "dlq", "max_time_to_live": 300}
+    a = QueueAttributes(**attrs)
+    queues = [Q.CmqQueue("q", a), PyQueue("q", a)]
+    for q in queues:
+        if small:  # lanes compacted and the Active order folded within a short sequence
+            q._vis_limit = q._dl_limit = 4
+        if fold:
+            q.fold_with(Freezer(), keep=2, tail=1, batch=3)
+    assert type(queues[0]).send is not Q.py_send and type(queues[1]).send is Q.py_send
+    receipts: list[list[Q.Receipt]] = [[], []]
+    ids = itertools.count(2**60)  # the process's own form, beyond new_msg_id's: folds take them
+    last_id = None
+    now = 1000.0
+    for op, n, dt in ops:
+        now += dt * 40 if op == "tick" else dt
+        arg: Any = SENDS[n % len(SENDS)] if op == "send" else RECEIVES[n % len(RECEIVES)] if op == "receive" else n
+        if op == "send":
+            msg_id = Q._OWN_IDS + f"{next(ids):016x}" if arg != "dup" or last_id is None else last_id
+            last_id = msg_id
+            size = 2000 if arg == "big" else 16
+            delay = 3.0 if arg == "delay" else None
+            expires_at = now + 4.0 if arg == "ttl" else None
+            results = [outcome(functools.partial(q.send, f"p{msg_id}", size, now, delay, msg_id, expires_at))
+                       for q in queues]
+        elif op == "receive":
+            got = [q.receive(now, arg) if arg is not None else q.receive(now) for q in queues]
+            results = [_value(r) for r in got]
+            for i, r in enumerate(got):
+                if r is not None:
+                    receipts[i].append(r)
+        elif op in ("delete", "release", "drop"):
+            if not receipts[0]:
+                continue
+            k = arg % len(receipts[0])
+            results = [_value(getattr(q, op)(receipts[i][k], now)) for i, q in enumerate(queues)]
+        elif op == "tick":
+            results = [_value(q.tick(now)) for q in queues]
+        elif op == "purge":
+            results = [_value(q.purge(now)) for q in queues]
+        else:
+            results = [_value(q.receive_and_delete(now)) for q in queues]
+        assert results[0] == results[1], (op, arg)
+        assert snapshot(queues[0]) == snapshot(queues[1]), (op, arg)
+        assert _value(queues[0].next_wakeup()) == _value(queues[1].next_wakeup())
+    assert _value(queues[0].drain_events()) == _value(queues[1].drain_events())
+
+
+def _configured(send: Any, receive: Any, delete: Any) -> dict[str, Any]:
+    from gateway.broker import _queue  # type: ignore[attr-defined]
+    made: dict[str, Any] = _queue.configure(
+        Q.CmqQueue, Q.QueueMessage, Q.Receipt, send, receive, delete,
+        (Q.ACTIVE, Q.INACTIVE, Q.DELETED, Q.REMOVED), (Q._VISIBLE, Q._DEADLINE))
+    return made
+
+
+def test_the_plain_case_is_taken_compiled() -> None:
+    """The broker's calls (by position, a float now, an ID given) never reach the Python
+    methods; a delayed send, a receive with its own visibility and a delete with a timer due do."""
+    called: list[str] = []
+
+    def spy(name: str, func: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            called.append(name)
+            return func(*args, **kwargs)
+        return call
+
+    made = _configured(spy("send", Q.py_send), spy("receive", Q.py_receive), spy("delete", Q.py_delete))
+    try:
+        q = Q.CmqQueue("q")
+        send, receive, delete = made["send"], made["receive"], made["delete"]
+        msg = send(q, "body", 4, 10.0, None, "m1", None)
+        receipt = receive(q, 11.0)
+        assert receipt is not None and type(receipt) is Q.Receipt and receipt.message is msg
+        assert delete(q, receipt, 12.0) is True
+        assert delete(q, receipt, 12.0) is False  # Q3: stale now
+        assert len(q) == 0 and q.active == 0 and q.inactive == 0
+        assert called == []
+        send(q, "body", 4, 13.0, 5.0, "m2", None)
+        send(q, "body", 4, 13.0, None, "m3", None)
+        receipt = receive(q, 14.0, 60.0)
+        delete(q, receipt, 10_000.0)
+        assert called == ["send", "receive", "delete"]
+    finally:
+        made = _configured(Q.py_send, Q.py_receive, Q.py_delete)
+        Q.use_compiled(made["send"], made["receive"], made["delete"])
+    assert type(Q.CmqQueue.__dict__["send"]).__name__ == "method_descriptor"
+
+
+def test_other_arguments_go_to_the_python_model() -> None:
+    """Keywords, an int time, no ID: the Python method's results, refusals included."""
+    q = Q.CmqQueue("q", QueueAttributes(max_msg_size=1024))
+    m = q.send("body", 4, 10, msg_id="m1")
+    assert m.enqueue_time == 10 and type(m.enqueue_time) is int
+    fresh = q.send("body", 4, 10.5)
+    assert fresh.msg_id.startswith(Q.MSG_ID_PREFIX)
+    with pytest.raises(CMQError):
+        q.send("body", 4, 11.0, None, "m1", None)  # Q3: the ID is in the queue
+    with pytest.raises(CMQError):
+        q.send("x", 2000, 11.0, None, "m2", None)  # L6
+    with pytest.raises(TypeError):
+        q.send()  # type: ignore[call-arg]
+    r = q.receive(now=12.0)
+    assert r is not None and r.message is m
+    assert q.delete(receipt=r, now=12.5) is True
