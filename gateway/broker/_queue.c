@@ -15,8 +15,9 @@
  * queue with these and one with the Python methods and holds them to the same state, results
  * and events.
  *
- *   configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds)
- *       -> {"send": descriptor, "receive": descriptor, "delete": descriptor}
+ *   configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds
+ *             [, py_restore_plain, min_compact])
+ *       -> {"send": descriptor, "receive": descriptor, "delete": descriptor[, "restore_plain": ...]}
  *   states: (ACTIVE, INACTIVE, DELETED, REMOVED); kinds: the timer kinds (_VISIBLE, _DEADLINE).
  *   The descriptors are methods of CmqQueue (semantics.queue.use_compiled puts them on the
  *   class).
@@ -29,12 +30,12 @@
 enum { Q_MESSAGES, Q_ACTIVE, Q_RETURNED, Q_ACTIVE_STALE, Q_VIS, Q_DL, Q_VIS_LIMIT, Q_DL_LIMIT, Q_NEXT_DUE,
        Q_HANDLES, Q_NEXT_POS, Q_NEXT_SEQ, Q_N_ACTIVE, Q_N_INACTIVE, Q_N_REWINDABLE, Q_N_COLD, Q_FOLD_AT,
        Q_PRIORITY_OF, Q_VT, Q_RETENTION, Q_MAX_SIZE, Q_HEAP_NUM, Q_DEFAULT_DELAY, Q_TTL, Q_MAX_LENGTH,
-       Q_DLQ_TTL, Q_REWIND, Q_COUNT };
+       Q_DLQ_TTL, Q_REWIND, Q_DLQ, Q_COUNT };
 static const char *q_names[Q_COUNT] = {
     "_messages", "_active", "_returned", "_active_stale", "_vis", "_dl", "_vis_limit", "_dl_limit", "_next_due",
     "_handles", "_next_pos", "_next_seq", "_n_active", "_n_inactive", "_n_rewindable", "_n_cold", "_fold_at",
     "_priority_of", "_vt", "_retention", "_max_size", "_heap_num", "_default_delay", "_ttl", "_max_length",
-    "_dlq_ttl", "_rewind"};
+    "_dlq_ttl", "_rewind", "_dlq"};
 
 /* QueueMessage's slots, in the order of its __init__'s stores. */
 enum { M_MSG_ID, M_PAYLOAD, M_SIZE, M_ENQUEUE_TIME, M_FIRST_RECEIVE_TIME, M_NEXT_VISIBLE_TIME,
@@ -45,7 +46,8 @@ static const char *m_names[M_COUNT] = {
 
 static Py_ssize_t q_off[Q_COUNT], m_off[M_COUNT];
 static PyTypeObject *queue_t, *message_t, *receipt_t;
-static PyObject *py_send, *py_receive, *py_delete;
+static PyObject *py_send, *py_receive, *py_delete, *py_restore_plain;
+static Py_ssize_t min_compact;  /* semantics.queue._MIN_COMPACT: _active's compaction threshold */
 static PyObject *s_active, *s_inactive, *s_deleted, *s_removed;
 static PyObject *kind_visible, *kind_deadline, *zero, *s_emptied;
 /* collections.deque's own append and popleft (its type is not public): called directly, not
@@ -142,6 +144,44 @@ static PyObject *reference(PyObject *func, PyObject *self, PyObject *const *args
 
 static inline int is_deque(PyObject *d) { return d != NULL && Py_IS_TYPE(d, deque_t); }
 
+/* send's and restore_plain's common steps, in their order, once the plain case is known: a
+ * QueueMessage (Active, enqueued at ``enq``, visible from ``now``, its deadline ``when``) into
+ * _messages, the deadline lane's end and the Active order's end; _next_seq, _next_pos and
+ * _n_active advanced. The queue's _messages, _dl and _active were checked by the caller. */
+static PyObject *enter(PyObject *self, PyObject *msg_id, PyObject *payload, PyObject *size, PyObject *enq,
+                       PyObject *now, double when, Py_ssize_t seq, Py_ssize_t pos, Py_ssize_t n_active,
+                       double next_due) {
+    PyObject *when_o = PyFloat_FromDouble(when);
+    PyObject *seq_o = PyLong_FromSsize_t(seq), *pos_o = PyLong_FromSsize_t(pos);
+    PyObject *msg = message_t->tp_alloc(message_t, 0);
+    if (when_o == NULL || seq_o == NULL || pos_o == NULL || msg == NULL) goto fail;
+    PyObject *values[M_COUNT] = {msg_id, payload, size, enq, Py_None, now, zero, s_active, Py_None, zero,
+                                 pos_o, seq_o, when_o};
+    for (int i = 0; i < M_COUNT; i++) {
+        Py_INCREF(values[i]);
+        put(&MS(msg, i), values[i]);
+    }
+    if (put_int(self, q_off[Q_NEXT_SEQ], seq + 1) < 0 || PyDict_SetItem(QS(self, Q_MESSAGES), msg_id, msg) < 0)
+        goto fail;
+    if (push(self, QS(self, Q_DL), when_o, next_due, kind_deadline, msg, zero) < 0
+            || put_int(self, q_off[Q_NEXT_POS], pos + 1) < 0)
+        goto fail;
+    PyObject *r = deque_append(QS(self, Q_ACTIVE), msg);
+    if (r == NULL) goto fail;
+    Py_DECREF(r);
+    if (put_int(self, q_off[Q_N_ACTIVE], n_active + 1) < 0) goto fail;
+    Py_DECREF(when_o);
+    Py_DECREF(seq_o);
+    Py_DECREF(pos_o);
+    return msg;
+fail:
+    Py_XDECREF(when_o);
+    Py_XDECREF(seq_o);
+    Py_XDECREF(pos_o);
+    Py_XDECREF(msg);
+    return NULL;
+}
+
 /* send(payload, size, now, delay=None, msg_id=None, expires_at=None): the plain case is a
  * message with its own ID given, no delay (given or the queue's), no TTL (its own or the
  * queue's), into a queue without x-max-length, dead-letter time to live, priorities or cold
@@ -183,34 +223,7 @@ static PyObject *q_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
     if (!appends(dl, when, dl_limit) || Py_SIZE(active) + 1 > fold_at) goto python;
 
     /* The plain case: nothing changed so far, everything below succeeds but for memory. */
-    PyObject *when_o = PyFloat_FromDouble(when);
-    PyObject *seq_o = PyLong_FromSsize_t(seq), *pos_o = PyLong_FromSsize_t(pos);
-    PyObject *msg = message_t->tp_alloc(message_t, 0);
-    if (when_o == NULL || seq_o == NULL || pos_o == NULL || msg == NULL) goto fail;
-    PyObject *values[M_COUNT] = {msg_id, payload, size, now_o, Py_None, now_o, zero, s_active, Py_None, zero,
-                                 pos_o, seq_o, when_o};
-    for (int i = 0; i < M_COUNT; i++) {
-        Py_INCREF(values[i]);
-        put(&MS(msg, i), values[i]);
-    }
-    if (put_int(self, q_off[Q_NEXT_SEQ], seq + 1) < 0 || PyDict_SetItem(messages, msg_id, msg) < 0) goto fail;
-    if (push(self, dl, when_o, next_due, kind_deadline, msg, zero) < 0
-            || put_int(self, q_off[Q_NEXT_POS], pos + 1) < 0)
-        goto fail;
-    PyObject *r = deque_append(active, msg);
-    if (r == NULL) goto fail;
-    Py_DECREF(r);
-    if (put_int(self, q_off[Q_N_ACTIVE], n_active + 1) < 0) goto fail;
-    Py_DECREF(when_o);
-    Py_DECREF(seq_o);
-    Py_DECREF(pos_o);
-    return msg;
-fail:
-    Py_XDECREF(when_o);
-    Py_XDECREF(seq_o);
-    Py_XDECREF(pos_o);
-    Py_XDECREF(msg);
-    return NULL;
+    return enter(self, msg_id, payload, size, now_o, now_o, when, seq, pos, n_active, next_due);
 python:
     return reference(py_send, self, args, nargs, kwnames);
 }
@@ -358,6 +371,51 @@ python:
     return reference(py_delete, self, args, nargs, kwnames);
 }
 
+/* restore_plain(payload, size, now, msg_id, enqueue_time): a pulled message into the local
+ * model (JetStream only, once a message, issue 28 aim 1). The plain case: no dead-letter policy
+ * or its time to live, no priorities, no cold runs, an ID not in the queue, exact float times,
+ * the retention end appended in order to the deadline lane within its limit, no x-max-length,
+ * no compaction of the Active order due and no timer due once the deadline is in. Anything else
+ * (the Python method would call restore, _push_timer, _compact_lane, _drop_over_max_length,
+ * _compact_active or _advance, or raise Q3) is py_restore_plain's, unchanged. */
+static PyObject *q_restore_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (kwnames != NULL || nargs != 5 || !Py_IS_TYPE(self, queue_t)) goto python;
+    PyObject *payload = args[0], *size = args[1], *now_o = args[2], *msg_id = args[3], *enq_o = args[4];
+    double now, enq, next_due, retention;
+    int ok = 1;
+    if (!PyUnicode_CheckExact(msg_id) || !float_of(now_o, &now) || !float_of(enq_o, &enq)) goto python;
+    if (QS(self, Q_DLQ) != Py_None || QS(self, Q_DLQ_TTL) != Py_None || QS(self, Q_PRIORITY_OF) != Py_None
+            || QS(self, Q_MAX_LENGTH) != Py_None || !float_of(QS(self, Q_RETENTION), &retention)
+            || !float_of(QS(self, Q_NEXT_DUE), &next_due))
+        goto python;
+    PyObject *messages = QS(self, Q_MESSAGES), *dl = QS(self, Q_DL), *active = QS(self, Q_ACTIVE);
+    PyObject *returned = QS(self, Q_RETURNED);
+    if (messages == NULL || !PyDict_CheckExact(messages) || !is_deque(dl) || !is_deque(active) || returned == NULL
+            || !PyList_CheckExact(returned))
+        goto python;
+    Py_ssize_t n_cold = int_of(QS(self, Q_N_COLD), &ok), dl_limit = int_of(QS(self, Q_DL_LIMIT), &ok);
+    Py_ssize_t seq = int_of(QS(self, Q_NEXT_SEQ), &ok), pos = int_of(QS(self, Q_NEXT_POS), &ok);
+    Py_ssize_t n_active = int_of(QS(self, Q_N_ACTIVE), &ok), stale = int_of(QS(self, Q_ACTIVE_STALE), &ok);
+    if (!ok || n_cold != 0 || seq == PY_SSIZE_T_MAX || pos == PY_SSIZE_T_MAX || n_active == PY_SSIZE_T_MAX)
+        goto python;
+    /* _compact_active's test, on the lengths after the append */
+    if (stale > min_compact && stale * 2 > Py_SIZE(active) + 1 + PyList_GET_SIZE(returned))
+        goto python;
+    double when = enq + retention;
+    /* _advance: due when the lower of _next_due and the new deadline is not after now */
+    if (!(next_due > now) || !(when > now) || !appends(dl, when, dl_limit)) goto python;
+    int known = PyDict_Contains(messages, msg_id);
+    if (known != 0) {
+        if (known < 0) PyErr_Clear();
+        goto python;  /* Q3's refusal is the model's */
+    }
+
+    /* The plain case: nothing changed so far, everything below succeeds but for memory. */
+    return enter(self, msg_id, payload, size, enq_o, now_o, when, seq, pos, n_active, next_due);
+python:
+    return reference(py_restore_plain, self, args, nargs, kwnames);
+}
+
 static PyMethodDef queue_methods[] = {
     {"send", (PyCFunction)(void (*)(void))q_send, METH_FASTCALL | METH_KEYWORDS,
      "CmqQueue.send; the plain case compiled (gateway/broker/_queue.c)."},
@@ -365,6 +423,8 @@ static PyMethodDef queue_methods[] = {
      "CmqQueue.receive; the plain case compiled (gateway/broker/_queue.c)."},
     {"delete", (PyCFunction)(void (*)(void))q_delete, METH_FASTCALL | METH_KEYWORDS,
      "CmqQueue.delete; the plain case compiled (gateway/broker/_queue.c)."},
+    {"restore_plain", (PyCFunction)(void (*)(void))q_restore_plain, METH_FASTCALL | METH_KEYWORDS,
+     "CmqQueue.restore_plain; the plain case compiled (gateway/broker/_queue.c)."},
     {NULL, NULL, 0, NULL}};
 
 /* The offsets of a class's plain object slots (member descriptors of type T_OBJECT_EX). */
@@ -413,10 +473,17 @@ refuse:
 
 static PyObject *configure(PyObject *module, PyObject *args) {
     PyObject *qt, *mt, *rt, *ps, *pr, *pd;
-    PyObject *states, *kinds;
-    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!O!:configure", &PyType_Type, &qt, &PyType_Type, &mt, &PyType_Type, &rt,
-                          &ps, &pr, &pd, &PyTuple_Type, &states, &PyTuple_Type, &kinds))
+    PyObject *states, *kinds, *prp = NULL;
+    Py_ssize_t compact = PY_SSIZE_T_MAX;
+    /* restore_plain's reference and _MIN_COMPACT: optional, a caller of the first three alone
+     * gets those three */
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!O!|On:configure", &PyType_Type, &qt, &PyType_Type, &mt, &PyType_Type,
+                          &rt, &ps, &pr, &pd, &PyTuple_Type, &states, &PyTuple_Type, &kinds, &prp, &compact))
         return NULL;
+    if (prp != NULL && compact == PY_SSIZE_T_MAX) {
+        PyErr_SetString(PyExc_TypeError, "configure: py_restore_plain needs min_compact");
+        return NULL;
+    }
     if (PyTuple_GET_SIZE(states) != 4 || PyTuple_GET_SIZE(kinds) != 2) {
         PyErr_SetString(PyExc_TypeError, "configure: states (ACTIVE, INACTIVE, DELETED, REMOVED), kinds "
                         "(_VISIBLE, _DEADLINE)");
@@ -438,9 +505,14 @@ static PyObject *configure(PyObject *module, PyObject *args) {
                           PyTuple_GET_ITEM(states, 2), PyTuple_GET_ITEM(states, 3), PyTuple_GET_ITEM(kinds, 0),
                           PyTuple_GET_ITEM(kinds, 1)};
     for (int i = 0; i < 9; i++) Py_XSETREF(*kept[i], Py_NewRef(given[i]));
+    if (prp != NULL) {
+        Py_XSETREF(py_restore_plain, Py_NewRef(prp));
+        min_compact = compact;
+    }
     PyObject *out = PyDict_New();
     if (out == NULL) return NULL;
     for (PyMethodDef *def = queue_methods; def->ml_name != NULL; def++) {
+        if (def->ml_meth == (PyCFunction)(void (*)(void))q_restore_plain && prp == NULL) continue;
         PyObject *descr = PyDescr_NewMethod(q, def);
         if (descr == NULL || PyDict_SetItemString(out, def->ml_name, descr) < 0) {
             Py_XDECREF(descr);
@@ -454,7 +526,8 @@ static PyObject *configure(PyObject *module, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds) -> the methods"},
+     "configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds"
+     "[, py_restore_plain, min_compact]) -> the methods"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_queue", NULL, -1, methods};

@@ -28,7 +28,8 @@ use_makers(fastpath.object_new, fastpath.tuple_new, fastpath.slots_new)
 def compiled_methods() -> dict[str, Any] | None:
     """CmqQueue's send / receive / delete with their common case compiled
     (gateway/broker/_queue.c: a fanout delivery is one of each, and they were the largest part
-    of its interpreter loop), or None where the package was built without a compiler or
+    of its interpreter loop) and restore_plain (a JetStream pull's one model call a message),
+    or None where the package was built without a compiler or
     ``CMQ_GATEWAY_PURE_PYTHON=1`` is set: the model's Python methods then, as they are the
     compiled ones' fallback for every other case."""
     if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") not in ("", "0"):
@@ -39,13 +40,14 @@ def compiled_methods() -> dict[str, Any] | None:
         return None
     made: dict[str, Any] = _queue.configure(
         CmqQueue, _model.QueueMessage, Receipt, _model.py_send, _model.py_receive, _model.py_delete,
-        (_model.ACTIVE, _model.INACTIVE, _model.DELETED, _model.REMOVED), (_model._VISIBLE, _model._DEADLINE))
+        (_model.ACTIVE, _model.INACTIVE, _model.DELETED, _model.REMOVED), (_model._VISIBLE, _model._DEADLINE),
+        _model.py_restore_plain, _model._MIN_COMPACT)
     return made
 
 
 COMPILED = compiled_methods()
 if COMPILED is not None:
-    _model.use_compiled(COMPILED["send"], COMPILED["receive"], COMPILED["delete"])
+    _model.use_compiled(COMPILED["send"], COMPILED["receive"], COMPILED["delete"], COMPILED["restore_plain"])
 
 if TYPE_CHECKING:
     from gateway.broker.session import Session

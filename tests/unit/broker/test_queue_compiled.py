@@ -37,6 +37,7 @@ class PyQueue(Q.CmqQueue):
     send = Q.py_send  # type: ignore[assignment]
     receive = Q.py_receive  # type: ignore[assignment]
     delete = Q.py_delete  # type: ignore[assignment]
+    restore_plain = Q.py_restore_plain  # type: ignore[assignment]
 
 
 class Freezer:
@@ -72,11 +73,21 @@ def _value(v: Any) -> Any:
         return ("dict", [(k, _value(x)) for k, x in v.items()])
     if isinstance(v, itertools.count):
         return repr(v)
+    if v is _priority:
+        return "priority"
     if isinstance(v, (LiveRun, ColdRun)):
         return (type(v).__name__, len(v), v.last() if len(v) else None)
     if isinstance(v, (Freezer, QueueAttributes)) or v is None or isinstance(v, (int, float, str, bool)):
         return v if not isinstance(v, Freezer) else "freezer"
     raise AssertionError(f"no snapshot for {type(v)}")
+
+
+def _thaw(index: int, msg_id: str, enqueue_time: float, size: int, ref: int) -> object:
+    return f"p{msg_id}"
+
+
+def _priority(payload: object) -> int:
+    return len(str(payload)) % 4
 
 
 def snapshot(q: Q.CmqQueue) -> dict[str, Any]:
@@ -93,9 +104,14 @@ def outcome(call: Any) -> Any:
 
 # Sends and receives weigh more, time mostly moves a little: the Active order and the lanes
 # then grow to their limits, and most calls are the plain case the C path takes.
-KINDS = ["send"] * 7 + ["receive"] * 6 + ["delete"] * 3 + ["release", "drop", "tick", "receive_and_delete", "purge"]
+KINDS = (["send"] * 7 + ["restore"] * 4 + ["receive"] * 6 + ["delete"] * 3
+         + ["release", "drop", "tick", "receive_and_delete", "purge"])
 SENDS = ["plain"] * 6 + ["delay", "ttl", "dup", "big"]
 RECEIVES: list[float | None] = [None] * 6 + [1.0, 5.0]
+# restore_plain's (a pulled message's) enqueue time: just before now (in order or a little
+# out of it), well before (the deadline lane out of order), past retention (due at once), an
+# int; or an ID already in the queue.
+RESTORES = ["recent"] * 5 + ["back", "old", "int", "dup"]
 ops = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 1000),
                          st.floats(0, 1.5)), min_size=20, max_size=150)
 
@@ -113,9 +129,10 @@ attributes = st.fixed_dictionaries({}, optional={
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(attrs=attributes, dead_letter=st.sampled_from([None, "receive", "ttl"]), ops=ops,
-       small=st.booleans(), fold=st.booleans())
+       small=st.booleans(), fold=st.booleans(), priorities=st.booleans(), cold=st.booleans())
 def test_compiled_queue_is_the_python_model(attrs: dict[str, Any], dead_letter: str | None,
-                                            ops: list[tuple[str, int, float]], small: bool, fold: bool) -> None:
+                                            ops: list[tuple[str, int, float]], small: bool, fold: bool,
+                                            priorities: bool, cold: bool) -> None:
     if dead_letter == "receive":
         attrs = {**attrs, "dead_letter_queue": "dlq", "max_receive_count": 2}
     elif dead_letter == "ttl":
@@ -127,17 +144,41 @@ def test_compiled_queue_is_the_python_model(attrs: dict[str, Any], dead_letter: 
             q._vis_limit = q._dl_limit = 4
         if fold:
             q.fold_with(Freezer(), keep=2, tail=1, batch=3)
+        if priorities:
+            q.set_priorities(3, _priority)
     assert type(queues[0]).send is not Q.py_send and type(queues[1]).send is Q.py_send
+    assert type(queues[0]).restore_plain is not Q.py_restore_plain
+    assert type(queues[1]).restore_plain is Q.py_restore_plain
     receipts: list[list[Q.Receipt]] = [[], []]
     ids = itertools.count(2**60)  # the process's own form, beyond new_msg_id's: folds take them
     last_id = None
+    used: list[str] = []
     now = 1000.0
+    if cold:  # a recovered backlog held as a run: its IDs are in no _messages (Q3 asks the run)
+        cold_ids = [Q._OWN_IDS + f"{next(ids):016x}" for _ in range(3)]
+        used += cold_ids
+        for q in queues:
+            run = ColdRun(_thaw)
+            for i, msg_id in enumerate(cold_ids):
+                run.append(msg_id, now - 5.0 + i, 16, i)
+            q.restore_cold(run, now)
     for op, n, dt in ops:
         now += dt * 40 if op == "tick" else dt
-        arg: Any = SENDS[n % len(SENDS)] if op == "send" else RECEIVES[n % len(RECEIVES)] if op == "receive" else n
-        if op == "send":
+        arg: Any = (SENDS[n % len(SENDS)] if op == "send" else RECEIVES[n % len(RECEIVES)] if op == "receive"
+                    else RESTORES[n % len(RESTORES)] if op == "restore" else n)
+        if op == "restore":
+            # a repeated ID: any sent or restored before (a folded one too: Q3 on a cold run's)
+            msg_id = Q._OWN_IDS + f"{next(ids):016x}" if arg != "dup" or not used else used[n % len(used)]
+            last_id = msg_id
+            used.append(msg_id)
+            back = {"recent": dt, "back": 30.0 + dt, "old": 100.0 + dt}.get(arg, 0.0)
+            enq: float = int(now) if arg == "int" else now - back
+            results = [outcome(functools.partial(q.restore_plain, f"p{msg_id}", 16, now, msg_id, enq))
+                       for q in queues]
+        elif op == "send":
             msg_id = Q._OWN_IDS + f"{next(ids):016x}" if arg != "dup" or last_id is None else last_id
             last_id = msg_id
+            used.append(msg_id)
             size = 2000 if arg == "big" else 16
             delay = 3.0 if arg == "delay" else None
             expires_at = now + 4.0 if arg == "ttl" else None
@@ -166,11 +207,11 @@ def test_compiled_queue_is_the_python_model(attrs: dict[str, Any], dead_letter: 
     assert _value(queues[0].drain_events()) == _value(queues[1].drain_events())
 
 
-def _configured(send: Any, receive: Any, delete: Any) -> dict[str, Any]:
+def _configured(send: Any, receive: Any, delete: Any, restore_plain: Any = Q.py_restore_plain) -> dict[str, Any]:
     from gateway.broker import _queue  # type: ignore[attr-defined]
     made: dict[str, Any] = _queue.configure(
         Q.CmqQueue, Q.QueueMessage, Q.Receipt, send, receive, delete,
-        (Q.ACTIVE, Q.INACTIVE, Q.DELETED, Q.REMOVED), (Q._VISIBLE, Q._DEADLINE))
+        (Q.ACTIVE, Q.INACTIVE, Q.DELETED, Q.REMOVED), (Q._VISIBLE, Q._DEADLINE), restore_plain, Q._MIN_COMPACT)
     return made
 
 
@@ -203,8 +244,41 @@ def test_the_plain_case_is_taken_compiled() -> None:
         assert called == ["send", "receive", "delete"]
     finally:
         made = _configured(Q.py_send, Q.py_receive, Q.py_delete)
-        Q.use_compiled(made["send"], made["receive"], made["delete"])
+        Q.use_compiled(made["send"], made["receive"], made["delete"], made["restore_plain"])
     assert type(Q.CmqQueue.__dict__["send"]).__name__ == "method_descriptor"
+
+
+def test_a_pulled_message_is_restored_compiled() -> None:
+    """JetStream's call (by position, float times, a new ID, enqueue times in order) never
+    reaches the Python method; an ID in the queue (Q3), a deadline out of order or past, and a
+    dead-letter queue do."""
+    called: list[str] = []
+
+    def spy(*args: Any) -> Any:
+        called.append("restore_plain")
+        return Q.py_restore_plain(*args)
+
+    made = _configured(Q.py_send, Q.py_receive, Q.py_delete, spy)
+    try:
+        restore = made["restore_plain"]
+        q = Q.CmqQueue("q")
+        m1 = restore(q, "body", 4, 10.0, "m1", 5.0)
+        m2 = restore(q, "body", 4, 10.0, "m2", 6.0)
+        assert (m1.pos, m2.pos, m2.seq, m2.next_visible_time, m2.deadline) == (0, 1, 1, 10.0, 6.0 + q._retention)
+        assert q.active == 2 and called == []
+        with pytest.raises(CMQError):
+            restore(q, "body", 4, 10.0, "m1", 7.0)
+        restore(q, "body", 4, 10.0, "m3", 1.0)  # before m2's deadline: the timer heap's
+        restore(q, "body", 4, 10.0 + q._retention, "m4", 20.0)  # m1-m3's retention ends: _advance
+        dlq = Q.CmqQueue("d", QueueAttributes(dead_letter_queue="dlq", max_receive_count=2))
+        restore(dlq, "body", 4, 10.0, "m1", 5.0)
+        empty = Q.CmqQueue("e")
+        restore(empty, "body", 4, 2.0 + empty._retention, "m1", 1.0)  # its retention over: Q1 removes it at once
+        assert called == ["restore_plain"] * 5 and len(empty) == 0
+        assert list(q._messages) == ["m4"] and q.active == 1
+    finally:
+        made = _configured(Q.py_send, Q.py_receive, Q.py_delete)
+        Q.use_compiled(made["send"], made["receive"], made["delete"], made["restore_plain"])
 
 
 def test_other_arguments_go_to_the_python_model() -> None:
