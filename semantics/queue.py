@@ -1322,15 +1322,13 @@ py_restore_plain = CmqQueue.restore_plain
 
 
 def use_compiled(send: Callable[..., QueueMessage], receive: Callable[..., Receipt | None],
-                 delete: Callable[..., bool], restore_plain: Callable[..., QueueMessage] | None = None) -> None:
-    """Make ``send``, ``receive``, ``delete`` (and ``restore_plain`` when given) of every
-    CmqQueue these: twins of py_send, py_receive, py_delete and py_restore_plain (same
+                 delete: Callable[..., bool], restore_plain: Callable[..., QueueMessage]) -> None:
+    """Make ``send``, ``receive``, ``delete`` and ``restore_plain`` of every CmqQueue these: twins of py_send, py_receive, py_delete and py_restore_plain (same
     arguments, results, state and events) that the caller holds to the same results, each
     handing any case it does not take to the Python method (the gateway's compiled ones,
     gateway.broker.queue). This package stays pure Python."""
     CmqQueue.send = send  # type: ignore[method-assign]
     CmqQueue.receive = receive  # type: ignore[method-assign]
     CmqQueue.delete = delete  # type: ignore[method-assign]
-    if restore_plain is not None:
-        CmqQueue.restore_plain = restore_plain  # type: ignore[method-assign]
+    CmqQueue.restore_plain = restore_plain  # type: ignore[method-assign]
 

@@ -26,12 +26,12 @@ tests/unit/audit/test_format_c.py holds the two to the same bytes and counts.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from gateway.audit.record import _KEY, SCHEMA_VERSION, _esc, _written, format_ts
 from gateway.audit.rows import ROWS, Row
+from gateway.purepython import pure_python
 
 __all__ = ["COMPILED", "END", "FULL", "HOUR", "PYTHON", "Records", "format_rows", "row_specs", "unpack"]
 
@@ -63,7 +63,7 @@ Records: Callable[[Callable[[Any], Any]], Any] | None = None
 unpack: Callable[[bytes], list[Any]] | None = None
 COMPILED = False
 
-if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
+if not pure_python():
     try:
         from gateway.audit import _format  # type: ignore[attr-defined]
     except ImportError:  # built without a C compiler: the Python path, same bytes

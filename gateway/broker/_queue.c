@@ -15,9 +15,9 @@
  * queue with these and one with the Python methods and holds them to the same state, results
  * and events.
  *
- *   configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds
- *             [, py_restore_plain, min_compact])
- *       -> {"send": descriptor, "receive": descriptor, "delete": descriptor[, "restore_plain": ...]}
+ *   configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds,
+ *             py_restore_plain, min_compact)
+ *       -> {"send": descriptor, "receive": descriptor, "delete": descriptor, "restore_plain": descriptor}
  *   states: (ACTIVE, INACTIVE, DELETED, REMOVED); kinds: the timer kinds (_VISIBLE, _DEADLINE).
  *   The descriptors are methods of CmqQueue (semantics.queue.use_compiled puts them on the
  *   class).
@@ -473,17 +473,11 @@ refuse:
 
 static PyObject *configure(PyObject *module, PyObject *args) {
     PyObject *qt, *mt, *rt, *ps, *pr, *pd;
-    PyObject *states, *kinds, *prp = NULL;
-    Py_ssize_t compact = PY_SSIZE_T_MAX;
-    /* restore_plain's reference and _MIN_COMPACT: optional, a caller of the first three alone
-     * gets those three */
-    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!O!|On:configure", &PyType_Type, &qt, &PyType_Type, &mt, &PyType_Type,
+    PyObject *states, *kinds, *prp;
+    Py_ssize_t compact;
+    if (!PyArg_ParseTuple(args, "O!O!O!OOOO!O!On:configure", &PyType_Type, &qt, &PyType_Type, &mt, &PyType_Type,
                           &rt, &ps, &pr, &pd, &PyTuple_Type, &states, &PyTuple_Type, &kinds, &prp, &compact))
         return NULL;
-    if (prp != NULL && compact == PY_SSIZE_T_MAX) {
-        PyErr_SetString(PyExc_TypeError, "configure: py_restore_plain needs min_compact");
-        return NULL;
-    }
     if (PyTuple_GET_SIZE(states) != 4 || PyTuple_GET_SIZE(kinds) != 2) {
         PyErr_SetString(PyExc_TypeError, "configure: states (ACTIVE, INACTIVE, DELETED, REMOVED), kinds "
                         "(_VISIBLE, _DEADLINE)");
@@ -505,14 +499,11 @@ static PyObject *configure(PyObject *module, PyObject *args) {
                           PyTuple_GET_ITEM(states, 2), PyTuple_GET_ITEM(states, 3), PyTuple_GET_ITEM(kinds, 0),
                           PyTuple_GET_ITEM(kinds, 1)};
     for (int i = 0; i < 9; i++) Py_XSETREF(*kept[i], Py_NewRef(given[i]));
-    if (prp != NULL) {
-        Py_XSETREF(py_restore_plain, Py_NewRef(prp));
-        min_compact = compact;
-    }
+    Py_XSETREF(py_restore_plain, Py_NewRef(prp));
+    min_compact = compact;
     PyObject *out = PyDict_New();
     if (out == NULL) return NULL;
     for (PyMethodDef *def = queue_methods; def->ml_name != NULL; def++) {
-        if (def->ml_meth == (PyCFunction)(void (*)(void))q_restore_plain && prp == NULL) continue;
         PyObject *descr = PyDescr_NewMethod(q, def);
         if (descr == NULL || PyDict_SetItemString(out, def->ml_name, descr) < 0) {
             Py_XDECREF(descr);
@@ -526,8 +517,8 @@ static PyObject *configure(PyObject *module, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds"
-     "[, py_restore_plain, min_compact]) -> the methods"},
+     "configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds, "
+     "py_restore_plain, min_compact) -> the methods"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_queue", NULL, -1, methods};

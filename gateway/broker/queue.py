@@ -7,7 +7,6 @@ here was a frame on every publish); receives go through ``receive`` below.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +14,7 @@ from gateway.broker.arguments import QueueArgs
 from gateway.broker.consumers import Consumer
 from gateway.broker.policies import Policy
 from gateway.protocol import fastpath
+from gateway.purepython import pure_python
 from semantics import queue as _model
 from semantics.queue import CmqQueue, Receipt, use_makers
 from semantics.queue_attrs import QueueAttributes
@@ -32,7 +32,7 @@ def compiled_methods() -> dict[str, Any] | None:
     or None where the package was built without a compiler or
     ``CMQ_GATEWAY_PURE_PYTHON=1`` is set: the model's Python methods then, as they are the
     compiled ones' fallback for every other case."""
-    if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") not in ("", "0"):
+    if pure_python():
         return None
     try:
         from gateway.broker import _queue  # type: ignore[attr-defined]

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from nats.protocol.parser import AWAITING_CONTROL_LINE, MAX_CONTROL_LINE_SIZE
+
+from gateway.purepython import pure_python
 
 __all__ = ["Delivery", "Handlers", "hpub", "parse_headers", "pub", "pubs", "send", "send_now", "write"]
 
@@ -56,7 +57,7 @@ _SIDS_MAX = 1024
 # package was built with a compiler (gateway/jetstream/_wire.c: the same messages as this
 # module's reading makes, which stays the reference); None: read here.
 _scan: Any = None
-if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
+if not pure_python():
     try:
         from gateway.jetstream import _wire as _scan  # type: ignore[attr-defined, no-redef]
     except ImportError:  # built without a C compiler: this module's reading, same results

@@ -36,7 +36,6 @@ them (docs/BENCHMARKS.md). The tests hold the two to the same results.
 
 from __future__ import annotations
 
-import os
 import struct
 from typing import Any, TypeVar
 
@@ -46,6 +45,7 @@ from gateway.protocol import codec
 from gateway.protocol.channel import ChannelState
 from gateway.protocol.events import Content, Method
 from gateway.protocol.properties import _SCANNED, Properties
+from gateway.purepython import pure_python
 
 __all__ = ["ACK_FRAME", "Ack", "COMPILED", "ack_run", "append_deliver", "cut", "fast_event", "py_ack_run", "py_append_deliver", "py_fast_event", "py_object_new", "py_slots_new", "py_tuple_new", "py_tuple_of",
            "object_new", "slots_new", "tuple_new", "tuple_of"]
@@ -194,7 +194,7 @@ tuple_new: Any = py_tuple_new
 object_new: Any = py_object_new
 slots_new: Any = None  # pure Python: the model makes its messages itself (use_makers)
 COMPILED = False
-if os.environ.get("CMQ_GATEWAY_PURE_PYTHON", "") in ("", "0"):
+if not pure_python():
     try:
         from gateway.protocol import _frames  # type: ignore[attr-defined]
     except ImportError:  # built without a C compiler: the Python path, same results
