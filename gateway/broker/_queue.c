@@ -515,10 +515,364 @@ static PyObject *configure(PyObject *module, PyObject *args) {
     return out;
 }
 
+/* ---- deliver_run(ch, c, q, now): Broker._dispatch_one's loop -------------------------------
+ *
+ * Why: with the model's three methods compiled, Channel.deliver and ServerConnection.send_deliver
+ * were two of the ~4.5 Python frames of a fanout delivery (scenario 3). Here one dispatch's run
+ * of deliveries to a queue's only consumer reads the channel's, session's and connection's
+ * attributes once (only Python code changes them, and none runs between two common
+ * deliveries) and does each common delivery on slots: the basic.deliver frames
+ * (fastpath.append_deliver), the deliver record (emit_values), the Unacked and the counts, in
+ * Channel.deliver's order.
+ *
+ * The reference is gateway.broker.channel.py_deliver_run (which calls Channel.deliver). The
+ * common delivery: a Receipt of a QueueMessage whose payload is a Message (not a DiskMessage)
+ * with Properties, on an AMQP session (protocol None) whose ServerConnection and channel are
+ * open, without receive metadata (queue or consumer), to a consumer that acks. Any other
+ * receipt goes to Channel.deliver, after which everything is read again; a consumer of
+ * another class makes the whole run py_deliver_run's. */
+
+enum { C_TAG, C_NO_ACK, C_PREFETCH, C_UNACKED, C_RECEIVE_METADATA, C_COUNT };
+static const char *c_names[C_COUNT] = {"tag", "no_ack", "prefetch", "unacked", "receive_metadata"};
+enum { G_BODY, G_PROPERTIES, G_EXCHANGE, G_ROUTING_KEY, G_COUNT };
+static const char *g_names[G_COUNT] = {"body", "properties", "exchange", "routing_key"};
+static const char *raw_names[1] = {"raw"};
+static Py_ssize_t c_off[C_COUNT], g_off[G_COUNT], raw_off[1];
+static PyTypeObject *consumer_t, *gmsg_t, *props_t, *conn_t, *unacked_t;
+static PyObject *deliver_row, *append_deliver_f, *chan_open, *conn_open, *py_deliver_run, *one;
+
+enum { A_SESSION, A_NEXT_TAG, A_UNACKED, A_FLOW_ACTIVE, A_CLOSING, A_COMMITTING, A_CHANNEL_PREFETCH, A_TX_ACKS,
+       A_NUMBER, A_DELIVER, A_PAUSED, A_CONN, A_PROTOCOL, A_BROKER, A_VHOST_NAME, A_USER, A_PEER, A_EMIT_VALUES,
+       A_CHANNELS, A_STATE, A_OUT, A_FRAME_MAX, A_RECEIVE, A_RECEIVE_METADATA, A_NAME, A_COUNT };
+static const char *a_names[A_COUNT] = {
+    "session", "next_tag", "unacked", "flow_active", "closing", "committing", "channel_prefetch", "tx_acks",
+    "number", "deliver", "paused", "conn", "protocol", "broker", "vhost_name", "user", "peer", "emit_values",
+    "_channels", "state", "_out", "frame_max", "receive", "receive_metadata", "name"};
+static PyObject *attr[A_COUNT];
+
+#define CS(c, i) (*(PyObject **)((char *)(c) + c_off[i]))
+#define GS(m, i) (*(PyObject **)((char *)(m) + g_off[i]))
+
+/* An attribute's truth value (-1: an error, as the read or bool() raised it). */
+static int truth_of(PyObject *obj, int name) {
+    PyObject *v = PyObject_GetAttr(obj, attr[name]);
+    if (v == NULL) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* A Consumer slot's value, borrowed (NULL with AttributeError when unset, as Python's read). */
+static PyObject *c_slot(PyObject *c, int i) {
+    PyObject *v = CS(c, i);
+    if (v == NULL) PyErr_Format(PyExc_AttributeError, "'Consumer' object has no attribute '%s'", c_names[i]);
+    return v;
+}
+
+/* What has_credit's test reads of the channel and session (only Python code changes it: read
+ * again after any). */
+typedef struct {
+    int open;         /* flow_active and not closing, committing or paused */
+    int limited;      /* channel_prefetch is set */
+    PyObject *limit, *unacked, *tx_acks;  /* owned; the last two only when limited */
+} Credit;
+
+static void credit_clear(Credit *k) {
+    Py_CLEAR(k->limit);
+    Py_CLEAR(k->unacked);
+    Py_CLEAR(k->tx_acks);
+}
+
+static int credit_load(Credit *k, PyObject *ch, PyObject *session) {
+    credit_clear(k);
+    int flow, closing, committing, paused;
+    if ((flow = truth_of(ch, A_FLOW_ACTIVE)) < 0 || (closing = truth_of(ch, A_CLOSING)) < 0
+            || (committing = truth_of(ch, A_COMMITTING)) < 0 || (paused = truth_of(session, A_PAUSED)) < 0)
+        return -1;
+    k->open = flow && !closing && !committing && !paused;
+    if ((k->limit = PyObject_GetAttr(ch, attr[A_CHANNEL_PREFETCH])) == NULL) return -1;
+    if ((k->limited = PyObject_IsTrue(k->limit)) < 0) return -1;
+    if (k->limited) {
+        if ((k->unacked = PyObject_GetAttr(ch, attr[A_UNACKED])) == NULL) return -1;
+        if ((k->tx_acks = PyObject_GetAttr(ch, attr[A_TX_ACKS])) == NULL) return -1;
+    }
+    return 0;
+}
+
+/* has_credit's test (W4), its consumer part read from the slots each time. */
+static int has_credit(Credit *k, PyObject *c) {
+    if (!k->open) return 0;
+    PyObject *no_ack = c_slot(c, C_NO_ACK);
+    if (no_ack == NULL) return -1;
+    int t = PyObject_IsTrue(no_ack);
+    if (t < 0) return -1;
+    if (!t) {
+        PyObject *prefetch = c_slot(c, C_PREFETCH);
+        if (prefetch == NULL || (t = PyObject_IsTrue(prefetch)) < 0) return -1;
+        if (t) {
+            PyObject *unacked = c_slot(c, C_UNACKED);
+            if (unacked == NULL || (t = PyObject_RichCompareBool(unacked, prefetch, Py_LT)) <= 0) return t;
+        }
+    }
+    if (k->limited) {
+        Py_ssize_t a = PyObject_Size(k->unacked), b;
+        if (a < 0 || (b = PyObject_Size(k->tx_acks)) < 0) return -1;
+        PyObject *sum = PyLong_FromSsize_t(a + b);
+        if (sum == NULL) return -1;
+        t = PyObject_RichCompareBool(sum, k->limit, Py_LT);
+        Py_DECREF(sum);
+        return t;
+    }
+    return 1;
+}
+
+/* What a common delivery needs, read at the first receipt after a (re)start. */
+typedef struct {
+    int loaded, plain;
+    PyObject *unacked, *next_tag, *emit_values, *vhost_name, *user, *peer, *qname, *out, *frame_max, *number,
+        *ctag;  /* owned */
+} Run;
+
+static void run_clear(Run *r) {
+    r->loaded = r->plain = 0;
+    Py_CLEAR(r->unacked);
+    Py_CLEAR(r->next_tag);
+    Py_CLEAR(r->emit_values);
+    Py_CLEAR(r->vhost_name);
+    Py_CLEAR(r->user);
+    Py_CLEAR(r->peer);
+    Py_CLEAR(r->qname);
+    Py_CLEAR(r->out);
+    Py_CLEAR(r->frame_max);
+    Py_CLEAR(r->number);
+    Py_CLEAR(r->ctag);
+}
+
+/* ch.next_tag as the run left it (Python's deliver sets it at each delivery). */
+static int run_store(Run *r, PyObject *ch) {
+    if (!r->loaded || r->next_tag == NULL) return 0;
+    return PyObject_SetAttr(ch, attr[A_NEXT_TAG], r->next_tag);
+}
+
+/* An attribute kept in *out (owned), 0 when it could not be read (the delivery is then
+ * Channel.deliver's, whose own read raises). */
+static int keep(PyObject **out, PyObject *obj, int name) {
+    *out = PyObject_GetAttr(obj, attr[name]);
+    if (*out == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether the common delivery applies to this run (every read Python's would make; nothing
+ * changed). Errors are cleared: Channel.deliver then meets them itself. */
+static void run_load(Run *r, PyObject *ch, PyObject *session, PyObject *c, PyObject *q) {
+    run_clear(r);
+    r->loaded = 1;
+    PyObject *conn = NULL, *protocol = NULL, *channels = NULL, *chan = NULL, *state = NULL, *broker = NULL;
+    PyObject *v = NULL;
+    int t;
+    if (!keep(&conn, session, A_CONN) || !Py_IS_TYPE(conn, conn_t)) goto done;
+    if (!keep(&protocol, session, A_PROTOCOL) || protocol != Py_None) goto done;
+    if (!keep(&v, q, A_RECEIVE_METADATA) || (t = PyObject_IsTrue(v)) != 0) goto done;
+    if (CS(c, C_RECEIVE_METADATA) == NULL || PyObject_IsTrue(CS(c, C_RECEIVE_METADATA)) != 0) goto done;
+    if (CS(c, C_NO_ACK) == NULL || PyObject_IsTrue(CS(c, C_NO_ACK)) != 0 || CS(c, C_TAG) == NULL) goto done;
+    if (!keep(&r->number, ch, A_NUMBER) || !keep(&channels, conn, A_CHANNELS) || !PyDict_CheckExact(channels))
+        goto done;
+    chan = PyDict_GetItemWithError(channels, r->number);  /* borrowed */
+    if (chan == NULL) goto done;
+    Py_INCREF(chan);
+    if (!keep(&state, chan, A_STATE) || state != chan_open) goto done;
+    Py_CLEAR(state);
+    if (!keep(&state, conn, A_STATE) || state != conn_open) goto done;
+    if (!keep(&r->out, conn, A_OUT) || !PyByteArray_CheckExact(r->out) || !keep(&r->frame_max, conn, A_FRAME_MAX))
+        goto done;
+    if (!keep(&r->next_tag, ch, A_NEXT_TAG) || !PyLong_CheckExact(r->next_tag)) goto done;
+    if (!keep(&r->unacked, ch, A_UNACKED) || !PyDict_CheckExact(r->unacked)) goto done;
+    if (!keep(&broker, session, A_BROKER) || !keep(&r->emit_values, broker, A_EMIT_VALUES)) goto done;
+    if (!keep(&r->vhost_name, session, A_VHOST_NAME) || !keep(&r->user, session, A_USER)
+            || !keep(&r->peer, session, A_PEER) || !keep(&r->qname, q, A_NAME))
+        goto done;
+    r->ctag = Py_NewRef(CS(c, C_TAG));
+    r->plain = 1;
+done:
+    if (PyErr_Occurred()) PyErr_Clear();  /* a bool() that raised: Channel.deliver's to meet */
+    Py_XDECREF(conn);
+    Py_XDECREF(protocol);
+    Py_XDECREF(channels);
+    Py_XDECREF(chan);
+    Py_XDECREF(state);
+    Py_XDECREF(broker);
+    Py_XDECREF(v);
+}
+
+/* Channel.deliver(c, q, receipt)'s steps for the common delivery: 1 done, 0 not the common
+ * one (nothing changed), -1 an error. */
+static int deliver_one(Run *r, PyObject *c, PyObject *q, PyObject *receipt) {
+    if (!Py_IS_TYPE(receipt, receipt_t) || PyTuple_GET_SIZE(receipt) != 2) return 0;
+    PyObject *qmsg = PyTuple_GET_ITEM(receipt, 0);
+    if (!Py_IS_TYPE(qmsg, message_t)) return 0;
+    PyObject *msg = MS(qmsg, M_PAYLOAD), *msg_id = MS(qmsg, M_MSG_ID), *rc = MS(qmsg, M_RECEIVE_COUNT);
+    if (msg == NULL || !Py_IS_TYPE(msg, gmsg_t) || msg_id == NULL || rc == NULL || !PyLong_CheckExact(rc)) return 0;
+    PyObject *props = GS(msg, G_PROPERTIES), *body = GS(msg, G_BODY);
+    PyObject *exchange = GS(msg, G_EXCHANGE), *routing_key = GS(msg, G_ROUTING_KEY);
+    if (props == NULL || !Py_IS_TYPE(props, props_t) || body == NULL || !PyBytes_CheckExact(body)
+            || exchange == NULL || routing_key == NULL)
+        return 0;
+    PyObject *raw = *(PyObject **)((char *)props + raw_off[0]);
+    if (raw == NULL) return 0;
+
+    /* tag = self.next_tag; self.next_tag = tag + 1 */
+    PyObject *tag = r->next_tag;
+    PyObject *next = PyNumber_Add(tag, one);
+    if (next == NULL) return -1;
+    r->next_tag = next;  /* the run owns tag's reference until the end of this call */
+    int redelivered = PyObject_RichCompareBool(rc, one, Py_GT);
+    if (redelivered < 0) goto fail;
+    PyObject *frame[10] = {r->out, r->number, r->ctag, tag, redelivered ? Py_True : Py_False, exchange, routing_key,
+                           raw, body, r->frame_max};
+    PyObject *res = PyObject_Vectorcall(append_deliver_f, frame, 10, NULL);
+    if (res == NULL) goto fail;
+    Py_DECREF(res);
+    PyObject *size = PyLong_FromSsize_t(PyBytes_GET_SIZE(body));
+    if (size == NULL) goto fail;
+    PyObject *record[8] = {deliver_row, r->vhost_name, r->user, r->peer, r->qname, msg_id, rc, size};
+    res = PyObject_Vectorcall(r->emit_values, record, 8, NULL);
+    Py_DECREF(size);
+    if (res == NULL) goto fail;
+    Py_DECREF(res);
+    PyObject *u = unacked_t->tp_alloc(unacked_t, 4);
+    if (u == NULL) goto fail;
+    PyObject *items[4] = {q, receipt, msg_id, c};
+    for (int i = 0; i < 4; i++) PyTuple_SET_ITEM(u, i, Py_NewRef(items[i]));
+    int set = PyDict_SetItem(r->unacked, tag, u);
+    Py_DECREF(u);
+    if (set < 0) goto fail;
+    PyObject *count = c_slot(c, C_UNACKED);
+    if (count == NULL) goto fail;
+    PyObject *more = PyNumber_InPlaceAdd(count, one);
+    if (more == NULL) goto fail;
+    put(&CS(c, C_UNACKED), more);
+    Py_DECREF(tag);
+    return 1;
+fail:
+    Py_DECREF(tag);
+    return -1;
+}
+
+static PyObject *deliver_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !Py_IS_TYPE(args[1], consumer_t)) return PyObject_Vectorcall(py_deliver_run, args, nargs, NULL);
+    PyObject *ch = args[0], *c = args[1], *q = args[2], *now = args[3];
+    PyObject *session = NULL, *receive = NULL, *out = NULL;
+    Credit k = {0, 0, NULL, NULL, NULL};
+    Run r = {0};
+    long delivered = 0, code = 0;
+    /* py_deliver_run's reads, in its order: q.receive, ch.deliver (read at a fallback here), ch.session */
+    if ((receive = PyObject_GetAttr(q, attr[A_RECEIVE])) == NULL) goto fail;
+    if ((session = PyObject_GetAttr(ch, attr[A_SESSION])) == NULL) goto fail;
+    if (credit_load(&k, ch, session) < 0) goto fail;
+    for (;;) {
+        int credit = has_credit(&k, c);
+        if (credit < 0) goto fail;
+        if (!credit) {
+            code = delivered | 2;
+            break;
+        }
+        PyObject *receipt = PyObject_Vectorcall(receive, &now, 1, NULL);
+        if (receipt == NULL) goto fail;
+        if (receipt == Py_None) {
+            Py_DECREF(receipt);
+            code = delivered;
+            break;
+        }
+        if (!r.loaded) run_load(&r, ch, session, c, q);
+        int done = r.plain ? deliver_one(&r, c, q, receipt) : 0;
+        if (done == 0) {
+            /* Channel.deliver's: the run's tag first, everything read again after it */
+            if (run_store(&r, ch) < 0) {
+                Py_DECREF(receipt);
+                goto fail;
+            }
+            run_clear(&r);
+            PyObject *call[4] = {ch, c, q, receipt};
+            PyObject *res = PyObject_VectorcallMethod(attr[A_DELIVER], call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+            Py_DECREF(receipt);
+            if (res == NULL) goto fail;
+            Py_DECREF(res);
+            if (credit_load(&k, ch, session) < 0) goto fail;
+        } else {
+            Py_DECREF(receipt);
+            if (done < 0) goto fail;
+        }
+        delivered = 1;
+    }
+    if (run_store(&r, ch) < 0) goto fail;
+    out = PyLong_FromLong(code);
+    goto end;
+fail:
+    if (r.loaded) {  /* the tags used so far stay used, as Python's deliver left them */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (run_store(&r, ch) < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, tb);
+    }
+end:
+    run_clear(&r);
+    credit_clear(&k);
+    Py_XDECREF(session);
+    Py_XDECREF(receive);
+    return out;
+}
+
+static PyMethodDef deliver_def = {"deliver_run", (PyCFunction)(void (*)(void))deliver_run, METH_FASTCALL,
+                                  "deliver_run(ch, c, q, now): gateway.broker.channel.py_deliver_run compiled."};
+
+/* configure_deliver(Consumer, Message, Properties, ServerConnection, Unacked, DELIVER,
+ * append_deliver, CHAN_OPEN, CONN_OPEN, py_deliver_run) -> deliver_run; after configure. */
+static PyObject *configure_deliver(PyObject *module, PyObject *args) {
+    PyObject *ct, *gt, *pt, *nt, *ut, *row, *append, *copen, *nopen, *ref;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!O!OOOOO:configure_deliver", &PyType_Type, &ct, &PyType_Type, &gt,
+                          &PyType_Type, &pt, &PyType_Type, &nt, &PyType_Type, &ut, &row, &append, &copen, &nopen,
+                          &ref))
+        return NULL;
+    if (message_t == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_deliver: configure first");
+        return NULL;
+    }
+    PyTypeObject *u = (PyTypeObject *)ut;
+    if (!PyType_IsSubtype(u, &PyTuple_Type) || u->tp_itemsize != sizeof(PyObject *)) {
+        PyErr_SetString(PyExc_TypeError, "configure_deliver: Unacked a tuple class");
+        return NULL;
+    }
+    if (learn((PyTypeObject *)ct, c_names, C_COUNT, c_off) < 0 || learn((PyTypeObject *)gt, g_names, G_COUNT, g_off) < 0
+            || learn((PyTypeObject *)pt, raw_names, 1, raw_off) < 0)
+        return NULL;
+    for (int i = 0; i < A_COUNT; i++) {
+        if (attr[i] == NULL && (attr[i] = PyUnicode_InternFromString(a_names[i])) == NULL) return NULL;
+    }
+    if (one == NULL && (one = PyLong_FromLong(1)) == NULL) return NULL;
+    PyTypeObject **types[5] = {&consumer_t, &gmsg_t, &props_t, &conn_t, &unacked_t};
+    PyObject *given_t[5] = {ct, gt, pt, nt, ut};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(given_t[i]);
+        Py_XSETREF(*types[i], (PyTypeObject *)given_t[i]);
+    }
+    Py_XSETREF(deliver_row, Py_NewRef(row));
+    Py_XSETREF(append_deliver_f, Py_NewRef(append));
+    Py_XSETREF(chan_open, Py_NewRef(copen));
+    Py_XSETREF(conn_open, Py_NewRef(nopen));
+    Py_XSETREF(py_deliver_run, Py_NewRef(ref));
+    return PyCFunction_NewEx(&deliver_def, NULL, NULL);
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds, "
      "py_restore_plain, min_compact) -> the methods"},
+    {"configure_deliver", configure_deliver, METH_VARARGS,
+     "configure_deliver(Consumer, Message, Properties, ServerConnection, Unacked, DELIVER, append_deliver, "
+     "CHAN_OPEN, CONN_OPEN, py_deliver_run) -> deliver_run (after configure)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_queue", NULL, -1, methods};

@@ -17,6 +17,7 @@ from gateway.audit import NullAudit
 from gateway.audit.rows import ACK, ACK_MQTT, Row, fields_emitter, row_emitter, values_emitter
 from gateway.broker import persistence as P
 from gateway.broker import recovery_cache
+from gateway.broker.channel import deliver_run
 from gateway.broker.consumers import Consumer, Unacked
 from gateway.broker.deadletter import cycling_queues, dead_letter_properties
 from gateway.broker.exchange import sub_label
@@ -768,23 +769,11 @@ class Broker:
         and the round-robin position left as they leave it (1 after a turn that ended for
         want of credit, 0 after one that ended for want of a message: keep_turn)."""
         ch = c.channel
-        receive = q.receive
-        deliver = ch.deliver
-        delivered = False
         session = ch.session
-        # has_credit's tests, in its order (W4); the channel's flags are read each time, as a
-        # delivery may fill the connection's buffer (session.paused).
-        while ch.flow_active and not ch.closing and not ch.committing and not session.paused \
-                and (c.no_ack or not c.prefetch or c.unacked < c.prefetch) \
-                and (not ch.channel_prefetch or len(ch.unacked) + len(ch.tx_acks) < ch.channel_prefetch):
-            receipt = receive(now)
-            if receipt is None:
-                q._rr = 0
-                break
-            deliver(c, q, receipt)
-            delivered = True
-        else:
-            q._rr = 1
+        # The loop (gateway.broker.channel.deliver_run, compiled where it can be): bit 0 says
+        # a message went out, bit 1 that the turn ended for want of credit.
+        ended = deliver_run(ch, c, q, now)
+        q._rr = ended >> 1
         cmq = q.cmq
         if cmq.outbox:
             self._queue_events(self.vhosts[q.vhost], q, cmq.drain_events())
@@ -794,7 +783,7 @@ class Broker:
             self.scheduler.reschedule_after(q, cmq._next_due)
         else:
             self.scheduler.reschedule(q)
-        if delivered:
+        if ended & 1:
             session.request_flush()
 
     def receive(self, q: BrokerQueue, now: float) -> Q.Receipt | None:

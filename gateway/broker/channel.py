@@ -335,6 +335,49 @@ class Channel:
         return bool(pending)
 
 
+def py_deliver_run(ch: Channel, c: Consumer, q: BrokerQueue, now: float) -> int:
+    """Broker._dispatch_one's loop (its queue's only consumer ``c``, of channel ``ch``): while
+    ``c`` has credit (has_credit's tests in its order, W4; read each time, as a delivery may
+    fill the connection's buffer, session.paused), one message received from ``q`` goes out
+    (Channel.deliver). Returns bit 0 set when one went out, bit 1 when the loop ended for want
+    of credit (clear: for want of a message). The reference of the compiled twin
+    (gateway/broker/_queue.c deliver_run), which does the common delivery without
+    Channel.deliver's and ServerConnection.send_deliver's frames, and calls Channel.deliver
+    for any other."""
+    receive = q.receive
+    deliver = ch.deliver
+    delivered = 0
+    session = ch.session
+    while ch.flow_active and not ch.closing and not ch.committing and not session.paused \
+            and (c.no_ack or not c.prefetch or c.unacked < c.prefetch) \
+            and (not ch.channel_prefetch or len(ch.unacked) + len(ch.tx_acks) < ch.channel_prefetch):
+        receipt = receive(now)
+        if receipt is None:
+            return delivered
+        deliver(c, q, receipt)
+        delivered = 1
+    return delivered | 2
+
+
+def compiled_deliver_run() -> Any:
+    """deliver_run compiled (gateway/broker/_queue.c), or None under CMQ_GATEWAY_PURE_PYTHON=1
+    or where the package was built without a compiler (gateway.broker.queue.COMPILED)."""
+    from gateway.broker import queue as broker_queue
+    from gateway.protocol import fastpath
+    from gateway.protocol.connection import _CHAN_OPEN, _CONN_OPEN, ServerConnection
+    from gateway.protocol.properties import Properties
+
+    if broker_queue.COMPILED is None:
+        return None
+    from gateway.broker import _queue  # type: ignore[attr-defined]
+
+    return _queue.configure_deliver(Consumer, Message, Properties, ServerConnection, Unacked, DELIVER,
+                                    fastpath.append_deliver, _CHAN_OPEN, _CONN_OPEN, py_deliver_run)
+
+
+deliver_run = compiled_deliver_run() or py_deliver_run
+
+
 def message_key_of(u: Unacked) -> str:
     q = u.queue
     return P.message_key(q.vhost, q.name, u.msg_id)
