@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
                            ("--nats-tls-key", "tls_key", "client key for NATS")):
         serve.add_argument(opt, dest=f"nats_{key}", default=None, metavar="FILE",
                            help=f"{what} (config: nats: {{{key}: FILE}})")
+    serve.add_argument("--no-direct-delivery", dest="direct_delivery", action="store_false", default=None,
+                       help="with --store: every message goes through JetStream, even a transient one on "
+                            "a non-durable queue whose consumer is on this gateway (by default it is "
+                            "delivered directly, and lost if this gateway is killed before the ack; "
+                            "config: cluster: {direct_delivery: false})")
     _register_perf(sub)
     from gateway.management.cli import register as register_definitions
     register_definitions(sub)  # import-definitions, export-definitions
@@ -230,6 +235,8 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"cmq-gateway: --store {args.store}: give nats://HOST:PORT[,HOST:PORT...]", file=sys.stderr)
             return 2
         config.store = args.store
+    if args.direct_delivery is not None:
+        config.direct_delivery = args.direct_delivery
     for key in ("creds", "tls_ca", "tls_cert", "tls_key"):
         if getattr(args, f"nats_{key}") is not None:
             config.nats[key] = getattr(args, f"nats_{key}")

@@ -183,6 +183,10 @@ class GatewayConfig:
     # the embedded store in data_dir. nats: creds / tls_ca / tls_cert / tls_key file paths.
     store: str | None = None
     nats: dict[str, str] = field(default_factory=dict)
+    # On JetStream, a transient message on a non-durable queue goes straight to a consumer of
+    # the publishing gateway when it can (gateway.jetstream.direct; lost if that gateway is
+    # killed before the ack). config: cluster: {direct_delivery: false}; --no-direct-delivery.
+    direct_delivery: bool = True
     strict_names: bool = False
     profile: str = "compatible"  # PF1: "compatible" (the default) or "cmq"
     vhost_profiles: dict[str, str] = field(default_factory=dict)  # PF1: per-vhost overrides
@@ -305,6 +309,7 @@ def parse_config(raw: Any) -> GatewayConfig:
     cfg.data_dir = raw.get("data_dir")
     cfg.store = raw.get("store")
     cfg.nats = dict(raw.get("nats") or {})
+    cfg.direct_delivery = _set(raw.get("cluster") or {}).get("direct_delivery", True)
     cfg.strict_names = raw.get("strict_names", False)
     cfg.salvage = raw.get("salvage", False)
     cfg.cluster_name = raw.get("cluster_name", cfg.cluster_name)

@@ -326,6 +326,7 @@ SCHEMA = Map({
     # embedded store; creds/TLS as nats-py takes them.
     "store": Str("nats://HOST:PORT[,HOST:PORT...]", lambda s: s.startswith(("nats://", "tls://"))),
     "nats": Map({"creds": Str(), "tls_ca": Str(), "tls_cert": Str(), "tls_key": Str()}),
+    "cluster": Map({"direct_delivery": Bool()}),  # gateway.jetstream.direct
     "strict_names": Bool(),
     "salvage": Bool(),
     "cluster_name": Str(),

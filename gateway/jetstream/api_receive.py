@@ -24,6 +24,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from gateway.jetstream.direct import direct_counts
 from gateway.jetstream.head import undelivered
 
 if TYPE_CHECKING:
@@ -147,6 +148,7 @@ async def queue_counts(broker: ClusterBroker, s: QueueStream) -> tuple[int, int,
     for msg_id in [m for m, (at, _) in s.delays.items() if at <= now]:
         del s.delays[msg_id]
     naked = sum(pulled for _, pulled in s.delays.values())
-    held_here = q.cmq.active  # pulled (ack-pending there) but Active here
-    return (max(0, pending - (len(s.delays) - naked)) + held_here, max(0, leased - held_here - naked),
-            len(s.delays), max(0, (stored or 0) - pending - leased))
+    direct_active, direct_inactive = direct_counts(q, s)  # in no stream (gateway.jetstream.direct)
+    held_here = q.cmq.active - direct_active  # pulled (ack-pending there) but Active here
+    return (max(0, pending - (len(s.delays) - naked)) + held_here + direct_active,
+            max(0, leased - held_here - naked) + direct_inactive, len(s.delays), max(0, (stored or 0) - pending - leased))

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.audit.rows import ENQUEUE
 from gateway.jetstream.api_receive import ReceiveDemand, queue_counts
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
+from gateway.jetstream.direct import LOCAL_AHEAD, plain_queue, room, stream_clear
 from gateway.jetstream.maxlength import trim_after_publish
 from gateway.jetstream.nonces import KvLedger
 from gateway.jetstream.pulls import Pulls
@@ -32,6 +33,7 @@ from gateway.jetstream.streams import Streams
 from gateway.jetstream.sweeper import Sweeper, settle_once
 from gateway.jetstream.writes import Writes
 from semantics import queue as Q
+from semantics.errors import CMQError
 from semantics.send_rules import check_heap, check_room, check_size, send_delay, send_expiry
 
 if TYPE_CHECKING:
@@ -82,6 +84,12 @@ class JetStreamMessages:
         self._lag = 0
         self._lag_at = 0.0
         self._watched: list[dict[int, bool]] = []  # CMQ API sends awaiting their writes (watch_refusals)
+        # Direct delivery (gateway.jetstream.direct), on unless configured off; how many
+        # messages took it.
+        self.direct_on = bool(getattr(broker.config, "direct_delivery", True))
+        self.direct_count = 0
+        self._holding: set[QueueStream] = set()  # queues with direct messages waiting for credit
+        self.pulls.hand_back = self.hand_back
 
     # -- the JetStream side's own life, around the broker's (gateway.jetstream.broker) -------
 
@@ -130,6 +138,25 @@ class JetStreamMessages:
             expires_at = send_expiry(now, delay, attrs.message_ttl, expires_at)
         if expires_at is not None and attrs.message_ttl_ms is None:
             self.sweeper.note_expiring(q)  # a message's own TTL: the sweeper looks at this queue
+        elif self.direct_on and expires_at is None and not msg.persistent and not delay and size <= self.bodies.limit and msg.msg_id:
+            # A transient message on a non-durable queue: straight to a consumer here when one
+            # can take it and order allows (gateway.jetstream.direct), kept in memory only.
+            if s.plain_of[0] is not attrs or s.plain_of[1] is not q.qargs:
+                s.plain_of = (attrs, q.qargs)
+                s.plain = plain_queue(q)
+            if s.plain and stream_clear(s) and q.waiters is None and (room(q) or self._wait_here(q, s)):
+                try:
+                    qmsg = q.cmq.send(msg, size, now, None, msg.msg_id, None)  # by position: cheaper
+                except CMQError as e:
+                    if e.rule != "Q3":
+                        raise
+                    qmsg = None  # its ID is here already (a resend): the stream keeps it once
+                if qmsg is not None:
+                    s.direct.add(qmsg.msg_id)
+                    self.direct_count += 1
+                    broker.emit_row(ENQUEUE, vh.name, (q.name, msg.msg_id, size, via, subscription))
+                    broker.after_queue_change(vh, q)
+                    return out_lsn  # nothing to store: a confirm at once, as RabbitMQ's for such a message
         broker.emit_row(ENQUEUE, vh.name, (q.name, msg.msg_id, size, via, subscription))
         lsn = self.writes.publish(s, msg, now, delay or None, expires_at)
         hold = trim_after_publish(broker, s) if attrs.max_length is not None else 0  # drop-head only
@@ -144,6 +171,16 @@ class JetStreamMessages:
             # of an earlier one must still make it a nack (M14).
             store.fanout_next[out_lsn] = lsn
         return lsn
+
+    def _wait_here(self, q: BrokerQueue, s: QueueStream) -> bool:
+        """No consumer here has credit for it now, but a direct message may wait for them (as
+        on the embedded store) behind fewer than LOCAL_AHEAD others, when no other gateway
+        consumes the queue; the publishers pause before that many wait (backlog)."""
+        if (not q.consumers or q.cmq._n_active >= LOCAL_AHEAD
+                or self.broker.presence.others_consume(q)):
+            return False
+        self._holding.add(s)
+        return True
 
     def settle(self, q: BrokerQueue, m: Q.QueueMessage, body_needed: bool = True) -> None:
         """Deleted here (ack, no-ack delivery, reject, expiry, dead-letter): acked there,
@@ -162,6 +199,8 @@ class JetStreamMessages:
                 if len(replies) == 1:
                     pulls._loop.call_soon(pulls._send_replies)
             s.last_ack = lease.reply  # a count confirms it first (gateway.jetstream.api_receive)
+        elif s.direct:
+            s.direct.discard(m.msg_id)  # delivered directly: in no stream, nothing to tell JetStream
 
     def release(self, q: BrokerQueue, receipt: Q.Receipt, now: float) -> bool:
         """M13 requeue: Active again for every gateway (a nak), not only here. A message at
@@ -176,7 +215,17 @@ class JetStreamMessages:
         lease = s.leases.pop(m.msg_id, None)
         if lease is not None:
             self.pulls.nak(s, lease)
+        elif m.msg_id in s.direct:
+            self.hand_back(s, m, m.receive_count)
         return True
+
+    def hand_back(self, s: QueueStream, m: Q.QueueMessage, receives: int) -> None:
+        """A direct message (gateway.jetstream.direct) would be Active again: it goes into the
+        stream instead, for every gateway, with the receives it had (a redelivery when it was
+        received), its ID and enqueue time."""
+        s.direct.discard(m.msg_id)
+        self.writes.publish(s, m.payload, self.broker.clock.now(), None, None,  # type: ignore[arg-type]
+                            receives, m.enqueue_time)
 
     def new_model(self, name: str, attrs: QueueAttributes, refuse_size: bool) -> Q.CmqQueue:
         # Leased: x-max-length is applied on JetStream's count (gateway.jetstream.maxlength) and
@@ -208,6 +257,13 @@ class JetStreamMessages:
         pulls = self.pulls
         taking = pulls.taking
         lag = 0
+        for s in list(self._holding):
+            # direct messages waiting here for credit (_wait_here): as many as JetStream's
+            n = s.q.cmq._n_active
+            if n and s.direct and not s.q.deleted:
+                lag += n
+            else:
+                self._holding.discard(s)
         for s in list(taking):
             q = s.q
             if q.deleted or now - s.took_at > LAG_STALE:
@@ -238,8 +294,11 @@ class JetStreamMessages:
             if isinstance(e, Q.VisibilityExpired):
                 m = e.message
                 lease = s.leases.pop(m.msg_id, None)
-                if lease is not None and q.cmq.delete(Q.Receipt(m, m.handle), now):
-                    self.pulls.nak(s, lease)
+                if lease is not None:
+                    if q.cmq.delete(Q.Receipt(m, m.handle), now):
+                        self.pulls.nak(s, lease)
+                elif m.msg_id in s.direct and q.cmq.delete(Q.Receipt(m, m.handle), now):
+                    self.hand_back(s, m, m.receive_count)
         return settle_once(broker, vh, s, events)
 
     def drop(self, vh: VHost, q: BrokerQueue) -> None:
@@ -247,6 +306,7 @@ class JetStreamMessages:
         applied from the bucket), that gateway deletes it."""
         s: QueueStream = q.stored
         s.leases.clear()
+        s.direct.clear()
         if not self.broker.store.applying:
             self.streams.drop(s)
 
@@ -260,7 +320,10 @@ class JetStreamMessages:
         """What is leased here and ready goes at once; the stream's purge removes the rest
         (counted: the -ok's count is JetStream's, gateway.jetstream.streams)."""
         s: QueueStream = q.stored
-        count = len(q.cmq.purge(self.broker.now())) + q.remote_ready
+        purged = q.cmq.purge(self.broker.now())
+        if s.direct:
+            s.direct.difference_update(m.msg_id for m in purged)
+        count = len(purged) + q.remote_ready
         self.streams.purge(s)
         return count
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from gateway.broker.message import Message, init_message, new_message
 from gateway.jetstream import wire
 from gateway.jetstream.api_receive import answer_receives
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
+from gateway.jetstream.direct import RECEIVED
 from gateway.jetstream.head import _NAMES, _PROPERTIES, EXPIRES_AT, MSG_ID, VISIBLE_AT, stored_message
 from gateway.jetstream.plain_takes import compiled_take_plains
 from gateway.jetstream.queues import QueueStream, rewind_consumer, subscribe
@@ -91,6 +93,8 @@ class Pulls:
         self._loop = asyncio.get_running_loop()
         self._replies: list[tuple[str, bytes]] = []
         self.taking: set[QueueStream] = set()  # queues that got deliveries lately (JetStreamMessages.backlog)
+        # JetStreamMessages.hand_back: a direct message into the stream (gateway.jetstream.direct)
+        self.hand_back: Callable[[QueueStream, Q.QueueMessage, int], None] | None = None
 
     def want_soon(self, s: QueueStream) -> None:
         """After the rest of this turn: the acks read with this one free credit too, and
@@ -344,6 +348,9 @@ class Pulls:
                 # Q4/M11: a delayed message was naked once for its delay by whichever gateway
                 # pulled it first (any puller during the delay does): not a receive.
                 count -= 1
+            received = headers.get(RECEIVED)
+            if received is not None and received.isdigit():
+                count += int(received)  # received directly before it went into the stream (direct)
             exp = headers.get(EXPIRES_AT)
             if exp is None and count <= 0 and BODY_HEADER not in headers:
                 # The common case (issue 28: CPU a message): restore_plain's own ID check
@@ -374,6 +381,8 @@ class Pulls:
                     receive_count=count if count > 0 else 0, expires_at=None if exp is None else float(exp))
         if last is not None:
             q.remote_ready = last if isinstance(last, int) else int(last[8 if len(last) == 9 else 10])
+        if not s.own_taken and s.last_own in leases:
+            s.own_taken = True  # this gateway's latest publish into the stream came back (direct)
         vh = self.broker.vhosts[q.vhost]
         self.broker.after_queue_change(vh, q)
         self._return_surplus(s)
@@ -402,9 +411,12 @@ class Pulls:
         now = self.clock.now()
         while (r := q.cmq.receive(now)) is not None:
             q.cmq.delete(r, now)
-            lease = s.leases.pop(r.message.msg_id, None)
+            m = r.message
+            lease = s.leases.pop(m.msg_id, None)
             if lease is not None:
                 self.nak(s, lease)
+            elif m.msg_id in s.direct and self.hand_back is not None:
+                self.hand_back(s, m, m.receive_count - 1)  # (that receive was no delivery)
 
     def nak(self, s: QueueStream, m: Any) -> None:
         """Active again for every gateway (M13, Q1). Confirmed by JetStream before this

@@ -20,6 +20,7 @@ from nats.js.errors import APIError
 
 from gateway.broker import persistence as P
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
+from gateway.jetstream.direct import RECEIVED
 from gateway.jetstream.head import EXPIRES_AT, MSG_ID, VISIBLE_AT
 from gateway.jetstream.publisher import Publisher
 
@@ -50,17 +51,27 @@ class Writes:
         self.pub_js = link.publishing.jetstream(timeout=5.0)
         self._durable_scheduled = False
 
-    def publish(self, s: QueueStream, msg: Message, now: float, delay: float | None, expires_at: float | None) -> int:
+    def publish(self, s: QueueStream, msg: Message, now: float, delay: float | None, expires_at: float | None,
+                received: int = 0, enqueued: float | None = None) -> int:
+        """``received``, ``enqueued``: a direct message going into the stream (gateway.jetstream.
+        direct), its receives so far and its enqueue time."""
         q = s.q
         big = len(msg.body) > self.bodies.limit
-        payload = P.encode_message(q.vhost, q.name, msg.msg_id, now, msg.exchange, msg.routing_key,
-                                   msg.properties.raw, b"" if big else msg.body)
+        payload = P.encode_message(q.vhost, q.name, msg.msg_id, now if enqueued is None else enqueued, msg.exchange,
+                                   msg.routing_key, msg.properties.raw, b"" if big else msg.body)
         headers = {MSG_ID: msg.msg_id}
+        if received:
+            headers[RECEIVED] = str(received)
         if big:
             headers[BODY_HEADER] = f"{s.stream or q.name}.{msg.msg_id}"
         if delay:
             headers[VISIBLE_AT] = repr(now + delay)
             s.delays[msg.msg_id] = (now + delay, False)  # delayMsgNum (gateway.jetstream.api_receive)
+        else:
+            # Direct delivery waits until this gateway pulled it (gateway.jetstream.direct:
+            # FIFO per publisher); a delayed message is in no order.
+            s.last_own = msg.msg_id
+            s.own_taken = False
         if expires_at is not None:
             headers[EXPIRES_AT] = repr(expires_at)
         q.remote_ready += 1
