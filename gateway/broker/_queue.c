@@ -47,6 +47,8 @@ static const char *m_names[M_COUNT] = {
 static Py_ssize_t q_off[Q_COUNT], m_off[M_COUNT];
 static PyTypeObject *queue_t, *message_t, *receipt_t;
 static PyObject *py_send, *py_receive, *py_delete, *py_restore_plain;
+/* CmqQueue.send as configure made it (enqueue_lean calls q_send directly while it is the class's). */
+static PyObject *send_descr;
 static Py_ssize_t min_compact;  /* semantics.queue._MIN_COMPACT: _active's compaction threshold */
 static PyObject *s_active, *s_inactive, *s_deleted, *s_removed;
 static PyObject *kind_visible, *kind_deadline, *zero, *s_emptied;
@@ -510,6 +512,7 @@ static PyObject *configure(PyObject *module, PyObject *args) {
             Py_DECREF(out);
             return NULL;
         }
+        if (strcmp(def->ml_name, "send") == 0) Py_XSETREF(send_descr, Py_NewRef(descr));
         Py_DECREF(descr);
     }
     return out;
@@ -866,6 +869,308 @@ static PyObject *configure_deliver(PyObject *module, PyObject *args) {
     return PyCFunction_NewEx(&deliver_def, NULL, NULL);
 }
 
+/* ---- enqueue_lean(vh, subs, labels, msg, now, expires_at, out, ex_name, fresh) -------------
+ *
+ * Why: a fanout publish (scenario 3) enqueues one message into 50 queues, each through
+ * VHost._route's loop body and EmbeddedMessages.enqueue's frame: after deliver_run, the largest
+ * Python work of a delivery. Here the vhost's, broker's and message's attributes are read once
+ * a publish (again after any Python call) and each queue's transient enqueue is done in
+ * EmbeddedMessages.enqueue's order: the model's send, the enqueue record (emit_values), the
+ * message's store key "", then the queue marked for end_batch's dispatch or
+ * Broker.after_queue_change.
+ *
+ * The reference is gateway.broker.vhost.py_enqueue_lean. Here: a message made by this publish
+ * (fresh), a Message, the embedded store. A queue that is durable for a persistent message
+ * goes to the store's enqueue (or VHost._enqueue while the store is read-only), as there; a
+ * CMQError from an enqueue means the queue did not take it (D7). Anything else is the
+ * reference's whole. */
+
+enum { E_BODY, E_MSG_ID, E_PERSISTENT, E_KEY, E_COUNT };
+static const char *e_names[E_COUNT] = {"body", "msg_id", "persistent", "key"};
+static Py_ssize_t e_off[E_COUNT];
+static PyTypeObject *emsg_t, *embedded_t;
+static PyObject *enqueue_row, *cmq_error, *py_enqueue_lean, *s_empty, *s_msg_id;
+
+enum { B_QUEUES, B_BROKER, B_MESSAGES, B_READ_ONLY, B_EMIT_VALUES, B_NAME, B_BATCH_DEPTH, B_TO_DISPATCH,
+       B_ENDPOINT, B_CMQ, B_DURABLE, B_CONSUMERS, B_ON_TICK, B_WAITERS, B_DELETED, B_OUTBOX, B_ROUTED, B_LSN,
+       B_ENQUEUE, B_AFTER, B_ENQUEUE_VH, B_SEND, B_COUNT };
+static const char *b_names[B_COUNT] = {
+    "queues", "broker", "messages", "read_only", "emit_values", "name", "_batch_depth", "_to_dispatch",
+    "endpoint", "cmq", "durable", "consumers", "on_tick", "waiters", "deleted", "outbox", "routed", "lsn",
+    "enqueue", "after_queue_change", "_enqueue", "send"};
+static PyObject *battr[B_COUNT];
+
+#define ES(m, i) (*(PyObject **)((char *)(m) + e_off[i]))
+
+static int btruth(PyObject *obj, int name) {
+    PyObject *v = PyObject_GetAttr(obj, battr[name]);
+    if (v == NULL) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* What the enqueues read of the broker each time (only Python code changes it). */
+typedef struct {
+    int read_only, batch_depth;
+    PyObject *emit_values, *to_dispatch;  /* owned */
+} Fresh;
+
+static void fresh_clear(Fresh *f) {
+    Py_CLEAR(f->emit_values);
+    Py_CLEAR(f->to_dispatch);
+}
+
+/* broker: the vhost's (read_only); mbroker: the store's (EmbeddedMessages.broker). */
+static int fresh_load(Fresh *f, PyObject *broker, PyObject *mbroker) {
+    fresh_clear(f);
+    if ((f->read_only = btruth(broker, B_READ_ONLY)) < 0 || (f->batch_depth = btruth(mbroker, B_BATCH_DEPTH)) < 0)
+        return -1;
+    if ((f->emit_values = PyObject_GetAttr(mbroker, battr[B_EMIT_VALUES])) == NULL) return -1;
+    if ((f->to_dispatch = PyObject_GetAttr(mbroker, battr[B_TO_DISPATCH])) == NULL) return -1;
+    return 0;
+}
+
+/* A call's result dropped: 1 done, 0 a CMQError (cleared: the queue did not take it), -1 another error. */
+static int taken(PyObject *res) {
+    if (res != NULL) {
+        Py_DECREF(res);
+        return 1;
+    }
+    if (PyErr_ExceptionMatches(cmq_error)) {
+        PyErr_Clear();
+        return 0;
+    }
+    return -1;
+}
+
+/* EmbeddedMessages.enqueue(vh, q, msg, now, None, expires_at, out_lsn, via, label) for a queue
+ * that is not durable for this persistent message: 1 done, 0 a CMQError, -1 another error;
+ * *called set when Python code ran (after_queue_change). */
+static int enqueue_transient(Fresh *f, PyObject *mbroker, PyObject *vh, PyObject *vname, PyObject *q,
+                             PyObject *msg, PyObject *size, PyObject *msg_id_arg, PyObject *now, PyObject *expires_at,
+                             PyObject *via, PyObject *label, int *called) {
+    PyObject *cmq = PyObject_GetAttr(q, battr[B_CMQ]), *qmsg = NULL, *msg_id = NULL, *qname = NULL, *v = NULL;
+    int rc = -1, t;
+    if (cmq == NULL) goto done;
+    PyObject *send_args[7] = {cmq, msg, size, now, Py_None, msg_id_arg, expires_at};
+    if (Py_IS_TYPE(cmq, queue_t) && _PyType_Lookup(queue_t, battr[B_SEND]) == send_descr)
+        qmsg = q_send(cmq, send_args + 1, 6, NULL);
+    else
+        qmsg = PyObject_VectorcallMethod(battr[B_SEND], send_args, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (qmsg == NULL) {
+        rc = taken(NULL);
+        goto done;
+    }
+    if (Py_IS_TYPE(qmsg, message_t) && MS(qmsg, M_MSG_ID) != NULL)
+        msg_id = Py_NewRef(MS(qmsg, M_MSG_ID));
+    else if ((msg_id = PyObject_GetAttr(qmsg, s_msg_id)) == NULL) {
+        rc = taken(NULL);
+        goto done;
+    }
+    if ((qname = PyObject_GetAttr(q, battr[B_NAME])) == NULL) {
+        rc = taken(NULL);
+        goto done;
+    }
+    PyObject *record[7] = {enqueue_row, vname, qname, msg_id, size, via, label};
+    if ((rc = taken(PyObject_Vectorcall(f->emit_values, record, 7, NULL))) <= 0) goto done;
+    put(&ES(msg, E_KEY), Py_NewRef(s_empty));  /* q.durable and msg.persistent is false here */
+    /* after_queue_change's case in a read's publishes (the enqueue's own test, in its order) */
+    int lean = f->batch_depth;
+    if (lean) {
+        if ((t = btruth(q, B_CONSUMERS)) < 0) goto error;
+        lean = t;
+    }
+    if (lean) {
+        if ((v = PyObject_GetAttr(q, battr[B_ON_TICK])) == NULL) goto error;
+        lean = v != Py_None;
+        Py_CLEAR(v);
+    }
+    if (lean) {
+        if ((v = PyObject_GetAttr(q, battr[B_WAITERS])) == NULL) goto error;
+        lean = v == Py_None;
+        Py_CLEAR(v);
+    }
+    if (lean) {
+        PyObject *cmq2 = PyObject_GetAttr(q, battr[B_CMQ]);
+        if (cmq2 == NULL) goto error;
+        t = btruth(cmq2, B_OUTBOX);
+        Py_DECREF(cmq2);
+        if (t < 0) goto error;
+        lean = !t;
+    }
+    if (lean) {
+        if ((t = btruth(q, B_DELETED)) < 0) goto error;
+        lean = !t;
+    }
+    if (lean) {
+        rc = taken(PyObject_SetItem(f->to_dispatch, q, Py_None) < 0 ? NULL : Py_NewRef(Py_None));
+    } else {
+        *called = 1;
+        PyObject *call[3] = {mbroker, vh, q};
+        rc = taken(PyObject_VectorcallMethod(battr[B_AFTER], call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL));
+    }
+    goto done;
+error:
+    rc = taken(NULL);
+done:
+    Py_XDECREF(cmq);
+    Py_XDECREF(qmsg);
+    Py_XDECREF(msg_id);
+    Py_XDECREF(qname);
+    Py_XDECREF(v);
+    return rc;
+}
+
+static PyObject *enqueue_lean(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || args[8] != Py_True || !Py_IS_TYPE(args[3], emsg_t) || !PyList_CheckExact(args[2])
+            || !(PyTuple_CheckExact(args[1]) || PyList_CheckExact(args[1]))
+            || PySequence_Fast_GET_SIZE(args[1]) != PyList_GET_SIZE(args[2]))
+        return PyObject_Vectorcall(py_enqueue_lean, args, nargs, NULL);
+    PyObject *vh = args[0], *subs = args[1], *labels = args[2], *msg = args[3], *now = args[4];
+    PyObject *expires_at = args[5], *out = args[6], *via = args[7];
+    PyObject *queues = NULL, *broker = NULL, *messages = NULL, *mbroker = NULL, *vname = NULL, *size = NULL;
+    PyObject *msg_id_arg = NULL, *failed = NULL, *result = NULL;
+    Fresh f = {0, 0, NULL, NULL};
+    int routed = 0;
+    /* the reference's reads before its loop: vh.queues, vh.broker, broker.messages */
+    if ((queues = PyObject_GetAttr(vh, battr[B_QUEUES])) == NULL || (broker = PyObject_GetAttr(vh, battr[B_BROKER])) == NULL
+            || (messages = PyObject_GetAttr(broker, battr[B_MESSAGES])) == NULL)
+        goto end;
+    if (!PyDict_CheckExact(queues) || !Py_IS_TYPE(messages, embedded_t)) {
+        result = PyObject_Vectorcall(py_enqueue_lean, args, nargs, NULL);
+        goto end;
+    }
+    PyObject *body = ES(msg, E_BODY), *msg_id = ES(msg, E_MSG_ID), *persistent_o = ES(msg, E_PERSISTENT);
+    if (body == NULL || !PyBytes_CheckExact(body) || msg_id == NULL || persistent_o == NULL) {
+        result = PyObject_Vectorcall(py_enqueue_lean, args, nargs, NULL);
+        goto end;
+    }
+    int persistent = PyObject_IsTrue(persistent_o), t;
+    if (persistent < 0 || (t = PyObject_IsTrue(msg_id)) < 0) goto end;
+    msg_id_arg = Py_NewRef(t ? msg_id : Py_None);
+    if ((size = PyLong_FromSsize_t(PyBytes_GET_SIZE(body))) == NULL) goto end;
+    if ((mbroker = PyObject_GetAttr(messages, battr[B_BROKER])) == NULL || (vname = PyObject_GetAttr(vh, battr[B_NAME])) == NULL)
+        goto end;
+    if (fresh_load(&f, broker, mbroker) < 0) goto end;
+    Py_ssize_t n = PyList_GET_SIZE(labels);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = PySequence_Fast_ITEMS(subs)[i], *label = PyList_GET_ITEM(labels, i);
+        Py_INCREF(s);
+        Py_INCREF(label);
+        PyObject *endpoint = PyObject_GetAttr(s, battr[B_ENDPOINT]), *name = NULL, *q = NULL;
+        int ok = 0, called = 0;
+        if (endpoint == NULL) goto item_fail;
+        if (PyTuple_CheckExact(endpoint) && PyTuple_GET_SIZE(endpoint) > 1)
+            name = Py_NewRef(PyTuple_GET_ITEM(endpoint, 1));
+        else if ((name = PyObject_GetItem(endpoint, one)) == NULL)
+            goto item_fail;
+        q = PyDict_GetItemWithError(queues, name);
+        if (q == NULL && PyErr_Occurred()) goto item_fail;
+        Py_XINCREF(q);
+        if (q != NULL) {
+            int durable = btruth(q, B_DURABLE);
+            if (durable < 0) goto item_fail;
+            if (durable && persistent && f.read_only) {
+                /* VHost._enqueue's (its store_failed discard: the attempt took it) */
+                PyObject *call[8] = {vh, q, msg, now, Py_None, out, via, label};
+                PyObject *res = PyObject_VectorcallMethod(battr[B_ENQUEUE_VH], call, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+                called = 1;
+                if (res == NULL) goto item_fail;
+                Py_DECREF(res);
+                ok = 1;
+                routed = 0;  /* as _enqueue left out.routed: set again at the next enqueue */
+            } else if (durable && persistent) {
+                /* the store's enqueue (its journal record) */
+                PyObject *lsn = PyObject_GetAttr(out, battr[B_LSN]);
+                if (lsn == NULL) goto item_fail;
+                PyObject *call[10] = {messages, vh, q, msg, now, Py_None, expires_at, lsn, via, label};
+                PyObject *res = PyObject_VectorcallMethod(battr[B_ENQUEUE], call, 10 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+                Py_DECREF(lsn);
+                called = 1;
+                if (res == NULL) {
+                    if ((ok = taken(NULL)) < 0) goto item_fail;
+                    routed = 0;
+                } else {
+                    int set = PyObject_SetAttr(out, battr[B_LSN], res);
+                    Py_DECREF(res);
+                    if (set < 0 || PyObject_SetAttr(out, battr[B_ROUTED], Py_True) < 0) goto item_fail;
+                    ok = routed = 1;
+                }
+            } else {
+                ok = enqueue_transient(&f, mbroker, vh, vname, q, msg, size, msg_id_arg, now, expires_at, via, label,
+                                       &called);
+                if (ok < 0) goto item_fail;
+                /* out.lsn = the enqueue's: out.lsn itself, as a transient enqueue leaves it. out.routed
+                 * = True: set once while no Python code runs between two enqueues. */
+                if (ok && (called || !routed) && PyObject_SetAttr(out, battr[B_ROUTED], Py_True) < 0) goto item_fail;
+                routed = ok ? 1 : called ? 0 : routed;
+            }
+        }
+        if (!ok) {
+            if (failed == NULL && (failed = PyList_New(0)) == NULL) goto item_fail;
+            if (PyList_Append(failed, s) < 0) goto item_fail;
+        }
+        if (called && fresh_load(&f, broker, mbroker) < 0) goto item_fail;
+        Py_DECREF(s);
+        Py_DECREF(label);
+        Py_XDECREF(endpoint);
+        Py_XDECREF(name);
+        Py_XDECREF(q);
+        continue;
+    item_fail:
+        Py_DECREF(s);
+        Py_DECREF(label);
+        Py_XDECREF(endpoint);
+        Py_XDECREF(name);
+        Py_XDECREF(q);
+        goto end;
+    }
+    result = failed != NULL ? Py_NewRef(failed) : Py_NewRef(Py_None);
+end:
+    fresh_clear(&f);
+    Py_XDECREF(queues);
+    Py_XDECREF(broker);
+    Py_XDECREF(messages);
+    Py_XDECREF(mbroker);
+    Py_XDECREF(vname);
+    Py_XDECREF(size);
+    Py_XDECREF(msg_id_arg);
+    Py_XDECREF(failed);
+    return result;
+}
+
+static PyMethodDef enqueue_def = {"enqueue_lean", (PyCFunction)(void (*)(void))enqueue_lean, METH_FASTCALL,
+                                  "enqueue_lean(vh, subs, labels, msg, now, expires_at, out, ex_name, fresh): "
+                                  "gateway.broker.vhost.py_enqueue_lean compiled."};
+
+/* configure_enqueue(Message, EmbeddedMessages, ENQUEUE, CMQError, py_enqueue_lean) -> enqueue_lean;
+ * after configure. */
+static PyObject *configure_enqueue(PyObject *module, PyObject *args) {
+    PyObject *mt, *et, *row, *err, *ref;
+    if (!PyArg_ParseTuple(args, "O!O!OOO:configure_enqueue", &PyType_Type, &mt, &PyType_Type, &et, &row, &err, &ref))
+        return NULL;
+    if (queue_t == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_enqueue: configure first");
+        return NULL;
+    }
+    if (learn((PyTypeObject *)mt, e_names, E_COUNT, e_off) < 0) return NULL;
+    for (int i = 0; i < B_COUNT; i++) {
+        if (battr[i] == NULL && (battr[i] = PyUnicode_InternFromString(b_names[i])) == NULL) return NULL;
+    }
+    if (one == NULL && (one = PyLong_FromLong(1)) == NULL) return NULL;
+    if (s_msg_id == NULL && (s_msg_id = PyUnicode_InternFromString("msg_id")) == NULL) return NULL;
+    if (s_empty == NULL && (s_empty = PyUnicode_FromString("")) == NULL) return NULL;
+    Py_INCREF(mt);
+    Py_XSETREF(emsg_t, (PyTypeObject *)mt);
+    Py_INCREF(et);
+    Py_XSETREF(embedded_t, (PyTypeObject *)et);
+    Py_XSETREF(enqueue_row, Py_NewRef(row));
+    Py_XSETREF(cmq_error, Py_NewRef(err));
+    Py_XSETREF(py_enqueue_lean, Py_NewRef(ref));
+    return PyCFunction_NewEx(&enqueue_def, NULL, NULL);
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds, "
@@ -873,6 +1178,9 @@ static PyMethodDef methods[] = {
     {"configure_deliver", configure_deliver, METH_VARARGS,
      "configure_deliver(Consumer, Message, Properties, ServerConnection, Unacked, DELIVER, append_deliver, "
      "CHAN_OPEN, CONN_OPEN, py_deliver_run) -> deliver_run (after configure)"},
+    {"configure_enqueue", configure_enqueue, METH_VARARGS,
+     "configure_enqueue(Message, EmbeddedMessages, ENQUEUE, CMQError, py_enqueue_lean) -> enqueue_lean "
+     "(after configure)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_queue", NULL, -1, methods};

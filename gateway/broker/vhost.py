@@ -13,6 +13,7 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit.rows import (
+    ENQUEUE,
     PUBLISH_QUEUE,
     PUBLISH_QUEUE_VIA,
     PUBLISH_TOPIC,
@@ -98,6 +99,55 @@ class PublishOutcome:
     routed = False
     lsn = 0
     rejected = False  # x-overflow reject-publish refused it (basic.nack under confirms)
+
+
+def py_enqueue_lean(vh: VHost, subs: Any, sub_labels: list[str], msg: Message, now: float,
+                    expires_at: float | None, out: PublishOutcome, ex_name: str, fresh: bool) -> list[Any] | None:
+    """VHost._route's common case: each of the topic's subscriptions (all unblocked queue
+    endpoints, ``sub_labels`` their labels) enqueues ``msg``, in order, the steps of _attempt
+    and _enqueue for a queue endpoint (D1, D7). ``fresh``: no queue can hold its ID already.
+    Returns the subscriptions whose queue did not take it (None: every one did). The
+    reference of the compiled twin (gateway/broker/_queue.c enqueue_lean), which does the
+    embedded store's transient enqueue itself (EmbeddedMessages.enqueue's steps) and calls
+    these steps for anything else."""
+    failed: list[Any] | None = None
+    queues = vh.queues
+    broker = vh.broker
+    enqueue = broker.messages.enqueue
+    for s, label in zip(subs, sub_labels, strict=True):
+        q = queues.get(s.endpoint[1])  # a ("q", name): _route checked
+        if q is None:
+            ok = False  # D7: the endpoint queue does not exist
+        elif not fresh and q.cmq.get(msg.msg_id) is not None:
+            out.routed = ok = True  # reached twice (exchange bindings): once, as RabbitMQ
+        elif q.durable and msg.persistent and broker.read_only:
+            vh._enqueue(q, msg, now, None, out, ex_name, label)
+            ok = True  # _enqueue's store_failed discard: the attempt took it
+        else:
+            try:
+                out.lsn = enqueue(vh, q, msg, now, None, expires_at, out.lsn, ex_name, label)
+            except CMQError:
+                ok = False  # D7: the queue did not accept: the retry policy takes over
+            else:
+                out.routed = ok = True
+        if not ok:
+            if failed is None:
+                failed = []
+            failed.append(s)
+    return failed
+
+
+def compiled_enqueue_lean() -> Any:
+    """enqueue_lean compiled (gateway/broker/_queue.c), or None under CMQ_GATEWAY_PURE_PYTHON=1
+    or where the package was built without a compiler (gateway.broker.queue.COMPILED)."""
+    from gateway.broker import queue as broker_queue
+    from gateway.broker.storage import EmbeddedMessages
+
+    if broker_queue.COMPILED is None:
+        return None
+    from gateway.broker import _queue  # type: ignore[attr-defined]
+
+    return _queue.configure_enqueue(Message, EmbeddedMessages, ENQUEUE, CMQError, py_enqueue_lean)
 
 
 class VHost:
@@ -714,32 +764,10 @@ class VHost:
                 # the steps of those two for a queue endpoint (D1, D7). Topic.publish would
                 # raise L6 before any attempt, and a blocked subscription waits (D6): neither
                 # comes here; nor does a dead-letter cycle (_enqueue's discard).
-                failed: list[Any] | None = None
-                queues = self.queues
-                broker = self.broker
-                enqueue = broker.messages.enqueue
                 ttl = msg.ttl
                 expires_at = None if ttl is None else message_expiry(now, None, ttl)
-                for s, label in zip(subs, sub_labels, strict=True):
-                    q = queues.get(s.endpoint[1])  # type: ignore[index]  # a ("q", name), above
-                    if q is None:
-                        ok = False  # D7: the endpoint queue does not exist
-                    elif not fresh and q.cmq.get(msg.msg_id) is not None:
-                        out.routed = ok = True  # reached twice (exchange bindings): once, as RabbitMQ
-                    elif q.durable and msg.persistent and broker.read_only:
-                        self._enqueue(q, msg, now, None, out, ex_name, label)
-                        ok = True  # _enqueue's store_failed discard: the attempt took it
-                    else:
-                        try:
-                            out.lsn = enqueue(self, q, msg, now, None, expires_at, out.lsn, ex_name, label)
-                        except CMQError:
-                            ok = False  # D7: the queue did not accept: the retry policy takes over
-                        else:
-                            out.routed = ok = True
-                    if not ok:
-                        if failed is None:
-                            failed = []
-                        failed.append(s)
+                # Compiled where it can be (gateway/broker/_queue.c enqueue_lean).
+                failed = enqueue_lean(self, subs, sub_labels, msg, now, expires_at, out, ex_name, fresh)
                 if failed is None:
                     result = None  # D2: all delivered, nothing kept
                 else:
@@ -894,3 +922,6 @@ def _delay_of(headers: Any) -> float | None:
     from semantics.queue_attrs import check_delay
     check_delay(seconds)
     return seconds
+
+
+enqueue_lean = compiled_enqueue_lean() or py_enqueue_lean

@@ -13,8 +13,6 @@ one to Channel.deliver, so both paths are crossed. SPEC M11, M12, M13, W4.
 from __future__ import annotations
 
 import asyncio
-import itertools
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -25,25 +23,15 @@ from pamqp import commands as C
 from gateway.broker import Broker, BrokerConfig
 from gateway.broker import broker as broker_module
 from gateway.broker import channel as channel_module
-from gateway.broker import vhost as vhost_module
 from semantics.clock import ManualClock
 from tests.unit.broker.conftest import Recorder
 from tests.unit.broker.helpers import Client, declare
+from tests.unit.broker.twins import running
 
 COMPILED = channel_module.compiled_deliver_run()
 needs_compiled = pytest.mark.skipif(COMPILED is None, reason="pure Python or no C build: no compiled twin to compare")
 
 
-@contextmanager
-def _using(run: Any, ids: Any):
-    """The broker's dispatch loop and the vhost's message IDs (deterministic: both runs name
-    their messages alike) replaced for the duration."""
-    saved = broker_module.deliver_run, vhost_module.new_msg_id
-    broker_module.deliver_run, vhost_module.new_msg_id = run, ids
-    try:
-        yield
-    finally:
-        broker_module.deliver_run, vhost_module.new_msg_id = saved
 
 
 _OP = st.one_of(
@@ -59,7 +47,6 @@ _OP = st.one_of(
 def _scenario(run: Any, ops: list[tuple[Any, ...]], no_ack: bool, queue_metadata: bool, consumer_metadata: bool,
               prefetch: int, close_at: int | None) -> tuple[Any, ...]:
     """What a client and the audit log see, and the broker's delivery state, after ``ops``."""
-    counter = itertools.count(1)
 
     async def go() -> tuple[Any, ...]:
         audit = Recorder()
@@ -107,7 +94,7 @@ def _scenario(run: Any, ops: list[tuple[Any, ...]], no_ack: bool, queue_metadata
         finally:
             await broker.close()
 
-    with _using(run, lambda: f"id-{next(counter):06d}"):
+    with running(broker_module, "deliver_run", run):
         return asyncio.run(go())
 
 
