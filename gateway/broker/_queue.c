@@ -48,7 +48,7 @@ static Py_ssize_t q_off[Q_COUNT], m_off[M_COUNT];
 static PyTypeObject *queue_t, *message_t, *receipt_t;
 static PyObject *py_send, *py_receive, *py_delete, *py_restore_plain;
 /* CmqQueue.send as configure made it (enqueue_lean calls q_send directly while it is the class's). */
-static PyObject *send_descr;
+static PyObject *send_descr, *delete_descr;
 static Py_ssize_t min_compact;  /* semantics.queue._MIN_COMPACT: _active's compaction threshold */
 static PyObject *s_active, *s_inactive, *s_deleted, *s_removed;
 static PyObject *kind_visible, *kind_deadline, *zero, *s_emptied;
@@ -513,6 +513,7 @@ static PyObject *configure(PyObject *module, PyObject *args) {
             return NULL;
         }
         if (strcmp(def->ml_name, "send") == 0) Py_XSETREF(send_descr, Py_NewRef(descr));
+        if (strcmp(def->ml_name, "delete") == 0) Py_XSETREF(delete_descr, Py_NewRef(descr));
         Py_DECREF(descr);
     }
     return out;
@@ -1171,6 +1172,275 @@ static PyObject *configure_enqueue(PyObject *module, PyObject *args) {
     return PyCFunction_NewEx(&enqueue_def, NULL, NULL);
 }
 
+/* ---- ack(session, u): Broker.ack, bound to its broker (bind_ack) -------------------------------
+ *
+ * Why: after deliver_run and enqueue_lean, Broker.ack was the largest Python frame left a
+ * delivery (one ack a delivery, 75 bytecodes). Session.on_acks and Channel.ack call it as
+ * ``broker.ack``: the broker's instance attribute made by bind_ack is this function bound to
+ * it, so the call costs no Python frame.
+ *
+ * The reference is Broker.ack itself (an argument other than an Unacked is its whole). Here are
+ * its steps in its order, the rare ones as calls of the same Python methods: the model's delete
+ * (q_delete directly while it is CmqQueue's), the store's settle (durable, or JetStream's), the
+ * ack record (AMQP's, or MQTT's, MQ7) with the latency (gateway.broker.broker.ack_latency's
+ * double: its shortcut here for two floats, else that function), or the stale_ack record
+ * (Q3), then the queue marked for end_batch's dispatch or Broker.after_queue_change. */
+
+enum { K_DELETED, K_DURABLE, K_MESSAGES, K_SETTLES, K_PROTOCOL, K_CLOCK_NOW, K_CMQ, K_MESSAGE, K_PAYLOAD,
+       K_PUBLISHED_AT, K_EMIT_VALUES, K_VHOST_NAME, K_USER, K_PEER, K_NAME, K_BATCH_DEPTH, K_CONSUMERS,
+       K_ON_TICK, K_WAITERS, K_OUTBOX, K_N_ACTIVE, K_NEXT_DUE, K_LOCAL, K_TO_DISPATCH, K_AFTER, K_VHOSTS,
+       K_VHOST, K_EMIT, K_QUEUE, K_MSG_ID, K_DELETE, K_SETTLE, K_EMIT_ROW, K_COUNT };
+static const char *k_names[K_COUNT] = {
+    "deleted", "durable", "messages", "settles_transient", "protocol", "clock_now", "cmq", "message", "payload",
+    "published_at", "emit_values", "vhost_name", "user", "peer", "name", "_batch_depth", "consumers", "on_tick",
+    "waiters", "outbox", "_n_active", "_next_due", "_local_messages", "_to_dispatch", "after_queue_change",
+    "vhosts", "vhost", "emit", "queue", "msg_id", "delete", "settle", "emit_row"};
+static PyObject *kattr[K_COUNT];
+static PyObject *py_ack, *ack_row, *ack_mqtt_row, *round_f, *three, *stale_event, *stale_kwnames, *settle_kwnames;
+static PyObject *ack_msg_t, *py_latency;
+
+static int ktruth(PyObject *obj, int name) {
+    PyObject *v = PyObject_GetAttr(obj, kattr[name]);
+    if (v == NULL) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* Broker.ack's latency of an ack at ``now`` of a message published at ``published``: round(x, 3)
+ * of x = (now - published) * 1000.0 by its shortcut (see Broker.ack), or round itself. */
+static PyObject *latency_of(PyObject *now_o, PyObject *published) {
+    if (!PyFloat_CheckExact(now_o) || !PyFloat_CheckExact(published)) return NULL;  /* caller: Python's */
+    double x = (PyFloat_AS_DOUBLE(now_o) - PyFloat_AS_DOUBLE(published)) * 1000.0;
+    double y = x * 1000.0;
+    double r = floor(y + 0.5);
+    if (!isfinite(r)) return NULL;  /* math.floor raises there: Python's */
+    if (0.0 <= y && y < 6.8e10 && -0.4999 < y - r && y - r < 0.4999) return PyFloat_FromDouble(r / 1000.0);
+    PyObject *xo = PyFloat_FromDouble(x);
+    if (xo == NULL) return NULL;
+    PyObject *call[2] = {xo, three};
+    PyObject *out = PyObject_Vectorcall(round_f, call, 2, NULL);
+    Py_DECREF(xo);
+    return out;
+}
+
+static PyObject *ack_reference(PyObject *broker, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *stack[3];
+    if (nargs != 2) {
+        PyObject *bound = PyMethod_New(py_ack, broker);
+        if (bound == NULL) return NULL;
+        PyObject *out = PyObject_Vectorcall(bound, args, nargs, NULL);
+        Py_DECREF(bound);
+        return out;
+    }
+    stack[0] = broker;
+    stack[1] = args[0];
+    stack[2] = args[1];
+    return PyObject_Vectorcall(py_ack, stack, 3, NULL);
+}
+
+static PyObject *broker_ack(PyObject *broker, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !Py_IS_TYPE(args[1], unacked_t) || PyTuple_GET_SIZE(args[1]) != 4)
+        return ack_reference(broker, args, nargs);
+    PyObject *session = args[0], *u = args[1];
+    PyObject *q = PyTuple_GET_ITEM(u, 0), *handle = PyTuple_GET_ITEM(u, 1), *msg_id = PyTuple_GET_ITEM(u, 2);
+    PyObject *messages = NULL, *protocol = NULL, *clock_now = NULL, *now = NULL, *cmq = NULL, *res = NULL;
+    PyObject *m = NULL, *msg = NULL, *latency = NULL, *v = NULL, *out = NULL;
+    int t;
+    Py_INCREF(q);
+    Py_INCREF(handle);
+    Py_INCREF(msg_id);
+    if ((t = ktruth(q, K_DELETED)) != 0) {
+        if (t > 0) out = Py_NewRef(Py_None);
+        goto end;
+    }
+    if ((clock_now = PyObject_GetAttr(broker, kattr[K_CLOCK_NOW])) == NULL || (now = PyObject_CallNoArgs(clock_now)) == NULL)
+        goto end;
+    if ((cmq = PyObject_GetAttr(q, kattr[K_CMQ])) == NULL) goto end;
+    PyObject *del[3] = {cmq, handle, now};
+    if (Py_IS_TYPE(cmq, queue_t) && _PyType_Lookup(queue_t, kattr[K_DELETE]) == delete_descr)
+        res = q_delete(cmq, del + 1, 2, NULL);
+    else
+        res = PyObject_VectorcallMethod(kattr[K_DELETE], del, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (res == NULL || (t = PyObject_IsTrue(res)) < 0) goto end;
+    if (t) {
+        /* m = handle.message; msg = m.payload */
+        if (Py_IS_TYPE(handle, receipt_t) && PyTuple_GET_SIZE(handle) == 2) m = Py_NewRef(PyTuple_GET_ITEM(handle, 0));
+        else if ((m = PyObject_GetAttr(handle, kattr[K_MESSAGE])) == NULL) goto end;
+        /* if q.durable or self.messages.settles_transient: self.messages.settle(q, m, body_needed=False) */
+        if ((t = ktruth(q, K_DURABLE)) < 0) goto end;
+        if (!t) {
+            if ((messages = PyObject_GetAttr(broker, kattr[K_MESSAGES])) == NULL || (t = ktruth(messages, K_SETTLES)) < 0)
+                goto end;
+            Py_CLEAR(messages);
+        }
+        if (t) {
+            if ((messages = PyObject_GetAttr(broker, kattr[K_MESSAGES])) == NULL) goto end;
+            PyObject *call[4] = {messages, q, m, Py_False};
+            PyObject *r = PyObject_VectorcallMethod(kattr[K_SETTLE], call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                                    settle_kwnames);
+            if (r == NULL) goto end;
+            Py_DECREF(r);
+        }
+        if (Py_IS_TYPE(m, message_t) && MS(m, M_PAYLOAD) != NULL) msg = Py_NewRef(MS(m, M_PAYLOAD));
+        else if ((msg = PyObject_GetAttr(m, kattr[K_PAYLOAD])) == NULL) goto end;
+        if ((t = PyObject_IsInstance(msg, ack_msg_t)) < 0) goto end;
+        if (t) {
+            if ((v = PyObject_GetAttr(msg, kattr[K_PUBLISHED_AT])) == NULL) goto end;
+            latency = latency_of(now, v);
+            if (latency == NULL) {
+                if (PyErr_Occurred()) goto end;
+                /* not two floats, or past math.floor: Broker.ack's own expression decides */
+                PyObject *call[2] = {now, v};
+                if ((latency = PyObject_Vectorcall(py_latency, call, 2, NULL)) == NULL) goto end;
+            }
+            Py_CLEAR(v);
+        } else {
+            latency = Py_NewRef(Py_None);
+        }
+        /* the ack record: emit_values(ACK, ...) on AMQP, emit_row(ACK_MQTT, ...) on MQTT (MQ7) */
+        if ((protocol = PyObject_GetAttr(session, kattr[K_PROTOCOL])) == NULL) goto end;
+        PyObject *vals[3] = {NULL, NULL, NULL}, *qname = NULL, *emit = NULL, *r = NULL;
+        int ok = (vals[0] = PyObject_GetAttr(session, kattr[K_VHOST_NAME])) != NULL
+                 && (vals[1] = PyObject_GetAttr(session, kattr[K_USER])) != NULL
+                 && (vals[2] = PyObject_GetAttr(session, kattr[K_PEER])) != NULL
+                 && (qname = PyObject_GetAttr(q, kattr[K_NAME])) != NULL;
+        if (ok && protocol == Py_None) {
+            if ((emit = PyObject_GetAttr(broker, kattr[K_EMIT_VALUES])) != NULL) {
+                PyObject *record[7] = {ack_row, vals[0], vals[1], vals[2], qname, msg_id, latency};
+                r = PyObject_Vectorcall(emit, record, 7, NULL);
+            }
+        } else if (ok) {
+            PyObject *values = PyTuple_Pack(6, vals[1], vals[2], qname, msg_id, latency, protocol);
+            if (values != NULL && (emit = PyObject_GetAttr(broker, kattr[K_EMIT_ROW])) != NULL) {
+                PyObject *record[3] = {ack_mqtt_row, vals[0], values};
+                r = PyObject_Vectorcall(emit, record, 3, NULL);
+            }
+            Py_XDECREF(values);
+        }
+        ok = r != NULL;
+        Py_XDECREF(r);
+        Py_XDECREF(emit);
+        Py_XDECREF(vals[0]);
+        Py_XDECREF(vals[1]);
+        Py_XDECREF(vals[2]);
+        Py_XDECREF(qname);
+        if (!ok) goto end;
+    } else {
+        /* session.emit("stale_ack", queue=q.name, msg_id=u.msg_id) */
+        PyObject *qname = PyObject_GetAttr(q, kattr[K_NAME]);
+        if (qname == NULL) goto end;
+        PyObject *call[4] = {session, stale_event, qname, msg_id};
+        PyObject *r = PyObject_VectorcallMethod(kattr[K_EMIT], call, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, stale_kwnames);
+        Py_DECREF(qname);
+        if (r == NULL) goto end;
+        Py_DECREF(r);
+    }
+    /* after_queue_change's case in a read's acks (Broker.ack's own test, in its order) */
+    Py_CLEAR(cmq);
+    if ((cmq = PyObject_GetAttr(q, kattr[K_CMQ])) == NULL) goto end;
+    int lean = 0;
+    if ((t = ktruth(broker, K_BATCH_DEPTH)) < 0) goto end;
+    if (t && (t = ktruth(q, K_CONSUMERS)) < 0) goto end;
+    if (t) {
+        if ((v = PyObject_GetAttr(q, kattr[K_ON_TICK])) == NULL) goto end;
+        t = v != Py_None;
+        Py_CLEAR(v);
+    }
+    if (t) {
+        if ((v = PyObject_GetAttr(q, kattr[K_WAITERS])) == NULL) goto end;
+        t = v == Py_None;
+        Py_CLEAR(v);
+    }
+    if (t) {
+        if ((t = ktruth(cmq, K_OUTBOX)) < 0) goto end;
+        lean = !t;
+    }
+    if (lean) {
+        /* cmq._n_active or cmq._next_due <= now or not self._local_messages */
+        int mark;
+        if ((mark = ktruth(cmq, K_N_ACTIVE)) < 0) goto end;
+        if (!mark) {
+            if ((v = PyObject_GetAttr(cmq, kattr[K_NEXT_DUE])) == NULL || (mark = PyObject_RichCompareBool(v, now, Py_LE)) < 0)
+                goto end;
+            Py_CLEAR(v);
+        }
+        if (!mark) {
+            if ((t = ktruth(broker, K_LOCAL)) < 0) goto end;
+            mark = !t;
+        }
+        if (mark) {
+            if ((v = PyObject_GetAttr(broker, kattr[K_TO_DISPATCH])) == NULL || PyObject_SetItem(v, q, Py_None) < 0)
+                goto end;
+            Py_CLEAR(v);
+        }
+    } else {
+        /* self.after_queue_change(self.vhosts[q.vhost], q) */
+        PyObject *vhosts = PyObject_GetAttr(broker, kattr[K_VHOSTS]), *vname = NULL, *vh = NULL;
+        if (vhosts != NULL && (vname = PyObject_GetAttr(q, kattr[K_VHOST])) != NULL) vh = PyObject_GetItem(vhosts, vname);
+        Py_XDECREF(vhosts);
+        Py_XDECREF(vname);
+        if (vh == NULL) goto end;
+        PyObject *call[3] = {broker, vh, q};
+        PyObject *r = PyObject_VectorcallMethod(kattr[K_AFTER], call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(vh);
+        if (r == NULL) goto end;
+        Py_DECREF(r);
+    }
+    out = Py_NewRef(Py_None);
+end:
+    Py_DECREF(q);
+    Py_DECREF(handle);
+    Py_DECREF(msg_id);
+    Py_XDECREF(messages);
+    Py_XDECREF(protocol);
+    Py_XDECREF(clock_now);
+    Py_XDECREF(now);
+    Py_XDECREF(cmq);
+    Py_XDECREF(res);
+    Py_XDECREF(m);
+    Py_XDECREF(msg);
+    Py_XDECREF(latency);
+    Py_XDECREF(v);
+    return out;
+}
+
+static PyMethodDef ack_def = {"ack", (PyCFunction)(void (*)(void))broker_ack, METH_FASTCALL,
+                              "ack(session, u): Broker.ack compiled, bound to its broker (gateway/broker/_queue.c)."};
+
+/* bind_ack(broker) -> ack(session, u) bound to ``broker`` (its instance attribute ``ack``). */
+static PyObject *bind_ack(PyObject *module, PyObject *broker) {
+    if (py_ack == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind_ack: configure_ack first");
+        return NULL;
+    }
+    return PyCFunction_NewEx(&ack_def, broker, NULL);
+}
+
+/* configure_ack(Broker.ack, ACK, ACK_MQTT, Message, ack_latency, round) after configure_deliver. */
+static PyObject *configure_ack(PyObject *module, PyObject *args) {
+    PyObject *ref, *row, *mrow, *mt, *lat, *rnd;
+    if (!PyArg_ParseTuple(args, "OOOO!OO:configure_ack", &ref, &row, &mrow, &PyType_Type, &mt, &lat, &rnd)) return NULL;
+    if (unacked_t == NULL || delete_descr == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "configure_ack: configure and configure_deliver first");
+        return NULL;
+    }
+    for (int i = 0; i < K_COUNT; i++) {
+        if (kattr[i] == NULL && (kattr[i] = PyUnicode_InternFromString(k_names[i])) == NULL) return NULL;
+    }
+    if (three == NULL && (three = PyLong_FromLong(3)) == NULL) return NULL;
+    if (stale_event == NULL && (stale_event = PyUnicode_InternFromString("stale_ack")) == NULL) return NULL;
+    if (stale_kwnames == NULL && (stale_kwnames = Py_BuildValue("(ss)", "queue", "msg_id")) == NULL) return NULL;
+    if (settle_kwnames == NULL && (settle_kwnames = Py_BuildValue("(s)", "body_needed")) == NULL) return NULL;
+    Py_XSETREF(py_ack, Py_NewRef(ref));
+    Py_XSETREF(ack_row, Py_NewRef(row));
+    Py_XSETREF(ack_mqtt_row, Py_NewRef(mrow));
+    Py_XSETREF(ack_msg_t, Py_NewRef(mt));
+    Py_XSETREF(py_latency, Py_NewRef(lat));
+    Py_XSETREF(round_f, Py_NewRef(rnd));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(CmqQueue, QueueMessage, Receipt, py_send, py_receive, py_delete, states, kinds, "
@@ -1181,6 +1451,9 @@ static PyMethodDef methods[] = {
     {"configure_enqueue", configure_enqueue, METH_VARARGS,
      "configure_enqueue(Message, EmbeddedMessages, ENQUEUE, CMQError, py_enqueue_lean) -> enqueue_lean "
      "(after configure)"},
+    {"configure_ack", configure_ack, METH_VARARGS,
+     "configure_ack(Broker.ack, ACK, ACK_MQTT, Message, ack_latency, round) (after configure_deliver)"},
+    {"bind_ack", bind_ack, METH_O, "bind_ack(broker) -> Broker.ack compiled, bound to broker"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_queue", NULL, -1, methods};

@@ -82,6 +82,19 @@ class BrokerConfig:
     compact_min_bytes: int = COMPACT_MIN_BYTES  # the journal is compacted above this size
 
 
+def ack_latency(now: float, published_at: float) -> float:
+    """The ack record's latency in ms, round(x, 3) of x = (now - published_at) * 1000.0 without
+    round's decimal conversion (dtoa and snprintf, ~2.5k instructions an ack): when x * 1000 is
+    not within 0.0001 of a half, its nearest integer r is the one round keeps, and r / 1000.0
+    is the double nearest r/1000, which round returns. Ties, negatives (round's -0.0) and
+    latencies past ~19 h (the float's spacing) are round's own. (The compiled ack computes the
+    same for two floats, and calls this otherwise.)"""
+    x = (now - published_at) * 1000.0
+    y = x * 1000.0
+    r = _floor(y + 0.5)
+    return r / 1000.0 if 0.0 <= y < 6.8e10 and -0.4999 < y - r < 0.4999 else round(x, 3)
+
+
 class Broker:
     """All vhosts of one gateway process.
 
@@ -138,6 +151,10 @@ class Broker:
         self.data_dir = data_dir
         self.clock = clock
         self.audit = audit if audit is not None else NullAudit()  # sets emit_row/emit_fields too
+        if bind_ack is not None and type(self).ack is Broker.ack:
+            # ack compiled (gateway/broker/_queue.c), bound here: Session.on_acks and Channel.ack
+            # call ``broker.ack`` a delivery, now without a Python frame (Broker.ack is its reference).
+            self.ack = bind_ack(self)  # type: ignore[method-assign]
         self.config = config if config is not None else BrokerConfig()
         self.strict_names = bool(getattr(self.config, "strict_names", False))  # L2
         # PF1: the gateway's profile, and the vhosts that override it.
@@ -936,18 +953,7 @@ class Broker:
             if q.durable or self.messages.settles_transient:
                 self.messages.settle(q, m, body_needed=False)  # durable or not (issue 28)
             msg = m.payload
-            if isinstance(msg, Message):
-                # round(x, 3) without round's decimal conversion (dtoa and snprintf, ~2.5k
-                # instructions an ack): when x * 1000 is not within 0.0001 of a half, its
-                # nearest integer r is the one round keeps, and r / 1000.0 is the double
-                # nearest r/1000, which round returns. Ties, negatives (round's -0.0) and
-                # latencies past ~19 h (the float's spacing) are round's own.
-                x = (now - msg.published_at) * 1000.0
-                y = x * 1000.0
-                r = _floor(y + 0.5)
-                latency = r / 1000.0 if 0.0 <= y < 6.8e10 and -0.4999 < y - r < 0.4999 else round(x, 3)
-            else:
-                latency = None
+            latency = ack_latency(now, msg.published_at) if isinstance(msg, Message) else None
             if session.protocol is None:
                 emit_values = self.emit_values  # an instance attribute: called through a local, specialized
                 emit_values(ACK, session.vhost_name, session.user, session.peer, q.name, u.msg_id, latency)
@@ -1186,3 +1192,20 @@ def _exchange(vh: VHost, r: dict[str, Any]) -> Exchange:
     from gateway.broker.exchange import Exchange
     return Exchange(vh.name, r["name"], r["type"], durable=True, auto_delete=r["auto_delete"],
                     internal=r["internal"], arguments=r["arguments"], limits=vh.profile.enforced)
+
+
+def compiled_ack() -> Callable[[Broker], Any] | None:
+    """bind_ack (gateway/broker/_queue.c: Broker.ack compiled, bound to a broker), or None under
+    CMQ_GATEWAY_PURE_PYTHON=1 or where the package was built without a compiler
+    (gateway.broker.queue.COMPILED)."""
+    from gateway.broker import queue as broker_queue
+
+    if broker_queue.COMPILED is None:
+        return None
+    from gateway.broker import _queue  # type: ignore[attr-defined]
+
+    _queue.configure_ack(Broker.ack, ACK, ACK_MQTT, Message, ack_latency, round)
+    return _queue.bind_ack  # type: ignore[no-any-return]
+
+
+bind_ack = compiled_ack()

@@ -64,6 +64,12 @@ def message_priority(msg: Any) -> int:
 class BrokerQueue:
     """One AMQP queue in one vhost."""
 
+    # Slots: the compiled ack and enqueue (gateway/broker/_queue.c) read a queue's attributes
+    # once or twice a delivery, a slot's member read instead of an instance dict's lookup.
+    __slots__ = ("vhost", "name", "durable", "exclusive_owner", "auto_delete", "arguments", "qargs", "attrs",
+                 "policy", "cmq", "receive", "receive_metadata", "consumers", "_rr", "had_consumer", "deleted",
+                 "last_used", "on_tick", "waiters", "stored", "remote_ready", "on_consumers")
+
     def __init__(self, vhost: str, name: str, *, durable: bool, exclusive_owner: Session | None,
                  auto_delete: bool, arguments: dict[str, Any], qargs: QueueArgs,
                  attrs: QueueAttributes, cmq: CmqQueue) -> None:
@@ -79,8 +85,8 @@ class BrokerQueue:
             cmq.set_priorities(qargs.max_priority, message_priority)
         self.policy: Policy | None = None  # the RabbitMQ policy applied (VHost._queue_settings)
         self.cmq = cmq
-        # receive() without a frame of its own: every delivery takes one (CMQ model, below).
-        self.receive = cmq.receive  # type: ignore[method-assign]
+        # receive(now) without a frame of its own: every delivery takes one (CMQ model, below).
+        self.receive: Callable[[float], Receipt | None] = cmq.receive
         # M11 / PF5: deliveries carry the CMQ receive metadata (the cmq profile, or the
         # queue's x-cmq-receive-metadata); otherwise the properties go out as published.
         self.receive_metadata = qargs.receive_metadata
@@ -107,10 +113,8 @@ class BrokerQueue:
         return f"BrokerQueue({self.vhost!r}, {self.name!r})"
 
     # -- CMQ model ---------------------------------------------------------------------------
-
-    def receive(self, now: float) -> Receipt | None:
-        """CMQ ReceiveMessage: an Active message turns Inactive (Q1), or None."""
-        return self.cmq.receive(now)
+    # receive(now): CMQ ReceiveMessage, an Active message turns Inactive (Q1), or None: the
+    # model's own method, kept in the ``receive`` slot by __init__.
 
     @property
     def message_count(self) -> int:
