@@ -33,7 +33,9 @@ A direct message is in the local model only, as on the embedded store (the same 
 would be Active again (a requeue by nack, reject, basic.recover or a closed channel; its
 visibility timeout; a consumer gone before it was delivered) it is published into the stream
 instead, with the receives it had in the RECEIVED header, so that any gateway can take it and it
-comes back flagged redelivered as a stream message would. A kill -9 of the gateway loses the
+comes back flagged redelivered as a stream message would. Those waiting here for credit go into
+the stream too, unflagged, once another live gateway has a consumer on the queue (presence:
+JetStreamMessages.others_consume_now), so that its consumers take them as well. A kill -9 of the gateway loses the
 direct messages it had not settled, delivered or waiting (RabbitMQ loses a non-durable queue's
 messages with its node). Waiting here, they are not in another gateway's counts (declare-ok, CMQ's
 GetQueueAttributes) until they go into the stream.

@@ -27,13 +27,14 @@ from gateway.jetstream.bodies import BODY_HEADER, Bodies
 from gateway.jetstream.direct import LOCAL_AHEAD, plain_queue, room, stream_clear
 from gateway.jetstream.maxlength import trim_after_publish
 from gateway.jetstream.nonces import KvLedger
-from gateway.jetstream.pulls import Pulls
+from gateway.jetstream.pulls import PULL_WAIT, Pulls
 from gateway.jetstream.queues import QueueStream
 from gateway.jetstream.streams import Streams
 from gateway.jetstream.sweeper import Sweeper, settle_once
 from gateway.jetstream.writes import Writes
 from semantics import queue as Q
 from semantics.errors import CMQError
+from semantics.jetstream.names import queue_token
 from semantics.send_rules import check_heap, check_room, check_size, send_delay, send_expiry
 
 if TYPE_CHECKING:
@@ -52,6 +53,10 @@ LAG_EVERY = 0.002
 LAG_STALE = 1.0
 LAG_WEIGHT = 3
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
+
+
+def _position(m: Q.QueueMessage) -> int:
+    return m.pos  # the Active order: who takes it first here
 
 
 def held(q: BrokerQueue, s: QueueStream) -> int:
@@ -218,6 +223,39 @@ class JetStreamMessages:
         elif m.msg_id in s.direct:
             self.hand_back(s, m, m.receive_count)
         return True
+
+    def others_consume_now(self, token: str) -> None:
+        """Presence: another live gateway has a consumer on the queue of ``token`` now. The
+        direct messages waiting here for this gateway's credit (_wait_here) go into the stream,
+        in their order, receives and IDs kept, so that its consumers take them too (RabbitMQ
+        round-robins a queue's messages over all its consumers); none waits here from now on
+        (_wait_here asks presence), and the FIFO rule holds: a hand-back is an own publish
+        (stream_clear false until this gateway pulled it back)."""
+        for s in list(self._holding):
+            q = s.q
+            if q.deleted or not s.direct:
+                self._holding.discard(s)
+                continue
+            if queue_token(q.vhost, q.name) != token:
+                continue
+            now = self.broker.now()
+            if s.requested and now - s.asked_at < 2 * PULL_WAIT:
+                # A pull of this gateway is still waiting at the server (asked when its
+                # consumers had credit that direct messages used since): it would take the
+                # first ones handed back, to wait here again. No credit, no new pull: it
+                # ends within PULL_WAIT; then they go.
+                self.pulls._loop.call_later(PULL_WAIT, self.others_consume_now, token)
+                continue
+            self._holding.discard(s)
+            cmq = q.cmq
+            waiting = [m for i in s.direct if (m := cmq.get(i)) is not None and m.state is Q.ACTIVE]
+            if not waiting:
+                continue
+            waiting.sort(key=_position)
+            for m in waiting:
+                if cmq.delete(Q.Receipt(m, m.handle), now):
+                    self.hand_back(s, m, m.receive_count)
+            self.broker.after_queue_change(self.broker.vhosts[q.vhost], q)
 
     def hand_back(self, s: QueueStream, m: Q.QueueMessage, receives: int) -> None:
         """A direct message (gateway.jetstream.direct) would be Active again: it goes into the

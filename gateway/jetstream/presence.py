@@ -135,8 +135,13 @@ class Presence:
             if deleted:
                 per.pop(gw, None)
             else:
-                per[gw] = int(msg.data or b"0")
+                n = int(msg.data or b"0")
+                per[gw] = n
                 self.seen[gw] = max(self.seen[gw], now)
+                if n > 0 and gw != self.me:
+                    # its consumers take from the queue too: what waits here for ours goes
+                    # to the stream (gateway.jetstream.direct)
+                    self.broker.messages.others_consume_now(token)
         elif kind == "sweep":
             self.sweeper_id = None if deleted else bytes(msg.data).decode()
         elif kind == "e":

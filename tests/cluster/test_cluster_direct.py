@@ -264,3 +264,111 @@ def _management_queue(gw: Any, queue: str) -> dict[str, Any]:
                                  headers={"Authorization": "Basic " + b64encode(b"admin:admin").decode()})
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
+
+
+def _deliveries(conn: pika.BlockingConnection, ch: Any, queue: str, prefetch: int, ack: bool,
+                into: list[tuple[bytes, bool]]) -> str:
+    """A consumer of ``queue`` on ``ch`` whose deliveries (body, redelivered) go to ``into``."""
+    ch.basic_qos(prefetch_count=prefetch)
+
+    def on(c: Any, m: Any, _p: Any, body: bytes) -> None:
+        into.append((body, m.redelivered))
+        if ack:
+            c.basic_ack(m.delivery_tag)
+
+    return str(ch.basic_consume(queue, on))
+
+
+def _pump(conns: list[pika.BlockingConnection], until: Callable[[], bool], seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not until():
+        assert time.monotonic() < deadline, "timed out"
+        for c in conns:
+            c.process_data_events(time_limit=0.02)
+
+
+def _waiting_on(gw: Any, core_nats: NatsCluster, queue: str, total: int) -> tuple[pika.BlockingConnection, Any,
+                                                                                   list[tuple[bytes, bool]]]:
+    """``total`` transient messages published on ``gw`` to a new non-durable queue whose only
+    consumer, there, has prefetch 1 and acks nothing: the first is delivered, the others wait
+    on ``gw`` for its credit (direct, in no stream)."""
+    conn = _conn(gw)
+    ch = conn.channel()
+    ch.queue_declare(queue)
+    got: list[tuple[bytes, bool]] = []
+    _deliveries(conn, ch, queue, 1, False, got)
+    pub = conn.channel()
+    pub.confirm_delivery()
+    for i in range(total):
+        pub.basic_publish("", queue, b"%d" % i, TRANSIENT)
+    _pump([conn], lambda: len(got) == 1)
+    conn.process_data_events(time_limit=0.2)
+    assert got == [(b"0", False)]
+    assert gw.broker.messages.direct_count == total
+    assert _last_seq(core_nats, queue) == 0  # all of them here only
+    return conn, ch, got
+
+
+def _in_order(seen: list[tuple[bytes, bool]]) -> bool:
+    numbers = [int(b) for b, _r in seen]
+    return numbers == sorted(numbers)
+
+
+def test_direct_messages_waiting_here_go_to_a_consumer_that_appears_on_another_gateway(
+        js_gateways: Callable[..., Any], core_nats: NatsCluster) -> None:
+    """Issue 28: messages waiting on the publishing gateway for its slow consumer's credit are
+    handed to the stream once another gateway's consumer appears, so that it takes them (as
+    RabbitMQ round-robins over both); later publishes wait here no more."""
+    a, b = js_gateways(2)
+    name = _name("appears")
+    total = 30
+    conn, ch, on_a = _waiting_on(a, core_nats, name, total)
+    other = _conn(b)
+    on_b: list[tuple[bytes, bool]] = []
+    _deliveries(other, other.channel(), name, 100, True, on_b)
+    _pump([conn, other], lambda: len(on_b) == total - 1)
+    assert on_b == [(b"%d" % i, False) for i in range(1, total)]  # never delivered: not redelivered
+    assert _last_seq(core_nats, name) == total - 1  # handed back, each once
+    assert on_a == [(b"0", False)]
+    # Another gateway consumes now: a new publish on a, its consumer without credit, waits
+    # here no more; either consumer takes it, each message once, each in publish order.
+    pub = conn.channel()
+    pub.confirm_delivery()
+    more = 10
+    for i in range(total, total + more):
+        pub.basic_publish("", name, b"%d" % i, TRANSIENT)
+    _pump([conn, other], lambda: len(on_b) == total - 1 + more)
+    assert a.broker.messages.direct_count == total  # none of them waited on a
+    ch.basic_ack(1)
+    conn.process_data_events(time_limit=0.2)
+    bodies = sorted(int(body) for body, _r in on_a + on_b)
+    assert bodies == list(range(total + more))
+    assert _in_order(on_a) and _in_order(on_b)
+    assert not any(r for _b, r in on_a + on_b)
+    conn.close()
+    other.close()
+
+
+def test_direct_messages_waiting_here_go_to_the_stream_when_the_last_consumer_here_goes(
+        js_gateways: Callable[..., Any], core_nats: NatsCluster) -> None:
+    a, b = js_gateways(2)
+    name = _name("gone")
+    total = 12
+    conn, ch, on_a = _waiting_on(a, core_nats, name, total)
+    # The pull a asked at basic.consume (credit 1, taken since by a direct message) has ended:
+    # still waiting at the server, it would catch the first message handed back and return it
+    # with a nak, flagged redelivered (readers_left hands back before its UNSUB is through).
+    s = next(s for s in a.broker.messages.queue_streams() if s.q.name == name)
+    _pump([conn], lambda: s.requested == 0)
+    ch.basic_cancel(ch.consumer_tags[0])  # its delivery stays unacked; the waiting ones go
+    _until(lambda: _last_seq(core_nats, name) == total - 1)
+    other = _conn(b)
+    on_b: list[tuple[bytes, bool]] = []
+    _deliveries(other, other.channel(), name, 100, True, on_b)
+    _pump([conn, other], lambda: len(on_b) == total - 1)
+    assert on_b == [(b"%d" % i, False) for i in range(1, total)]
+    conn.close()  # the unacked first one is requeued: into the stream, redelivered
+    _pump([other], lambda: len(on_b) == total)
+    assert on_b[-1] == (b"0", True)
+    assert on_a == [(b"0", False)]
+    other.close()
