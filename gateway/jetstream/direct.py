@@ -96,10 +96,13 @@ def room(q: BrokerQueue) -> bool:
             continue
         limit = ch.channel_prefetch
         if c.no_ack:
-            if not limit or len(ch.unacked) + len(ch.tx_acks) < limit:
-                n = UNLIMITED
-            else:
-                continue
+            # A no-ack delivery takes no channel credit, but it needs some left: what an
+            # earlier consumer of the channel was counted for is gone.
+            if limit:
+                free = limit - len(ch.unacked) - len(ch.tx_acks)
+                if (left.get(ch, free) if left else free) <= 0:
+                    continue
+            n = UNLIMITED
         else:
             n = c.prefetch - c.unacked if c.prefetch else UNLIMITED
             if limit:
