@@ -64,6 +64,7 @@ cmq = CmqQueue("q", QueueAttributes(visibility_timeout=30, msg_retention_seconds
 q = SimpleNamespace(cmq=cmq, vhost="/", deleted=False, remote_ready=0)
 s = QueueStream.__new__(QueueStream)
 s.q, s.held_back, s.leases, s.delays, s.fetched, s.last_delivery = q, [], {}, {}, {}, 0
+s.last_own, s.own_taken = None, True  # nothing published here (direct delivery's FIFO rule)
 p = Pulls.__new__(Pulls)
 p.clock = SimpleNamespace(now=lambda: NOW)
 p.taking = set()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Coroutine
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from gateway.audit.rows import ENQUEUE
@@ -53,10 +54,6 @@ LAG_EVERY = 0.002
 LAG_STALE = 1.0
 LAG_WEIGHT = 3
 GET_WAIT = 10.0  # a plain basic.get waits at most this long (NATS away) before get-empty
-
-
-def _position(m: Q.QueueMessage) -> int:
-    return m.pos  # the Active order: who takes it first here
 
 
 def held(q: BrokerQueue, s: QueueStream) -> int:
@@ -251,7 +248,7 @@ class JetStreamMessages:
             waiting = [m for i in s.direct if (m := cmq.get(i)) is not None and m.state is Q.ACTIVE]
             if not waiting:
                 continue
-            waiting.sort(key=_position)
+            waiting.sort(key=attrgetter("pos"))  # the Active order: who takes it first here
             for m in waiting:
                 if cmq.delete(Q.Receipt(m, m.handle), now):
                     self.hand_back(s, m, m.receive_count)

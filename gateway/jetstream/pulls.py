@@ -22,7 +22,7 @@ from gateway.broker.message import Message, init_message, new_message
 from gateway.jetstream import wire
 from gateway.jetstream.api_receive import answer_receives
 from gateway.jetstream.bodies import BODY_HEADER, Bodies
-from gateway.jetstream.direct import RECEIVED
+from gateway.jetstream.direct import RECEIVED, UNLIMITED_CREDIT
 from gateway.jetstream.head import _NAMES, _PROPERTIES, EXPIRES_AT, MSG_ID, VISIBLE_AT, stored_message
 from gateway.jetstream.plain_takes import compiled_take_plains
 from gateway.jetstream.queues import QueueStream, rewind_consumer, subscribe
@@ -42,10 +42,6 @@ log = logging.getLogger("cmq_gateway.jetstream")
 PULL_WAIT = 1.0  # a pull request waits this long at the server for messages (then asks again)
 PULL_MAX = 512  # messages per pull request, at most; several may be under way
 PULL_MIN = 64  # while a pull is under way, the next one asks for at least this many (or all the credit)
-# What a consumer without a prefetch limit (no-ack, or prefetch 0) is pulled for ahead: its
-# deliveries must not wait a round trip to JetStream each batch (a credit of 64 held a no-ack
-# consumer to ~1,100 msg/s under a flood, issue 28).
-UNLIMITED_CREDIT = 1000
 LEASED_MAX = 4096  # messages asked for or leased and not yet delivered, per queue, at most
 PULL_WAITING = b'"expires":%d' % int(PULL_WAIT * 1e9)
 AGAIN_WAIT = 0.1  # a plain get's second pull waits this long at the server (Pulls._ask_again)

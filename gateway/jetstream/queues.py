@@ -53,11 +53,6 @@ class QueueStream:
     counts. Owned by the broker's JetStreamMessages (made by ``made``, reached from the queue as
     ``q.stored``); the queue itself is the broker's one BrokerQueue."""
 
-    # Direct delivery (gateway.jetstream.direct): the ID of this gateway's latest publish into
-    # the stream, and whether this gateway pulled it since (then every earlier one was delivered).
-    last_own: str | None = None
-    own_taken = True
-
     def __init__(self, q: BrokerQueue) -> None:
         self.q = q
         self.stream = ""
@@ -116,9 +111,12 @@ class QueueStream:
         self.landed: asyncio.Future[None] | None = None  # a trim waiting for the publishes before it
         self.trim_hold = 0  # the store's hold on the confirms of publishes the next trim covers
         # Direct delivery (gateway.jetstream.direct): the IDs of the messages here that are in
-        # no stream (last_own and own_taken: see the class's); the queue's settings last judged
-        # by plain_queue, and the verdict.
+        # no stream; the ID of this gateway's latest publish into the stream, and whether this
+        # gateway pulled it since (then every earlier one was delivered); the queue's settings
+        # last judged by plain_queue, and the verdict.
         self.direct: set[str] = set()
+        self.last_own: str | None = None
+        self.own_taken = True
         self.plain_of: tuple[Any, Any] = (None, None)
         self.plain = False
 

@@ -39,6 +39,7 @@ def _pulls(monkeypatch: pytest.MonkeyPatch) -> tuple[Pulls, QueueStream, list[by
     q = SimpleNamespace(cmq=cmq, vhost="/", deleted=False, remote_ready=0)
     s = QueueStream.__new__(QueueStream)
     s.q, s.held_back, s.leases, s.delays, s.fetched, s.last_delivery = q, [], {}, {}, {}, 0  # type: ignore[assignment]
+    s.last_own, s.own_taken = None, True  # nothing published here (direct delivery's FIFO rule)
     p = Pulls.__new__(Pulls)
     replies: list[bytes] = []
     p.clock = SimpleNamespace(now=lambda: NOW)  # type: ignore[assignment]
