@@ -312,6 +312,7 @@ class Gateway:
         self.audit: Any = NullAudit()
         self.connections: set[AMQPConnection] = set()
         self.light_peers = LightPeers()  # whose input ends a busy connection's read turn
+        self.consumer_peers = LightPeers()  # connections with consumers (owed_input_waiting)
         self.server_properties: dict[str, Any] = {}
         self.alarms = Alarms()
         self.admission = Admission(config.limits)  # SE5: every listener's gate (gateway/admission.py)
@@ -512,6 +513,7 @@ class Gateway:
             self.mqtt.retained.close()  # its bytes counted as held (SE6) are let go
         self.audit.close()
         self.light_peers.close()
+        self.consumer_peers.close()
         for lock in self._locks:
             lock.release()
         self._locks = []

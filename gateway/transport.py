@@ -29,6 +29,13 @@ and a busy connection's turn ends as soon as one of them has input, checked ever
 LIGHT_CHECK_SECONDS; the light one is then read in the same loop iteration. Busy turns that
 only busy connections wait behind keep their full size, so throughput pays nothing for it.
 
+The other way round, a busy publisher yields to busy consumers: after its turn it is neither
+read nor handled while a consumer connection that the broker owes deliveries to (its queue
+holds messages and waits for that consumer's credit, Broker.owed) has input unread, as long
+as that input lets messages out, for YIELD_MAX_SECONDS at most. Those acks are what lets the deliveries out, and every enqueue made
+before them is work taken from the deliveries (a fan-out enqueued four copies for each one it
+delivered). A consumer whose socket is quiet (slow, stuck, or light) holds nobody.
+
 Back-pressure runs both ways: the socket's ``pause_writing``/``resume_writing`` stop and
 restart deliveries to this connection (a slow consumer), and while a resource alarm is in
 effect (W5, gateway/alarms.py) a connection that publishes, or is in the middle of sending a
@@ -103,6 +110,17 @@ LIGHT_CHECK_SECONDS = 0.00025
 FLOW_HIGH = 8192
 FLOW_LOW = 4096
 FLOW_CHECK_SECONDS = 0.002
+# Deliveries before publishes: a busy publisher's turn is followed by loop iterations without
+# it while a busy consumer connection that the broker owes deliveries to (Broker.owed: its
+# queue holds messages and it waits for credit) has input unread: its acks, each of which lets
+# a delivery out. One loop, one core: every enqueue the publisher makes meanwhile is work taken
+# from those deliveries, and a fan-out to 50 queues enqueued four copies for each one delivered
+# (docs/BENCHMARKS.md, scenario 3). The analogue of RabbitMQ's credit flow, which holds a
+# channel while the queue processes it feeds are behind; but held only while that input lets
+# messages out, and for YIELD_MAX_SECONDS at most, so that a publisher moves however its
+# consumers behave, and a consumer that is itself slow (its socket quiet, or a light
+# connection) or stuck holds nobody.
+YIELD_MAX_SECONDS = 0.05
 # Connections that asked for a flush (ClientProtocol.request_flush) since the last read turn
 # ended: written at the end of that turn (flush_requested), not a loop iteration later.
 _requested: list[ClientProtocol] = []
@@ -146,6 +164,13 @@ class LightPeers:
         """Has any light connection input the kernel holds for it?"""
         return bool(self._members) and bool(self._epoll.poll(0, 1))  # type: ignore[union-attr]
 
+    def readable(self, limit: int = 64) -> list[Any]:
+        """The members (at most ``limit``) whose input the kernel holds."""
+        if not self._members:
+            return []
+        members = self._members
+        return [members[fd] for fd, _ in self._epoll.poll(0, limit) if fd in members]  # type: ignore[union-attr]
+
     def close(self) -> None:
         if self._epoll is not None:
             self._epoll.close()
@@ -166,6 +191,26 @@ def flush_requested(gw: Any) -> None:
                 conn._flush()
             except Exception:  # that connection's, as in its call_soon: not the reader's
                 log.exception("flush failed on connection %s", conn.peer)
+
+
+def owed_input_waiting(gw: Any, publisher: Any) -> bool:
+    """Has a busy consumer connection, that the broker owes deliveries to (Broker.owed), input
+    the kernel holds for it and this loop iteration will read? (YIELD_MAX_SECONDS)"""
+    owed = gw.broker.owed
+    if not owed:
+        return False
+    for conn in gw.consumer_peers.readable():
+        # Held itself (W5, flow, yielding) it is not read: waiting for it would hold for nothing.
+        if conn is publisher or not conn._busy or conn._reading_paused and not conn._backlog:
+            continue
+        session = conn.session
+        if session is None:
+            continue
+        for ch in session.channels.values():
+            for c in ch.consumers.values():
+                if c.queue in owed:
+                    return True
+    return False
 
 
 def is_loopback(host: str) -> bool:
@@ -282,6 +327,11 @@ class AMQPConnection(ClientProtocol):
         self.publisher = False  # has published: subject to W5 blocking
         self.blocked = False  # connection.blocked was sent / reading paused
         self._flow = False  # not read while the store's unacknowledged writes are many
+        self._yielding = False  # not read nor handled while owed consumers' input waits
+        self._yield_since = 0.0
+        self._yield_mark = 0  # broker.dispatches_out at the last look (_yield_check)
+        self.flow_at = -1e9  # time.monotonic() of its last hold (_flow, _yielding): "flow" in the API
+        self._owed_watch = False  # in gw.consumer_peers (has had a consumer)
         self._reading_paused = False  # transport.pause_reading() is in effect
         self._backlog = False  # frames left in the core's buffer: handled in a later turn
         self._flush_scheduled = False
@@ -332,7 +382,9 @@ class AMQPConnection(ClientProtocol):
         self.gw.bytes_in += len(data)
         self._window_bytes += len(data)
         self.conn.receive_data(data)
-        if not self._backlog:  # else a turn is already scheduled and reading paused
+        if self._yielding:  # _yield_check handles it
+            self._backlog = True
+        elif not self._backlog:  # else a turn is already scheduled and reading paused
             self._process()
 
     def _process(self) -> None:
@@ -422,16 +474,44 @@ class AMQPConnection(ClientProtocol):
             self._block()
         if self.publisher and not self._flow and gw.broker.write_backlog() > FLOW_HIGH:
             self._flow = True
+            self.flow_at = time.monotonic()
             self._sync_reading()
             asyncio.get_running_loop().call_later(FLOW_CHECK_SECONDS, self._flow_check)
+        if self.publisher and self._busy and not self._yielding and owed_input_waiting(gw, self):
+            self._yielding = True
+            self._yield_since = time.perf_counter()
+            self._yield_mark = -1  # the first look asks no progress: the consumers may not have been read yet
+            self.flow_at = time.monotonic()
+            self._sync_reading()
+            asyncio.get_running_loop().call_soon(self._yield_check)
         if more:
             if not self._backlog:
                 self._backlog = True
                 self._sync_reading()
-            asyncio.get_running_loop().call_soon(self._process)
+            if not self._yielding:
+                asyncio.get_running_loop().call_soon(self._process)
         elif self._backlog:
             self._backlog = False
             self._sync_reading()
+
+    def _yield_check(self) -> None:
+        """Once a loop iteration while yielding (YIELD_MAX_SECONDS): go on yielding while the
+        owed consumers' input lets messages out, or take the turn. A consumer connection that
+        talks without letting anything out (it publishes too, say, while its own consumer waits
+        on a long task) holds a publisher for an iteration or two, not YIELD_MAX_SECONDS."""
+        if self._lost:
+            return
+        broker = self.gw.broker
+        out = broker.dispatches_out
+        if out != self._yield_mark and time.perf_counter() - self._yield_since < YIELD_MAX_SECONDS \
+                and owed_input_waiting(self.gw, self):
+            self._yield_mark = out
+            asyncio.get_running_loop().call_soon(self._yield_check)
+            return
+        self._yielding = False
+        self._sync_reading()
+        if self._backlog:
+            self._process()
 
     def _flow_check(self) -> None:
         if self._lost:
@@ -445,7 +525,7 @@ class AMQPConnection(ClientProtocol):
     def _sync_reading(self) -> None:
         """Read from the socket unless blocked (W5), held by flow control, or frames are
         still buffered."""
-        want_paused = self.blocked or self._backlog or self._flow
+        want_paused = self.blocked or self._backlog or self._flow or self._yielding
         if want_paused == self._reading_paused or self.transport is None or self._lost:
             return
         self._reading_paused = want_paused
@@ -470,6 +550,12 @@ class AMQPConnection(ClientProtocol):
         if elapsed >= LIGHT_WINDOW_SECONDS:
             self._window_events = self._window_bytes = 0
             self._window_start = now
+        if busy and not self._owed_watch and self.session is not None and self._fd >= 0 \
+                and any(ch.consumers for ch in self.session.channels.values()):
+            # A busy consumer: publishers yield to its input while it is owed deliveries
+            # (owed_input_waiting). It stays in the set until it is gone.
+            self._owed_watch = True
+            self.gw.consumer_peers.add(self, self._fd)
         if busy != self._busy:
             self._busy = busy
             self._sync_light()
@@ -501,6 +587,9 @@ class AMQPConnection(ClientProtocol):
             return
         self._lost = True
         self.gw.connections.discard(self)
+        if self._owed_watch:
+            self._owed_watch = False
+            self.gw.consumer_peers.discard(self, self._fd)
         if self._gate is not None:
             self._gate.leave()
             self._gate = None

@@ -217,6 +217,12 @@ class Broker:
         self._flusher: asyncio.Task[None] | None = None
         self._batch_depth = 0  # begin_batch() nesting (the transport's read turns)
         self._to_dispatch: dict[BrokerQueue, None] = {}  # queues to dispatch at end_batch()
+        # Queues whose last dispatch ended for want of a consumer's credit: the loop owes their
+        # consumers deliveries as soon as it reads their acks. The transport lets a busy
+        # publisher wait while such a consumer's input is unread (gateway/transport.py,
+        # owed_input_waiting). Entries of deleted or consumer-less queues are skipped there.
+        self.owed: dict[BrokerQueue, None] = {}
+        self.dispatches_out = 0  # dispatches that let a message out: the yield's progress
         # Q5: channels whose long-polling basic.get was answered, their held events to replay
         # once no other input is being handled (end_batch, or the next loop turn).
         self._replays: deque[Channel] = deque()
@@ -734,6 +740,7 @@ class Broker:
 
     def forget_queue(self, vh: VHost, q: BrokerQueue) -> None:
         self.scheduler.forget(q)
+        self.owed.pop(q, None)
         if q.waiters is not None:
             # Q5: the queue is gone while gets wait on it: each is answered get-empty (the
             # next basic.get on it gets RabbitMQ's 404 NOT_FOUND).
@@ -763,6 +770,7 @@ class Broker:
         while True:
             consumer = q.next_consumer()
             if consumer is None:
+                self.owed[q] = None
                 break
             receipt = q.receive(now) if limit is None else self._receive_limited(q, now, limit)
             if receipt is None:
@@ -770,6 +778,7 @@ class Broker:
                 # message (after an ack, say) moves the turn on, and with as many of those
                 # as consumers per message one consumer would get every message.
                 q.keep_turn()
+                self.owed.pop(q, None)
                 break
             consumer.channel.deliver(consumer, q, receipt)
             touched.add(consumer.channel.session)
@@ -777,6 +786,8 @@ class Broker:
         if q.cmq.outbox:
             self._queue_events(vh, q, q.cmq.drain_events())
         self.scheduler.reschedule(q)
+        if touched:
+            self.dispatches_out += 1
         for s in touched:
             s.request_flush()
 
@@ -791,6 +802,10 @@ class Broker:
         # a message went out, bit 1 that the turn ended for want of credit.
         ended = deliver_run(ch, c, q, now)
         q._rr = ended >> 1
+        if ended & 2:
+            self.owed[q] = None
+        elif self.owed:
+            self.owed.pop(q, None)
         cmq = q.cmq
         if cmq.outbox:
             self._queue_events(self.vhosts[q.vhost], q, cmq.drain_events())
@@ -801,6 +816,7 @@ class Broker:
         else:
             self.scheduler.reschedule(q)
         if ended & 1:
+            self.dispatches_out += 1
             session.request_flush()
 
     def receive(self, q: BrokerQueue, now: float) -> Q.Receipt | None:

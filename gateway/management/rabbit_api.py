@@ -307,6 +307,20 @@ def _local(conn: Any) -> tuple[str, int]:
     return "", 0
 
 
+# A connection held by flow control (gateway/transport.py: the store's backlog, or a publisher
+# yielding to consumers it feeds) is held and let go many times a second: it shows "flow", as
+# in RabbitMQ, for this long after its last hold, so that a poll of the API sees it.
+FLOW_SHOWN_SECONDS = 5.0
+
+
+def _conn_state(conn: Any) -> str:
+    if getattr(conn, "blocked", False):
+        return "blocked"
+    if time.monotonic() - getattr(conn, "flow_at", -math.inf) < FLOW_SHOWN_SECONDS:
+        return "flow"
+    return "running"
+
+
 def _conn_name(conn: Any) -> str:
     host, port = _local(conn)
     if not host:
@@ -345,7 +359,7 @@ def _connection_json(mgmt: Management, conn: Any) -> dict[str, Any]:
         "port": port,
         "peer_host": peer_host,
         "peer_port": peer_port,
-        "state": "blocked" if getattr(conn, "blocked", False) else "running",
+        "state": _conn_state(conn),
         "channels": channels,
         "channel_max": getattr(core, "channel_max", 0),
         "frame_max": getattr(core, "frame_max", 0),
