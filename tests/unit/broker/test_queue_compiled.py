@@ -281,6 +281,52 @@ def test_a_pulled_message_is_restored_compiled() -> None:
         Q.use_compiled(made["send"], made["receive"], made["delete"], made["restore_plain"])
 
 
+
+@pytest.mark.parametrize("stale", [Q._MIN_COMPACT - 10, Q._MIN_COMPACT + 100])
+def test_a_restore_that_compacts_the_active_order_is_the_python_models(stale: int) -> None:
+    """More than _MIN_COMPACT stale entries in the Active order, and more than half of it:
+    deletes of messages whose visibility ended (ACTIVE again, each entry left stale) do not
+    compact, the next restore does (Python's _compact_active), so the C twin hands that call to
+    the Python method; the compiled queue and the Python one end alike, compacted. With fewer
+    stale entries the same call stays compiled: the compaction test is what decides."""
+    compacts = stale > Q._MIN_COMPACT
+    called: list[str] = []
+
+    def spy(*args: Any) -> Any:
+        called.append("restore_plain")
+        return Q.py_restore_plain(*args)
+
+    made = _configured(Q.py_send, Q.py_receive, Q.py_delete, spy)
+    try:
+        restore = made["restore_plain"]
+        queues = [Q.CmqQueue("q", QueueAttributes(visibility_timeout=1)),
+                  PyQueue("q", QueueAttributes(visibility_timeout=1))]
+        n = stale
+        for q in queues:
+            receipts = []
+            for i in range(n):
+                q.send("body", 4, 1000.0, None, f"m{i}", None)
+            for _ in range(n):
+                receipts.append(q.receive(1000.0))
+            for r in receipts:  # at 1002 their visibility has ended: ACTIVE again, then deleted
+                assert q.delete(r, 1002.0) is True
+            assert q._active_stale == n and len(q) == 0
+        assert called == []
+        restored = [restore(queues[0], "body", 4, 1002.0, "late", 1001.0),
+                    queues[1].restore_plain("body", 4, 1002.0, "late", 1001.0)]
+        # The compiled twin's compaction check sent it to the Python method, or not.
+        assert called == (["restore_plain"] if compacts else [])
+        assert _value(restored[0]) == _value(restored[1])
+        assert snapshot(queues[0]) == snapshot(queues[1])
+        for q in queues:
+            if compacts:
+                assert q._active_stale == 0 and list(q._active) == [q._messages["late"]] and not q._returned
+            else:
+                assert q._active_stale == n and q._active[-1] is q._messages["late"]
+    finally:
+        made = _configured(Q.py_send, Q.py_receive, Q.py_delete)
+        Q.use_compiled(made["send"], made["receive"], made["delete"], made["restore_plain"])
+
 def test_other_arguments_go_to_the_python_model() -> None:
     """Keywords, an int time, no ID: the Python method's results, refusals included."""
     q = Q.CmqQueue("q", QueueAttributes(max_msg_size=1024))
