@@ -12,9 +12,11 @@ queue and of its messages must be the same. SPEC Q1, Q3, Q4, Q6, Q8, M7, M12, M1
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -248,10 +250,10 @@ def test_the_plain_case_is_taken_compiled() -> None:
     assert type(Q.CmqQueue.__dict__["send"]).__name__ == "method_descriptor"
 
 
-def test_a_pulled_message_is_restored_compiled() -> None:
-    """JetStream's call (by position, float times, a new ID, enqueue times in order) never
-    reaches the Python method; an ID in the queue (Q3), a deadline out of order or past, and a
-    dead-letter queue do."""
+@contextlib.contextmanager
+def _spied_restore() -> Iterator[tuple[Any, list[str]]]:
+    """The compiled restore_plain, its Python fallback recording each call it is handed; the
+    module's twins are configured again afterwards."""
     called: list[str] = []
 
     def spy(*args: Any) -> Any:
@@ -260,7 +262,17 @@ def test_a_pulled_message_is_restored_compiled() -> None:
 
     made = _configured(Q.py_send, Q.py_receive, Q.py_delete, spy)
     try:
-        restore = made["restore_plain"]
+        yield made["restore_plain"], called
+    finally:
+        made = _configured(Q.py_send, Q.py_receive, Q.py_delete)
+        Q.use_compiled(made["send"], made["receive"], made["delete"], made["restore_plain"])
+
+
+def test_a_pulled_message_is_restored_compiled() -> None:
+    """JetStream's call (by position, float times, a new ID, enqueue times in order) never
+    reaches the Python method; an ID in the queue (Q3), a deadline out of order or past, and a
+    dead-letter queue do."""
+    with _spied_restore() as (restore, called):
         q = Q.CmqQueue("q")
         m1 = restore(q, "body", 4, 10.0, "m1", 5.0)
         m2 = restore(q, "body", 4, 10.0, "m2", 6.0)
@@ -276,9 +288,6 @@ def test_a_pulled_message_is_restored_compiled() -> None:
         restore(empty, "body", 4, 2.0 + empty._retention, "m1", 1.0)  # its retention over: Q1 removes it at once
         assert called == ["restore_plain"] * 5 and len(empty) == 0
         assert list(q._messages) == ["m4"] and q.active == 1
-    finally:
-        made = _configured(Q.py_send, Q.py_receive, Q.py_delete)
-        Q.use_compiled(made["send"], made["receive"], made["delete"], made["restore_plain"])
 
 
 
@@ -290,15 +299,7 @@ def test_a_restore_that_compacts_the_active_order_is_the_python_models(stale: in
     the Python method; the compiled queue and the Python one end alike, compacted. With fewer
     stale entries the same call stays compiled: the compaction test is what decides."""
     compacts = stale > Q._MIN_COMPACT
-    called: list[str] = []
-
-    def spy(*args: Any) -> Any:
-        called.append("restore_plain")
-        return Q.py_restore_plain(*args)
-
-    made = _configured(Q.py_send, Q.py_receive, Q.py_delete, spy)
-    try:
-        restore = made["restore_plain"]
+    with _spied_restore() as (restore, called):
         queues = [Q.CmqQueue("q", QueueAttributes(visibility_timeout=1)),
                   PyQueue("q", QueueAttributes(visibility_timeout=1))]
         n = stale
@@ -323,9 +324,7 @@ def test_a_restore_that_compacts_the_active_order_is_the_python_models(stale: in
                 assert q._active_stale == 0 and list(q._active) == [q._messages["late"]] and not q._returned
             else:
                 assert q._active_stale == n and q._active[-1] is q._messages["late"]
-    finally:
-        made = _configured(Q.py_send, Q.py_receive, Q.py_delete)
-        Q.use_compiled(made["send"], made["receive"], made["delete"], made["restore_plain"])
+
 
 def test_other_arguments_go_to_the_python_model() -> None:
     """Keywords, an int time, no ID: the Python method's results, refusals included."""
