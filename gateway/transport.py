@@ -32,9 +32,11 @@ only busy connections wait behind keep their full size, so throughput pays nothi
 The other way round, a busy publisher yields to busy consumers: after its turn it is neither
 read nor handled while a consumer connection that the broker owes deliveries to (its queue
 holds messages and waits for that consumer's credit, Broker.owed) has input unread, as long
-as that input lets messages out, for YIELD_MAX_SECONDS at most. Those acks are what lets the deliveries out, and every enqueue made
-before them is work taken from the deliveries (a fan-out enqueued four copies for each one it
-delivered). A consumer whose socket is quiet (slow, stuck, or light) holds nobody.
+as that input lets messages out, for YIELD_MAX_SECONDS at most. Those acks are what lets the
+deliveries out, and every enqueue made before them is work taken from the deliveries (a
+fan-out enqueued four copies for each one it delivered). It is the analogue of RabbitMQ's
+credit flow, which holds a channel while the queue processes it feeds are behind. A consumer
+whose socket is quiet (slow, stuck, or light) holds nobody.
 
 Back-pressure runs both ways: the socket's ``pause_writing``/``resume_writing`` stop and
 restart deliveries to this connection (a slow consumer), and while a resource alarm is in
@@ -110,16 +112,8 @@ LIGHT_CHECK_SECONDS = 0.00025
 FLOW_HIGH = 8192
 FLOW_LOW = 4096
 FLOW_CHECK_SECONDS = 0.002
-# Deliveries before publishes: a busy publisher's turn is followed by loop iterations without
-# it while a busy consumer connection that the broker owes deliveries to (Broker.owed: its
-# queue holds messages and it waits for credit) has input unread: its acks, each of which lets
-# a delivery out. One loop, one core: every enqueue the publisher makes meanwhile is work taken
-# from those deliveries, and a fan-out to 50 queues enqueued four copies for each one delivered
-# (docs/BENCHMARKS.md, scenario 3). The analogue of RabbitMQ's credit flow, which holds a
-# channel while the queue processes it feeds are behind; but held only while that input lets
-# messages out, and for YIELD_MAX_SECONDS at most, so that a publisher moves however its
-# consumers behave, and a consumer that is itself slow (its socket quiet, or a light
-# connection) or stuck holds nobody.
+# The longest a busy publisher yields to owed consumers at a time (the module docstring;
+# docs/BENCHMARKS.md, scenario 3): a publisher moves however its consumers behave.
 YIELD_MAX_SECONDS = 0.05
 # Connections that asked for a flush (ClientProtocol.request_flush) since the last read turn
 # ended: written at the end of that turn (flush_requested), not a loop iteration later.
@@ -129,7 +123,9 @@ _requested: list[ClientProtocol] = []
 class LightPeers:
     """The sockets of the light connections, in an epoll set of their own: one ``poll(0)``
     says whether any of them has input waiting, whatever their number. A connection leaves the
-    set while its reading is paused, so a socket nobody reads never ends other turns."""
+    set while its reading is paused, so a socket nobody reads never ends other turns. The
+    gateway's second set (``consumer_peers``) holds the busy consumers for owed_input_waiting,
+    from their first busy turn until they are gone; that function skips the paused ones."""
 
     def __init__(self) -> None:
         self._epoll = select.epoll() if hasattr(select, "epoll") else None
